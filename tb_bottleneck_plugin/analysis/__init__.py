@@ -1,0 +1,5 @@
+"""Pure, vectorised analyses over model.TraceData (one module per metric family).
+
+Each function takes a TraceData (plus what it depends on, e.g. the steps) and returns
+plain dicts/numbers in the report schema (docs/report-schema.md). No I/O here.
+"""
