@@ -120,8 +120,11 @@ _CPU_KIND = {"cpu_op": model.CPU_OP, "operator": model.CPU_OP, None: model.CPU_O
 _GPU_ANNOTATION = {"gpu_user_annotation", "user"}
 _NOT_HOST = {"trace", "flow", "overhead"}  # synthetic spans, CUPTI overhead (pid -1)
 
-_EVENT_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
-_BYTE_POS = re.compile(r"\(byte (\d+)\)")
+# Between two events: `}` `,` `{` then a key's opening quote. Inside a JSON string a
+# quote is always escaped, so `{"` cannot occur there: the match is a real boundary
+# (only an array of objects inside args could fake one; then decoding fails and the
+# whole-file path takes over).
+_EVENT_BOUNDARY = re.compile(rb'\}\s*,\s*(\{)\s*"')
 _STREAM_NUM = re.compile(r"-?\d+")
 
 
@@ -545,14 +548,6 @@ def _meta_from(obj: TraceObject, meta: model.TraceMeta) -> None:
     meta.with_stack = meta.with_stack or bool(obj.with_stack)
 
 
-def _json_problem(exc: Exception, offset: int, at_end: bool) -> str:
-    msg = str(exc)
-    m = _BYTE_POS.search(msg)
-    if m:
-        msg = _BYTE_POS.sub(f"(near byte {max(0, int(m.group(1)) + offset)})", msg)
-    return msg
-
-
 def load_trace(path: str, fs=None, *, source: Optional[str] = None, progress=None) -> model.TraceData:
     """Load one trace file (local path, or `path` on fsspec filesystem `fs`).
 
@@ -614,7 +609,7 @@ def _load_stream(stream, source: str, gzipped: bool, progress) -> model.TraceDat
                     header = bytes(buf[:key]) + b'"traceEvents":[]}'
                     try:
                         _meta_from(_OBJECT_DECODER.decode(header), meta)
-                    except msgspec.DecodeError:
+                    except (msgspec.DecodeError, UnicodeDecodeError):
                         chunk_failed = True
                         break
                     start = bracket + 1
@@ -630,7 +625,7 @@ def _load_stream(stream, source: str, gzipped: bool, progress) -> model.TraceDat
                 brace_end, next_start = cut
                 try:
                     events = _EVENTS_DECODER.decode(b"[" + bytes(buf[:brace_end]) + b"]")
-                except msgspec.DecodeError:
+                except (msgspec.DecodeError, UnicodeDecodeError):
                     chunk_failed = True
                     break
                 builder.add(events)
@@ -659,8 +654,10 @@ def _load_stream(stream, source: str, gzipped: bool, progress) -> model.TraceDat
                 obj = _OBJECT_DECODER.decode(b'{"traceEvents":[' + tail)
                 _meta_from(obj, meta)
                 builder.add(obj.traceEvents or [])
-        except msgspec.DecodeError as exc:
-            _raise_decode_error(source, exc, tail, consumed)
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            # Broken, truncated or unusual text: the whole-file path repairs what it
+            # can and otherwise reports the precise problem.
+            raise _Fallback() from None
         if progress:
             progress(consumed + len(tail))
     except _Fallback as fb:
@@ -684,22 +681,20 @@ def _last_boundary(buf: bytearray):
         for last in _EVENT_BOUNDARY.finditer(buf, lo):
             pass
         if last is not None:
-            return last.start() + 1, last.end() - 1
+            return last.start() + 1, last.start(1)
         if lo == 0:
             return None
         lo = max(0, lo - window * 16)
 
 
-def _raise_decode_error(source: str, exc: Exception, text: bytes, offset: int):
+def _raise_decode_error(source: str, exc: Exception, text: bytes):
     msg = str(exc)
     stripped = text.rstrip()
-    truncated = "truncated" in msg.lower() or "unexpected end" in msg.lower() or (
-        not stripped.endswith(b"}") and not stripped.endswith(b"]"))
-    if truncated:
+    if "truncated" in msg.lower() or not stripped.endswith((b"}", b"]")):
         raise TruncatedTraceError(source, "JSON ends early (file truncated or still being written)") from None
     if isinstance(exc, msgspec.ValidationError):
         raise NotATraceError(source, f"JSON but not a PyTorch profiler trace: {msg}") from None
-    raise TraceError(source, f"invalid JSON: {_json_problem(exc, offset - 16, False)}") from None
+    raise TraceError(source, f"invalid JSON: {msg}") from None
 
 
 def _load_whole(stream, source: str, gzipped: bool, data: Optional[bytes]) -> model.TraceData:
@@ -725,15 +720,15 @@ def _load_whole(stream, source: str, gzipped: bool, data: Optional[bytes]) -> mo
 
     try:
         events = decode(text)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         repaired = _repair(text)
         if repaired is None:
-            _raise_decode_error(source, exc, text, 0)
+            _raise_decode_error(source, exc, text)
         try:
             events = decode(repaired)
             meta.warnings.append("the file is not strict JSON (bare N/A values or invalid UTF-8); repaired")
-        except msgspec.DecodeError:
-            _raise_decode_error(source, exc, text, 0)
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            _raise_decode_error(source, exc, text)
     builder.add(events)
     return _finish(builder, meta, source)
 
