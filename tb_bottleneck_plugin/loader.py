@@ -32,7 +32,7 @@ from . import model
 from .errors import NotATraceError, TraceError, TruncatedTraceError
 
 CHUNK_BYTES = 8 << 20  # decoded text per chunk: big enough to amortise, small for memory
-_READ_BYTES = 1 << 20  # compressed bytes per read
+_READ_BYTES = 256 << 10  # compressed bytes per read (~4 MB of text; the prefetch queue holds 4)
 
 # CPU op names whose recorded input shapes/dtypes the Tensor Core analysis reports
 # ("eligible but not using", metrics §5). Matched as substrings of the op name.
@@ -135,7 +135,7 @@ def _decompressed_blocks(stream, path: str, gzipped: bool) -> Iterator[bytes]:
     """Yield the file's text in blocks, gunzipping on the fly (multi-member aware)."""
     if not gzipped:
         while True:
-            block = stream.read(_READ_BYTES * 4)
+            block = stream.read(_READ_BYTES * 16)
             if not block:
                 return
             yield block
@@ -551,8 +551,9 @@ def _meta_from(obj: TraceObject, meta: model.TraceMeta) -> None:
 def load_trace(path: str, fs=None, *, source: Optional[str] = None, progress=None) -> model.TraceData:
     """Load one trace file (local path, or `path` on fsspec filesystem `fs`).
 
-    ``progress(done_bytes)`` is called with the number of decompressed bytes decoded.
-    Raises TraceError (or a subclass) naming the file for anything unusable.
+    ``progress(fraction)`` is called now and then with the share (0..1) of the file's
+    bytes read so far. Raises TraceError (or a subclass) naming the file for anything
+    unusable.
     """
     source = source or str(path)
     gzipped = str(path).endswith(".gz")
@@ -564,6 +565,8 @@ def load_trace(path: str, fs=None, *, source: Optional[str] = None, progress=Non
         raise TraceError(source, "permission denied") from None
     except OSError as exc:
         raise TraceError(source, f"cannot open: {exc}") from None
+    if progress is not None:
+        stream = _CountingReader(stream, progress)
     with stream:
         if not gzipped:
             magic = stream.read(2)
@@ -632,8 +635,6 @@ def _load_stream(stream, source: str, gzipped: bool, progress) -> model.TraceDat
                 del events
                 consumed += next_start
                 del buf[:next_start]
-                if progress:
-                    progress(consumed)
         if chunk_failed:
             blocks.close()
             raise _Fallback()
@@ -658,13 +659,47 @@ def _load_stream(stream, source: str, gzipped: bool, progress) -> model.TraceDat
             # Broken, truncated or unusual text: the whole-file path repairs what it
             # can and otherwise reports the precise problem.
             raise _Fallback() from None
-        if progress:
-            progress(consumed + len(tail))
     except _Fallback as fb:
         return _load_whole(stream, source, gzipped, fb.data)
     finally:
         blocks.close()
     return _finish(builder, meta, source)
+
+
+class _CountingReader:
+    """Reports the share of the raw (possibly compressed) file read so far."""
+
+    def __init__(self, stream, progress):
+        self._stream = stream
+        self._progress = progress
+        self._done = 0
+        try:
+            pos = stream.tell()
+            self._size = stream.seek(0, 2) or 0
+            stream.seek(pos)
+        except (OSError, AttributeError, ValueError):
+            self._size = 0
+
+    def read(self, n=-1):
+        data = self._stream.read(n)
+        self._done += len(data)
+        if self._size:
+            self._progress(min(1.0, self._done / self._size))
+        return data
+
+    def seek(self, *args):
+        pos = self._stream.seek(*args)
+        self._done = pos
+        return pos
+
+    def tell(self):
+        return self._stream.tell()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._stream.close()
 
 
 class _Fallback(Exception):
