@@ -1,0 +1,269 @@
+"""Turns a report into actions on the PyTorch side (metrics §9).
+
+Rules read only the assembled report (never the trace), so a rule is a small function
+of numbers a user can also see in the tab. Each fired rule names its rule id, the
+numbers that fired it, the evidence, and a concrete PyTorch action. Thresholds live in
+thresholds.py.
+
+Ordering: by severity, then by the share of step time the fix could give back
+(`estimated_gain_pct`, a rough upper bound stated with its assumption), so that on an
+input-bound run the DataLoader fix comes first.
+"""
+from __future__ import annotations
+
+from typing import Callable, List, Optional
+
+from . import thresholds as T
+
+_SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2}
+
+
+def recommend(report: dict) -> List[dict]:
+    fired = []
+    for rule in RULES:
+        rec = rule(report)
+        if rec:
+            fired.append(rec)
+    fired.sort(key=lambda r: (_SEVERITY_RANK[r["severity"]], -(r.get("estimated_gain_pct") or 0.0)))
+    return fired
+
+
+def _get(d: Optional[dict], *path, default=None):
+    for key in path:
+        if not isinstance(d, dict) or key not in d or d[key] is None:
+            return default
+        d = d[key]
+    return d
+
+
+def _kernel_share(report) -> float:
+    """Share of step time in GPU kernels (0-100), for gain estimates."""
+    return float(_get(report, "breakdown_pct", "kernel", default=0.0) or 0.0)
+
+
+def rule_input_bound(report) -> Optional[dict]:
+    inp = report.get("input") or {}
+    pct = inp.get("input_bound_pct")
+    if pct is None or pct < T.INPUT_BOUND_MODERATE_PCT:
+        return None
+    ev = inp.get("evidence") or {}
+    severity = "high" if pct >= T.INPUT_BOUND_HIGH_PCT else "medium"
+    evidence = []
+    iters = ev.get("dataloader_iterators") or []
+    if iters:
+        evidence.append("DataLoader iterator: " + ", ".join(iters))
+    for s in (ev.get("slowest_steps") or [])[:3]:
+        evidence.append(f"step {s['step']}: {s['dataloader_us'] / 1000:.1f} ms waiting for data "
+                        f"of {s['step_us'] / 1000:.1f} ms")
+    pageable = ev.get("pageable_h2d_copies") or 0
+    if pageable:
+        evidence.append(f"{pageable} host-to-device copies from pageable memory")
+    if ev.get("num_workers_zero"):
+        title = "The GPU waits for the DataLoader: it loads batches in the training process (num_workers=0)"
+        action = ("Load batches in worker processes: DataLoader(dataset, batch_size=..., num_workers=4, "
+                  "pin_memory=True, persistent_workers=True, prefetch_factor=2) — start with num_workers "
+                  "= number of CPU cores per GPU and raise it until the DataLoader share drops below 5 %.")
+    else:
+        title = "The GPU waits for the DataLoader: the workers do not keep up"
+        action = ("Give the input pipeline more throughput: raise num_workers and prefetch_factor, keep "
+                  "persistent_workers=True and pin_memory=True, and move heavy per-sample transforms to "
+                  "the GPU or precompute them.")
+    if pageable and "pin_memory" not in action:
+        action += " Set pin_memory=True so host-to-device copies are asynchronous."
+    return {
+        "rule": "input_bound", "severity": severity, "title": title, "action": action,
+        "numbers": {"input_bound_pct": round(pct, 2), "input_transfer_pct": inp.get("input_transfer_pct"),
+                    "pageable_h2d_copies": pageable},
+        "evidence": evidence,
+        # The waiting itself is what a faster input pipeline removes.
+        "estimated_gain_pct": round(pct, 2),
+    }
+
+
+def rule_pageable_copies(report) -> Optional[dict]:
+    inp = report.get("input") or {}
+    ev = inp.get("evidence") or {}
+    transfer = inp.get("input_transfer_pct") or 0.0
+    pageable = ev.get("pageable_h2d_copies") or 0
+    if not pageable or transfer < T.INPUT_TRANSFER_PCT or (inp.get("input_bound_pct") or 0) >= T.INPUT_BOUND_MODERATE_PCT:
+        return None  # the input-bound rule already says pin_memory
+    return {
+        "rule": "pageable_h2d", "severity": "medium",
+        "title": "Host-to-device copies of the input are synchronous (pageable memory)",
+        "action": "Use DataLoader(..., pin_memory=True) and tensor.to(device, non_blocking=True).",
+        "numbers": {"input_transfer_pct": round(transfer, 2), "pageable_h2d_copies": pageable},
+        "evidence": [f"{pageable} copies 'Memcpy HtoD (Pageable -> Device)'"],
+        "estimated_gain_pct": round(transfer, 2),
+    }
+
+
+def rule_tensor_cores(report) -> Optional[dict]:
+    tc = report.get("tensor_cores") or {}
+    pct = tc.get("eligible_not_using_pct")
+    if pct is None or pct < T.TC_ELIGIBLE_NOT_USING_PCT:
+        return None
+    majors = [int(p.get("computeMajor")) for p in (report.get("device_properties") or [])
+              if isinstance(p.get("computeMajor"), int)]
+    major = min(majors) if majors else None
+    top = tc.get("top_eligible_not_using") or []
+    evidence = []
+    for op in top[:5]:
+        text = f"{op['op']}: {op['pct']:.1f} % of kernel time"
+        if op.get("input_types"):
+            text += f", inputs {', '.join(str(t) for t in op['input_types'][:3])}"
+        if op.get("shapes_multiple_of_8") is False:
+            text += ", sizes not multiples of 8"
+        evidence.append(text)
+    if major is not None and major < 8:
+        action = ("Run matmuls and convolutions in half precision with automatic mixed precision: "
+                  "`with torch.autocast('cuda', dtype=torch.float16):` around the forward pass and a "
+                  "`torch.cuda.amp.GradScaler` for the backward (this GPU has no bf16/TF32 Tensor Cores).")
+    else:
+        action = ("Use Tensor Cores: `with torch.autocast('cuda', dtype=torch.bfloat16):` around the "
+                  "forward pass, or at least `torch.set_float32_matmul_precision('high')` "
+                  "(TF32; also `torch.backends.cudnn.allow_tf32 = True` for convolutions).")
+    if any(op.get("shapes_multiple_of_8") is False for op in top):
+        action += " Pad channel, hidden and batch sizes to multiples of 8."
+    if any("conv" in op.get("op", "") for op in top):
+        action += " For convolutions also use channels-last: model.to(memory_format=torch.channels_last)."
+    # Tensor Cores run these kernels several times faster; assume they halve.
+    gain = pct * _kernel_share(report) / 100 * 0.5
+    return {
+        "rule": "tensor_cores_unused", "severity": "high" if pct >= T.TC_ELIGIBLE_NOT_USING_HIGH_PCT else "medium",
+        "title": f"{pct:.0f} % of GPU kernel time is matmul/conv work that does not use Tensor Cores",
+        "action": action,
+        "numbers": {"eligible_not_using_pct": round(pct, 2), "tensor_core_pct": tc.get("tensor_core_pct")},
+        "evidence": evidence,
+        "estimated_gain_pct": round(gain, 2),
+    }
+
+
+def rule_small_kernels(report) -> Optional[dict]:
+    occ = report.get("occupancy") or {}
+    short = occ.get("short_kernels") or {}
+    short_pct = short.get("time_pct") or 0.0
+    achieved = occ.get("est_achieved_occupancy_pct")
+    gpu_util = _mean_gpu(report, "utilization_pct")
+    launch = report.get("launch") or {}
+    reasons, numbers = [], {}
+    if short.get("count") and short_pct >= T.SHORT_KERNEL_TIME_PCT:
+        reasons.append(f"{short['count']} kernels shorter than {short.get('threshold_us', 10)} µs take "
+                       f"{short_pct:.0f} % of kernel time")
+        numbers["short_kernel_time_pct"] = round(short_pct, 2)
+    if achieved is not None and achieved < T.LOW_OCCUPANCY_PCT:
+        reasons.append(f"time-weighted theoretical occupancy {achieved:.0f} %")
+        numbers["est_achieved_occupancy_pct"] = round(achieved, 2)
+    if gpu_util is not None and gpu_util < T.LOW_GPU_UTILIZATION_PCT and \
+            (report.get("input") or {}).get("input_bound_pct", 0) < T.INPUT_BOUND_MODERATE_PCT:
+        reasons.append(f"GPU busy only {gpu_util:.0f} % of the steps, and not because of input")
+        numbers["gpu_utilization_pct"] = round(gpu_util, 2)
+    if launch.get("kernels_per_step"):
+        numbers["kernels_per_step"] = launch["kernels_per_step"]
+    if not reasons:
+        return None
+    severity = "medium" if len(reasons) > 1 or "gpu_utilization_pct" in numbers else "low"
+    return {
+        "rule": "small_kernels", "severity": severity,
+        "title": "Many small or low-occupancy kernels: the GPU is launch- or latency-bound",
+        "action": ("Fuse kernels with `model = torch.compile(model)` (mode='reduce-overhead' also uses CUDA "
+                   "graphs), capture static parts with CUDA graphs, or raise the batch size so each kernel "
+                   "has more work."),
+        "numbers": numbers, "evidence": reasons,
+        "estimated_gain_pct": round(max(short_pct * _kernel_share(report) / 100,
+                                        (100 - gpu_util) / 2 if "gpu_utilization_pct" in numbers else 0), 2),
+    }
+
+
+def rule_allocator_slack(report) -> Optional[dict]:
+    worst = None
+    for dev, mem in (report.get("memory") or {}).items():
+        slack = mem.get("slack_fragmentation_pct")
+        reserved = mem.get("peak_reserved_bytes") or 0
+        if slack is None or reserved < T.SLACK_MIN_RESERVED_BYTES:
+            continue
+        if worst is None or slack > worst[1]:
+            worst = (dev, slack, mem)
+    if worst is None or worst[1] < T.SLACK_FRAGMENTATION_PCT:
+        return None
+    dev, slack, mem = worst
+    gib = 1 << 30
+    return {
+        "rule": "allocator_slack", "severity": "high" if slack >= T.SLACK_FRAGMENTATION_HIGH_PCT else "medium",
+        "title": f"{slack:.0f} % of the memory reserved on {dev} was never used by tensors, even at the peak",
+        "action": ("Let the caching allocator grow segments instead of keeping many fixed ones: "
+                   "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; avoid many distinct tensor shapes "
+                   "(pad or bucket variable-length batches)."),
+        "numbers": {"slack_fragmentation_pct": round(slack, 2),
+                    "peak_reserved_gib": round(mem["peak_reserved_bytes"] / gib, 2),
+                    "peak_allocated_gib": round((mem.get("peak_allocated_bytes") or 0) / gib, 2)},
+        "evidence": [f"{dev}: peak reserved {mem['peak_reserved_bytes'] / gib:.2f} GiB, peak allocated "
+                     f"{(mem.get('peak_allocated_bytes') or 0) / gib:.2f} GiB"],
+        "estimated_gain_pct": 0.0,  # memory headroom, not time
+    }
+
+
+def rule_memory_growth(report) -> Optional[dict]:
+    for dev, mem in (report.get("memory") or {}).items():
+        growth = mem.get("growth") or {}
+        if growth.get("possible_leak"):
+            steps = growth.get("per_step") or []
+            return {
+                "rule": "memory_growth", "severity": "medium",
+                "title": f"Allocated memory on {dev} rises at every step: a possible leak",
+                "action": ("Look for tensors kept across steps: accumulate losses with loss.item() or "
+                           "loss.detach(), do not append graph-attached tensors to lists, clear caches."),
+                "numbers": {"first_bytes": steps[0]["allocated_bytes"] if steps else None,
+                            "last_bytes": steps[-1]["allocated_bytes"] if steps else None},
+                "evidence": [f"step {s['step']}: {s['allocated_bytes'] / (1 << 20):.0f} MiB" for s in steps[:8]],
+                "estimated_gain_pct": 0.0,
+            }
+    return None
+
+
+def rule_sync(report) -> Optional[dict]:
+    sync = report.get("sync") or {}
+    pct = sync.get("sync_pct")
+    if pct is None or pct < T.SYNC_PCT:
+        return None
+    ops = sync.get("top_ops") or []
+    return {
+        "rule": "synchronization", "severity": "high" if pct >= T.SYNC_HIGH_PCT else "medium",
+        "title": f"The host blocks on the GPU for {pct:.0f} % of the step time",
+        "action": ("Remove host-device synchronisation from the step: avoid .item(), .cpu(), .numpy(), "
+                   "print(tensor) and data-dependent shapes (torch.nonzero, boolean masks) in the loop; log "
+                   "metrics every N steps; use non_blocking=True copies."),
+        "numbers": {"sync_pct": round(pct, 2), "sync_us": sync.get("sync_us")},
+        "evidence": [f"{o['op']}: {o['sync_us'] / 1000:.1f} ms" for o in ops[:5]],
+        "estimated_gain_pct": round(pct, 2),
+    }
+
+
+def rule_communication(report) -> Optional[dict]:
+    comm = report.get("communication") or {}
+    share = comm.get("comm_pct_of_kernel_time")
+    overlap = comm.get("overlap_pct")
+    if share is None or share < T.COMM_SHARE_PCT or (overlap is not None and overlap >= T.COMM_OVERLAP_OK_PCT):
+        return None
+    exposed = share * (1 - (overlap or 0) / 100)
+    return {
+        "rule": "communication", "severity": "high" if exposed >= T.COMM_EXPOSED_HIGH_PCT else "medium",
+        "title": f"Collective communication takes {share:.0f} % of GPU kernel time, "
+                 f"{overlap or 0:.0f} % of it overlapped with compute",
+        "action": ("Overlap and reduce communication: tune DistributedDataParallel(bucket_cap_mb=...), use "
+                   "gradient accumulation with model.no_sync() on inner steps, gradient compression hooks, "
+                   "or a larger per-GPU batch."),
+        "numbers": {"comm_pct_of_kernel_time": round(share, 2), "overlap_pct": overlap},
+        "evidence": [f"communication kernels: {comm.get('comm_us', 0) / 1000:.1f} ms"],
+        "estimated_gain_pct": round(exposed * _kernel_share(report) / 100, 2),
+    }
+
+
+def _mean_gpu(report, key) -> Optional[float]:
+    values = [g.get(key) for g in (report.get("gpu") or {}).values() if g.get(key) is not None]
+    return sum(values) / len(values) if values else None
+
+
+RULES: List[Callable[[dict], Optional[dict]]] = [
+    rule_input_bound, rule_pageable_copies, rule_tensor_cores, rule_small_kernels,
+    rule_allocator_slack, rule_memory_growth, rule_sync, rule_communication,
+]
