@@ -1,0 +1,158 @@
+"""Linking GPU activity to the host calls and CPU ops that launched it (metrics.md
+"Launched by"), vectorised.
+
+- A GPU activity (row of ``trace.gpu``) is launched by the runtime/driver call (row of
+  ``trace.runtime``) with the same ``correlation``: :func:`gpu_runtime_index`.
+- It is launched by CPU op X when that call lies wholly inside X's span on the same
+  pid/tid (any enclosing op counts, not only the innermost): :func:`calls_inside`
+  gives every (CPU row, runtime row) pair of that relation; :func:`gpu_ops_pairs` joins
+  both into (CPU row, GPU row) pairs.
+
+All functions return numpy int64 index arrays; nothing loops per event.
+"""
+from __future__ import annotations
+
+from typing import Tuple
+
+import numpy as np
+
+from ..model import TraceData
+
+__all__ = ["gpu_runtime_index", "runtime_gpu_rows", "calls_inside", "gpu_ops_pairs",
+           "innermost_enclosing"]
+
+
+def gpu_runtime_index(trace: TraceData) -> np.ndarray:
+    """For each row of ``trace.gpu``, the row of ``trace.runtime`` with the same
+    ``correlation`` (int64 array of len(trace.gpu)); -1 when there is none or the
+    correlation is missing (-1). If several runtime rows share a correlation the first
+    (in table order) wins."""
+    gcorr = trace.gpu.correlation
+    out = np.full(len(gcorr), -1, dtype=np.int64)
+    rcorr = trace.runtime.correlation
+    if len(gcorr) == 0 or len(rcorr) == 0:
+        return out
+    order = np.argsort(rcorr, kind="stable")
+    sorted_corr = rcorr[order]
+    pos = np.searchsorted(sorted_corr, gcorr, side="left")
+    pos_c = np.minimum(pos, len(sorted_corr) - 1)
+    hit = (pos < len(sorted_corr)) & (sorted_corr[pos_c] == gcorr) & (gcorr >= 0)
+    out[hit] = order[pos_c[hit]]
+    return out
+
+
+def runtime_gpu_rows(trace: TraceData, gpu_runtime: np.ndarray = None) -> Tuple[np.ndarray, np.ndarray]:
+    """Inverse of :func:`gpu_runtime_index` as a CSR: ``(offsets, gpu_rows)`` where the GPU
+    rows launched by runtime row r are ``gpu_rows[offsets[r]:offsets[r+1]]``."""
+    if gpu_runtime is None:
+        gpu_runtime = gpu_runtime_index(trace)
+    n_rt = len(trace.runtime)
+    linked = np.flatnonzero(gpu_runtime >= 0)
+    order = linked[np.argsort(gpu_runtime[linked], kind="stable")]
+    counts = np.bincount(gpu_runtime[linked], minlength=n_rt) if n_rt else np.zeros(0, np.int64)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    return offsets, order.astype(np.int64)
+
+
+def _thread_ids(pid_a, tid_a, pid_b, tid_b):
+    """Dense thread ids for two (pid, tid) column pairs, consistent between them."""
+    pairs = np.concatenate([np.stack([pid_a, tid_a], 1), np.stack([pid_b, tid_b], 1)])
+    if len(pairs) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    _, inv = np.unique(pairs, axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    return inv[: len(pid_a)], inv[len(pid_a):]
+
+
+def calls_inside(trace: TraceData, cpu_rows=None) -> Tuple[np.ndarray, np.ndarray]:
+    """Every pair (CPU event row, runtime call row) where the call lies wholly inside the
+    CPU event's span on the same pid/tid: ``call.ts >= op.ts`` and
+    ``call.ts + call.dur <= op.ts + op.dur``.
+
+    ``cpu_rows``: rows of ``trace.cpu`` to consider (index array or boolean mask; all
+    rows when None). Returns ``(cpu_row_of_pair, runtime_row_of_pair)``, two int64 arrays
+    of equal length, sorted by CPU row then call start. A call inside nested ops appears
+    once per enclosing op. Sort + searchsorted + np.repeat; the only loop is over
+    threads."""
+    cpu, rt = trace.cpu, trace.runtime
+    if cpu_rows is None:
+        cpu_rows = np.arange(len(cpu), dtype=np.int64)
+    else:
+        cpu_rows = np.asarray(cpu_rows)
+        if cpu_rows.dtype == bool:
+            cpu_rows = np.flatnonzero(cpu_rows)
+        cpu_rows = cpu_rows.astype(np.int64)
+    empty = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    if len(cpu_rows) == 0 or len(rt) == 0:
+        return empty
+    op_thr, rt_thr = _thread_ids(cpu.pid[cpu_rows], cpu.tid[cpu_rows], rt.pid, rt.tid)
+    # Runtime calls sorted by (thread, ts).
+    r_order = np.lexsort((rt.ts, rt_thr))
+    r_thr_sorted = rt_thr[r_order]
+    r_ts_sorted = rt.ts[r_order]
+    op_ts = cpu.ts[cpu_rows]
+    op_end = op_ts + cpu.dur[cpu_rows]
+    lo = np.zeros(len(cpu_rows), np.int64)
+    hi = np.zeros(len(cpu_rows), np.int64)
+    thr_bounds = np.searchsorted(r_thr_sorted, np.arange(int(r_thr_sorted.max()) + 2 if len(r_thr_sorted) else 1))
+    for t in np.unique(op_thr):
+        if t + 1 >= len(thr_bounds):
+            continue
+        a, b = thr_bounds[t], thr_bounds[t + 1]
+        if a == b:
+            continue
+        sel = op_thr == t
+        seg = r_ts_sorted[a:b]
+        lo[sel] = a + np.searchsorted(seg, op_ts[sel], side="left")
+        hi[sel] = a + np.searchsorted(seg, op_end[sel], side="right")
+    counts = np.maximum(hi - lo, 0)
+    total = int(counts.sum())
+    if total == 0:
+        return empty
+    pair_op = np.repeat(np.arange(len(cpu_rows)), counts)
+    starts = np.repeat(lo - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
+    pos = starts + np.arange(total)
+    pair_rt = r_order[pos]
+    ok = rt.ts[pair_rt] + rt.dur[pair_rt] <= op_end[pair_op]
+    return cpu_rows[pair_op[ok]], pair_rt[ok].astype(np.int64)
+
+
+def gpu_ops_pairs(trace: TraceData, cpu_rows=None, gpu_runtime: np.ndarray = None
+                  ) -> Tuple[np.ndarray, np.ndarray]:
+    """Every pair (CPU event row, GPU activity row) where the op launched the activity
+    (through a runtime call wholly inside it, any enclosing op). Returns
+    ``(cpu_row_of_pair, gpu_row_of_pair)``."""
+    if gpu_runtime is None:
+        gpu_runtime = gpu_runtime_index(trace)
+    op, call = calls_inside(trace, cpu_rows)
+    offsets, gpu_rows = runtime_gpu_rows(trace, gpu_runtime)
+    if len(op) == 0 or len(gpu_rows) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    counts = offsets[call + 1] - offsets[call]
+    total = int(counts.sum())
+    pair_op = np.repeat(op, counts)
+    starts = np.repeat(offsets[call] - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
+    return pair_op, gpu_rows[starts + np.arange(total)]
+
+
+def innermost_enclosing(trace: TraceData, cpu_rows, runtime_rows) -> np.ndarray:
+    """For each runtime row in ``runtime_rows``, the innermost (shortest) CPU row among
+    ``cpu_rows`` that wholly contains it on the same pid/tid; -1 when none."""
+    runtime_rows = np.asarray(runtime_rows, dtype=np.int64)
+    out = np.full(len(runtime_rows), -1, dtype=np.int64)
+    op, call = calls_inside(trace, cpu_rows)
+    if len(op) == 0 or len(runtime_rows) == 0:
+        return out
+    want = np.isin(call, runtime_rows)
+    op, call = op[want], call[want]
+    # shortest enclosing op per call: sort by (call, dur) and take the first per call
+    order = np.lexsort((trace.cpu.dur[op], call))
+    op, call = op[order], call[order]
+    first = np.ones(len(call), bool)
+    first[1:] = call[1:] != call[:-1]
+    best_call, best_op = call[first], op[first]
+    pos = np.searchsorted(best_call, runtime_rows)
+    pos_c = np.minimum(pos, len(best_call) - 1)
+    hit = (pos < len(best_call)) & (best_call[pos_c] == runtime_rows)
+    out[hit] = best_op[pos_c[hit]]
+    return out
