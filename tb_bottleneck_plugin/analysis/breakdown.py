@@ -1,0 +1,153 @@
+"""Step-time breakdown (metrics.md §2): every instant of a step goes to exactly one
+category, the first in priority order whose intervals cover it.
+
+``categorize(trace)`` builds the per-category interval sets once;
+``step_breakdown(trace, steps)`` measures them in the included steps and returns the
+report fields ``breakdown_us``, ``breakdown_pct``, ``breakdown_per_step``,
+``avg_step_us``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List
+
+import numpy as np
+
+from ..model import CPU_OP, CPU_USER_ANNOTATION, GPU_KERNEL, GPU_MEMCPY, GPU_MEMSET, TraceData
+from . import intervals as iv
+from .steps import Steps
+
+# Priority order of §2 (report names).
+CATEGORIES = ("kernel", "memcpy", "memset", "communication", "runtime", "dataloader", "cpu_exec", "other")
+
+# Communication kernels: a name containing one of these (case-insensitive).
+# nccl/rccl cover ncclKernel_*, ncclDevKernel_*, rccl kernels; the rest are custom
+# collectives: vLLM custom all-reduce (multimem_all_reduce_kernel, cross_device_reduce_1stage/
+# _2stage) and PyTorch symmetric memory (one_shot_all_reduce_kernel, two_shot_all_reduce_kernel).
+COMM_KERNEL_SUBSTRINGS = (
+    "nccl",
+    "rccl",
+    "multimem_all_reduce_kernel",
+    "cross_device_reduce_",
+    "one_shot_all_reduce_kernel",
+    "two_shot_all_reduce_kernel",
+)
+# CPU spans that are communication (tbp's nccl:all_reduce, gloo:broadcast, ...).
+COMM_CPU_PREFIXES = ("nccl:", "gloo:", "rccl:")
+
+DATALOADER_PREFIX = "enumerate(DataLoader)#"
+DATALOADER_SUFFIX = "__next__"
+DATAPIPE_PREFIX = "enumerate(DataPipe)#"
+
+
+def is_comm_kernel_name(name: str) -> bool:
+    low = name.lower()
+    return any(s in low for s in COMM_KERNEL_SUBSTRINGS)
+
+
+def is_dataloader_name(name: str) -> bool:
+    return (name.startswith(DATALOADER_PREFIX) and name.endswith(DATALOADER_SUFFIX)) or \
+        name.startswith(DATAPIPE_PREFIX)
+
+
+def comm_kernel_mask(trace: TraceData) -> np.ndarray:
+    """Bool mask over trace.gpu: communication kernels."""
+    ids = trace.string_ids(is_comm_kernel_name)
+    return (trace.gpu.kind == GPU_KERNEL) & np.isin(trace.gpu.name, ids)
+
+
+def dataloader_mask(trace: TraceData) -> np.ndarray:
+    """Bool mask over trace.cpu: DataLoader/DataPipe `__next__` spans."""
+    return np.isin(trace.cpu.name, trace.string_ids(is_dataloader_name)) & _host_span_kind(trace)
+
+
+def _host_span_kind(trace: TraceData) -> np.ndarray:
+    return (trace.cpu.kind == CPU_OP) | (trace.cpu.kind == CPU_USER_ANNOTATION)
+
+
+def category_masks(trace: TraceData) -> Dict[str, tuple]:
+    """For each category but `other`: ("gpu"|"cpu"|"runtime"|"mixed", masks).
+    Returned as {category: [(table_name, bool mask), ...]}."""
+    g, c = trace.gpu, trace.cpu
+    comm_k = comm_kernel_mask(trace)
+    span = _host_span_kind(trace)
+    comm_cpu = np.isin(c.name, trace.string_ids(lambda s: s.startswith(COMM_CPU_PREFIXES))) & span
+    dl = dataloader_mask(trace)
+    step_ids = trace.string_ids(lambda s: s.startswith("ProfilerStep#"))
+    cpu_exec = span & ~np.isin(c.name, step_ids)
+    return {
+        "kernel": [("gpu", (g.kind == GPU_KERNEL) & ~comm_k)],
+        "memcpy": [("gpu", g.kind == GPU_MEMCPY)],
+        "memset": [("gpu", g.kind == GPU_MEMSET)],
+        "communication": [("gpu", comm_k), ("cpu", comm_cpu)],
+        "runtime": [("runtime", np.ones(len(trace.runtime), bool))],
+        "dataloader": [("cpu", dl)],
+        "cpu_exec": [("cpu", cpu_exec)],
+    }
+
+
+def _intervals_of(trace: TraceData, parts) -> iv.Intervals:
+    starts, ends = [], []
+    for table_name, mask in parts:
+        t = getattr(trace, table_name)
+        starts.append(t.ts[mask])
+        ends.append(t.ts[mask] + t.dur[mask])
+    if not starts:
+        return np.empty(0), np.empty(0)
+    return iv.merge(np.concatenate(starts), np.concatenate(ends))
+
+
+@dataclass
+class Partition:
+    """Per-category exclusive time in a set of windows: ``us[cat]`` arrays (one value
+    per window), ``total`` the window lengths."""
+
+    us: Dict[str, np.ndarray]
+    total: np.ndarray
+
+
+def partition(trace: TraceData, lo: np.ndarray, hi: np.ndarray) -> Partition:
+    """Priority partition of windows [lo[i], hi[i]]: Kernel > Memcpy > Memset >
+    Communication > Runtime > DataLoader > CPU Exec > Other.
+
+    Vectorised with cumulative coverage: with C_k the union of the first k categories,
+    category k owns covered_in(C_k) - covered_in(C_{k-1}) in each window."""
+    lo = np.atleast_1d(np.asarray(lo, np.float64))
+    hi = np.atleast_1d(np.asarray(hi, np.float64))
+    masks = category_masks(trace)
+    out: Dict[str, np.ndarray] = {}
+    cum_s, cum_e = np.empty(0), np.empty(0)
+    prev = np.zeros(len(lo))
+    for cat in CATEGORIES[:-1]:
+        s, e = _intervals_of(trace, masks[cat])
+        cum_s, cum_e = iv.merge(np.concatenate([cum_s, s]), np.concatenate([cum_e, e]))
+        now = iv.covered_in((cum_s, cum_e), lo, hi)
+        out[cat] = np.maximum(now - prev, 0.0)
+        prev = np.maximum(now, prev)
+    total = hi - lo
+    out["other"] = np.maximum(total - prev, 0.0)
+    return Partition(us=out, total=total)
+
+
+def step_breakdown(trace: TraceData, steps: Steps) -> dict:
+    """Breakdown of the included (stretched) steps.
+
+    Returns ``{"avg_step_us", "breakdown_us": {cat: µs averaged over steps},
+    "breakdown_pct": {cat: 100 * µs / avg_step_us}, "breakdown_per_step":
+    [{"step", "total_us", <cat>: µs, ...}]}`` with the categories of CATEGORIES.
+    With no included step, values are None.
+    """
+    lo, hi = steps.inc_start, steps.inc_end
+    if len(lo) == 0:
+        return {"avg_step_us": None, "breakdown_us": {c: None for c in CATEGORIES},
+                "breakdown_pct": {c: None for c in CATEGORIES}, "breakdown_per_step": []}
+    p = partition(trace, lo, hi)
+    avg = float(p.total.mean())
+    us = {c: float(p.us[c].mean()) for c in CATEGORIES}
+    pct = {c: (100.0 * us[c] / avg if avg > 0 else 0.0) for c in CATEGORIES}
+    per_step: List[dict] = []
+    for i, n in enumerate(steps.inc_numbers):
+        row = {"step": int(n), "total_us": float(p.total[i])}
+        row.update({c: float(p.us[c][i]) for c in CATEGORIES})
+        per_step.append(row)
+    return {"avg_step_us": avg, "breakdown_us": us, "breakdown_pct": pct, "breakdown_per_step": per_step}

@@ -1,0 +1,231 @@
+"""Steps (metrics.md §1): host `ProfilerStep#N` spans, stretched over the GPU work
+they launched, with tbp's tail-step exclusion.
+
+``find_steps(trace) -> Steps``. Everything downstream (breakdown, input-bound, GPU
+metrics, signals) works on ``Steps.start/end`` of the included steps and on the
+steps window ``Steps.window``.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from .. import thresholds as T
+from ..model import CPU_OP, CPU_USER_ANNOTATION, TraceData
+from .linking import gpu_runtime_index
+
+_STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
+
+REASON_NO_GPU = "trailing step that launched no GPU activity"
+REASON_CUT_OFF = ("launched {n} GPU activities, fewer than 80% of the {prev} of the step before it "
+                  "(cut off by the end of the profiling window)")
+
+# Number given to the single window of a trace without ProfilerStep (as tbp's '0').
+NO_STEP_NUMBER = 0
+
+
+@dataclass
+class Steps:
+    """All steps of one trace file, sorted by host start.
+
+    Arrays have one entry per step (included or not):
+    - ``numbers``: N of ``ProfilerStep#N`` (``NO_STEP_NUMBER`` for the no-steps window)
+    - ``host_start``/``host_end``: the CPU span
+    - ``start``/``end``: the stretched step (equal to the host span when not stretched)
+    - ``gpu_count``: GPU activities (kernels+memcpy+memset) launched by calls wholly
+      inside the host span; ``gpu_end``: end of the last of them (NaN if none)
+    - ``included``: bool mask of the steps that count
+    - ``cpu_rows``: row in trace.cpu of the step span (-1 for the no-steps window)
+    Also ``excluded`` ([{number, reason}]), ``found`` (False: no ProfilerStep, one
+    window over the whole trace), ``stretched`` (GPU work was linked to steps),
+    ``gpu_step`` (for each trace.gpu row the step index that launched it, -1 if none).
+    """
+
+    numbers: np.ndarray
+    host_start: np.ndarray
+    host_end: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    gpu_count: np.ndarray
+    gpu_end: np.ndarray
+    included: np.ndarray
+    cpu_rows: np.ndarray
+    excluded: List[Dict] = field(default_factory=list)
+    found: bool = True
+    stretched: bool = False
+    gpu_step: Optional[np.ndarray] = None
+
+    # --- views on the included steps -------------------------------------------
+    @property
+    def count(self) -> int:
+        return int(self.included.sum())
+
+    @property
+    def inc_numbers(self) -> np.ndarray:
+        return self.numbers[self.included]
+
+    @property
+    def inc_start(self) -> np.ndarray:
+        return self.start[self.included]
+
+    @property
+    def inc_end(self) -> np.ndarray:
+        return self.end[self.included]
+
+    @property
+    def inc_host_start(self) -> np.ndarray:
+        return self.host_start[self.included]
+
+    @property
+    def inc_host_end(self) -> np.ndarray:
+        return self.host_end[self.included]
+
+    @property
+    def durations(self) -> np.ndarray:
+        """Stretched durations of the included steps."""
+        return self.inc_end - self.inc_start
+
+    @property
+    def window(self) -> Tuple[float, float]:
+        """Steps window: start of the first included step to end of the last one
+        (NaN, NaN when there is none)."""
+        if self.count == 0:
+            return float("nan"), float("nan")
+        return float(self.inc_start.min()), float(self.inc_end.max())
+
+    def to_report(self) -> dict:
+        """The report's ``steps`` object."""
+        return {"count": self.count, "numbers": [int(n) for n in self.inc_numbers],
+                "excluded": list(self.excluded), "found": bool(self.found)}
+
+
+def step_rows(trace: TraceData) -> Tuple[np.ndarray, np.ndarray]:
+    """Rows of trace.cpu that are CPU `ProfilerStep#N` spans and their N.
+    gpu_user_annotation copies are not in trace.cpu, so they never count."""
+    ids = trace.string_ids(lambda s: s.startswith("ProfilerStep#") and _STEP_NAME.match(s) is not None)
+    if len(ids) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    kind_ok = (trace.cpu.kind == CPU_OP) | (trace.cpu.kind == CPU_USER_ANNOTATION)
+    rows = np.flatnonzero(np.isin(trace.cpu.name, ids) & kind_ok)
+    num_of = {int(i): int(_STEP_NAME.match(trace.strings[i]).group(1)) for i in ids}
+    nums = np.array([num_of[int(n)] for n in np.unique(trace.cpu.name[rows])], dtype=np.int64)
+    lut = dict(zip(np.unique(trace.cpu.name[rows]).tolist(), nums.tolist()))
+    numbers = np.array([lut[n] for n in trace.cpu.name[rows].tolist()], dtype=np.int64) if len(rows) else \
+        np.zeros(0, np.int64)
+    return rows, numbers
+
+
+def trace_extent(trace: TraceData) -> Tuple[float, float]:
+    """First and last time of every complete event except `Trace`, plus memory
+    events (the no-steps window of §1)."""
+    lo, hi = trace.meta.first_ts, trace.meta.last_ts
+    a = trace.gpu_annotations
+    if len(a):
+        lo = np.nanmin([lo, float(a.ts.min())])
+        hi = np.nanmax([hi, float((a.ts + a.dur).max())])
+    return float(lo), float(hi)
+
+
+def runtime_step_index(trace: TraceData, host_start: np.ndarray, host_end: np.ndarray) -> np.ndarray:
+    """For each runtime row, the index of the step (in host_start order, which must be
+    sorted) whose host span wholly contains the call (any thread), else -1."""
+    rt = trace.runtime
+    out = np.full(len(rt), -1, dtype=np.int64)
+    if len(host_start) == 0 or len(rt) == 0:
+        return out
+    j = np.searchsorted(host_start, rt.ts, side="right") - 1
+    ok = j >= 0
+    jj = np.maximum(j, 0)
+    ok &= rt.ts + rt.dur <= host_end[jj]
+    out[ok] = j[ok]
+    return out
+
+
+def find_steps(trace: TraceData) -> Steps:
+    """Steps of one trace file, following metrics.md §1 exactly.
+
+    - Steps are CPU `ProfilerStep#N` spans only.
+    - When some GPU activity is linked to some step (through a runtime/driver call
+      wholly inside the host span, correlation to the GPU row), every step is
+      stretched: start = max(previous end, host start), end = max(host end, end of the
+      last GPU activity it launched) or max(host end, start) when it launched none.
+      The first step's "previous end" is the end of the last GPU activity that no step
+      launched and that ended before the first GPU activity the first step launched
+      (or its host start).
+    - tbp's exclusion (only when stretched and more than one step): trailing steps that
+      launched no GPU activity, and the last launching step when it launched fewer
+      than 80 % of the GPU activities of the step before it.
+    - No ProfilerStep: one window over the whole trace (``found=False``).
+    """
+    rows, numbers = step_rows(trace)
+    n_gpu = len(trace.gpu)
+    if len(rows) == 0:
+        lo, hi = trace_extent(trace)
+        if not np.isfinite(lo):
+            lo = hi = 0.0
+        one = lambda v: np.array([v], dtype=np.float64)
+        return Steps(numbers=np.array([NO_STEP_NUMBER]), host_start=one(lo), host_end=one(hi),
+                     start=one(lo), end=one(hi), gpu_count=np.zeros(1, np.int64),
+                     gpu_end=one(np.nan), included=np.ones(1, bool), cpu_rows=np.array([-1]),
+                     excluded=[], found=False, stretched=False,
+                     gpu_step=np.full(n_gpu, -1, np.int64))
+
+    order = np.lexsort((trace.cpu.dur[rows], trace.cpu.ts[rows]))
+    rows, numbers = rows[order], numbers[order]
+    host_start = trace.cpu.ts[rows].astype(np.float64)
+    host_end = host_start + trace.cpu.dur[rows]
+    n = len(rows)
+
+    # GPU activity -> runtime call -> step whose host span holds the call.
+    rt_step = runtime_step_index(trace, host_start, host_end)
+    g_rt = gpu_runtime_index(trace)
+    gpu_step = np.where(g_rt >= 0, rt_step[np.maximum(g_rt, 0)], -1) if n_gpu else np.zeros(0, np.int64)
+    linked = gpu_step >= 0
+    g_end = trace.gpu.ts + trace.gpu.dur
+    gpu_count = np.bincount(gpu_step[linked], minlength=n).astype(np.int64)
+    gpu_min = np.full(n, np.inf)
+    gpu_max = np.full(n, -np.inf)
+    np.minimum.at(gpu_min, gpu_step[linked], trace.gpu.ts[linked])
+    np.maximum.at(gpu_max, gpu_step[linked], g_end[linked])
+    gpu_end = np.where(gpu_count > 0, gpu_max, np.nan)
+
+    stretched = bool(linked.any())
+    start, end = host_start.copy(), host_end.copy()
+    if stretched:
+        prev = host_start[0]
+        if gpu_count[0] > 0:
+            cand = ~linked & (g_end < gpu_min[0])
+            if cand.any():
+                prev = max(prev, float(g_end[cand].max()))
+        for i in range(n):  # loop over steps only
+            s = max(prev, host_start[i])
+            if gpu_count[i] == 0:
+                e = max(host_end[i], s)
+            else:
+                e = max(host_end[i], gpu_max[i])
+                if e < s:
+                    e = s
+            start[i], end[i] = s, e
+            prev = e
+
+    included = np.ones(n, bool)
+    excluded: List[Dict] = []
+    if stretched and n > 1:
+        launching = np.flatnonzero(gpu_count > 0)
+        i = int(launching[-1])
+        keep = i + 1
+        if i > 0 and gpu_count[i - 1] * T.STEP_TAIL_MIN_GPU_RATIO > gpu_count[i]:
+            keep = i
+            excluded.append({"number": int(numbers[i]),
+                             "reason": REASON_CUT_OFF.format(n=int(gpu_count[i]), prev=int(gpu_count[i - 1]))})
+        for k in range(i + 1, n):
+            excluded.append({"number": int(numbers[k]), "reason": REASON_NO_GPU})
+        included[keep:] = False
+        excluded.sort(key=lambda d: d["number"])
+
+    return Steps(numbers=numbers, host_start=host_start, host_end=host_end, start=start, end=end,
+                 gpu_count=gpu_count, gpu_end=gpu_end, included=included, cpu_rows=rows,
+                 excluded=excluded, found=True, stretched=stretched, gpu_step=gpu_step)
