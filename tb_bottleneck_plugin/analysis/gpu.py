@@ -1,0 +1,183 @@
+"""Per-device GPU metrics (metrics.md §4 and §6's est. achieved occupancy).
+
+``gpu_metrics(trace, steps) -> (per_device, not_available)`` where ``per_device`` is the
+report's ``gpu`` object: ``{"<device id>": {utilization_pct, est_sm_efficiency_pct,
+est_achieved_occupancy_pct, idle: {...}}}`` (``tensor_core_pct`` is added by the Tensor
+Core analysis). ``not_available`` maps metric names (``gpu``, ``gpu.<dev>.est_sm_efficiency_pct``,
+...) to the reason.
+
+Helpers reused elsewhere: ``clipped_kernel_weights``, ``sm_efficiency_integral``,
+``hta_gpu_mask``, ``idle_breakdown``.
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+
+from .. import thresholds as T
+from ..model import GPU_KERNEL, TraceData
+from . import intervals as iv
+from .linking import gpu_runtime_index
+from .steps import Steps, step_rows
+
+NA_NO_GPU = "CPU-only trace: no GPU activity"
+NA_NO_STEPS = "no included step: no steps window"
+NA_NO_BLOCKS_PER_SM = "kernels carry no numeric 'blocks per SM' (old trace or ROCm)"
+NA_NO_OCCUPANCY = "kernels carry no 'est. achieved occupancy %' (old trace or ROCm)"
+NA_NO_KERNELS = "no kernel on this device inside the steps window"
+
+
+def clipped_kernel_weights(trace: TraceData, window: Tuple[float, float]) -> np.ndarray:
+    """For each row of trace.gpu: the duration of the kernel clipped to ``window``
+    (lo, hi); 0 for non-kernels and for kernels outside the window. The weights of
+    est. achieved occupancy (§6)."""
+    lo, hi = window
+    g = trace.gpu
+    w = np.minimum(g.ts + g.dur, hi) - np.maximum(g.ts, lo)
+    w = np.where((g.kind == GPU_KERNEL) & (w > 0), w, 0.0)
+    return np.nan_to_num(w, nan=0.0)
+
+
+def sm_efficiency_integral(starts: np.ndarray, ends: np.ndarray, blocks: np.ndarray) -> float:
+    """∫ min(1, Σ blocks of the intervals covering t) dt (µs), by a sweep over sorted
+    start/end events with a cumulative sum."""
+    keep = ends > starts
+    starts, ends, blocks = starts[keep], ends[keep], blocks[keep]
+    if len(starts) == 0:
+        return 0.0
+    t = np.concatenate([starts, ends])
+    d = np.concatenate([blocks, -blocks])
+    order = np.argsort(t, kind="stable")
+    t, d = t[order], d[order]
+    level = np.cumsum(d)
+    # level holds on [t[i], t[i+1]); events at the same time are fine (dt = 0).
+    dt = np.diff(t)
+    lv = np.clip(level[:-1], 0.0, 1.0)
+    return float((lv * dt).sum())
+
+
+def hta_gpu_mask(trace: TraceData) -> np.ndarray:
+    """HTA-compatible selection of trace.gpu rows (HTA 0.5.0 defaults,
+    include_last_profiler_step=False): with at least two distinct `ProfilerStep#N`
+    names (CPU spans and gpu_user_annotation copies alike), the cut-off is the latest
+    start of any event so named; GPU activity is kept only when its launching runtime
+    call starts before the cut-off. With fewer names every GPU row is kept."""
+    n = len(trace.gpu)
+    rows, _ = step_rows(trace)
+    names = set(trace.cpu.name[rows].tolist())
+    starts = list(trace.cpu.ts[rows])
+    a = trace.gpu_annotations
+    if len(a):
+        ids = trace.string_ids(lambda s: s.startswith("ProfilerStep#"))
+        m = np.isin(a.name, ids)
+        names |= set(a.name[m].tolist())
+        starts += list(a.ts[m])
+    if len({trace.strings[i] for i in names}) < 2:
+        return np.ones(n, bool)
+    cutoff = max(starts)
+    g_rt = gpu_runtime_index(trace)
+    ok = g_rt >= 0
+    keep = np.zeros(n, bool)
+    keep[ok] = trace.runtime.ts[g_rt[ok]] < cutoff
+    return keep
+
+
+def idle_breakdown(trace: TraceData, mask: np.ndarray, integer_us: bool = False) -> dict:
+    """HTA's temporal idle and idle-time breakdown over the GPU rows in ``mask``.
+
+    span = first start to last end of the selected activity, idle = span − Union;
+    per stream, each gap between consecutive activities (sorted by start) is
+    host_wait when the next activity's launching call started after the previous one
+    ended, else kernel_wait when shorter than thresholds.HTA_KERNEL_WAIT_US, else other.
+    ``integer_us``: truncate ts and dur to whole µs first, as HTA does (it matters on
+    ns-resolution traces).
+    Returns {span_us, idle_us, idle_pct, host_wait_us, kernel_wait_us, other_us}."""
+    g = trace.gpu
+    rows = np.flatnonzero(mask)
+    if len(rows) == 0:
+        return {"span_us": 0.0, "idle_us": 0.0, "idle_pct": None, "host_wait_us": 0.0,
+                "kernel_wait_us": 0.0, "other_us": 0.0}
+    ts, dur = g.ts[rows], g.dur[rows]
+    base = float(ts.min())
+    if integer_us:  # HTA: times relative to the first one, truncated to int µs
+        ts, dur = np.floor(ts - base), np.floor(dur)
+    end = ts + dur
+    span = float(end.max() - ts.min())
+    idle = span - iv.union_length(ts, end)
+    g_rt = gpu_runtime_index(trace)[rows]
+    rt_ts = np.floor(trace.runtime.ts - base) if integer_us else trace.runtime.ts
+    launch = np.where(g_rt >= 0, rt_ts[np.maximum(g_rt, 0)], -np.inf)
+    stream = g.stream[rows]
+    order = np.lexsort((ts, stream))
+    st, s_ts, s_end, s_launch = stream[order], ts[order], end[order], launch[order]
+    same = st[1:] == st[:-1]
+    prev_end = s_end[:-1][same]
+    gap = s_ts[1:][same] - prev_end
+    nxt_launch = s_launch[1:][same]
+    host = nxt_launch > prev_end
+    kwait = ~host & (gap < T.HTA_KERNEL_WAIT_US)
+    other = ~host & ~kwait
+    gap = np.maximum(gap, 0.0)
+    return {"span_us": span, "idle_us": float(idle), "idle_pct": 100.0 * idle / span if span > 0 else None,
+            "host_wait_us": float(gap[host].sum()), "kernel_wait_us": float(gap[kwait].sum()),
+            "other_us": float(gap[other].sum())}
+
+
+def gpu_metrics(trace: TraceData, steps: Steps, hta_compatible: bool = True):
+    """Per-device metrics over the steps window (§4, §6).
+
+    Returns ``(gpu, not_available)``: ``gpu = {"<dev>": {"utilization_pct",
+    "est_sm_efficiency_pct", "est_achieved_occupancy_pct", "kernel_us",
+    "idle": idle_breakdown(...) plus "view": "hta"|"all"}}``; a metric that cannot be
+    computed is None and named in ``not_available`` as ``gpu.<dev>.<metric>``.
+    ``hta_compatible`` selects the GPU rows of the idle breakdown with hta_gpu_mask
+    (HTA drops the last step) and truncates times to whole µs as HTA does; otherwise all
+    GPU activity counts, at full resolution."""
+    not_available: Dict[str, str] = {}
+    out: Dict[str, dict] = {}
+    g = trace.gpu
+    if len(g) == 0:
+        not_available["gpu"] = NA_NO_GPU
+        return out, not_available
+    lo, hi = steps.window
+    win = hi - lo if np.isfinite(lo) else 0.0
+    weights = clipped_kernel_weights(trace, (lo, hi)) if win > 0 else np.zeros(len(g))
+    sel_idle = hta_gpu_mask(trace) if hta_compatible else np.ones(len(g), bool)
+    is_k = g.kind == GPU_KERNEL
+    for dev in trace.devices:
+        key = str(dev)
+        on = g.device == dev
+        k = on & is_k
+        m: Dict[str, Optional[float]] = {}
+        if win <= 0:
+            m.update(utilization_pct=None, est_sm_efficiency_pct=None, est_achieved_occupancy_pct=None)
+            for name in ("utilization_pct", "est_sm_efficiency_pct", "est_achieved_occupancy_pct"):
+                not_available[f"gpu.{key}.{name}"] = NA_NO_STEPS
+        else:
+            s, e = iv.clip(g.ts[k], g.ts[k] + g.dur[k], lo, hi)
+            m["kernel_us"] = iv.union_length(s, e)
+            m["utilization_pct"] = 100.0 * m["kernel_us"] / win
+            b = g.blocks_per_sm[k]
+            good = np.isfinite(b) & (b > 0)
+            if good.any():
+                m["est_sm_efficiency_pct"] = 100.0 * sm_efficiency_integral(s[good], e[good], b[good]) / win
+            else:
+                m["est_sm_efficiency_pct"] = None
+                not_available[f"gpu.{key}.est_sm_efficiency_pct"] = NA_NO_BLOCKS_PER_SM
+            occ = g.achieved_occupancy_pct[k]
+            w = weights[k]
+            good = np.isfinite(occ) & (occ >= 0)
+            if not good.any():
+                m["est_achieved_occupancy_pct"] = None
+                not_available[f"gpu.{key}.est_achieved_occupancy_pct"] = NA_NO_OCCUPANCY
+            elif w[good].sum() <= 0:
+                m["est_achieved_occupancy_pct"] = None
+                not_available[f"gpu.{key}.est_achieved_occupancy_pct"] = NA_NO_KERNELS
+            else:
+                m["est_achieved_occupancy_pct"] = float((occ[good] * w[good]).sum() / w[good].sum())
+        idle = idle_breakdown(trace, on & sel_idle, integer_us=hta_compatible)
+        idle["view"] = "hta" if hta_compatible else "all"
+        m["idle"] = idle
+        out[key] = m
+    return out, not_available
