@@ -145,6 +145,8 @@ def innermost_enclosing(trace: TraceData, cpu_rows, runtime_rows) -> np.ndarray:
         return out
     want = np.isin(call, runtime_rows)
     op, call = op[want], call[want]
+    if len(op) == 0:
+        return out
     # shortest enclosing op per call: sort by (call, dur) and take the first per call
     order = np.lexsort((trace.cpu.dur[op], call))
     op, call = op[order], call[order]

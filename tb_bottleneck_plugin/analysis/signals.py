@@ -1,0 +1,130 @@
+"""Other bottleneck signals (metrics.md §8): synchronisation, communication overlap,
+launch overhead.
+
+- ``sync_signal(trace, steps) -> {"sync_us", "sync_pct", "top_ops": [{op, sync_us, count}],
+  "calls": [{name, us, count}]}``
+- ``communication_signal(trace, steps) -> {"comm_us", "overlap_pct", "comm_pct_of_kernel_time"}``
+- ``launch_signal(trace, steps) -> {"launch_us", "kernels_per_step", "launch_pct"}``
+"""
+from __future__ import annotations
+
+from typing import Dict, List
+
+import numpy as np
+
+from ..model import CPU_OP, GPU_KERNEL, GPU_MEMCPY, TraceData
+from . import intervals as iv
+from .breakdown import comm_kernel_mask
+from .linking import gpu_runtime_index, innermost_enclosing
+from .steps import Steps
+
+# Always-blocking synchronisation calls (CUDA and HIP twins).
+SYNC_CALLS = frozenset({
+    "cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize",
+    "hipDeviceSynchronize", "hipStreamSynchronize", "hipEventSynchronize",
+    "hipMemcpyWithStream",
+})
+# Synchronous copies: blocking only when the copy they launched is DtoH.
+SYNC_MEMCPY_CALLS = frozenset({"cudaMemcpy", "hipMemcpy"})
+# Kernel launch calls (runtime and driver API).
+LAUNCH_CALLS = frozenset({
+    "cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel",
+    "cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel",
+    "hipLaunchKernel", "hipExtLaunchKernel", "hipModuleLaunchKernel", "hipExtModuleLaunchKernel",
+    "hipLaunchCooperativeKernel",
+})
+TOP_N = 10
+
+
+def _clipped_to(starts, ends, lo, hi) -> np.ndarray:
+    """Per interval, its length inside the union of windows [lo, hi] (sorted, disjoint)."""
+    if len(starts) == 0 or len(lo) == 0:
+        return np.zeros(len(starts))
+    merged = iv.merge(lo, hi)
+    return iv.covered_in(merged, starts, ends)
+
+
+def sync_rows(trace: TraceData) -> np.ndarray:
+    """Runtime rows that block the host (§8)."""
+    rt = trace.runtime
+    always = np.isin(rt.name, trace.string_ids(lambda s: s in SYNC_CALLS))
+    copy_calls = np.isin(rt.name, trace.string_ids(lambda s: s in SYNC_MEMCPY_CALLS))
+    if copy_calls.any() and len(trace.gpu):
+        g_rt = gpu_runtime_index(trace)
+        dtoh = (trace.gpu.kind == GPU_MEMCPY) & np.isin(trace.gpu.name, trace.string_ids(lambda s: "DtoH" in s))
+        hit = np.zeros(len(rt), bool)
+        hit[g_rt[dtoh & (g_rt >= 0)]] = True
+        always |= copy_calls & hit
+    return np.flatnonzero(always)
+
+
+def sync_signal(trace: TraceData, steps: Steps) -> dict:
+    """Host time in blocking sync calls, clipped to the host spans of the included
+    steps; ``sync_pct`` = 100 * sync_us / Σ included (stretched) step time; ``top_ops``:
+    the innermost enclosing CPU op of each call (``"(no op)"`` when none), by µs."""
+    rows = sync_rows(trace)
+    rt = trace.runtime
+    total_steps = float(steps.durations.sum()) if steps.count else 0.0
+    us = _clipped_to(rt.ts[rows], rt.ts[rows] + rt.dur[rows], steps.inc_host_start, steps.inc_host_end)
+    inside = us > 0
+    rows, us = rows[inside], us[inside]
+    sync_us = float(us.sum())
+    calls: List[Dict] = []
+    top: List[Dict] = []
+    if len(rows):
+        names = rt.name[rows]
+        for nid in np.unique(names):
+            sel = names == nid
+            calls.append({"name": trace.strings[nid], "us": float(us[sel].sum()), "count": int(sel.sum())})
+        calls.sort(key=lambda d: -d["us"])
+        op = innermost_enclosing(trace, trace.cpu.kind == CPU_OP, rows)
+        op_name = np.where(op >= 0, trace.cpu.name[np.maximum(op, 0)], -1)
+        for nid in np.unique(op_name):
+            sel = op_name == nid
+            top.append({"op": trace.strings[nid] if nid >= 0 else "(no op)",
+                        "sync_us": float(us[sel].sum()), "count": int(sel.sum())})
+        top.sort(key=lambda d: -d["sync_us"])
+    return {"sync_us": sync_us, "sync_pct": 100.0 * sync_us / total_steps if total_steps > 0 else None,
+            "top_ops": top[:TOP_N], "calls": calls}
+
+
+def communication_signal(trace: TraceData, steps: Steps) -> dict:
+    """Communication kernels in the steps window: ``comm_us`` = Union(comm kernels),
+    ``overlap_pct`` = 100 * |comm ∩ compute kernels| / comm_us (HTA's comm/comp
+    overlap; None without communication), ``comm_pct_of_kernel_time`` = 100 *
+    comm_us / Union(all kernels)."""
+    lo, hi = steps.window
+    g = trace.gpu
+    if len(g) == 0 or not np.isfinite(lo):
+        return {"comm_us": 0.0, "overlap_pct": None, "comm_pct_of_kernel_time": None}
+    comm = comm_kernel_mask(trace)
+    k = g.kind == GPU_KERNEL
+    comm_set = iv.merge(*iv.clip(g.ts[comm], g.ts[comm] + g.dur[comm], lo, hi))
+    comp_set = iv.merge(*iv.clip(g.ts[k & ~comm], g.ts[k & ~comm] + g.dur[k & ~comm], lo, hi))
+    comm_us = float((comm_set[1] - comm_set[0]).sum())
+    both = iv.intersect(comm_set, comp_set)
+    overlap = float((both[1] - both[0]).sum())
+    all_k = float((comp_set[1] - comp_set[0]).sum()) + comm_us - overlap
+    return {"comm_us": comm_us, "overlap_pct": 100.0 * overlap / comm_us if comm_us > 0 else None,
+            "comm_pct_of_kernel_time": 100.0 * comm_us / all_k if all_k > 0 else None}
+
+
+def launch_signal(trace: TraceData, steps: Steps) -> dict:
+    """CPU time in kernel-launch calls within the included steps (sum of durations
+    clipped to the stretched steps), its share of step time, and the mean number of
+    kernels launched per included step."""
+    rt = trace.runtime
+    if steps.count == 0:
+        return {"launch_us": 0.0, "kernels_per_step": None, "launch_pct": None}
+    m = np.isin(rt.name, trace.string_ids(lambda s: s in LAUNCH_CALLS))
+    us = _clipped_to(rt.ts[m], rt.ts[m] + rt.dur[m], steps.inc_start, steps.inc_end)
+    launch_us = float(us.sum())
+    total = float(steps.durations.sum())
+    inc_idx = np.flatnonzero(steps.included)
+    if steps.gpu_step is not None and len(trace.gpu):
+        k = (trace.gpu.kind == GPU_KERNEL) & np.isin(steps.gpu_step, inc_idx)
+        kps = float(k.sum()) / len(inc_idx)
+    else:
+        kps = 0.0
+    return {"launch_us": launch_us, "kernels_per_step": kps,
+            "launch_pct": 100.0 * launch_us / total if total > 0 else None}
