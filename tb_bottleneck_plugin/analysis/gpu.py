@@ -107,7 +107,9 @@ def idle_breakdown(trace: TraceData, mask: np.ndarray, integer_us: bool = False)
     idle = span - iv.union_length(ts, end)
     g_rt = gpu_runtime_index(trace)[rows]
     rt_ts = np.floor(trace.runtime.ts - base) if integer_us else trace.runtime.ts
-    launch = np.where(g_rt >= 0, rt_ts[np.maximum(g_rt, 0)], -np.inf)
+    launch = np.full(len(rows), -np.inf)
+    if len(rt_ts):
+        launch = np.where(g_rt >= 0, rt_ts[np.maximum(g_rt, 0)], -np.inf)
     stream = g.stream[rows]
     order = np.lexsort((ts, stream))
     st, s_ts, s_end, s_launch = stream[order], ts[order], end[order], launch[order]

@@ -182,7 +182,8 @@ def find_steps(trace: TraceData) -> Steps:
     # GPU activity -> runtime call -> step whose host span holds the call.
     rt_step = runtime_step_index(trace, host_start, host_end)
     g_rt = gpu_runtime_index(trace)
-    gpu_step = np.where(g_rt >= 0, rt_step[np.maximum(g_rt, 0)], -1) if n_gpu else np.zeros(0, np.int64)
+    gpu_step = np.where(g_rt >= 0, rt_step[np.maximum(g_rt, 0)], -1) if n_gpu and len(rt_step) \
+        else np.full(n_gpu, -1, np.int64)
     linked = gpu_step >= 0
     g_end = trace.gpu.ts + trace.gpu.dur
     gpu_count = np.bincount(gpu_step[linked], minlength=n).astype(np.int64)
