@@ -1,0 +1,308 @@
+"""Kernel occupancy (metrics.md §6), vectorised.
+
+``est. achieved occupancy %`` is what Kineto computed at trace time with the CUDA
+occupancy calculator (``cudaOccMaxActiveBlocksPerMultiprocessor``) for each launch:
+``round(100 * min(theoretical active blocks per SM, blocks per SM) * threads per block
+/ maxThreadsPerMultiprocessor)``. It is a *theoretical* figure for the launch
+configuration, not a hardware measurement (the UI must say so).
+
+Public API
+----------
+- ``occupancy_calculator(props, threads, registers, shared_memory)`` -> dict of arrays
+  (``blocks_by_warps``, ``blocks_by_registers``, ``blocks_by_shared_memory``,
+  ``blocks_by_sm_limit``, ``active_blocks``, ``limiting_factor``,
+  ``theoretical_occupancy_pct``).
+- ``kineto_estimate(props, threads, registers, shared_memory, blocks_per_sm)`` -> the
+  integer ``est. achieved occupancy %`` Kineto would have written.
+- ``kernel_occupancy(trace, window=None, top_n=200)`` -> dict with keys
+  ``est_achieved_occupancy_pct``, ``per_device``, ``histogram``, ``grid_too_small_pct``,
+  ``short_kernels``, ``kernels``, ``weighted_kernel_us``, ``not_available``.
+
+Calculator rules (cuda_occupancy.h, as used by Kineto), and the simplifications:
+- warps: ``floor((maxThreadsPerMultiprocessor / warpSize) / ceil(threads / warpSize))``;
+- registers: a warp gets ``roundup(regs * warpSize, 256)`` registers; the register file
+  is split into 4 sub-partitions (2 on sm60) of ``regsPerMultiprocessor / 4``; warps per
+  sub-partition = floor(sub-partition registers / registers per warp); blocks =
+  floor(warps per SM / warps per block). 0 registers (some library kernels) = no limit.
+  A block needing more than ``regsPerBlock`` (checked with warps rounded up to the
+  sub-partition count) or more than 255 registers per thread cannot launch (0 blocks);
+- shared memory: per block = ``roundup(shared memory + reserved, 128)`` (256 before
+  sm70) with 1 KB reserved per block on sm80+; blocks = floor(sharedMemPerMultiprocessor
+  / that). Simplification: the default carve-out is assumed to give the kernel the whole
+  ``sharedMemPerMultiprocessor`` (the calculator's default preference); a kernel's own
+  carve-out attribute is not in the trace. More than ``sharedMemPerBlockOptin`` = 0;
+- max resident blocks per SM by compute capability (``MAX_BLOCKS_PER_SM``);
+- active blocks = min of the four; the limiting factor is the argmin (ties joined with
+  "+", in the order warps, registers, shared_memory, blocks). The nested 2026
+  ``occupancy.limitingFactors`` of a kernel is preferred when present.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ..model import GPU_KERNEL, TraceData
+
+# Max resident blocks per SM (cuda_occupancy.h __occMaxBlocksPerMultiprocessor / the CUDA
+# programming guide's table), by (major, minor); a major alone applies to every minor.
+MAX_BLOCKS_PER_SM = {
+    (3, None): 16, (5, None): 32, (6, None): 32,
+    (7, 0): 32, (7, 2): 32, (7, 5): 16,
+    (8, 0): 32, (8, 6): 16, (8, 7): 16, (8, 9): 24,
+    (9, None): 32, (10, None): 32, (11, None): 32, (12, None): 32,
+}
+REG_ALLOCATION_UNIT = 256  # registers, per warp, every architecture since sm30
+MAX_REGS_PER_THREAD = 255
+SHORT_KERNEL_US = 10.0  # metrics §6 "short kernels"
+HISTOGRAM_EDGES = (0.0, 10.0, 25.0, 50.0, 75.0, 100.0)  # last bucket closed: [75,100]
+FACTORS = ("warps", "registers", "shared_memory", "blocks")
+# Names in Kineto's nested occupancy object -> ours.
+_KINETO_FACTORS = {"WARPS": "warps", "REGS": "registers", "REGISTERS": "registers", "SMEM": "shared_memory",
+                   "SHARED_MEMORY": "shared_memory", "BLOCKS": "blocks", "BARRIERS": "barriers"}
+
+_BIG = np.int64(1 << 30)
+
+
+def max_blocks_per_sm(major: int, minor: int) -> int:
+    return MAX_BLOCKS_PER_SM.get((major, minor), MAX_BLOCKS_PER_SM.get((major, None), 32))
+
+
+def _ceil_div(a, b):
+    return -(-a // b)
+
+
+def occupancy_calculator(props: dict, threads, registers, shared_memory,
+                         per_block_limit: str = "optin") -> Dict[str, np.ndarray]:
+    """Theoretical resident blocks per SM for launches on one device (arrays in, arrays
+    out). ``props`` is one ``deviceProperties`` entry of the trace.
+
+    ``per_block_limit``: the most shared memory one block may use. "optin" (default):
+    ``sharedMemPerBlockOptin`` -- the kernel did launch, so a block above 48 KB had
+    opted in. "default": ``sharedMemPerBlock`` (48 KB), which is what Kineto passes to
+    the calculator (``FUNC_SHMEM_LIMIT_DEFAULT``), so such kernels get 0 blocks there."""
+    threads = np.asarray(threads, dtype=np.int64)
+    regs = np.maximum(np.asarray(registers, dtype=np.int64), 0)
+    smem = np.maximum(np.asarray(shared_memory, dtype=np.int64), 0)
+    major, minor = int(props.get("computeMajor", 0)), int(props.get("computeMinor", 0))
+    warp = int(props.get("warpSize", 32)) or 32
+    max_threads_sm = int(props.get("maxThreadsPerMultiprocessor", 2048))
+    regs_sm = int(props.get("regsPerMultiprocessor", 65536))
+    regs_block = int(props.get("regsPerBlock", regs_sm))
+    smem_sm = int(props.get("sharedMemPerMultiprocessor", props.get("maxSharedMemoryPerMultiProcessor", 0)))
+    smem_default = int(props.get("sharedMemPerBlock", smem_sm) or smem_sm)
+    smem_optin = int(props.get("sharedMemPerBlockOptin", smem_default) or smem_default)
+    smem_limit = smem_default if per_block_limit == "default" else max(smem_optin, smem_default)
+
+    warps_block = np.maximum(_ceil_div(threads, warp), 1)
+    by_warps = (max_threads_sm // warp) // warps_block
+
+    sub_parts = 2 if (major, minor) == (6, 0) else 4
+    regs_warp = _ceil_div(regs * warp, REG_ALLOCATION_UNIT) * REG_ALLOCATION_UNIT
+    assumed_block = regs_warp * (_ceil_div(warps_block, sub_parts) * sub_parts)
+    warps_per_sub = (regs_sm // sub_parts) // np.maximum(regs_warp, 1)
+    by_regs = np.where(regs == 0, _BIG, (warps_per_sub * sub_parts) // warps_block)
+    by_regs = np.where((assumed_block > regs_block) | (regs > MAX_REGS_PER_THREAD), 0, by_regs)
+
+    granularity = 128 if major >= 7 else 256
+    reserved = 1024 if major >= 8 else 0
+    smem_block = _ceil_div(smem + reserved, granularity) * granularity
+    by_smem = np.where(smem_block > 0, smem_sm // np.maximum(smem_block, 1), _BIG)
+    by_smem = np.where(smem > smem_limit, 0, by_smem)
+
+    by_blocks = np.full(len(threads), max_blocks_per_sm(major, minor), dtype=np.int64)
+    stack = np.stack([by_warps, by_regs, by_smem, by_blocks]).astype(np.int64)
+    active = stack.min(axis=0)
+    is_min = stack == active
+    limiting = np.array(["+".join(f for f, m in zip(FACTORS, col) if m) for col in is_min.T.tolist()],
+                        dtype=object) if len(threads) else np.zeros(0, dtype=object)
+    theo = 100.0 * active * warps_block / (max_threads_sm // warp)
+    return {"blocks_by_warps": by_warps, "blocks_by_registers": by_regs, "blocks_by_shared_memory": by_smem,
+            "blocks_by_sm_limit": by_blocks, "active_blocks": active, "limiting_factor": limiting,
+            "theoretical_occupancy_pct": theo}
+
+
+def kineto_estimate(props: dict, threads, registers, shared_memory, blocks_per_sm) -> np.ndarray:
+    """The ``est. achieved occupancy %`` Kineto computes (CudaDeviceProperties.cpp):
+    min(active blocks, blocks per SM) * threads / maxThreadsPerMultiprocessor in float32
+    (``blocks per SM`` is a C++ float), times 100 in double, rounded half up; the calculator run with
+    the default 48 KB per-block shared-memory limit, as Kineto calls it."""
+    calc = occupancy_calculator(props, threads, registers, shared_memory, per_block_limit="default")
+    f32 = np.float32
+    b = np.minimum(calc["active_blocks"].astype(f32), np.asarray(blocks_per_sm, dtype=f32))
+    occ = b * np.asarray(threads, f32) / f32(int(props.get("maxThreadsPerMultiprocessor", 2048)))
+    return np.floor(occ.astype(np.float64) * 100.0 + 0.5)
+
+
+def clipped_weights(ts: np.ndarray, dur: np.ndarray, window: Optional[Tuple[float, float]]) -> np.ndarray:
+    """Each interval's length inside the window (its full length when window is None)."""
+    if window is None or not np.all(np.isfinite(window)):
+        return dur.astype(np.float64)
+    lo, hi = window
+    return np.maximum(np.minimum(ts + dur, hi) - np.maximum(ts, lo), 0.0)
+
+
+def _is_rocm(trace: TraceData) -> bool:
+    props = trace.meta.device_properties
+    return any(int(p.get("warpSize", 32) or 32) == 64 or "maxSharedMemoryPerMultiProcessor" in p
+               or "AMD" in str(p.get("name", "")) for p in props)
+
+
+def _not_available_reason(trace: TraceData, has_kernels: bool) -> str:
+    if not has_kernels:
+        return "no GPU kernels in the trace (CPU-only)"
+    if _is_rocm(trace):
+        return "trace has no occupancy fields (ROCm kernels carry no registers, shared memory or occupancy)"
+    if not np.isfinite(trace.gpu.blocks_per_sm[trace.gpu.kind == GPU_KERNEL]).any():
+        return "trace has no occupancy fields (kernels have no 'blocks per SM'/'est. achieved occupancy %': 2020 format)"
+    return "no kernel with 'est. achieved occupancy %' inside the steps window"
+
+
+def _wmean(values: np.ndarray, weights: np.ndarray) -> Optional[float]:
+    tot = float(weights.sum())
+    return float((values * weights).sum() / tot) if tot > 0 else None
+
+
+def kernel_occupancy(trace: TraceData, window: Optional[Tuple[float, float]] = None,
+                     top_n: int = 200) -> Dict:
+    """§6 over all devices, kernels weighted by their duration clipped to ``window``
+    (the steps window; None = whole trace)."""
+    gpu = trace.gpu
+    krows = np.flatnonzero(gpu.kind == GPU_KERNEL)
+    out: Dict = {"est_achieved_occupancy_pct": None, "per_device": {}, "histogram": [],
+                 "grid_too_small_pct": None, "short_kernels": None, "kernels": [],
+                 "weighted_kernel_us": 0.0, "not_available": {}}
+    if len(krows) == 0:
+        reason = _not_available_reason(trace, False)
+        out["not_available"] = {k: reason for k in ("est_achieved_occupancy_pct", "grid_too_small_pct",
+                                                    "short_kernels", "kernels")}
+        return out
+    w_all = clipped_weights(gpu.ts[krows], gpu.dur[krows], window)
+    sel = w_all > 0
+    krows, w = krows[sel], w_all[sel]
+    out["weighted_kernel_us"] = float(w.sum())
+    occ = gpu.achieved_occupancy_pct[krows]
+    dev = gpu.device[krows]
+
+    # Achieved occupancy: weighted mean over kernels that carry it, values < 0 skipped.
+    has_occ = np.isfinite(occ) & (occ >= 0)
+    if has_occ.any():
+        out["est_achieved_occupancy_pct"] = _wmean(occ[has_occ], w[has_occ])
+        for d in np.unique(dev[has_occ]):
+            m = has_occ & (dev == d)
+            out["per_device"][str(int(d))] = _wmean(occ[m], w[m])
+        tot = float(w[has_occ].sum())
+        idx = np.clip(np.searchsorted(HISTOGRAM_EDGES, occ[has_occ], side="right") - 1, 0,
+                      len(HISTOGRAM_EDGES) - 2)
+        hist = np.bincount(idx, weights=w[has_occ], minlength=len(HISTOGRAM_EDGES) - 1)
+        for i in range(len(HISTOGRAM_EDGES) - 1):
+            lo, hi = HISTOGRAM_EDGES[i], HISTOGRAM_EDGES[i + 1]
+            label = f"[{lo:g},{hi:g}]" if i == len(HISTOGRAM_EDGES) - 2 else f"[{lo:g},{hi:g})"
+            out["histogram"].append({"bucket": label, "lo": lo, "hi": hi,
+                                     "pct": 100.0 * float(hist[i]) / tot if tot > 0 else 0.0,
+                                     "us": float(hist[i])})
+    else:
+        reason = _not_available_reason(trace, True)
+        out["not_available"]["est_achieved_occupancy_pct"] = reason
+        out["not_available"]["histogram"] = reason
+
+    # Grid too small: numeric (finite) blocks per SM < 1.
+    bps = gpu.blocks_per_sm[krows]
+    numeric = np.isfinite(bps)
+    if numeric.any():
+        out["grid_too_small_pct"] = 100.0 * float(w[numeric & (bps < 1)].sum()) / float(w[numeric].sum())
+    else:
+        out["not_available"]["grid_too_small_pct"] = _not_available_reason(trace, True)
+
+    out["short_kernels"] = _short_kernels(trace, krows, w)
+    out["kernels"] = _kernel_table(trace, krows, w, top_n)
+    return out
+
+
+def _short_kernels(trace: TraceData, krows: np.ndarray, w: np.ndarray) -> Dict:
+    gpu = trace.gpu
+    dur = gpu.dur[krows]
+    short = dur < SHORT_KERNEL_US
+    # Gaps between consecutive kernels on a stream where both are short.
+    order = np.lexsort((gpu.ts[krows], gpu.stream[krows], gpu.device[krows]))
+    r = krows[order]
+    s = short[order]
+    same = (gpu.device[r][1:] == gpu.device[r][:-1]) & (gpu.stream[r][1:] == gpu.stream[r][:-1])
+    both = same & s[1:] & s[:-1]
+    gaps = np.maximum(gpu.ts[r][1:] - (gpu.ts[r][:-1] + gpu.dur[r][:-1]), 0.0)[both]
+    total = float(w.sum())
+    return {"threshold_us": SHORT_KERNEL_US, "count": int(short.sum()),
+            "time_pct": 100.0 * float(w[short].sum()) / total if total > 0 else 0.0,
+            "mean_gap_us": float(gaps.mean()) if len(gaps) else None,
+            "gap_count": int(len(gaps))}
+
+
+def _kernel_table(trace: TraceData, krows: np.ndarray, w: np.ndarray, top_n: int) -> List[Dict]:
+    gpu = trace.gpu
+    keys = np.stack([gpu.device[krows].astype(np.int64), gpu.name[krows].astype(np.int64),
+                     gpu.grid_x[krows], gpu.grid_y[krows], gpu.grid_z[krows],
+                     gpu.block_x[krows], gpu.block_y[krows], gpu.block_z[krows],
+                     gpu.registers_per_thread[krows], gpu.shared_memory[krows]], axis=1)
+    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    n = len(uniq)
+    calls = np.bincount(inv, minlength=n)
+    total = np.bincount(inv, weights=w, minlength=n)
+    occ = gpu.achieved_occupancy_pct[krows]
+    has = np.isfinite(occ) & (occ >= 0)
+    occ_w = np.bincount(inv, weights=np.where(has, occ * w, 0.0), minlength=n)
+    occ_den = np.bincount(inv, weights=np.where(has, w, 0.0), minlength=n)
+    bps = gpu.blocks_per_sm[krows]
+    bps_ok = np.isfinite(bps)
+    bps_sum = np.bincount(inv, weights=np.where(bps_ok, bps, 0.0), minlength=n)
+    bps_cnt = np.bincount(inv, weights=bps_ok.astype(np.float64), minlength=n)
+    lim_id = np.full(n, -1, dtype=np.int64)
+    lim_id[inv] = gpu.occupancy_limit[krows]  # any call's nested object (same config)
+
+    top = np.argsort(-total, kind="stable")[:top_n]
+    uq = uniq[top]
+    threads = uq[:, 5] * uq[:, 6] * uq[:, 7]
+    # Calculator per device (vectorised over the groups of that device).
+    theo_blocks = np.full(len(top), -1, dtype=np.int64)
+    theo_pct = np.full(len(top), np.nan)
+    limiting = np.full(len(top), None, dtype=object)
+    props_by_id = trace.device_properties_by_id
+    cuda_props = not _is_rocm(trace)
+    valid = (threads > 0) & (uq[:, 8] >= 0) & (uq[:, 9] >= 0)
+    for d in np.unique(uq[:, 0]):
+        props = props_by_id.get(int(d)) if cuda_props else None
+        m = (uq[:, 0] == d) & valid
+        if props is None or not m.any():
+            continue
+        calc = occupancy_calculator(props, threads[m], uq[m, 8], uq[m, 9])
+        theo_blocks[m] = calc["active_blocks"]
+        theo_pct[m] = calc["theoretical_occupancy_pct"]
+        limiting[m] = calc["limiting_factor"]
+    grand = float(w.sum())
+    from .tensor_cores import tensor_core_name_mask
+    tc_names = tensor_core_name_mask(trace)
+    rows = []
+    for j, g in enumerate(top):
+        k = uq[j]
+        lim_source = "calculator" if limiting[j] is not None else None
+        lim = limiting[j]
+        if lim_id[g] >= 0:
+            raw = trace.strings[int(lim_id[g])]
+            lim = "+".join(_KINETO_FACTORS.get(x.strip().upper(), x.strip().lower())
+                           for x in raw.replace(",", "|").split("|") if x.strip())
+            lim_source = "trace"
+        rows.append({
+            "name": trace.strings[int(k[1])], "device": int(k[0]), "calls": int(calls[g]),
+            "total_us": float(total[g]), "mean_us": float(total[g] / calls[g]),
+            "time_pct": 100.0 * float(total[g]) / grand if grand > 0 else 0.0,
+            "grid": [int(x) for x in k[2:5]], "block": [int(x) for x in k[5:8]],
+            "registers_per_thread": int(k[8]) if k[8] >= 0 else None,
+            "shared_memory_bytes": int(k[9]) if k[9] >= 0 else None,
+            "blocks_per_sm": float(bps_sum[g] / bps_cnt[g]) if bps_cnt[g] > 0 else None,
+            "est_achieved_occupancy_pct": float(occ_w[g] / occ_den[g]) if occ_den[g] > 0 else None,
+            "theoretical_blocks_per_sm": int(theo_blocks[j]) if theo_blocks[j] >= 0 else None,
+            "theoretical_occupancy_pct": float(theo_pct[j]) if np.isfinite(theo_pct[j]) else None,
+            "limiting_factor": lim, "limiting_factor_source": lim_source,
+            "tensor_core": bool(tc_names[int(k[1])]),
+        })
+    return rows

@@ -1,0 +1,381 @@
+"""Tensor Core usage (metrics.md §5), vectorised.
+
+Each distinct kernel *name* is classified once (by regular expression over the string
+table); the per-event work is numpy indexing and bincounts.
+
+Public API
+----------
+- ``TC_PATTERNS``: the maintained pattern list, as data (``TcPattern`` entries).
+- ``is_tensor_core_name(name) -> bool``, ``precision_of_name(name) -> str``.
+- ``tensor_core_name_mask(trace) -> np.ndarray[bool]`` over ``trace.strings``.
+- ``tensor_core_kernel_mask(trace) -> np.ndarray[bool]`` over ``trace.gpu`` rows.
+- ``tensor_core_usage(trace, top_n=10) -> dict`` with keys ``tensor_core_pct``,
+  ``per_device``, ``eligible_not_using_pct``, ``top_eligible_not_using``,
+  ``precision_split_pct``, ``kernel_us``, ``tensor_core_us``,
+  ``eligible_not_using_us``, ``not_available``.
+
+Deliberate differences from torch-tb-profiler (tbp), see metrics.md §5: the list is a
+superset of tbp's allowlist (tbp's Kernel-view TC % is therefore a lower bound on
+Ampere and newer and 0 on ROCm); "eligible but not using" counts only *non*-Tensor-Core
+kernels, under *any* enclosing eligible op (once per kernel), linked through the
+correlation id and time containment, not the External id.
+"""
+from __future__ import annotations
+
+import re
+from typing import Dict, List, NamedTuple, Optional
+
+import numpy as np
+
+from ..model import GPU_KERNEL, TraceData
+from . import linking
+
+
+class TcPattern(NamedTuple):
+    """One entry of the maintained Tensor Core pattern list."""
+
+    pattern: str  # Python regex, searched in the kernel name (case-sensitive unless (?i))
+    family: str  # GPU family / library that emits such kernels
+    example: str  # a kernel name the entry must match (tested, one test per entry)
+    note: str  # where the example comes from and what the token means
+
+
+# Where an example says "trace:", it is a kernel name from ../shared/traces; "public:" a
+# name quoted in public code or issues; "naming:" built from the library's documented
+# naming scheme (no trace at hand).
+TC_PATTERNS = (
+    # --- the classic NVIDIA list (PyProf / torch-tb-profiler allowlist) -------------
+    TcPattern(r"h884", "Volta (sm70) fp16 HMMA 8x8x4",
+              "volta_h884gemm_64x64_ldg8_nn",
+              "naming: cuBLAS Volta half GEMM; h = fp16 accumulate"),
+    TcPattern(r"s884", "Volta (sm70) fp16 in, fp32 accumulate",
+              "volta_s884cudnn_fp16_256x64_ldg8_relu_exp_small_nhwc_tn_v1",
+              "naming: cuDNN Volta Tensor Core convolution"),
+    TcPattern(r"h1688", "Turing (sm75) fp16 HMMA 16x8x8",
+              "turing_h1688gemm_256x128_ldg8_tn",
+              "naming: cuBLAS Turing half GEMM"),
+    TcPattern(r"s1688", "Turing fp16->fp32 / Ampere+ TF32 16x8x8",
+              "void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_64x64_16x6_nn_align4>"
+              "(cutlass_80_tensorop_s1688gemm_64x64_16x6_nn_align4::Params)",
+              "trace: hta/nccl_parser_config (A100 TF32 in an FP32 run)"),
+    TcPattern(r"hmma", "Volta+ HMMA instruction named in the kernel",
+              "volta_fp16_hmma_implicit_gemm_128x128_nhwc_kernel",
+              "naming: kernels named after the HMMA instruction"),
+    TcPattern(r"i8816", "Turing+ int8 IMMA 8x8x16",
+              "cutlass_tensorop_s8_i8816fprop_few_channels_s8_128x128_32x2_nhwc_align16",
+              "public: CUTLASS conv2d sm75 int8 kernel"),
+    TcPattern(r"16816", "Ampere+ fp16/bf16 MMA 16x8x16",
+              "void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x6_tn_align8>"
+              "(cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x6_tn_align8::Params)",
+              "trace: tracelens/h100 (bf16)"),
+    TcPattern(r"i16832", "Ampere+ int8 IMMA 16x8x32",
+              "cutlass_tensorop_s8_i16832gemm_s8_256x128_64x3_tn_align16",
+              "naming: CUTLASS sm80 int8 GEMM"),
+    TcPattern(r"c1688", "Ampere complex TF32 16x8x8",
+              "cutlass_tensorop_c1688tf32gemm_64x64_16x10_nt_align1",
+              "naming: CUTLASS complex GEMM"),
+    TcPattern(r"xmma_gemm", "cuBLAS/cuDNN XMMA GEMM (Volta+)",
+              "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize64x64x64_warpgroupsize1x1x1_"
+              "execute_segment_k_off_kernel__5x_cublas",
+              "trace: tracelens/h100"),
+    TcPattern(r"xmma_implicit_gemm", "cuDNN XMMA implicit-GEMM convolution",
+              "xmma_implicit_gemm_fprop_f16f16_f16f32_f32_nhwckrsc_nhwc_tilesize128x128x32_kernel",
+              "naming: tbp allowlist entry"),
+    TcPattern(r"xmma_sparse_conv", "cuDNN XMMA sparse convolution (Ampere 2:4)",
+              "sm80_xmma_sparse_conv_fprop_f16f16_f16f32_f32_nhwckrsc_nhwc_tilesize128x128x64_kernel",
+              "naming: tbp allowlist entry"),
+    TcPattern(r"xmma_sparse_gemm", "cuBLASLt XMMA sparse GEMM (Ampere 2:4)",
+              "sm80_xmma_sparse_gemm_f16f16_f16f32_f32_nn_n_tilesize128x128x64_kernel",
+              "naming: tbp allowlist entry"),
+    TcPattern(r"xmma_warp_specialized_implicit_gemm", "cuDNN XMMA warp-specialized conv (Hopper)",
+              "sm90_xmma_warp_specialized_implicit_gemm_fprop_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_kernel",
+              "naming: tbp allowlist entry"),
+    TcPattern(r"dgrad_1x1_stride_2x2", "cuDNN Volta+ 1x1 stride-2 dgrad",
+              "void cudnn::detail::dgrad_1x1_stride_2x2<__half, float>(cudnn::detail::dgrad_params)",
+              "naming: tbp allowlist entry"),
+    TcPattern(r"first_layer_wgrad_kernel", "cuDNN first-layer wgrad (Volta+)",
+              "void cudnn::cnn::first_layer_wgrad_kernel<__half, float, 7, 7>(cudnn::cnn::wgrad_params)",
+              "naming: tbp allowlist entry"),
+    TcPattern(r"conv1x1", "cuDNN 1x1 convolution kernels (Volta+)",
+              "void cudnn::cnn::conv1x1_fprop_kernel<__half, float>(cudnn::cnn::conv_params)",
+              "naming: tbp allowlist entry"),
+    TcPattern(r"conv2d_c1_k1", "cuDNN c1/k1 convolution (Volta+)",
+              "void cudnn::cnn::conv2d_c1_k1_nhwc_kernel<__half, float>(cudnn::cnn::conv_params)",
+              "naming: tbp allowlist entry"),
+    TcPattern(r"direct_group", "cuDNN direct grouped convolution (Volta+)",
+              "void cudnn::cnn::direct_group_conv_fprop_kernel<__half, float>(cudnn::cnn::conv_params)",
+              "naming: tbp allowlist entry"),
+    # --- Ampere / Hopper / Blackwell --------------------------------------------------
+    TcPattern(r"sm8\d_xmma", "Ampere/Ada XMMA (cuDNN 8 / cuBLAS)",
+              "sm80_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize64x128x32_stage5_"
+              "warpsize2x2x1_g1_tensor16x8x8_execute_kernel_cudnn_infer",
+              "trace: hta/nccl_parser_config (tbp misses it: no 'xmma_implicit_gemm' substring)"),
+    TcPattern(r"sm9\d_xmma", "Hopper XMMA (cuBLAS / cuDNN 9)",
+              "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize64x64x64_warpgroupsize1x1x1_"
+              "execute_segment_k_off_kernel__5x_cublas",
+              "trace: tracelens/h100"),
+    TcPattern(r"(?i)sm_?1[02]\d[af]?(?![0-9])", "Blackwell (sm100/sm120) kernels",
+              "fmhaSm100aKernel_QkvE4m3OBfloat16HQk128HV128SeqQ128SeqKv128PersistentContext",
+              "public: TRT-LLM/flashinfer Blackwell attention; cutlass3x_sm100_simt_* is excluded below"),
+    TcPattern(r"tensorop", "CUTLASS Tensor Core kernels (lower-case cutlass naming)",
+              "void cutlass_cudnn_infer::Kernel<cutlass_tensorop_s1688fprop_optimized_tf32_128x128_16x4_"
+              "nhwc_align4>(cutlass_tensorop_s1688fprop_optimized_tf32_128x128_16x4_nhwc_align4::Params)",
+              "trace: hta/nccl_parser_config; case-sensitive so MIOpen SubTensorOp* does not match"),
+    TcPattern(r"MmaTensorOp|TensorOpMultiplicand", "CUTLASS mangled (templated) Tensor Core kernels",
+              "_ZN19cutlass_cudnn_train6KernelINS_4conv6kernel23ImplicitGemmConvolutionINS1_11threadblock"
+              "22ImplicitGemmMultistageINS_4gemm9GemmShapeILi64ELi128ELi32EEENS4_6warp11MmaTensorOpINS7_"
+              "ILi32ELi64ELi32EEEEEvNT_6ParamsE",
+              "trace: hta/nccl_parser_config (shortened); cutlass::gemm::warp::MmaTensorOp"),
+    TcPattern(r"(?i)wmma", "WMMA API kernels (Volta+)",
+              "void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_128x2_tn_align8>"
+              "(cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_128x2_tn_align8::Params)",
+              "trace: tracelens/h100 (tbp misses it)"),
+    TcPattern(r"[Ww]gmma|Gmma|(?<![A-Za-z])gmma", "Hopper warpgroup MMA (CUTLASS 3 / CuTe)",
+              "void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<cute::tuple<int, int, int, int>, "
+              "cutlass::gemm::collective::CollectiveMma<cutlass::gemm::MainloopSm90TmaGmmaWarpSpecialized<4, "
+              "cute::tuple<cute::C<1>, cute::C<1>, cute::C<1> >, cutlass::gemm::KernelTmaWarpSpecialized> > > >"
+              "(cutlass::gemm::kernel::GemmUniversal::Params)",
+              "naming: CUTLASS 3 mainloop policy; case-sensitive so 'BGMManager'-like words do not match"),
+    TcPattern(r"nvjet", "cuBLASLt nvJet GEMMs (Hopper/Blackwell)",
+              "nvjet_sm100_tst_16x64_64x16_4x1_v_bz_TNN",
+              "public: cuBLAS 12.8 Blackwell GEMM"),
+    TcPattern(r"flash_fwd|flash_bwd|flash::|flash_attn", "FlashAttention (sm80+, MMA based)",
+              "void pytorch_flash::flash_fwd_kernel<pytorch_flash::Flash_fwd_kernel_traits<64, 128, 128, 4, "
+              "false, false, cutlass::bfloat16_t, pytorch_flash::Flash_kernel_traits<64, 128, 128, 4, "
+              "cutlass::bfloat16_t> >, false, false, false, false, false, true, false>"
+              "(pytorch_flash::Flash_fwd_params)",
+              "trace: tracelens/h100 (tbp misses it)"),
+    TcPattern(r"(?i)fmha", "fused MHA kernels (PyTorch mem-efficient attention, TRT-LLM, CK tile)",
+              "fmha_cutlassF_f16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<cutlass::half_t, "
+              "cutlass::arch::Sm80, true, 64, 64, 64, true, true>::Params)",
+              "naming: PyTorch memory-efficient SDPA kernel"),
+    TcPattern(r"(?i)(?<![A-Za-z])bmm_(?:Mx)?(?:E\dm\d|Bfloat16|Fp16)_", "Blackwell block-scaled GEMMs (trtllm-gen)",
+              "bmm_MxE4m3_MxE2m1MxE4m3_Fp32_Ab32_Bb32_Cb32_t128x8x512_s3_et128x8_m128x8x32_c1x1x1_rM_TN_"
+              "transOut_schPd2x1x2x3_biasFp32M_bN_tma_ldgstsSf_rgTma_clmp_swiGlu_dynB_sm100f",
+              "public: MXFP8 x MXFP4 MoE GEMM"),
+    # --- AMD matrix cores -------------------------------------------------------------
+    TcPattern(r"Cijk_.*_MI\d+x\d+x\d+", "AMD CDNA (MI100/200/300) Tensile/hipBLASLt MFMA GEMM",
+              "Cijk_Alik_Bljk_SB_Bias_AS_SAV_UserArgs_MT64x16x32_MI16x16x1_SN_LDSB0_AFC1_AFEM1",
+              "trace: hta/amd_trace (MI250, shortened); MI<m>x<n>x<k> = matrix instruction"),
+    TcPattern(r"(?i)xdlops", "AMD composable_kernel / MIOpen XDLOPS (MFMA)",
+              "_ZN2ck16tensor_operation6device37kernel_batched_gemm_xdlops_bwd_weightINS_47GridwiseGemm_"
+              "bk0mk1_bk0nk1_mn_xdlops_bwd_weightILi64EttftLNS_25InMemoryDataOperationEnumE1EEEvv",
+              "trace: tracelens/mi300 (shortened)"),
+    TcPattern(r"_xdl_", "AMD composable_kernel XDL (MFMA) device ops",
+              "_ZN2ck16tensor_operation6device12_GLOBAL__N_139kernel_grouped_conv_fwd_xdl_cshuffle_v3INS_28"
+              "GridwiseGemm_xdl_cshuffle_v3EEEvv",
+              "trace: tracelens/mi300 (shortened)"),
+    TcPattern(r"igemm_(?:fwd|bwd|wrw)_gtcx", "AMD MIOpen implicit GEMM with XDLOPS (gtcx = MFMA)",
+              "igemm_fwd_gtcx3_nhwc_bf16_bx0_ex1_bt64x128x32_wt32x32x8_ws1x1_wr2x1_ta1x8x1x1_1x4x1x64_"
+              "tb1x8x2x1_1x4x1x64_gkgs",
+              "trace: tracelens/mi300; igemm_*_gtc_ (no x) are the non-MFMA variants"),
+    TcPattern(r"(?i)mfma", "AMD kernels named after the MFMA instruction",
+              "miopenSp3AsmConv_v30_3_1_gfx11_fp16_mfma_stride1",
+              "naming: MIOpen/rocBLAS kernels named after MFMA"),
+)
+
+# Names that match a pattern above but run on the SIMT (CUDA-core) pipes.
+TC_EXCLUDE = re.compile(r"(?i)_simt_")
+
+
+
+def _scoped(pattern: str) -> str:
+    """A pattern as a group usable inside an alternation (leading ``(?i)`` scoped)."""
+    if pattern.startswith("(?i)"):
+        return f"(?i:{pattern[4:]})"
+    return f"(?:{pattern})"
+
+
+_TC_RE = re.compile("|".join(_scoped(p.pattern) for p in TC_PATTERNS))
+
+# Ops that could run on Tensor Cores (metrics.md §5). Matched on the full op name.
+ELIGIBLE_OP_RE = re.compile(
+    r"^aten::(?:mm|addmm|bmm|baddbmm|addbmm|matmul|linear|_?conv\w*|_convolution\w*|convolution\w*"
+    r"|cudnn_convolution\w*|miopen_convolution\w*|mkldnn_convolution\w*|einsum"
+    r"|_?scaled_dot_product\w*|_flash_attention\w*|_efficient_attention\w*"
+    r"|_?(?:cudnn_|miopen_)?(?:lstm|gru|rnn)\w*|_thnn_fused_(?:lstm|gru)\w*)$"
+)
+
+# Precision split (first match wins, narrowest type first).
+PRECISIONS = ("fp8", "bf16", "fp16", "tf32", "fp32", "unknown")
+_PRECISION_RES = (
+    ("fp8", re.compile(r"(?i)fp8|e4m3|e5m2|e2m1|fp4|float8")),
+    ("bf16", re.compile(r"(?i)bf16|bfloat16")),
+    ("fp16", re.compile(r"(?i)fp16|half|(?<![a-z])h(?:884|1688|16816)|hgemm|f16f16|(?<![bt])f16_|__half")),
+    ("tf32", re.compile(r"(?i)tf32|tfloat32|s1688")),
+    ("fp32", re.compile(r"(?i)sgemm|scudnn|fp32|f32f32|<float\b|\bfloat>|\bfloat,")),
+)
+
+
+def is_tensor_core_name(name: str) -> bool:
+    """Whether a kernel name is a Tensor Core (matrix core) kernel by the list."""
+    return bool(_TC_RE.search(name)) and not TC_EXCLUDE.search(name)
+
+
+def matching_patterns(name: str) -> List[TcPattern]:
+    return [p for p in TC_PATTERNS if re.search(p.pattern, name)]
+
+
+def precision_of_name(name: str) -> str:
+    for key, rx in _PRECISION_RES:
+        if rx.search(name):
+            return key
+    return "unknown"
+
+
+def _kernel_name_ids(trace: TraceData) -> np.ndarray:
+    return np.unique(trace.gpu.name[trace.gpu.kind == GPU_KERNEL])
+
+
+def tensor_core_name_mask(trace: TraceData) -> np.ndarray:
+    """Boolean array over trace.strings: the string is a Tensor Core kernel name.
+    Only names used by kernels are classified (once each)."""
+    mask = np.zeros(len(trace.strings), dtype=bool)
+    for i in _kernel_name_ids(trace):
+        mask[i] = is_tensor_core_name(trace.strings[i])
+    return mask
+
+
+def tensor_core_kernel_mask(trace: TraceData) -> np.ndarray:
+    """Boolean array over trace.gpu rows: a kernel whose name is a Tensor Core name."""
+    return tensor_core_name_mask(trace)[trace.gpu.name] & (trace.gpu.kind == GPU_KERNEL)
+
+
+def eligible_op_rows(trace: TraceData) -> np.ndarray:
+    """Rows of trace.cpu whose op name is on the eligible list."""
+    ids = trace.string_ids(lambda s: ELIGIBLE_OP_RE.match(s) is not None)
+    return np.flatnonzero(np.isin(trace.cpu.name, ids))
+
+
+def _pct(num: float, den: float) -> Optional[float]:
+    return float(100.0 * num / den) if den > 0 else None
+
+
+def _multiple_of_8(op_name: str, dims) -> Optional[bool]:
+    """Are the Tensor-Core-relevant sizes of one recorded op call multiples of 8?
+
+    conv*: input channels (dim 1 of the input) and output channels (dim 0 of the weight);
+    attention: the head dimension (last dim of the query); matmul-like and RNN ops: the
+    last two dims of every tensor input with >= 2 dims (M, N, K). None when nothing was
+    recorded."""
+    if not isinstance(dims, list):
+        return None
+    shapes = [d for d in dims if isinstance(d, list) and d and all(isinstance(x, int) for x in d)]
+    if not shapes:
+        return None
+    low = op_name.lower()
+    sizes: List[int] = []
+    if "conv" in low:
+        if len(shapes[0]) >= 2:
+            sizes.append(shapes[0][1])
+        if len(shapes) > 1 and len(shapes[1]) >= 1:
+            sizes.append(shapes[1][0])
+    elif "attention" in low:
+        sizes.append(shapes[0][-1])
+    else:
+        for s in shapes:
+            if len(s) >= 2:
+                sizes += s[-2:]
+    if not sizes:
+        return None
+    return all(x % 8 == 0 for x in sizes)
+
+
+def _is_dtype(t: str) -> bool:
+    """A recorded `Input type` that names a tensor dtype (``float``, ``c10::Half``,
+    ``long int``), not an argument kind (``Scalar``, ``GenericList``, ``Int``, ...)."""
+    return bool(t) and (t.startswith("c10::") or t[0].islower())
+
+
+def _op_details(trace: TraceData, name: str, rows: np.ndarray, limit: int = 64):
+    """Input dtypes and the multiple-of-8 verdict over (at most ``limit``) recorded calls."""
+    types: List[str] = []
+    verdicts: List[bool] = []
+    for r in rows[:limit]:
+        t = trace.op_inputs.types.get(int(r))
+        if isinstance(t, list):
+            for x in t:
+                if isinstance(x, str) and _is_dtype(x) and x not in types:
+                    types.append(x)
+        v = _multiple_of_8(name, trace.op_inputs.dims.get(int(r)))
+        if v is not None:
+            verdicts.append(v)
+    return types, (all(verdicts) if verdicts else None), len(verdicts)
+
+
+def tensor_core_usage(trace: TraceData, top_n: int = 10) -> Dict:
+    """§5 over the whole trace (all kernel time, not clipped to steps)."""
+    gpu = trace.gpu
+    is_kernel = gpu.kind == GPU_KERNEL
+    dur = np.where(is_kernel, gpu.dur, 0.0)
+    kernel_us = float(dur.sum())
+    out: Dict = {"tensor_core_pct": None, "per_device": {}, "eligible_not_using_pct": None,
+                 "top_eligible_not_using": [], "precision_split_pct": {k: None for k in PRECISIONS},
+                 "kernel_us": kernel_us, "tensor_core_us": 0.0, "eligible_not_using_us": 0.0,
+                 "not_available": {}}
+    if not is_kernel.any():
+        reason = "no GPU kernels in the trace (CPU-only)"
+        out["not_available"] = {"tensor_core_pct": reason, "eligible_not_using_pct": reason,
+                                "precision_split_pct": reason}
+        return out
+
+    # Classify each distinct kernel name once.
+    ids = _kernel_name_ids(trace)
+    tc_name = np.zeros(len(trace.strings), dtype=bool)
+    prec_name = np.full(len(trace.strings), len(PRECISIONS) - 1, dtype=np.int8)
+    for i in ids:
+        s = trace.strings[i]
+        tc_name[i] = is_tensor_core_name(s)
+        prec_name[i] = PRECISIONS.index(precision_of_name(s))
+    tc = tc_name[gpu.name] & is_kernel
+
+    tc_us = float(dur[tc].sum())
+    out["tensor_core_us"] = tc_us
+    out["tensor_core_pct"] = _pct(tc_us, kernel_us)
+    devs, dinv = np.unique(gpu.device, return_inverse=True)
+    d_all = np.bincount(dinv, weights=dur, minlength=len(devs))
+    d_tc = np.bincount(dinv, weights=np.where(tc, dur, 0.0), minlength=len(devs))
+    out["per_device"] = {str(int(d)): _pct(t, a) for d, a, t in zip(devs, d_all, d_tc) if a > 0}
+    prec = np.bincount(prec_name[gpu.name], weights=dur, minlength=len(PRECISIONS))
+    out["precision_split_pct"] = {k: 100.0 * float(prec[j]) / kernel_us for j, k in enumerate(PRECISIONS)}
+
+    # Eligible but not using: non-TC kernels whose launching call lies inside an eligible op.
+    rt_of_gpu = linking.gpu_runtime_index(trace)
+    candidates = np.flatnonzero(is_kernel & ~tc & (rt_of_gpu >= 0))
+    if len(trace.runtime) == 0:
+        out["not_available"]["eligible_not_using_pct"] = "trace has no runtime calls to link kernels to ops"
+        return out
+    op_rows = eligible_op_rows(trace)
+    pair_op, pair_rt = linking.calls_inside(trace, op_rows)
+    # innermost eligible op per call: latest start, then shortest
+    inner = np.full(len(trace.runtime), -1, dtype=np.int64)
+    if len(pair_op):
+        order = np.lexsort((trace.cpu.dur[pair_op], -trace.cpu.ts[pair_op], pair_rt))
+        p_rt, p_op = pair_rt[order], pair_op[order]
+        first = np.ones(len(p_rt), dtype=bool)
+        first[1:] = p_rt[1:] != p_rt[:-1]
+        inner[p_rt[first]] = p_op[first]
+    k_op = inner[rt_of_gpu[candidates]]
+    hit = k_op >= 0
+    k_rows, k_op = candidates[hit], k_op[hit]
+    k_dur = dur[k_rows]
+    not_using_us = float(k_dur.sum())
+    out["eligible_not_using_us"] = not_using_us
+    out["eligible_not_using_pct"] = _pct(not_using_us, kernel_us)
+    if len(k_rows):
+        op_names = trace.cpu.name[k_op]
+        uniq, inv = np.unique(op_names, return_inverse=True)
+        per_name = np.bincount(inv, weights=k_dur, minlength=len(uniq))
+        calls_by_name = {}
+        for j in np.argsort(-per_name)[:top_n]:
+            nid = int(uniq[j])
+            name = trace.strings[nid]
+            rows = np.unique(k_op[inv == j])
+            types, mult8, checked = _op_details(trace, name, rows)
+            calls_by_name[name] = {
+                "op": name, "kernel_us": float(per_name[j]), "pct": 100.0 * float(per_name[j]) / kernel_us,
+                "calls": int(len(rows)), "input_types": types, "shapes_multiple_of_8": mult8,
+                "shapes_checked": checked,
+            }
+        out["top_eligible_not_using"] = list(calls_by_name.values())
+    return out
