@@ -16,3 +16,12 @@ STEP_TAIL_MIN_GPU_RATIO = 0.8
 # §4 HTA idle breakdown: a gap between consecutive kernels on a stream shorter than
 # this is "kernel wait" (HTA's consecutive_kernel_delay default, µs).
 HTA_KERNEL_WAIT_US = 30.0
+
+# §6 Short kernels: kernels shorter than this (µs) are counted as "short" (launch-bound sign).
+SHORT_KERNEL_US = 10.0
+
+# §7 Possible memory leak: allocated memory at step boundaries rose at least this many
+# times in a row (i.e. across >= this many consecutive steps) ...
+MEMORY_LEAK_MIN_RISES = 3
+# ... and by at least this much in total (bytes), so allocator noise does not fire it.
+MEMORY_LEAK_MIN_GROWTH_BYTES = 1 << 20
