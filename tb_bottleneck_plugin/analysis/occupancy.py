@@ -42,6 +42,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from .. import thresholds as T
 from ..model import GPU_KERNEL, TraceData
 
 # Max resident blocks per SM (cuda_occupancy.h __occMaxBlocksPerMultiprocessor / the CUDA
@@ -54,7 +55,7 @@ MAX_BLOCKS_PER_SM = {
 }
 REG_ALLOCATION_UNIT = 256  # registers, per warp, every architecture since sm30
 MAX_REGS_PER_THREAD = 255
-SHORT_KERNEL_US = 10.0  # metrics §6 "short kernels"
+SHORT_KERNEL_US = T.SHORT_KERNEL_US  # metrics §6 "short kernels"
 HISTOGRAM_EDGES = (0.0, 10.0, 25.0, 50.0, 75.0, 100.0)  # last bucket closed: [75,100]
 FACTORS = ("warps", "registers", "shared_memory", "blocks")
 # Names in Kineto's nested occupancy object -> ours.
