@@ -1,0 +1,249 @@
+"""Memory and fragmentation (metrics.md §7), vectorised.
+
+Public API
+----------
+- ``device_key(device_type, device_id) -> str``: "cpu", "cuda:N" (CUDA and HIP), else
+  "type<T>:<N>".
+- ``memory_usage(trace, step_boundaries=None, max_points=2000) -> {device_key: {...}}``
+  with, per device: ``peak_allocated_bytes``, ``peak_reserved_bytes``, ``capacity_bytes``,
+  ``slack_fragmentation_pct``, ``slack_fragmentation_time_weighted_pct``,
+  ``free_block_fragmentation_pct`` (always None here: it needs a snapshot, see below),
+  ``allocated_is_relative``, ``events``, ``curve`` ({``ts_us``, ``allocated_bytes``,
+  ``reserved_bytes``}), ``growth`` ({``per_step``: [{``step``, ``ts_us``,
+  ``allocated_bytes``}], ``possible_leak``, ``rises``, ``growth_bytes``}) and
+  ``not_available`` ({metric: reason}). An empty dict when the trace has no
+  ``[memory]`` events (see ``memory_not_available_reason``).
+- ``memory_not_available_reason(trace) -> str | None``.
+- ``memory_snapshot_fragmentation(fileobj_or_bytes) -> {device_key: pct}`` for a CUDA
+  memory snapshot (``torch.cuda.memory._dump_snapshot``); ``MEMORY_SNAPSHOT_PATTERNS``
+  names the files looked for in a run directory (discovery lives elsewhere).
+
+Definitions:
+- Each event's ``Total Allocated``/``Total Reserved`` hold until the next event of the
+  same device; the last until the end of the trace (``meta.last_ts``).
+- 2021 traces carry only signed ``Bytes``: allocated is rebuilt as a running sum from 0 at
+  the first event of the device (growth above the level at profiling start:
+  ``allocated_is_relative: true``), and reserved is not available.
+- Slack fragmentation (GPU only: Device Type 1 or 6) = 100 * (peak reserved - peak
+  allocated) / peak reserved, and 100 * ∫(reserved - allocated) dt / ∫reserved dt. It is
+  the caching allocator's unused reservation, *not* XProf's fragmentation.
+- Capacity = ``deviceProperties[id].totalGlobalMem`` for CUDA devices only. HIP memory
+  events are not joined to ``deviceProperties`` (ROCm device numbering differs between
+  kineto's GPU rows and PyTorch's device index; metrics.md "Per device").
+"""
+from __future__ import annotations
+
+import io
+import pickle
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from .. import thresholds as T
+from ..model import DEVICE_TYPE_CPU, DEVICE_TYPE_CUDA, DEVICE_TYPE_HIP, TraceData
+
+GPU_DEVICE_TYPES = (DEVICE_TYPE_CUDA, DEVICE_TYPE_HIP)
+
+# CUDA memory snapshots looked for in a run directory: what
+# ``torch.cuda.memory._dump_snapshot(filename)`` writes (its default file name is
+# "dump_snapshot.pickle"; the PyTorch docs and tutorials use "*.memory_snapshot.pickle"
+# / "memory_snapshot.pickle").
+MEMORY_SNAPSHOT_PATTERNS = ("*.memory_snapshot.pickle", "memory_snapshot.pickle",
+                            "*memory_snapshot*.pickle", "dump_snapshot.pickle")
+
+
+def device_key(device_type: int, device_id: int) -> str:
+    if device_type == DEVICE_TYPE_CPU:
+        return "cpu"
+    if device_type in GPU_DEVICE_TYPES:
+        return f"cuda:{int(device_id)}"
+    return f"type{int(device_type)}:{int(device_id)}"
+
+
+def memory_not_available_reason(trace: TraceData) -> Optional[str]:
+    if len(trace.memory) == 0:
+        return "trace has no [memory] events (profile_memory=False)"
+    return None
+
+
+def _downsample(ts: np.ndarray, series: Sequence[np.ndarray], max_points: int) -> np.ndarray:
+    """Indices of at most ~max_points points of a step curve that keep, in each time
+    bucket, the first point and the min and max of every series (peaks preserved)."""
+    n = len(ts)
+    if n <= max_points:
+        return np.arange(n)
+    per_bucket = 1 + 2 * len(series)
+    nb = max(1, max_points // per_bucket)
+    span = ts[-1] - ts[0]
+    if span <= 0:
+        bucket = np.minimum(np.arange(n) * nb // n, nb - 1)
+    else:
+        bucket = np.minimum(((ts - ts[0]) / span * nb).astype(np.int64), nb - 1)
+    starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
+    keep = [starts, [n - 1]]
+    for s in series:
+        # argmax / argmin per bucket: sort by (bucket, value) and take last / first.
+        order = np.lexsort((s, bucket))
+        b_sorted = bucket[order]
+        last = np.r_[b_sorted[1:] != b_sorted[:-1], True]
+        first = np.r_[True, b_sorted[1:] != b_sorted[:-1]]
+        keep += [order[last], order[first]]
+    return np.unique(np.concatenate([np.asarray(k, dtype=np.int64) for k in keep]))
+
+
+def _value_at(ts: np.ndarray, values: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Step-function value at each time in ``at`` (the last event at or before it);
+    NaN before the first event."""
+    i = np.searchsorted(ts, at, side="right") - 1
+    out = np.full(len(at), np.nan)
+    ok = i >= 0
+    out[ok] = values[i[ok]]
+    return out
+
+
+def _growth(ts, allocated, step_boundaries, relative: bool) -> Dict:
+    if not step_boundaries:
+        return {"per_step": [], "possible_leak": False, "rises": 0, "growth_bytes": None}
+    nums = np.array([int(n) for n, _ in step_boundaries])
+    at = np.array([float(t) for _, t in step_boundaries])
+    order = np.argsort(at, kind="stable")
+    nums, at = nums[order], at[order]
+    vals = _value_at(ts, allocated, at)
+    if relative:
+        vals = np.where(np.isnan(vals), 0.0, vals)  # running sum starts at 0
+    per_step = [{"step": int(n), "ts_us": float(t), "allocated_bytes": (None if np.isnan(v) else int(v))}
+                for n, t, v in zip(nums, at, vals)]
+    known = vals[~np.isnan(vals)]
+    rises = 0
+    if len(known) >= 2:
+        up = np.diff(known) > 0
+        # longest run of consecutive rises
+        runs = np.diff(np.flatnonzero(np.r_[True, ~up, True])) - 1
+        rises = int(runs.max()) if len(runs) else 0
+    growth = float(known[-1] - known[0]) if len(known) >= 2 else None
+    leak = bool(rises >= T.MEMORY_LEAK_MIN_RISES and growth is not None
+                and growth >= T.MEMORY_LEAK_MIN_GROWTH_BYTES and len(known) - 1 == rises)
+    return {"per_step": per_step, "possible_leak": leak, "rises": rises,
+            "growth_bytes": None if growth is None else int(growth)}
+
+
+def memory_usage(trace: TraceData, step_boundaries: Optional[Iterable[Tuple[int, float]]] = None,
+                 max_points: int = 2000) -> Dict[str, Dict]:
+    """§7 per device key. ``step_boundaries``: [(step number, step start ts µs)] of the
+    included steps, for the growth check."""
+    mem = trace.memory
+    out: Dict[str, Dict] = {}
+    if len(mem) == 0:
+        return out
+    steps = list(step_boundaries) if step_boundaries is not None else []
+    end_ts = trace.meta.last_ts
+    props = trace.device_properties_by_id
+    dev_pairs = np.stack([mem.device_type.astype(np.int64), mem.device_id.astype(np.int64)], axis=1)
+    uniq, inv = np.unique(dev_pairs, axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    for j, (dtype, did) in enumerate(uniq.tolist()):
+        rows = np.flatnonzero(inv == j)
+        rows = rows[np.argsort(mem.ts[rows], kind="stable")]
+        ts = mem.ts[rows]
+        key = device_key(dtype, did)
+        is_gpu = dtype in GPU_DEVICE_TYPES
+        na: Dict[str, str] = {}
+        tot_alloc = mem.total_allocated[rows]
+        has_totals = bool((tot_alloc >= 0).all())
+        if has_totals:
+            allocated = tot_alloc.astype(np.float64)
+            reserved = mem.total_reserved[rows].astype(np.float64)
+            if (reserved < 0).any():
+                reserved = None
+                na["peak_reserved_bytes"] = "[memory] events carry no Total Reserved"
+            relative = False
+        else:
+            allocated = np.cumsum(np.maximum(mem.bytes[rows], -(1 << 62)).astype(np.float64))
+            reserved = None
+            relative = True
+            na["peak_reserved_bytes"] = ("2021-format [memory] events carry only signed Bytes: reserved memory "
+                                         "is not available")
+        # durations each value holds: until the next event, the last until the trace end
+        t_end = end_ts if np.isfinite(end_ts) and end_ts >= ts[-1] else ts[-1]
+        hold = np.diff(np.r_[ts, t_end])
+        peak_alloc = float(allocated.max())
+        peak_res = float(reserved.max()) if reserved is not None else None
+        capacity = None
+        if dtype == DEVICE_TYPE_CUDA and did in props and props[did].get("totalGlobalMem"):
+            capacity = int(props[did]["totalGlobalMem"])
+        elif dtype == DEVICE_TYPE_HIP:
+            na["capacity_bytes"] = ("HIP device ids are not joined to deviceProperties (ROCm device numbering "
+                                    "differs)")
+        elif is_gpu:
+            na["capacity_bytes"] = "no deviceProperties entry for this device"
+        slack = slack_tw = None
+        if not is_gpu:
+            reason = "CPU [memory] events mix allocators: allocator slack is defined for GPU devices only"
+            na["slack_fragmentation_pct"] = reason
+            na["slack_fragmentation_time_weighted_pct"] = reason
+        elif reserved is None:
+            reason = na["peak_reserved_bytes"]
+            na["slack_fragmentation_pct"] = reason
+            na["slack_fragmentation_time_weighted_pct"] = reason
+        else:
+            if peak_res > 0:
+                slack = 100.0 * (peak_res - peak_alloc) / peak_res
+            res_int = float((reserved * hold).sum())
+            if res_int > 0:
+                slack_tw = 100.0 * float(((reserved - allocated) * hold).sum()) / res_int
+        na["free_block_fragmentation_pct"] = ("needs a CUDA memory snapshot (torch.cuda.memory._dump_snapshot) "
+                                              "in the run directory" if is_gpu else "GPU devices only")
+        idx = _downsample(ts, [allocated] + ([reserved] if reserved is not None else []), max_points)
+        curve = {"ts_us": ts[idx].tolist(), "allocated_bytes": allocated[idx].astype(np.int64).tolist(),
+                 "reserved_bytes": reserved[idx].astype(np.int64).tolist() if reserved is not None else None}
+        out[key] = {
+            "device_type": int(dtype), "device_id": int(did),
+            "peak_allocated_bytes": int(peak_alloc),
+            "peak_reserved_bytes": int(peak_res) if peak_res is not None else None,
+            "capacity_bytes": capacity,
+            "slack_fragmentation_pct": slack,
+            "slack_fragmentation_time_weighted_pct": slack_tw,
+            "free_block_fragmentation_pct": None,
+            "allocated_is_relative": relative,
+            "events": int(len(rows)),
+            "curve": curve,
+            "growth": _growth(ts, allocated, steps, relative),
+            "not_available": na,
+        }
+    return out
+
+
+class _SafeUnpickler(pickle.Unpickler):
+    """Snapshots hold only dicts, lists, strings and numbers: refuse any class, so a
+    pickle found in a log directory cannot run code."""
+
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"memory snapshot refers to {module}.{name}; only plain data is accepted")
+
+
+def _load_snapshot(src: Union[bytes, bytearray, Any]) -> Any:
+    if isinstance(src, dict):
+        return src
+    if isinstance(src, (bytes, bytearray, memoryview)):
+        return _SafeUnpickler(io.BytesIO(bytes(src))).load()
+    return _SafeUnpickler(src).load()
+
+
+def memory_snapshot_fragmentation(src) -> Dict[str, float]:
+    """Free-block fragmentation per device from a CUDA memory snapshot:
+    ``100 * (1 - largest free block / total free)`` over the blocks in state
+    ``inactive`` of all reserved segments (0.0 when a device has no free block).
+    ``src``: the pickle's bytes, a binary file object, or the already-loaded dict."""
+    snap = _load_snapshot(src)
+    segments = snap.get("segments", []) if isinstance(snap, dict) else (snap if isinstance(snap, list) else [])
+    largest: Dict[str, int] = {}
+    total: Dict[str, int] = {}
+    for seg in segments:
+        if not isinstance(seg, dict):
+            continue
+        key = device_key(DEVICE_TYPE_CUDA, int(seg.get("device", 0)))
+        sizes = [int(b.get("size", 0)) for b in seg.get("blocks", []) or []
+                 if isinstance(b, dict) and b.get("state") == "inactive"]
+        total[key] = total.get(key, 0) + sum(sizes)
+        largest[key] = max([largest.get(key, 0)] + sizes)
+    return {k: (100.0 * (1.0 - largest[k] / total[k]) if total[k] > 0 else 0.0) for k in total}
