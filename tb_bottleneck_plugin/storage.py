@@ -1,0 +1,229 @@
+"""fsspec access to local paths and remote URLs (``gs://`` through gcsfs), one thin layer.
+
+Everything that touches a filesystem goes through here so that errors look the same
+everywhere: a missing, forbidden or unreachable file or logdir becomes
+`errors.StorageError` whose message starts with the URL; a protocol whose package is not
+installed becomes `errors.MissingExtraError` with the pip command that fixes it.
+
+gcsfs is never imported at module import time (TensorBoard imports the plugin on
+start-up, and gcsfs pulls in aiohttp and google-auth).
+
+Emulators: when ``STORAGE_EMULATOR_HOST`` is set, ``gs://`` URLs are served by
+``gcsfs.core.GCSFileSystem(token="anon", endpoint_url=$STORAGE_EMULATOR_HOST)``. The core
+class is used on purpose: the class gcsfs registers by default
+(``ExtendedGcsFileSystem``, chosen at gcsfs import time unless
+``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false``) first asks the bucket type over gRPC, which
+an emulator never answers, and stalls 60 s per bucket operation.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import sys
+from contextlib import contextmanager
+from typing import Any, BinaryIO, Dict, Iterator, Optional, Tuple
+
+import fsspec
+
+from .errors import MissingExtraError, StorageError
+
+GCS_PROTOCOLS = ("gs", "gcs")
+GCS_EXTRA_HINT = 'pip install "tb_bottleneck_plugin[gcs]"'
+EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
+
+# The package that serves a protocol, for protocols whose fsspec class lives elsewhere.
+_PROTOCOL_PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "az": "adlfs", "abfs": "adlfs", "abfss": "adlfs",
+                      "hf": "huggingface_hub", "sftp": "paramiko", "http": "aiohttp", "https": "aiohttp"}
+
+
+def protocol_of(url_or_path: str) -> str:
+    """``"gs"`` for ``gs://b/x``, ``"file"`` for local paths (no ``scheme://``)."""
+    s = str(url_or_path)
+    if "://" in s:
+        return s.split("://", 1)[0].lower()
+    return "file"
+
+
+def is_local(fs) -> bool:
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    return protocol in ("file", "local")
+
+
+def _missing_gcsfs(url: str, exc: BaseException) -> MissingExtraError:
+    return MissingExtraError(
+        f"{url}: reading gs:// needs the gcsfs package, which is not installed "
+        f"({exc}). Install it with: {GCS_EXTRA_HINT}")
+
+
+def get_fs(url_or_path: str, **storage_options) -> Tuple[Any, str]:
+    """``(fs, root_path)`` for a local path or an fsspec URL.
+
+    ``root_path`` is what the filesystem's methods take (an absolute posix path for local
+    files, ``bucket/prefix`` without a trailing slash for GCS). fsspec caches filesystem
+    instances, so calling this once per file is cheap.
+
+    Raises MissingExtraError for ``gs://`` without gcsfs (and for other protocols whose
+    package is missing), StorageError for a malformed URL.
+    """
+    url = str(url_or_path)
+    protocol = protocol_of(url)
+    if protocol in GCS_PROTOCOLS:
+        try:
+            import gcsfs.core  # noqa: F401  (lazy: only for gs:// URLs)
+        except ImportError as exc:
+            raise _missing_gcsfs(url, exc) from None
+        emulator = os.environ.get(EMULATOR_ENV, "")
+        if emulator and emulator != "default":
+            if "://" not in emulator:
+                emulator = "http://" + emulator
+            options = {"token": "anon", "endpoint_url": emulator, **storage_options}
+            try:
+                fs = gcsfs.core.GCSFileSystem(**options)
+                return fs, fs._strip_protocol(url).rstrip("/")
+            except (ValueError, OSError) as exc:
+                raise StorageError(f"{url}: cannot open the GCS emulator at {emulator} ({exc})") from None
+    try:
+        fs, root = fsspec.core.url_to_fs(url, **storage_options)
+    except ImportError as exc:
+        if protocol in GCS_PROTOCOLS:
+            raise _missing_gcsfs(url, exc) from None
+        package = _PROTOCOL_PACKAGES.get(protocol, f"the fsspec implementation for {protocol}://")
+        raise MissingExtraError(f"{url}: reading {protocol}:// needs {package}, which is not installed "
+                                f"({exc}). Install it with: pip install {package}") from None
+    except ValueError as exc:  # unknown protocol, malformed URL
+        raise StorageError(f"{url}: not a usable path or URL ({exc})") from None
+    if is_local(fs):
+        root = os.path.abspath(root)  # fsspec keeps ".." segments
+    else:
+        root = root.rstrip("/")
+    return fs, root
+
+
+def to_url(fs, path: str) -> str:
+    """The user-facing name of ``path`` on ``fs``: the path itself for local files,
+    ``gs://bucket/key`` for GCS (what `get_fs` accepts back)."""
+    if is_local(fs):
+        return path
+    return fs.unstrip_protocol(path)
+
+
+# ---------------------------------------------------------------------------- errors
+
+
+def _storage_exception_types() -> tuple:
+    """Exception classes that mean "storage problem", without importing anything new."""
+    types = [OSError, TimeoutError, ValueError]
+    mod = sys.modules.get("gcsfs.retry")
+    if mod is not None and hasattr(mod, "HttpError"):
+        types.append(mod.HttpError)
+    mod = sys.modules.get("aiohttp")
+    if mod is not None and hasattr(mod, "ClientError"):
+        types.append(mod.ClientError)
+    mod = sys.modules.get("google.auth.exceptions")
+    if mod is not None and hasattr(mod, "GoogleAuthError"):
+        types.append(mod.GoogleAuthError)
+    mod = sys.modules.get("requests")
+    if mod is not None and hasattr(mod, "RequestException"):
+        types.append(mod.RequestException)
+    mod = sys.modules.get("fsspec.exceptions")
+    if mod is not None and hasattr(mod, "FSTimeoutError"):
+        types.append(mod.FSTimeoutError)
+    return tuple(types)
+
+
+def describe_error(exc: BaseException) -> str:
+    """A short human description of a storage exception (no URL)."""
+    code = getattr(exc, "code", None)
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, FileNotFoundError):
+        return "not found (no such file, directory, bucket or prefix)"
+    if isinstance(exc, PermissionError) or code in (401, 403) or text.startswith("Forbidden"):
+        return f"permission denied ({text})"
+    if type(exc).__name__ == "HttpError":
+        return f"storage request failed (HTTP {code}: {text})"
+    if isinstance(exc, TimeoutError) or "Timeout" in type(exc).__name__:
+        return f"timed out ({text})"
+    module = type(exc).__module__ or ""
+    if module.startswith(("aiohttp", "requests")) or isinstance(exc, ConnectionError):
+        return f"network error ({type(exc).__name__}: {text})"
+    if module.startswith("google.auth"):
+        return f"authentication failed ({text})"
+    return f"{type(exc).__name__}: {text}"
+
+
+@contextmanager
+def wrap_errors(url: str, action: str = "") -> Iterator[None]:
+    """Turn storage exceptions raised inside the block into StorageError naming ``url``."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except _storage_exception_types() as exc:
+        what = f"cannot {action}: " if action else ""
+        raise StorageError(f"{url}: {what}{describe_error(exc)}") from exc
+
+
+# ---------------------------------------------------------------------------- operations
+
+
+def list_files(fs, root: str, url: Optional[str] = None) -> Dict[str, dict]:
+    """``{path: info}`` for every file under ``root``: ONE flat ``fs.find(root, detail=True)``
+    (on GCS a single paged object listing, not one request per directory)."""
+    url = url or to_url(fs, root)
+    with wrap_errors(url, "list"):
+        found = fs.find(root, detail=True)
+    return {path: info for path, info in found.items() if info.get("type", "file") != "directory"}
+
+
+def info(fs, path: str, url: Optional[str] = None) -> dict:
+    """``fs.info(path)`` with errors wrapped."""
+    url = url or to_url(fs, path)
+    with wrap_errors(url, "read"):
+        return fs.info(path)
+
+
+def open_binary(fs, path: str, url: Optional[str] = None, **kwargs) -> BinaryIO:
+    """A readable binary stream of the raw bytes (no decompression: the loader gunzips).
+
+    Opening errors become StorageError naming the file; read errors later on surface as
+    the filesystem raises them (the caller wraps its reads with `wrap_errors`).
+    """
+    url = url or to_url(fs, path)
+    with wrap_errors(url, "open"):
+        return fs.open(path, "rb", **kwargs)
+
+
+def read_head(fs, path: str, nbytes: int, url: Optional[str] = None) -> bytes:
+    """The first ``nbytes`` raw bytes of a file: one ranged read (on GCS a single
+    ``Range`` request, not a 5 MB read-ahead block)."""
+    url = url or to_url(fs, path)
+    with wrap_errors(url, "read"):
+        return fs.cat_file(path, start=0, end=nbytes)
+
+
+def _stamp(value: Any) -> Optional[str]:
+    if value is None or value == "":
+        return None
+    if isinstance(value, _dt.datetime):
+        return repr(value.timestamp())
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def file_fingerprint(info: dict) -> str:
+    """A stable cache key for one version of a file, from its ``info()``/``find`` entry.
+
+    ``size`` plus the most precise version marker the filesystem offers: GCS
+    ``generation`` (changes on every overwrite), else ``mtime`` (local: float seconds),
+    ``updated``/``LastModified`` (object stores), ``ETag``/``md5Hash``, ``created``.
+    Examples: ``"1771264:g1795280707880880"`` (GCS), ``"555408:m1795274786.66"`` (local).
+    """
+    size = info.get("size")
+    for key, tag in (("generation", "g"), ("mtime", "m"), ("updated", "u"), ("LastModified", "u"),
+                     ("last_modified", "u"), ("ETag", "e"), ("etag", "e"), ("md5Hash", "e"),
+                     ("created", "c")):
+        stamp = _stamp(info.get(key))
+        if stamp is not None:
+            return f"{size}:{tag}{stamp}"
+    return f"{size}:"
