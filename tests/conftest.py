@@ -1,0 +1,5 @@
+"""Shared pytest fixtures. Add yours below; keep heavy setup in helper modules."""
+# The GCS emulator (fake-gcs-server): `gcs_emulator` (session) and `gcs` (per test).
+# Importing gcs_emulator also sets GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false before any
+# test module can import gcsfs.
+from gcs_emulator import gcs, gcs_emulator  # noqa: F401
