@@ -58,13 +58,14 @@ def rule_input_bound(report) -> Optional[dict]:
     pageable = ev.get("pageable_h2d_copies") or 0
     if pageable:
         evidence.append(f"{pageable} host-to-device copies from pageable memory")
+    who = "The GPU waits" if (report.get("trace") or {}).get("gpu_devices") else "The training loop waits"
     if ev.get("num_workers_zero"):
-        title = "The GPU waits for the DataLoader: it loads batches in the training process (num_workers=0)"
+        title = f"{who} for the DataLoader: it loads batches in the training process (num_workers=0)"
         action = ("Load batches in worker processes: DataLoader(dataset, batch_size=..., num_workers=4, "
                   "pin_memory=True, persistent_workers=True, prefetch_factor=2) — start with num_workers "
                   "= number of CPU cores per GPU and raise it until the DataLoader share drops below 5 %.")
     else:
-        title = "The GPU waits for the DataLoader: the workers do not keep up"
+        title = f"{who} for the DataLoader: its workers do not keep up"
         action = ("Give the input pipeline more throughput: raise num_workers and prefetch_factor, keep "
                   "persistent_workers=True and pin_memory=True, and move heavy per-sample transforms to "
                   "the GPU or precompute them.")

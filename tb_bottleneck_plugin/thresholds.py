@@ -25,3 +25,29 @@ SHORT_KERNEL_US = 10.0
 MEMORY_LEAK_MIN_RISES = 3
 # ... and by at least this much in total (bytes), so allocator noise does not fire it.
 MEMORY_LEAK_MIN_GROWTH_BYTES = 1 << 20
+
+# --- recommendations (§9): when a rule fires and how severe it is -----------------
+# Input transfer (pageable H2D copies not hidden under kernels), % of step time.
+INPUT_TRANSFER_PCT = 2.0
+# Matmul/conv kernel time that could use Tensor Cores but does not, % of kernel time.
+TC_ELIGIBLE_NOT_USING_PCT = 20.0
+TC_ELIGIBLE_NOT_USING_HIGH_PCT = 50.0
+# Kernels shorter than SHORT_KERNEL_US taking this share of kernel time: launch-bound.
+SHORT_KERNEL_TIME_PCT = 30.0
+# Time-weighted theoretical occupancy below this: latency-bound kernels.
+LOW_OCCUPANCY_PCT = 25.0
+# GPU utilization (kernels / steps window) below this while not input-bound.
+LOW_GPU_UTILIZATION_PCT = 50.0
+# Allocator slack: reserved but never allocated at the peak, % of peak reserved;
+# only on devices that reserved at least SLACK_MIN_RESERVED_BYTES (tiny runs are noise).
+SLACK_FRAGMENTATION_PCT = 30.0
+SLACK_FRAGMENTATION_HIGH_PCT = 50.0
+SLACK_MIN_RESERVED_BYTES = 1 << 30
+# Host blocked in synchronisation calls, % of step time.
+SYNC_PCT = 5.0
+SYNC_HIGH_PCT = 15.0
+# Communication kernels, % of kernel time; overlapped share considered fine; exposed
+# communication (share x not overlapped) that makes it "high".
+COMM_SHARE_PCT = 15.0
+COMM_OVERLAP_OK_PCT = 70.0
+COMM_EXPOSED_HIGH_PCT = 30.0

@@ -177,6 +177,7 @@ def memory_usage(trace: TraceData, step_boundaries: Optional[Iterable[Tuple[int,
         elif is_gpu:
             na["capacity_bytes"] = "no deviceProperties entry for this device"
         slack = slack_tw = None
+        res_int = slack_int = None  # byte·µs integrals, kept so summaries are ratios of sums
         if not is_gpu:
             reason = "CPU [memory] events mix allocators: allocator slack is defined for GPU devices only"
             na["slack_fragmentation_pct"] = reason
@@ -189,8 +190,9 @@ def memory_usage(trace: TraceData, step_boundaries: Optional[Iterable[Tuple[int,
             if peak_res > 0:
                 slack = 100.0 * (peak_res - peak_alloc) / peak_res
             res_int = float((reserved * hold).sum())
+            slack_int = float(((reserved - allocated) * hold).sum())
             if res_int > 0:
-                slack_tw = 100.0 * float(((reserved - allocated) * hold).sum()) / res_int
+                slack_tw = 100.0 * slack_int / res_int
         na["free_block_fragmentation_pct"] = ("needs a CUDA memory snapshot (torch.cuda.memory._dump_snapshot) "
                                               "in the run directory" if is_gpu else "GPU devices only")
         idx = _downsample(ts, [allocated] + ([reserved] if reserved is not None else []), max_points)
@@ -205,6 +207,7 @@ def memory_usage(trace: TraceData, step_boundaries: Optional[Iterable[Tuple[int,
             "slack_fragmentation_time_weighted_pct": slack_tw,
             "free_block_fragmentation_pct": None,
             "allocated_is_relative": relative,
+            "reserved_byte_us": res_int, "slack_byte_us": slack_int,
             "events": int(len(rows)),
             "curve": curve,
             "growth": _growth(ts, allocated, steps, relative),
