@@ -176,6 +176,8 @@ def memory_usage(trace: TraceData, step_boundaries: Optional[Iterable[Tuple[int,
                                     "differs)")
         elif is_gpu:
             na["capacity_bytes"] = "no deviceProperties entry for this device"
+        else:
+            na["capacity_bytes"] = "traces do not record the host's memory size"
         slack = slack_tw = None
         res_int = slack_int = None  # byte·µs integrals, kept so summaries are ratios of sums
         if not is_gpu:
