@@ -19,6 +19,8 @@ Every failure becomes a `TraceError` naming the file and the problem.
 """
 from __future__ import annotations
 
+import collections
+import os
 import queue
 import re
 import threading
@@ -481,6 +483,48 @@ class _Builder:
             table = table.take(keep)
         self.annotations.append(table)
 
+    def merge(self, other: "_Builder") -> None:
+        """Append a chunk decoded elsewhere (another process): remap its string ids."""
+        table = self.strings
+        remap = np.array([table.setdefault(s, len(table)) for s in other.strings] or [0], dtype=np.int32)
+
+        def ids(col):
+            return remap[col] if len(col) else col
+
+        for t in other.gpu:
+            t.name = ids(t.name)
+            t.occupancy_limit = np.where(t.occupancy_limit >= 0, remap[np.maximum(t.occupancy_limit, 0)], -1) \
+                .astype(np.int32)
+            self.gpu.append(t)
+        for t in other.cpu:
+            t.name, t.category = ids(t.name), ids(t.category)
+            self.cpu.append(t)
+        for t in other.runtime:
+            t.name = ids(t.name)
+            self.runtime.append(t)
+        for t in other.annotations:
+            t.name = ids(t.name)
+            self.annotations.append(t)
+        self.memory.extend(other.memory)
+        for row, dims in other.op_inputs.dims.items():
+            self.op_inputs.dims[self.cpu_rows + row] = dims
+        for row, types in other.op_inputs.types.items():
+            self.op_inputs.types[self.cpu_rows + row] = types
+        self.cpu_rows += other.cpu_rows
+        for cat, n in other.category_counts.items():
+            self.category_counts[cat] = self.category_counts.get(cat, 0) + n
+        self.event_count += other.event_count
+        self.first_ts = min(self.first_ts, other.first_ts)
+        self.last_ts = max(self.last_ts, other.last_ts)
+        self.dropped_missing_dur += other.dropped_missing_dur
+        self.dropped_bad_ts += other.dropped_bad_ts
+        self.negative_dur += other.negative_dur
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_shape_name_cache"] = {}
+        return state
+
     def finish(self, meta: model.TraceMeta) -> model.TraceData:
         meta.category_counts = self.category_counts
         meta.event_count = self.event_count
@@ -525,6 +569,123 @@ def _decode_raw(raw):
         return msgspec.json.decode(raw)
     except msgspec.DecodeError:
         return None
+
+
+# --------------------------------------------------------------------------- parallel
+
+
+def _decode_chunk(payload: bytes) -> _Builder:
+    """Decode one chunk of whole events into columns (runs in a worker process)."""
+    builder = _Builder("")
+    builder.add(_EVENTS_DECODER.decode(payload))
+    return builder
+
+
+# Decoding is CPU-bound Python (msgspec holds the GIL), so large files are decoded by
+# worker processes, one chunk each, while this process gunzips and merges. Small files
+# never start the pool. TB_BOTTLENECKS_DECODE_PROCESSES=0 turns it off.
+PARALLEL_MIN_CHUNKS = 2  # chunks decoded in-process before the pool is used
+PARALLEL_MIN_BYTES = 64 << 20  # estimated text size (gzip inflates traces >= 12x) worth a pool
+_MAX_IN_FLIGHT_PER_WORKER = 2
+_pool = None
+_pool_lock = threading.Lock()
+
+
+def _decode_workers() -> int:
+    configured = os.environ.get("TB_BOTTLENECKS_DECODE_PROCESSES")
+    if configured is not None:
+        try:
+            return max(0, int(configured))
+        except ValueError:
+            return 0
+    return min(4, os.cpu_count() or 1) if (os.cpu_count() or 1) > 1 else 0
+
+
+def _get_pool():
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            # fork is cheap but unsafe once threads run (TensorBoard's server): then use
+            # a fork server, which forks from a clean single-threaded process.
+            if threading.active_count() == 1:
+                context = multiprocessing.get_context("fork")
+            else:
+                context = multiprocessing.get_context("forkserver")
+                context.set_forkserver_preload([__name__])
+            _pool = ProcessPoolExecutor(max_workers=_decode_workers(), mp_context=context)
+        return _pool
+
+
+def _drop_pool() -> None:
+    global _pool
+    with _pool_lock:
+        if _pool is not None:
+            _pool.shutdown(wait=False, cancel_futures=True)
+        _pool = None
+
+
+class _ChunkSink:
+    """Sends chunks to the builder: in-process first, then (large files) to the pool.
+
+    Results are merged in file order. If the pool breaks (a worker killed, no
+    multiprocessing here), the chunks are decoded in this process instead.
+    """
+
+    def __init__(self, builder: _Builder, parallel: bool):
+        self.builder = builder
+        self.chunks = 0
+        self.workers = _decode_workers() if parallel else 0
+        self.pending = collections.deque()  # (future, payload)
+        if self.workers:
+            try:
+                _get_pool()  # started before any thread of ours, so fork stays safe
+            except (OSError, ValueError, ImportError):
+                self.workers = 0
+
+    def add(self, payload: bytes) -> None:
+        self.chunks += 1
+        if self.workers == 0 or self.chunks <= PARALLEL_MIN_CHUNKS:
+            self.builder.add(_EVENTS_DECODER.decode(payload))
+            return
+        try:
+            self.pending.append((_get_pool().submit(_decode_chunk, payload), payload))
+        except RuntimeError:  # pool broken or shut down
+            self._local_fallback()
+            self.builder.add(_EVENTS_DECODER.decode(payload))
+            return
+        while len(self.pending) >= self.workers * _MAX_IN_FLIGHT_PER_WORKER:
+            self._merge_oldest()
+
+    def _merge_oldest(self) -> None:
+        from concurrent.futures.process import BrokenProcessPool
+
+        future, payload = self.pending[0]
+        try:
+            result = future.result()
+        except BrokenProcessPool:
+            self._local_fallback()
+            return
+        self.pending.popleft()
+        self.builder.merge(result)
+
+    def _local_fallback(self) -> None:
+        _drop_pool()
+        self.workers = 0
+        pending, self.pending = self.pending, collections.deque()
+        for _, payload in pending:
+            self.builder.add(_EVENTS_DECODER.decode(payload))
+
+    def drain(self) -> None:
+        while self.pending:
+            self._merge_oldest()
+
+    def cancel(self) -> None:
+        for f, _ in self.pending:
+            f.cancel()
+        self.pending.clear()
 
 
 # --------------------------------------------------------------------------- driver
@@ -583,9 +744,10 @@ def load_trace(path: str, fs=None, *, source: Optional[str] = None, progress=Non
 
 
 def _load_stream(stream, source: str, gzipped: bool, progress) -> model.TraceData:
-    blocks = _Prefetcher(_decompressed_blocks(stream, source, gzipped))
     meta = model.TraceMeta(source=source)
     builder = _Builder(source)
+    sink = _ChunkSink(builder, parallel=_raw_size(stream) * (12 if gzipped else 1) >= PARALLEL_MIN_BYTES)
+    blocks = _Prefetcher(_decompressed_blocks(stream, source, gzipped))
     buf = bytearray()
     consumed = 0  # decompressed bytes before buf[0]
     state = "start"  # -> "events" -> (end)
@@ -627,12 +789,10 @@ def _load_stream(stream, source: str, gzipped: bool, progress) -> model.TraceDat
                     continue
                 brace_end, next_start = cut
                 try:
-                    events = _EVENTS_DECODER.decode(b"[" + bytes(buf[:brace_end]) + b"]")
+                    sink.add(b"[" + bytes(buf[:brace_end]) + b"]")
                 except (msgspec.DecodeError, UnicodeDecodeError):
                     chunk_failed = True
                     break
-                builder.add(events)
-                del events
                 consumed += next_start
                 del buf[:next_start]
         if chunk_failed:
@@ -649,6 +809,7 @@ def _load_stream(stream, source: str, gzipped: bool, progress) -> model.TraceDat
         tail = bytes(buf)
         del buf
         try:
+            sink.drain()  # chunks in order before the tail
             if meta.container == "array":
                 builder.add(_EVENTS_DECODER.decode(b"[" + tail))
             else:
@@ -660,10 +821,22 @@ def _load_stream(stream, source: str, gzipped: bool, progress) -> model.TraceDat
             # can and otherwise reports the precise problem.
             raise _Fallback() from None
     except _Fallback as fb:
+        sink.cancel()
         return _load_whole(stream, source, gzipped, fb.data)
     finally:
+        sink.cancel()
         blocks.close()
     return _finish(builder, meta, source)
+
+
+def _raw_size(stream) -> int:
+    try:
+        pos = stream.tell()
+        size = stream.seek(0, 2)
+        stream.seek(pos)
+        return size or 0
+    except (OSError, AttributeError, ValueError):
+        return 0
 
 
 class _CountingReader:

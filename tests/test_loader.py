@@ -279,3 +279,32 @@ def test_gzip_without_gz_suffix_and_concatenated_members(tmp_path):
     path = write(tmp_path, "renamed.json", data)
     trace = loader.load_trace(path)
     assert len(trace.gpu) == 1 and len(trace.cpu) == 1
+
+
+def _named(trace, table, field):
+    values = getattr(getattr(trace, table), field)
+    if field in ("name", "category", "occupancy_limit"):
+        return np.array([trace.strings[i] if i >= 0 else None for i in values], dtype=object)
+    return values
+
+
+def test_parallel_decoding_equals_in_process(monkeypatch):
+    """Chunks decoded by worker processes and merged give the in-process result."""
+    path = str(TRACES / "hta/trace_diff/control/control.json.gz")
+    monkeypatch.setattr(loader, "CHUNK_BYTES", 1 << 20)
+    monkeypatch.setenv("TB_BOTTLENECKS_DECODE_PROCESSES", "0")
+    local = loader.load_trace(path)
+    monkeypatch.setenv("TB_BOTTLENECKS_DECODE_PROCESSES", "2")
+    monkeypatch.setattr(loader, "PARALLEL_MIN_BYTES", 0)
+    merges = []
+    original = loader._Builder.merge
+    monkeypatch.setattr(loader._Builder, "merge", lambda self, other: (merges.append(1), original(self, other)))
+    parallel = loader.load_trace(path)
+    assert len(merges) > 5, "the worker processes decoded most chunks"
+    for table in ("gpu", "cpu", "runtime", "memory", "gpu_annotations"):
+        for f in getattr(local, table).__dataclass_fields__:
+            a, b = _named(local, table, f), _named(parallel, table, f)
+            np.testing.assert_array_equal(a, b, err_msg=f"{table}.{f}")
+    assert local.op_inputs.dims == parallel.op_inputs.dims
+    assert local.op_inputs.types == parallel.op_inputs.types
+    assert local.meta.category_counts == parallel.meta.category_counts
