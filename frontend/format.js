@@ -1,0 +1,135 @@
+// Number formatting and kernel-name shortening. Pure functions, no DOM.
+
+/** A finite number (TensorBoard's JSON turns NaN/Inf into strings). */
+export function isNum(v) {
+  return typeof v === "number" && Number.isFinite(v);
+}
+
+export function fmtPct(v, digits = 1) {
+  return isNum(v) ? `${v.toFixed(digits)}%` : "n/a";
+}
+
+/** Microseconds -> "12.3 µs" / "45.6 ms" / "1.23 s". */
+export function fmtUs(us) {
+  if (!isNum(us)) return "n/a";
+  const a = Math.abs(us);
+  if (a >= 1e6) return `${(us / 1e6).toFixed(2)} s`;
+  if (a >= 1e3) return `${(us / 1e3).toFixed(1)} ms`;
+  return `${us.toFixed(a >= 100 || Number.isInteger(us) ? 0 : 1)} µs`;
+}
+
+/** Microseconds for axis ticks: "150 ms", "2.5 ms", "0". */
+export function fmtUsTick(us) {
+  if (!isNum(us)) return "";
+  if (us === 0) return "0";
+  const a = Math.abs(us);
+  const trim = (x) => String(Number(x.toFixed(1)));
+  if (a >= 1e6) return `${trim(us / 1e6)} s`;
+  if (a >= 1e3) return `${trim(us / 1e3)} ms`;
+  return `${trim(us)} µs`;
+}
+
+/** Milliseconds for axis labels. */
+export function fmtMs(ms) {
+  if (!isNum(ms)) return "n/a";
+  const a = Math.abs(ms);
+  if (a >= 1e4) return `${(ms / 1e3).toFixed(0)} s`;
+  if (a >= 1e3) return `${(ms / 1e3).toFixed(1)} s`;
+  return `${ms.toFixed(a >= 10 || Number.isInteger(ms) ? 0 : 1)} ms`;
+}
+
+/** Bytes in binary units: "4.76 GiB". */
+export function fmtBytes(b) {
+  if (!isNum(b)) return "n/a";
+  const a = Math.abs(b);
+  const units = [["GiB", 2 ** 30], ["MiB", 2 ** 20], ["KiB", 2 ** 10]];
+  for (const [u, f] of units) {
+    if (a >= f) return `${(b / f).toFixed(a / f >= 100 ? 0 : a / f >= 10 ? 1 : 2)} ${u}`;
+  }
+  return `${b} B`;
+}
+
+export function fmtCount(n) {
+  if (!isNum(n)) return "n/a";
+  if (Number.isInteger(n)) return n.toLocaleString("en-US");
+  return n.toLocaleString("en-US", {maximumFractionDigits: 2});
+}
+
+export function fmtNum(n, digits = 2) {
+  if (!isNum(n)) return "n/a";
+  if (Number.isInteger(n)) return n.toLocaleString("en-US");
+  return n.toLocaleString("en-US", {maximumFractionDigits: digits});
+}
+
+/** Formats a value by the suffix of its JSON name (_pct, _us, _bytes, ...). */
+export function fmtByName(name, v) {
+  if (typeof v === "boolean") return v ? "yes" : "no";
+  if (!isNum(v)) return v === null || v === undefined ? "n/a" : String(v);
+  if (/_pct$/.test(name)) return fmtPct(v);
+  if (/_us$/.test(name)) return fmtUs(v);
+  if (/_ms$/.test(name)) return fmtMs(v);
+  if (/bytes$/.test(name)) return fmtBytes(v);
+  return fmtNum(v);
+}
+
+/** "input_bound_pct" -> "input bound %" */
+export function humanizeKey(name) {
+  return String(name)
+    .replace(/_pct$/, " %")
+    .replace(/_us$/, "")
+    .replace(/_bytes$/, "")
+    .replace(/_/g, " ");
+}
+
+/** A timestamp that may be ms or s since the epoch -> local "YYYY-MM-DD HH:MM:SS", else "". */
+export function fmtTimestamp(ts) {
+  let n = typeof ts === "string" ? Number(ts) : ts;
+  if (!isNum(n) || n <= 0) return "";
+  if (n > 1e17) n = n / 1e6; // ns
+  else if (n > 1e14) n = n / 1e3; // µs
+  else if (n < 1e11) n = n * 1e3; // s
+  const d = new Date(n);
+  if (Number.isNaN(d.getTime()) || d.getFullYear() < 2000 || d.getFullYear() > 2200) return "";
+  const p = (x) => String(x).padStart(2, "0");
+  return `${d.getFullYear()}-${p(d.getMonth() + 1)}-${p(d.getDate())} ${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())}`;
+}
+
+/**
+ * Shortens a C++ kernel name for a table cell: drops a leading "void ",
+ * collapses template arguments to <…> and parameter lists to (…), then
+ * truncates. The full name belongs in a title attribute.
+ */
+export function shortenKernelName(name, max = 72) {
+  const full = String(name ?? "");
+  let src = full.replace(/^void\s+/, "");
+  let out = "";
+  let depth = 0;
+  let open = "";
+  let close = "";
+  for (let i = 0; i < src.length; i++) {
+    const c = src[i];
+    if (depth > 0) {
+      if (c === open) depth++;
+      else if (c === close) depth--;
+      continue;
+    }
+    const prev = out.length ? out[out.length - 1] : "";
+    const identBefore = /[A-Za-z0-9_\]>)]/.test(prev);
+    if (c === "<" && identBefore && src[i + 1] !== "<" && src[i + 1] !== "=") {
+      depth = 1; open = "<"; close = ">";
+      out += "<…>";
+      continue;
+    }
+    if (c === "(" && identBefore) {
+      if (src[i + 1] === ")") { out += "()"; i++; continue; }
+      depth = 1; open = "("; close = ")";
+      out += "(…)";
+      continue;
+    }
+    out += c;
+  }
+  if (depth > 0) out = src; // unbalanced: do not guess
+  out = out.replace(/\s+/g, " ").trim();
+  if (out.length > max) out = `${out.slice(0, max - 1)}…`;
+  return out || full.slice(0, max);
+}

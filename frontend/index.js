@@ -1,0 +1,413 @@
+// Entry point of the Bottlenecks tab: TensorBoard imports this module in its
+// plugin iframe and calls render().
+//
+// HOW URLS RESOLVE HERE (read before adding an import or a fetch):
+// - The plugin serves this file at  data/plugin/bottlenecks/index.js
+//   and every other frontend file at data/plugin/bottlenecks/static/<file>
+//   (on disk they all sit side by side in frontend/).
+// - ES module imports resolve against the URL of the importing module. So
+//   in index.js we write  import ... from "./static/api.js",  while the
+//   modules under static/ import each other as "./views.js" (no "static/").
+// - fetch() and <link href> resolve against the document's base URL, which
+//   TensorBoard's iframe page sets with <base href="plugin/bottlenecks/">;
+//   so fetch("./runs") reaches data/plugin/bottlenecks/runs. The stylesheet
+//   is resolved from import.meta.url, i.e. from this module's own URL.
+// - Only relative URLs: absolute ones break under --path_prefix and
+//   /experiment/<id>/, and the iframe's CSP allows only 'self'.
+// - No inline <script>: TensorBoard's CSP forbids it. Inline styles are fine.
+
+import {h, mount, clear} from "./static/dom.js";
+import {getRuns, getReport, getMemory, getKernels} from "./static/api.js";
+import {renderReport, renderLoading, renderError, renderEmpty, TRACE_HOWTO} from "./static/views.js";
+import {fmtTimestamp, fmtPct} from "./static/format.js";
+
+const RUNS_POLL_MS = 10000;
+const RUNS_POLL_FAST_MS = 2000; // while the first scan runs
+const ALL = "all";
+
+const state = {
+  runs: null, // last good `runs` payload
+  runsError: null,
+  sel: {run: null, worker: null, span: null},
+  viewKey: null,
+  viewAbort: null,
+  pollTimer: 0,
+  refreshing: false,
+};
+
+const ui = {};
+
+// ------------------------------------------------------------ bootstrap
+
+export async function render() {
+  ensureStylesheet();
+  setupTheme();
+  buildShell();
+  state.sel = readHash();
+  window.addEventListener("hashchange", onHashChange);
+  connectTensorBoardReload(() => refreshRuns({forceView: true}));
+  await refreshRuns({forceView: true});
+}
+
+function ensureStylesheet() {
+  if (document.querySelector("link[data-bottlenecks-style]")) return;
+  const href = new URL("./static/style.css", import.meta.url).href;
+  document.head.appendChild(h("link", {rel: "stylesheet", href, "data-bottlenecks-style": ""}));
+}
+
+function buildShell() {
+  clear(document.body);
+  document.body.classList.add("bn");
+  ui.run = h("select", {id: "bn-run", "aria-label": "Run", onchange: () => select({run: ui.run.value, worker: null, span: null})});
+  ui.worker = h("select", {id: "bn-worker", "aria-label": "Worker", onchange: () => select({worker: ui.worker.value, span: null})});
+  ui.span = h("select", {id: "bn-span", "aria-label": "Span", onchange: () => select({span: ui.span.value})});
+  ui.scanInfo = h("span", {class: "scan-info muted"});
+  ui.share = h("a", {class: "share", target: "_blank", rel: "noopener", href: "#",
+    title: "Opens this exact view (run, worker, span) in its own tab; copy that address to share it."}, "Open view in new tab ↗");
+  ui.refresh = h("button", {type: "button", class: "btn", title: "Re-read the run list and this report",
+    onclick: () => refreshRuns({forceView: true})}, "Refresh");
+  ui.banners = h("div", {class: "banners"});
+  ui.view = h("main", {class: "view", id: "bn-view"});
+  document.body.appendChild(h("header", {class: "topbar"},
+    h("div", {class: "brand", title: "Why is training slow, and what to change"}, "Bottlenecks"),
+    h("label", {class: "sel"}, h("span", {}, "Run"), ui.run),
+    h("label", {class: "sel"}, h("span", {}, "Worker"), ui.worker),
+    h("label", {class: "sel"}, h("span", {}, "Span"), ui.span),
+    h("div", {class: "spacer"}),
+    ui.scanInfo, ui.share, ui.refresh));
+  document.body.appendChild(ui.banners);
+  document.body.appendChild(ui.view);
+  renderLoading(ui.view, {title: "Loading runs…"});
+}
+
+// ------------------------------------------------------------ theme
+
+function setupTheme() {
+  // Follow TensorBoard's own dark mode when the host page is TensorBoard
+  // (same origin: TensorBoard toggles body.dark-mode); otherwise style.css
+  // follows prefers-color-scheme.
+  const root = document.documentElement;
+  let hostBody = null;
+  try {
+    if (window.parent && window.parent !== window) {
+      const doc = window.parent.document;
+      if (doc && doc.body && (doc.querySelector("tb-webapp, tf-tensorboard") || doc.body.classList.contains("dark-mode"))) {
+        hostBody = doc.body;
+      }
+    }
+  } catch (e) {
+    hostBody = null; // cross-origin host: keep prefers-color-scheme
+  }
+  if (!hostBody) return;
+  const apply = () => root.setAttribute("data-theme", hostBody.classList.contains("dark-mode") ? "dark" : "light");
+  apply();
+  try {
+    new MutationObserver(apply).observe(hostBody, {attributes: true, attributeFilter: ["class"]});
+  } catch (e) {
+    // ignore: the theme then only follows the host at load time
+  }
+}
+
+// ------------------------------------------------------------ TensorBoard reload
+
+function connectTensorBoardReload(onReload) {
+  // TensorBoard's plugin host protocol: hand the parent a MessagePort with
+  // "experimental.bootstrap"; it then sends JSON {type, id, payload, isReply}
+  // messages and waits for a reply to each; its reload button broadcasts
+  // "experimental.DataReloaded".
+  if (!window.parent || window.parent === window || typeof MessageChannel !== "function") return;
+  try {
+    const channel = new MessageChannel();
+    channel.port1.onmessage = (event) => {
+      let msg = null;
+      try {
+        msg = JSON.parse(event.data);
+      } catch (e) {
+        return;
+      }
+      if (!msg || msg.isReply) return;
+      channel.port1.postMessage(JSON.stringify({type: msg.type, id: msg.id, payload: null, error: null, isReply: true}));
+      if (msg.type === "experimental.DataReloaded") onReload();
+    };
+    window.parent.postMessage("experimental.bootstrap", window.location.origin || "*", [channel.port2]);
+  } catch (e) {
+    // not inside TensorBoard: polling alone keeps the run list fresh
+  }
+}
+
+// ------------------------------------------------------------ URL hash
+
+function readHash() {
+  const p = new URLSearchParams(window.location.hash.replace(/^#/, ""));
+  return {run: p.get("run"), worker: p.get("worker"), span: p.get("span")};
+}
+
+function writeHash() {
+  const p = new URLSearchParams();
+  for (const k of ["run", "worker", "span"]) if (state.sel[k]) p.set(k, state.sel[k]);
+  const hash = `#${p.toString()}`;
+  if (window.location.hash !== hash) {
+    try {
+      history.replaceState(null, "", hash);
+    } catch (e) {
+      window.location.hash = hash;
+    }
+  }
+  ui.share.setAttribute("href", window.location.href);
+}
+
+function onHashChange() {
+  const want = readHash();
+  if (want.run === state.sel.run && want.worker === state.sel.worker && want.span === state.sel.span) return;
+  state.sel = want;
+  applySelection({forceView: false});
+}
+
+// ------------------------------------------------------------ runs
+
+function schedulePoll() {
+  clearTimeout(state.pollTimer);
+  const scanning = state.runs && state.runs.scan && /^(scanning|loading|pending)$/.test(String(state.runs.scan.state || ""))
+    && !(state.runs.runs || []).length;
+  state.pollTimer = setTimeout(() => refreshRuns({forceView: false}), scanning ? RUNS_POLL_FAST_MS : RUNS_POLL_MS);
+}
+
+async function refreshRuns({forceView}) {
+  if (state.refreshing) return;
+  state.refreshing = true;
+  try {
+    const r = await getRuns();
+    if (r.kind === "ok" && r.data && typeof r.data === "object") {
+      state.runs = r.data;
+      state.runsError = null;
+    } else if (r.kind !== "aborted") {
+      state.runsError = r.kind === "error" ? r : {message: "The runs route answered that it is still loading.", status: r.status};
+    }
+    applySelection({forceView});
+  } finally {
+    state.refreshing = false;
+    schedulePoll();
+  }
+}
+
+function findRun(name) {
+  const runs = (state.runs && Array.isArray(state.runs.runs)) ? state.runs.runs : [];
+  return runs.find((r) => r.run === name) || null;
+}
+
+function workersOf(run) {
+  return run && Array.isArray(run.workers) ? run.workers : [];
+}
+
+function spansOf(run, worker) {
+  if (!run) return [];
+  if (worker === ALL) return [];
+  const w = workersOf(run).find((x) => x.worker === worker);
+  return w && Array.isArray(w.spans) ? w.spans : [];
+}
+
+/** Makes the selection valid for the current run list (keeps what still exists). */
+function normalizeSelection() {
+  const runs = (state.runs && Array.isArray(state.runs.runs)) ? state.runs.runs : [];
+  const sel = {...state.sel};
+  let run = findRun(sel.run);
+  if (!run) {
+    run = runs.find((r) => r.state === "ready") || runs[0] || null;
+    sel.run = run ? run.run : null;
+    sel.worker = null;
+    sel.span = null;
+  }
+  const workers = workersOf(run);
+  const wnames = workers.map((w) => w.worker);
+  if (!(sel.worker && (wnames.includes(sel.worker) || (sel.worker === ALL && wnames.length > 1)))) {
+    sel.worker = wnames[0] || null;
+    sel.span = null;
+  }
+  const spans = spansOf(run, sel.worker);
+  const snames = spans.map((x) => x.span);
+  if (sel.worker === ALL) sel.span = ALL;
+  else if (!(sel.span && (snames.includes(sel.span) || sel.span === ALL))) {
+    sel.span = snames.length === 1 ? snames[0] : snames.length ? ALL : null;
+  }
+  state.sel = sel;
+  return run;
+}
+
+function option(value, label, selected, title) {
+  return h("option", {value, selected: selected || false, title: title || null}, label);
+}
+
+function runLabel(r) {
+  if (r.state === "loading") {
+    const p = typeof r.progress === "number" ? ` ${fmtPct(100 * r.progress, 0)}` : "";
+    return `${r.run} (loading${p})`;
+  }
+  if (r.state === "error") return `${r.run} (error)`;
+  return r.run;
+}
+
+function renderSelectors(run) {
+  const runs = (state.runs && Array.isArray(state.runs.runs)) ? state.runs.runs : [];
+  mount(ui.run, runs.length
+    ? runs.map((r) => option(r.run, runLabel(r), r.run === state.sel.run, r.error || null))
+    : option("", "(no runs)", true));
+  ui.run.disabled = !runs.length;
+  const workers = workersOf(run);
+  const wopts = workers.map((w) => option(w.worker, w.worker, w.worker === state.sel.worker));
+  if (workers.length > 1) wopts.push(option(ALL, "all (run summary)", state.sel.worker === ALL));
+  mount(ui.worker, wopts.length ? wopts : option("", "(none)", true));
+  ui.worker.disabled = workers.length <= 1;
+  const spans = spansOf(run, state.sel.worker);
+  const sopts = [];
+  if (spans.length > 1 || state.sel.worker === ALL) {
+    sopts.push(option(ALL, state.sel.worker === ALL ? "all (run summary)" : `all ${spans.length} (worker summary)`, state.sel.span === ALL));
+  }
+  for (const sp of spans) {
+    const when = fmtTimestamp(sp.timestamp).slice(0, 16); // to the minute
+    const st = sp.state === "error" ? " (error)"
+      : (sp.state === "loading" || sp.state === "queued") ? ` (${sp.state}${typeof sp.progress === "number" && sp.progress > 0 ? ` ${fmtPct(100 * sp.progress, 0)}` : ""})` : "";
+    sopts.push(option(sp.span, `${sp.span}${when ? ` · ${when}` : ""}${st}`, sp.span === state.sel.span,
+      sp.error ? `${sp.file || ""}\n${sp.error}` : (sp.file || null)));
+  }
+  mount(ui.span, sopts.length ? sopts : option("", "(none)", true));
+  ui.span.disabled = sopts.length <= 1;
+}
+
+function renderScanInfo() {
+  const p = state.runs || {};
+  const scan = p.scan || {};
+  const bits = [];
+  if (p.logdir) bits.push(`logdir ${p.logdir}`);
+  if (scan.scanned_at) {
+    const when = fmtTimestamp(scan.scanned_at);
+    if (when) bits.push(`scanned ${when.slice(11)}`);
+  }
+  ui.scanInfo.textContent = bits.join(" · ");
+  ui.scanInfo.setAttribute("title", p.logdir ? String(p.logdir) : "");
+  clear(ui.banners);
+  if (state.runsError && state.runs) {
+    ui.banners.appendChild(h("div", {class: "banner banner-warn", role: "status"},
+      "Could not refresh the run list: ", state.runsError.message || "unknown error", " (showing the last list)"));
+  }
+  if (scan.state === "error" && scan.error && (p.runs || []).length) {
+    ui.banners.appendChild(h("div", {class: "banner banner-error", role: "alert"}, "Logdir scan failed: ", String(scan.error)));
+  }
+}
+
+function viewKeyFor(run) {
+  const s = state.sel;
+  const files = [];
+  if (run) {
+    for (const w of workersOf(run)) {
+      if (s.worker !== ALL && w.worker !== s.worker) continue;
+      for (const sp of w.spans || []) {
+        if (s.span !== ALL && sp.span !== s.span) continue;
+        files.push([w.worker, sp.span, sp.file, sp.timestamp]);
+      }
+    }
+  }
+  return JSON.stringify([s.run, s.worker, s.span, run ? (run.state === "error" ? `error:${run.error}` : "ok") : "none", files]);
+}
+
+function applySelection({forceView}) {
+  if (!state.runs) {
+    // never got a run list
+    renderScanInfo();
+    if (state.runsError) {
+      abortView();
+      state.viewKey = null;
+      renderError(ui.view, {title: "Could not load the run list", message: state.runsError.message,
+        file: state.runsError.file, status: state.runsError.status, onRetry: () => refreshRuns({forceView: true})});
+    }
+    return;
+  }
+  const run = normalizeSelection();
+  renderSelectors(run);
+  renderScanInfo();
+  writeHash();
+  const key = viewKeyFor(run);
+  if (!forceView && key === state.viewKey) return;
+  state.viewKey = key;
+  loadView(run);
+}
+
+function select(change) {
+  state.sel = {...state.sel, ...change};
+  applySelection({forceView: false});
+}
+
+// ------------------------------------------------------------ the view
+
+function abortView() {
+  if (state.viewAbort) state.viewAbort.abort();
+  state.viewAbort = null;
+}
+
+async function loadView(run) {
+  abortView();
+  const ac = new AbortController();
+  state.viewAbort = ac;
+  const p = state.runs || {};
+  const scan = p.scan || {};
+  const runs = Array.isArray(p.runs) ? p.runs : [];
+
+  if (!run) {
+    if (scan.state === "error") {
+      renderError(ui.view, {title: "Could not scan the logdir", message: String(scan.error || "unknown error"),
+        file: p.logdir || null, onRetry: () => refreshRuns({forceView: true})});
+    } else if (/^(scanning|loading|pending)$/.test(String(scan.state || "")) && !runs.length) {
+      renderLoading(ui.view, {title: "Scanning the logdir for PyTorch profiler traces…", detail: p.logdir ? String(p.logdir) : ""});
+    } else {
+      renderEmpty(ui.view, {title: "No PyTorch profiler traces found", body: [
+        h("p", {}, "Looked for Kineto trace files (", h("code", {}, "*.pt.trace.json"), ", ", h("code", {}, "*.pt.trace.json.gz"),
+          ") under ", h("code", {}, String(p.logdir || "the logdir")), ". Record some with:"),
+        h("pre", {class: "code"}, h("code", {}, TRACE_HOWTO.replace("LOGDIR", String(p.logdir || "logdir")))),
+        h("p", {class: "note"}, "New runs appear here automatically (the list is re-read every 10 s)."),
+      ]});
+    }
+    return;
+  }
+
+  if (run.state === "error") {
+    const files = [];
+    for (const w of workersOf(run)) for (const sp of w.spans || []) if (sp.file) files.push(sp.file);
+    renderError(ui.view, {title: `Run "${run.run}" could not be analysed`, message: String(run.error || "unknown error"),
+      file: files.length === 1 ? files[0] : null,
+      hint: files.length > 1 ? `Files: ${files.join(", ")}` : null,
+      onRetry: () => refreshRuns({forceView: true})});
+    return;
+  }
+
+  const sel = {...state.sel};
+  const params = {run: sel.run, worker: sel.worker === ALL ? null : sel.worker, span: sel.span === ALL ? null : sel.span};
+  const title = run.state === "loading" ? `Analysing "${run.run}"…` : "Loading report…";
+  const loader = renderLoading(ui.view, {title, progress: run.state === "loading" ? run.progress : null,
+    detail: "Large traces take a while the first time; the result is cached."});
+  const r = await getReport(params, {signal: ac.signal, onProgress: (pr, msg) => loader.set(pr, msg)});
+  if (ac.signal.aborted || r.kind === "aborted") return;
+  if (r.kind === "error") {
+    const spanFile = spansOf(run, sel.worker).find((x) => x.span === sel.span);
+    renderError(ui.view, {
+      title: r.status === 404 ? "Not found" : "Could not analyse this trace",
+      message: r.message, file: r.file || (spanFile ? spanFile.file : null), status: r.status, errors: r.errors,
+      onRetry: () => { state.viewKey = null; applySelection({forceView: true}); },
+    });
+    return;
+  }
+  if (!r.data || typeof r.data !== "object") {
+    renderError(ui.view, {title: "Unexpected answer from the report route", message: JSON.stringify(r.data).slice(0, 500)});
+    return;
+  }
+  try {
+    renderReport(ui.view, r.data, {
+      sel,
+      spans: spansOf(run, sel.worker),
+      signal: ac.signal,
+      api: {getMemory, getKernels},
+      onPickSpan: (span) => select({span}),
+    });
+  } catch (err) {
+    console.error(err); // eslint-disable-line no-console
+    renderError(ui.view, {title: "Could not display this report", message: String(err && err.stack ? err.stack : err)});
+  }
+}

@@ -1,0 +1,196 @@
+"""Fast static checks of the dashboard (frontend/) and of its mock server.
+
+No browser here: these read the source files and call the mock server's
+routes over HTTP. They guard the rules TensorBoard's iframe imposes (CSP,
+relative URLs, the index.js/static/ import layout) and the XSS rule
+(trace strings are always text).
+"""
+import importlib.util
+import json
+import os
+import re
+import urllib.error
+import urllib.request
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FRONTEND = os.path.join(REPO, "frontend")
+FIXTURES = os.path.join(REPO, "tests", "fixtures")
+
+SVG_NS = "http://www.w3.org/2000/svg"  # an XML namespace name, never fetched
+
+
+def _files(*exts):
+    out = []
+    for name in sorted(os.listdir(FRONTEND)):
+        if name.endswith(exts):
+            out.append(os.path.join(FRONTEND, name))
+    return out
+
+
+def _read(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def _strip_comments(js):
+    js = re.sub(r"/\*.*?\*/", "", js, flags=re.S)
+    return re.sub(r"(^|[^:\\])//[^\n]*", r"\1", js)
+
+
+JS = _files(".js")
+CSS = _files(".css")
+
+
+def test_frontend_has_the_expected_modules():
+    names = {os.path.basename(p) for p in JS + CSS}
+    assert {"index.js", "api.js", "views.js", "charts.js", "dom.js", "style.css"} <= names
+
+
+@pytest.mark.parametrize("path", JS + CSS, ids=os.path.basename)
+def test_no_external_urls(path):
+    text = _read(path).replace(SVG_NS, "")
+    hits = re.findall(r"(?:https?:)?//[A-Za-z0-9.-]+\.[a-z]{2,}[^\s\"'`)]*", _strip_comments(text) if path.endswith(".js") else text)
+    assert not [h for h in hits if h.startswith(("http", "//"))], hits
+    assert "http://" not in text and "https://" not in text
+    # CSS: no @import of remote sheets, no url() outside data:
+    if path.endswith(".css"):
+        for m in re.finditer(r"url\(([^)]*)\)", text):
+            assert m.group(1).strip("'\" ").startswith("data:"), m.group(0)
+
+
+@pytest.mark.parametrize("path", JS, ids=os.path.basename)
+def test_no_html_parsing_sinks(path):
+    code = _strip_comments(_read(path))
+    for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "createContextualFragment",
+                 "DOMParser", "srcdoc"):
+        assert sink not in code, f"{os.path.basename(path)} uses {sink}"
+    assert not re.search(r"\beval\s*\(|new\s+Function\s*\(", code)
+    # String event handlers would be code: handlers are functions (see dom.js).
+    assert not re.search(r"setAttribute\(\s*[\"']on", code)
+
+
+def _imports(code):
+    pat = r"""(?:^|\n)\s*(?:import|export)\s[^;]*?from\s*["']([^"']+)["']|import\(\s*["']([^"']+)["']\s*\)"""
+    return [a or b for a, b in re.findall(pat, code)]
+
+
+@pytest.mark.parametrize("path", JS, ids=os.path.basename)
+def test_imports_are_relative_and_resolve(path):
+    """index.js is served at <base>/index.js, the rest at <base>/static/<file>."""
+    name = os.path.basename(path)
+    specs = _imports(_read(path))
+    for spec in specs:
+        assert spec.startswith("./"), f"{name}: import {spec!r} is not relative"
+        if name == "index.js":
+            assert spec.startswith("./static/"), f"index.js must import './static/<file>', got {spec!r}"
+            target = spec[len("./static/"):]
+        else:
+            assert "static/" not in spec, f"{name}: modules under static/ import siblings as './x.js', got {spec!r}"
+            target = spec[2:]
+        assert "/" not in target and os.path.isfile(os.path.join(FRONTEND, target)), f"{name}: {spec!r} does not exist"
+    if name == "index.js":
+        assert specs, "index.js imports its modules"
+
+
+def test_index_exports_render():
+    code = _read(os.path.join(FRONTEND, "index.js"))
+    assert re.search(r"export\s+async\s+function\s+render\s*\(", code)
+    # The stylesheet is loaded relative to the module, not from an absolute path.
+    assert "./static/style.css" in code
+
+
+@pytest.mark.parametrize("path", JS, ids=os.path.basename)
+def test_fetches_use_relative_urls(path):
+    code = _strip_comments(_read(path))
+    for m in re.finditer(r"fetch\(\s*([\"'`])([^\"'`]*)", code):
+        assert not m.group(2).startswith("/"), m.group(0)
+    assert "/data/plugin" not in code
+
+
+def test_no_html_files_with_inline_script():
+    for path in _files(".html"):
+        assert not re.search(r"<script(?![^>]*\bsrc=)[^>]*>", _read(path), flags=re.I), path
+
+
+# ---------------------------------------------------------------- fixture
+
+
+def test_sample_report_fixture():
+    rep = json.loads(_read(os.path.join(FIXTURES, "sample_report.json")))
+    assert rep["schema_version"] == 1
+    assert rep["input"]["input_bound_pct"] == pytest.approx(33.4, abs=0.05)
+    assert rep["gpu"]["0"]["utilization_pct"] == pytest.approx(55.5, abs=0.05)
+    assert rep["tensor_cores"]["tensor_core_pct"] == 0
+    assert rep["tensor_cores"]["eligible_not_using_pct"] == pytest.approx(67.6, abs=0.05)
+    assert rep["occupancy"]["est_achieved_occupancy_pct"] == pytest.approx(49.1, abs=0.05)
+    names = [k["name"] for k in rep["occupancy"]["kernels"]]
+    assert "<img src=x onerror=alert(1)>" in names
+    assert any("<" in n and ">" in n and "(" in n for n in names)
+    assert any('"' in n for n in names)
+    assert set(rep["breakdown_pct"]) == {"kernel", "memcpy", "memset", "communication", "runtime",
+                                         "dataloader", "cpu_exec", "other"}
+    for row in rep["breakdown_per_step"]:
+        assert sum(row[k] for k in rep["breakdown_pct"]) == pytest.approx(row["total_us"], rel=1e-6)
+    assert rep["recommendations"] and all({"rule", "severity", "title", "action", "evidence"} <= set(r)
+                                          for r in rep["recommendations"])
+
+
+# ---------------------------------------------------------------- mock server
+
+
+@pytest.fixture(scope="module")
+def mock():
+    spec = importlib.util.spec_from_file_location("frontend_mock_server",
+                                                  os.path.join(FIXTURES, "frontend_mock_server.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    srv, base = mod.serve_in_thread(load_seconds=3600)
+    yield base
+    srv.shutdown()
+    srv.server_close()
+
+
+def _get(url):
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.headers, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers, e.read()
+
+
+def test_mock_server_routes(mock):
+    p = mock + "/data/plugin/bottlenecks/"
+    st, hd, body = _get(p + "index.js")
+    assert st == 200 and hd["Content-Type"].startswith("text/javascript") and b"render" in body
+    st, hd, _ = _get(p + "static/style.css")
+    assert st == 200 and hd["Content-Type"].startswith("text/css")
+    st, hd, _ = _get(p + "static/views.js")
+    assert st == 200 and hd["X-Content-Type-Options"] == "nosniff"
+    assert _get(p + "static/../setup.py")[0] == 404
+    assert _get(p + "static/%2e%2e/setup.py")[0] == 404
+    st, hd, body = _get(mock + "/data/plugin_entry.html?name=bottlenecks")
+    assert st == 200 and "default-src 'self'" in hd["Content-Security-Policy"]
+    assert b'<base href="plugin/bottlenecks/">' in body and b"<script type=\"module\" src=" in body
+
+    runs = json.loads(_get(p + "runs")[2])
+    states = {r["run"]: r["state"] for r in runs["runs"]}
+    assert states["resnet50_num_workers_0"] == "ready" and states["bert_large_loading"] == "loading"
+    assert states["broken_upload"] == "error"
+
+    st, _, body = _get(p + "report?run=resnet50_num_workers_0&worker=worker0&span=1623143089861")
+    assert st == 200 and json.loads(body)["input"]["input_bound_pct"] == pytest.approx(33.37)
+    st, _, body = _get(p + "report?run=bert_large_loading&worker=worker0")
+    assert st == 202 and json.loads(body)["state"] == "loading"
+    st, _, body = _get(p + "report?run=nope")
+    assert st == 404 and "error" in json.loads(body)
+    st, _, body = _get(p + "report?run=resnet50_num_workers_4&worker=worker0&span=1623213500000")
+    assert st == 422 and json.loads(body)["errors"][0]["file"].endswith(".pt.trace.json.gz")
+    st, _, body = _get(p + "report?run=resnet50_num_workers_4&worker=worker0")
+    assert st == 200 and json.loads(body)["file_errors"]
+    mem = json.loads(_get(p + "memory?run=dlrm_ddp_2gpu&worker=rank1&span=1712000000000")[2])
+    d = mem["devices"]["cuda:1"]
+    assert len(d["ts_ms"]) == len(d["allocated_bytes"]) == len(d["reserved_bytes"])
+    ks = json.loads(_get(p + "kernels?run=resnet50_num_workers_0&worker=worker0&span=1623143089861")[2])["kernels"]
+    assert any(k["name"] == "<img src=x onerror=alert(1)>" for k in ks)
