@@ -12,9 +12,10 @@ ever names a filesystem path.
 from __future__ import annotations
 
 import logging
-import mimetypes
 import posixpath
+import re
 from importlib import resources
+from pathlib import Path
 from typing import Optional
 
 from tensorboard.backend import http_util
@@ -28,10 +29,24 @@ log = logging.getLogger(__name__)
 
 _STATIC_TYPES = {".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml",
                  ".html": "text/html", ".png": "image/png"}
+_STATIC_NAME_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$")  # one plain file name
+_STATIC_ROUTE_RE = re.compile(r"^.*?/static/(.*)$", re.S)  # the FIRST /static/ of the path
 
 
-def _frontend_dir():
-    return resources.files("tb_bottleneck_plugin.frontend")
+def _frontend_dir() -> Optional[Path]:
+    """The dashboard's folder: ``tb_bottleneck_plugin/frontend`` in an installed wheel,
+    ``<checkout>/frontend`` in a source checkout or an editable install (where
+    ``tb_bottleneck_plugin.frontend``, a folder without ``__init__.py`` mapped by
+    ``package_dir``, is not importable, so importlib.resources cannot find it)."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "frontend", here.parent / "frontend"):
+        if (candidate / "index.js").is_file():
+            return candidate
+    try:
+        found = resources.files("tb_bottleneck_plugin.frontend")
+        return Path(str(found)) if (found / "index.js").is_file() else None
+    except (ImportError, TypeError, ValueError):
+        return None
 
 
 class BottlenecksPlugin(base_plugin.TBPlugin):
@@ -87,21 +102,23 @@ class BottlenecksPlugin(base_plugin.TBPlugin):
 
     @wrappers.Request.application
     def _serve_static(self, request):
-        name = request.path.rsplit("/static/", 1)[-1]
-        return self._static_file(request, name)
+        # request.path is percent-decoded: "..%2f" arrives as "../" and is refused below.
+        m = _STATIC_ROUTE_RE.match(request.path)
+        return self._static_file(request, m.group(1) if m else "")
 
     def _static_file(self, request, name: str):
-        # Only plain file names of the frontend folder: no "..", no sub-paths, no
-        # absolute paths, no other extensions.
-        clean = posixpath.normpath(name)
-        ext = posixpath.splitext(clean)[1]
-        if clean != name or "/" in clean or "\\" in clean or clean.startswith(".") or ext not in _STATIC_TYPES:
-            return _error(request, f"no such file: {name!r}", 404)
-        resource = _frontend_dir().joinpath(clean)
-        if not resource.is_file():
-            return _error(request, f"no such file: {name!r}", 404)
-        body = resource.read_bytes()
-        return http_util.Respond(request, body, _STATIC_TYPES.get(ext) or mimetypes.guess_type(clean)[0])
+        # Only plain file names directly in the frontend folder: no "..", no sub-paths,
+        # no absolute paths, no backslashes, no hidden files, only known extensions.
+        ext = posixpath.splitext(name)[1]
+        if not _STATIC_NAME_RE.match(name) or ".." in name or ext not in _STATIC_TYPES:
+            return _error(request, "no such file", 404)
+        folder = _frontend_dir()
+        if folder is None:
+            return _error(request, "the dashboard files are missing from this installation", 404)
+        path = (folder / name).resolve()
+        if path.parent != folder.resolve() or not path.is_file():
+            return _error(request, "no such file", 404)
+        return http_util.Respond(request, path.read_bytes(), _STATIC_TYPES[ext])
 
     # ------------------------------------------------------------------ data
     @wrappers.Request.application
