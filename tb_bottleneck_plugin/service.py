@@ -1,13 +1,19 @@
 """Keeps the analysed state of one logdir, off TensorBoard's request path.
 
 - A background thread rescans the logdir (one flat listing) every `rescan_seconds`
-  and on demand; new or changed spans are analysed in a bounded thread pool, so one
-  huge run never blocks the others and nothing is loaded twice.
+  and on demand; new or changed spans are analysed in a bounded thread pool
+  (`max_workers` threads), and nothing is loaded twice.
+- Scheduling is fair across runs: the next free worker takes a span of the run the
+  tab asked for last, else of the run with the fewest loads in flight (round-robin
+  among equals), and one run never holds more than ``max_workers - 1`` workers, so a
+  huge run with many spans never keeps a new or small run waiting.
 - Each span's result (report, memory curves, kernel table) is kept in memory and on
   disk (`DiskCache`), keyed by the file's URL, its fingerprint (size + mtime or GCS
-  generation) and ANALYSIS_VERSION: a TensorBoard restart shows analysed runs at once.
-- A file that ends early (still being written) is retried on later scans instead of
-  being reported broken for ever; a run whose files disappear disappears.
+  generation) and ANALYSIS_VERSION. Cache hits are served by the scan thread itself,
+  so a TensorBoard restart shows analysed runs right after the first listing.
+- A file that ends early (still being written) is retried when it changes (and up
+  to `SAME_FILE_RETRIES` times on later scans even if it does not) instead of being
+  reported broken for ever; a run whose files disappear disappears.
 Requests only read this state; they never touch storage.
 """
 from __future__ import annotations
@@ -18,10 +24,11 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Deque, Dict, List, Optional, Tuple
 
 from . import discovery, report
 from .errors import BottleneckError, TruncatedTraceError
@@ -32,6 +39,9 @@ log = logging.getLogger(__name__)
 ANALYSIS_VERSION = f"{report.SCHEMA_VERSION}.1"
 
 DEFAULT_CACHE_BYTES = 512 << 20
+# A truncated file whose fingerprint does not change is analysed again this many times
+# (on later scans) before it is left alone; any change of the file retries it again.
+SAME_FILE_RETRIES = 2
 
 
 def default_cache_dir() -> Path:
@@ -64,25 +74,38 @@ class DiskCache:
     def put(self, key: str, value: dict) -> None:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            tmp = self.directory / f"{key}.json.tmp{threading.get_ident()}"
+            # pid + thread: two TensorBoards may share one cache directory
+            tmp = self.directory / f"{key}.json.tmp{os.getpid()}.{threading.get_ident()}"
             tmp.write_text(json.dumps(value, allow_nan=True))
             os.replace(tmp, self.directory / f"{key}.json")
-            self._prune()
-        except OSError as exc:  # a read-only or full disk must not break the tab
+            self._prune(keep=key)
+        except (OSError, TypeError, ValueError) as exc:  # a read-only or full disk must not break the tab
             log.warning("bottlenecks: cannot write the report cache in %s: %s", self.directory, exc)
 
-    def _prune(self) -> None:
+    def _prune(self, keep: Optional[str] = None) -> None:
+        """Evict least recently used entries until the total fits in ``max_bytes``
+        (the entry just written is kept even if it alone is larger)."""
         with self._lock:
-            files = [(p.stat().st_mtime, p.stat().st_size, p) for p in self.directory.glob("*.json")]
+            files = []
+            for path in self.directory.glob("*.json"):
+                try:
+                    st = path.stat()
+                except OSError:  # removed meanwhile (another process pruned it)
+                    continue
+                files.append((st.st_mtime, st.st_size, path))
             total = sum(size for _, size, _ in files)
             for _, size, path in sorted(files, key=lambda f: f[0]):
                 if total <= self.max_bytes:
                     break
+                if path.stem == keep:
+                    continue
                 try:
                     path.unlink()
-                    total -= size
-                except OSError:
+                except FileNotFoundError:
                     pass
+                except OSError:
+                    continue
+                total -= size
 
 
 @dataclass
@@ -90,7 +113,8 @@ class SpanState:
     state: str = "queued"  # queued | loading | ready | error
     progress: float = 0.0
     error: Optional[str] = None
-    retry: bool = False  # a truncated file: analyse again on the next scan
+    retry: bool = False  # a truncated file: analysed again when it changes (or on a later scan)
+    attempts: int = 0  # analyses of this fingerprint that ended in a truncated-file error
     fingerprint: str = ""
     result: Optional[dict] = None  # {"report", "memory", "kernels"}
 
@@ -105,12 +129,16 @@ class Analyzer:
     """The analysed state of one logdir (local path or fsspec URL)."""
 
     def __init__(self, logdir: str, *, cache_dir=None, max_workers: int = 2,
-                 rescan_seconds: float = 30.0, analyze_span: Optional[Callable] = None):
+                 rescan_seconds: float = 30.0, analyze_span: Optional[Callable] = None,
+                 cache_max_bytes: int = DEFAULT_CACHE_BYTES):
         self.logdir = logdir
         self.rescan_seconds = rescan_seconds
+        self.max_workers = max(1, int(max_workers))
+        # one run holds at most this many workers, so another run always finds one free
+        self.per_run_limit = max(1, self.max_workers - 1)
         self._analyze_span = analyze_span or report.analyze_span
-        self._cache = DiskCache(cache_dir) if cache_dir else None
-        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="bottlenecks-load")
+        self._cache = DiskCache(cache_dir, max_bytes=cache_max_bytes) if cache_dir else None
+        self._pool = ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="bottlenecks-load")
         self._lock = threading.RLock()
         self._logdir_obj: Optional[discovery.Logdir] = None
         self._spans: Dict[str, SpanState] = {}  # by span URL
@@ -121,17 +149,30 @@ class Analyzer:
         self._wake = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._stopped = False
+        # scheduler: queued loads per run, loads in flight per run, busy pool workers
+        self._queues: Dict[str, Deque[tuple]] = {}
+        self._inflight: Dict[str, int] = {}
+        self._rr: Deque[str] = deque()  # round-robin order of runs
+        self._wanted: Optional[str] = None  # the run the tab asked for last
+        self._workers_busy = 0
         self.parse_count = 0  # trace files actually parsed (not served from a cache)
+        self.cache_hits = 0  # spans served from the disk cache
+        self.scan_count = 0  # finished scans (ok or error)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
+        if self._thread is not None or self._stopped:
+            return
         with self._lock:
-            if self._thread is None:
+            if self._thread is None and not self._stopped:
                 self._thread = threading.Thread(target=self._scan_loop, daemon=True, name="bottlenecks-scan")
                 self._thread.start()
 
     def stop(self) -> None:
-        self._stopped = True
+        with self._lock:
+            self._stopped = True
+            self._queues.clear()
+            self._rr.clear()
         self._wake.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -149,14 +190,27 @@ class Analyzer:
                 busy = self._scanned_at is None or any(s.state in ("queued", "loading") for s in self._spans.values())
             if not busy:
                 return True
-            time.sleep(0.05)
+            time.sleep(0.02)
+        return False
+
+    def wait_scan(self, timeout: float = 60.0) -> bool:
+        """Ask for a scan and block until it finished (tests)."""
+        with self._lock:
+            target = self.scan_count + 1 if self._scan_state != "scanning" else self.scan_count + 2
+        self.rescan()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self.scan_count >= target:
+                    return True
+            time.sleep(0.01)
         return False
 
     def _scan_loop(self) -> None:
         while not self._stopped:
+            self._wake.clear()
             self._scan_once()
             self._wake.wait(self.rescan_seconds)
-            self._wake.clear()
 
     def _scan_once(self) -> None:
         with self._lock:
@@ -164,60 +218,153 @@ class Analyzer:
         try:
             found = discovery.scan_logdir(self.logdir)
         except BottleneckError as exc:
-            with self._lock:
-                self._scan_state, self._scan_error = "error", str(exc)
-                self._scanned_at = time.time()
+            self._scan_failed(str(exc))
             return
         except Exception as exc:  # never let a scan bug kill the thread
             log.exception("bottlenecks: scanning %s failed", self.logdir)
-            with self._lock:
-                self._scan_state, self._scan_error = "error", f"{self.logdir}: {exc}"
-                self._scanned_at = time.time()
+            self._scan_failed(f"{self.logdir}: {exc}")
             return
+        todo = []
         with self._lock:
-            self._logdir_obj = found
-            self._scan_state, self._scan_error = "ok", None
-            self._scanned_at = time.time()
             alive = set()
+            changed = self._logdir_obj is None or found.runs != self._logdir_obj.runs
             for run in found.runs:
                 for worker in run.workers:
                     for span in worker.spans:
                         alive.add(span.url)
-                        self._consider(run, span)
+                        state = self._consider(span)
+                        if state is not None:
+                            todo.append((run, span, state))
+        # Disk-cache hits are served here, before the run is listed, so a restarted
+        # TensorBoard shows analysed runs as ready from its first answer.
+        misses = [(run, span, state) for run, span, state in todo if not self._from_cache(span, state)]
+        with self._lock:
             for url in list(self._spans):
                 if url not in alive:
                     del self._spans[url]  # deleted files (and runs) disappear
-            self._summaries.clear()
+            if changed:
+                self._summaries.clear()
+            self._logdir_obj = found
+            self._scan_state, self._scan_error = "ok", None
+            self._scanned_at = time.time()
+            self.scan_count += 1
+            for run, span, state in misses:
+                self._queues.setdefault(run.name, deque()).append((run, span, state))
+                if run.name not in self._rr:
+                    self._rr.append(run.name)
+            self._kick()
 
-    def _consider(self, run, span) -> None:
+    def _scan_failed(self, message: str) -> None:
+        with self._lock:
+            self._scan_state, self._scan_error = "error", message
+            self._scanned_at = time.time()
+            self.scan_count += 1
+
+    def _consider(self, span) -> Optional[SpanState]:
+        """A new SpanState to load for ``span``, or None when its state stands (lock held)."""
         state = self._spans.get(span.url)
-        if state is not None and state.fingerprint == span.fingerprint and not state.retry:
-            return
-        if state is not None and state.state in ("queued", "loading"):
-            return  # never two loads of one file
-        state = SpanState(fingerprint=span.fingerprint)
+        if state is not None:
+            if state.state in ("queued", "loading"):
+                return None  # never two loads of one file (a change is seen on the next scan)
+            if state.fingerprint == span.fingerprint:
+                if not state.retry or state.attempts > SAME_FILE_RETRIES:
+                    return None
+                attempts = state.attempts  # truncated and unchanged: retry, a bounded number of times
+            else:
+                attempts = 0
+        else:
+            attempts = 0
+        state = SpanState(fingerprint=span.fingerprint, attempts=attempts)
         self._spans[span.url] = state
-        self._pool.submit(self._load, run, span, state)
+        return state
+
+    def _from_cache(self, span, state: SpanState) -> bool:
+        if self._cache is None:
+            return False
+        cached = self._cache.get(DiskCache.key(span.url, span.fingerprint))
+        if cached is None:
+            return False
+        with self._lock:
+            state.result, state.state, state.progress = cached, "ready", 1.0
+            self.cache_hits += 1
+        return True
+
+    # ------------------------------------------------------------------ scheduling
+    def _kick(self) -> None:
+        """Start pool workers while some are free and a load may start (lock held)."""
+        while (not self._stopped and self._workers_busy < self.max_workers
+               and self._has_startable()):
+            self._workers_busy += 1
+            try:
+                self._pool.submit(self._work)
+            except RuntimeError:  # the pool was shut down (stop())
+                self._workers_busy -= 1
+                return
+
+    def _startable(self, name: str) -> bool:
+        return bool(self._queues.get(name)) and self._inflight.get(name, 0) < self.per_run_limit
+
+    def _has_startable(self) -> bool:
+        return any(self._startable(name) for name in self._rr)
+
+    def _next_job(self) -> Optional[tuple]:
+        """The next load (lock held): the run the tab asked for last first; otherwise
+        the run with the fewest loads in flight, round-robin among equals; never more
+        than ``per_run_limit`` loads of one run at a time."""
+        while True:
+            candidates = [name for name in self._rr if self._startable(name)]
+            if not candidates:
+                return None
+            if self._wanted in candidates:
+                name = self._wanted
+            else:
+                name = min(candidates, key=lambda n: self._inflight.get(n, 0))  # min: first in rr order
+            self._rr.remove(name)
+            queue = self._queues[name]
+            job = queue.popleft()
+            if queue:
+                self._rr.append(name)  # to the back: round-robin
+            else:
+                del self._queues[name]
+            run, span, state = job
+            if self._spans.get(span.url) is not state or state.state != "queued":
+                continue  # superseded (file changed or deleted) while queued
+            self._inflight[name] = self._inflight.get(name, 0) + 1
+            state.state = "loading"
+            return job
+
+    def _work(self) -> None:
+        """One pool worker: load spans until nothing may start, then give the slot back."""
+        while True:
+            with self._lock:
+                job = None if self._stopped else self._next_job()
+                if job is None:
+                    self._workers_busy -= 1
+                    return
+            run, span, state = job
+            try:
+                self._load(run, span, state)
+            finally:
+                with self._lock:
+                    left = self._inflight.get(run.name, 1) - 1
+                    if left > 0:
+                        self._inflight[run.name] = left
+                    else:
+                        self._inflight.pop(run.name, None)
+                    self._kick()  # a capped run's next span may start now
 
     def _load(self, run, span, state: SpanState) -> None:
-        key = DiskCache.key(span.url, span.fingerprint)
-        cached = self._cache.get(key) if self._cache else None
-        if cached is not None:
-            with self._lock:
-                state.result, state.state, state.progress = cached, "ready", 1.0
-            return
-        with self._lock:
-            state.state = "loading"
-
         def progress(fraction: float) -> None:
-            state.progress = fraction
+            state.progress = min(max(float(fraction), 0.0), 1.0)
 
-        try:
+        with self._lock:
             self.parse_count += 1
+        try:
             result = self._analyze_span(self.logdir, run, span, progress=progress)
         except TruncatedTraceError as exc:
             with self._lock:
                 state.state, state.error, state.retry = "error", str(exc), True
+                state.attempts += 1
             return
         except BottleneckError as exc:
             with self._lock:
@@ -229,10 +376,9 @@ class Analyzer:
                 state.state, state.error = "error", f"{span.url}: internal error while analysing ({exc!r})"
             return
         if self._cache:
-            self._cache.put(key, result)
+            self._cache.put(DiskCache.key(span.url, span.fingerprint), result)
         with self._lock:
             state.result, state.state, state.progress = result, "ready", 1.0
-            self._summaries.clear()
 
     # ------------------------------------------------------------------ queries
     def runs_view(self) -> dict:
@@ -250,8 +396,7 @@ class Analyzer:
                     "workers": [{
                         "worker": w.name,
                         "spans": [{"span": s.name, "file": s.url, "timestamp": s.timestamp,
-                                   "state": self._spans[s.url].state if s.url in self._spans else "queued",
-                                   "error": self._spans[s.url].error if s.url in self._spans else None}
+                                   **_span_view(self._spans.get(s.url))}
                                   for s in w.spans],
                     } for w in run.workers],
                 })
@@ -269,35 +414,30 @@ class Analyzer:
             return discovery.resolve(self._logdir_obj, run, worker, span)
 
     def span_states(self, run: str, worker: Optional[str] = None, span: Optional[str] = None):
-        """[(Span, SpanState)] for the selected spans; KeyError for unknown names."""
-        self.lookup(run, worker, span)  # validates the names against the discovered set
-        with self._lock:
-            run_obj = next(r for r in self._logdir_obj.runs if r.name == run)
-            out = []
-            for w in run_obj.workers:
-                if worker is not None and w.name != worker:
-                    continue
-                for s in w.spans:
-                    if span is not None and s.name != span:
-                        continue
-                    out.append((w, s, self._spans.get(s.url) or SpanState()))
-            return out
+        """[(Worker, Span, SpanState)] for the selected spans; KeyError for unknown names
+        (names are looked up in the discovered set only)."""
+        with self._lock:  # one lock: a scan may replace the discovered set meanwhile
+            selection = self.lookup(run, worker, span)
+            return [(w, s, self._spans.get(s.url) or SpanState()) for w, s in selection.items]
 
     def result(self, run: str, worker: Optional[str] = None, span: Optional[str] = None) -> dict:
         """{"state": "loading"|"error"|"ready", ...}: for one span its result, for a
-        worker or run the combined report over all its ready spans."""
+        worker or run the combined report over all its ready spans. Never starts a
+        load (scans do); a run asked for while loading goes first in the queue."""
         selected = self.span_states(run, worker, span)
         states = [st for _, _, st in selected]
-        state = _combined_state(states)
-        if state in ("loading", "queued") or any(st.state in ("loading", "queued") for st in states):
+        if any(st.state in ("loading", "queued") for st in states):
+            with self._lock:
+                self._wanted = run
             return {"state": "loading", "progress": round(sum(st.progress for st in states) / max(1, len(states)), 3)}
         ready = [(w, s, st) for w, s, st in selected if st.state == "ready"]
-        errors = [{"file": s.url, "error": st.error} for _, s, st in selected if st.state == "error"]
+        errors = [{"file": s.url, "error": st.error, "retry": st.retry}
+                  for _, s, st in selected if st.state == "error"]
         if not ready:
             return {"state": "error", "error": errors[0]["error"] if errors else "no trace files", "errors": errors}
         if len(selected) == 1:
             return {"state": "ready", **ready[0][2].result, "errors": errors}
-        key = (run, worker, span, tuple(st.fingerprint for _, _, st in ready))
+        key = (run, worker, span, tuple((s.url, st.fingerprint) for _, s, st in ready))
         with self._lock:
             cached = self._summaries.get(key)
         if cached is None:
@@ -317,3 +457,10 @@ def _combined_state(states: List[SpanState]) -> str:
     if kinds == {"error"}:
         return "error"
     return "ready"
+
+
+def _span_view(state: Optional[SpanState]) -> dict:
+    if state is None:
+        return {"state": "queued", "progress": 0.0, "error": None, "retry": False}
+    return {"state": state.state, "progress": round(state.progress, 3), "error": state.error,
+            "retry": state.retry}
