@@ -85,11 +85,10 @@ class BottlenecksPlugin(base_plugin.TBPlugin):
         # background scan finishes, a configured logdir counts as active.
         if self.analyzer is None:
             return False
-        self.analyzer.start()
-        view = self.analyzer.runs_view()
-        if view["scan"]["state"] in ("pending", "scanning") and view["scan"]["scanned_at"] is None:
+        state, scanned_at, runs = self.analyzer.activity()  # starts the scan thread, reads state
+        if scanned_at is None:
             return True
-        return bool(view["runs"]) or view["scan"]["state"] == "error"
+        return runs > 0 or state == "error"
 
     def frontend_metadata(self):
         return base_plugin.FrontendMetadata(es_module_path="/index.js", tab_name="Bottlenecks",
@@ -145,6 +144,9 @@ class BottlenecksPlugin(base_plugin.TBPlugin):
         try:
             result = self.analyzer.result(run, worker, span)
         except KeyError:
+            if self.analyzer.activity()[1] is None:  # not scanned yet: the name may well exist
+                return None, http_util.Respond(request, {"state": "loading", "progress": 0.0, "scan": "pending"},
+                                               "application/json", code=202)
             what = f"run {run!r}" + (f", worker {worker!r}" if worker else "") + (f", span {span!r}" if span else "")
             return None, _error(request, f"unknown {what} (not among the runs found in the logdir)", 404)
         if result["state"] == "loading":

@@ -406,6 +406,14 @@ class Analyzer:
                 "runs": runs,
             }
 
+    def activity(self) -> Tuple[str, Optional[float], int]:
+        """(scan state, time of the last finished scan or None, number of runs): cheap,
+        for TensorBoard's is_active() which runs on every dashboard load."""
+        self.start()
+        with self._lock:
+            runs = len(self._logdir_obj.runs) if self._logdir_obj is not None else 0
+            return self._scan_state, self._scanned_at, runs
+
     def lookup(self, run: str, worker: Optional[str] = None, span: Optional[str] = None):
         """The discovered run/workers/spans for the names of a request (KeyError if unknown)."""
         with self._lock:

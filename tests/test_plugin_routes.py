@@ -380,9 +380,11 @@ def test_is_active_is_instant_and_never_touches_storage(harnesses, logdir, tmp_p
     real_scan = discovery.scan_logdir
     main = threading.get_ident()
 
+    listing_may_finish = threading.Event()
+
     def slow_scan(path, **kwargs):
         calls.append(threading.get_ident())
-        time.sleep(0.3)  # a slow bucket
+        assert listing_may_finish.wait(10)  # a slow bucket
         return real_scan(path, **kwargs)
 
     monkeypatch.setattr(discovery, "scan_logdir", slow_scan)
@@ -400,12 +402,16 @@ def test_is_active_is_instant_and_never_touches_storage(harnesses, logdir, tmp_p
     t0 = time.perf_counter()
     assert h.plugin.is_active() is True  # before the first scan: a logdir counts as active
     elapsed = time.perf_counter() - t0
-    assert elapsed < 0.05
+    assert elapsed < 0.2  # the listing is still blocked: nothing waited for it
     for _ in range(50):
         t0 = time.perf_counter()
-        h.plugin.is_active()
-        assert time.perf_counter() - t0 < 0.05
+        assert h.plugin.is_active() is True
+        assert time.perf_counter() - t0 < 0.2
+    # before the first listing a run name cannot be checked yet: "loading", not 404
+    assert h.json("report", expect=202, run="cpu") == {"state": "loading", "progress": 0.0, "scan": "pending"}
+    assert h.json("runs")["scan"]["scanned_at"] is None
     assert main not in calls and main not in storage_calls  # never on the request thread
+    listing_may_finish.set()
     assert h.plugin.analyzer.wait_idle(30)
     assert calls and all(c != main for c in calls)
     assert h.plugin.is_active() is True
