@@ -169,3 +169,13 @@ def test_worker_summary_is_a_ratio_of_sums_over_spans():
     utils = [r["report"]["gpu"]["0"]["utilization_pct"] for r in results]
     assert summary["gpu"]["0"]["utilization_pct"] == pytest.approx(
         sum(u * w for u, w in zip(utils, windows)) / sum(windows))
+
+
+def test_pageable_evidence_counts_host_to_device_copies_only():
+    """control.json.gz copies to the host into pageable memory (DtoH) but loads its input
+    from pinned memory: no pin_memory advice there; resnet50 copies HtoD from pageable."""
+    control = span_result(TRACES / "hta/trace_diff/control/control.json.gz")["report"]
+    assert control["input"]["evidence"]["pageable_h2d_copies"] == 0
+    assert "pageable_h2d" not in [r["rule"] for r in control["recommendations"]]
+    resnet = span_result(sorted(RESNET0.iterdir())[0])["report"]
+    assert resnet["input"]["evidence"]["pageable_h2d_copies"] == 12  # 'Memcpy HtoD (Pageable -> Device)'

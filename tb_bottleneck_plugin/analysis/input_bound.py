@@ -84,7 +84,7 @@ def input_bound(trace: TraceData, steps: Steps, part: Optional[Partition] = None
     iters = sorted({m.group(1) for m in map(_ITER_CLASS.match, names) if m})
     slow = np.argsort(-total, kind="stable")[:SLOWEST_STEPS]
     g = trace.gpu
-    pageable = (g.kind == GPU_MEMCPY) & np.isin(g.name, trace.string_ids(lambda s: "Pageable" in s))
+    pageable = (g.kind == GPU_MEMCPY) & np.isin(g.name, trace.string_ids(lambda s: "HtoD" in s and "Pageable" in s))
     w0, w1 = steps.window
     pageable &= (g.ts >= w0) & (g.ts < w1)
     evidence = {
