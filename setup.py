@@ -15,7 +15,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
-    packages=["tb_bottleneck_plugin", "tb_bottleneck_plugin.frontend"],
+    packages=["tb_bottleneck_plugin", "tb_bottleneck_plugin.analysis", "tb_bottleneck_plugin.frontend"],
     package_dir={
         "tb_bottleneck_plugin": "tb_bottleneck_plugin",
         "tb_bottleneck_plugin.frontend": "frontend",
