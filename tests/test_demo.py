@@ -165,3 +165,21 @@ def test_main_reports_a_missing_gpu(tmp_path, capsys):
         pytest.skip("this machine has CUDA")
     assert demo.main([str(tmp_path / "logs"), "--device", "cuda"]) == 1
     assert "torch.cuda.is_available() is False" in capsys.readouterr().err
+
+
+def test_the_project_analysis_tells_the_demo_story(demo_logdir):
+    """The real report (what the tab shows) agrees with the independent helper above:
+    the input-bound run is flagged with the DataLoader fix first, its twin is not."""
+    from tb_bottleneck_plugin import discovery, report
+
+    outdir, _ = demo_logdir
+    logdir = discovery.scan_logdir(outdir)
+    reports = {run.name: report.analyze_span(logdir.url, run, span)["report"] for run, _, span in logdir.spans()}
+    bound, fixed = reports["input_bound_nw0"], reports["input_fixed_nw4"]
+    (bound_file,) = _trace_files(os.path.join(outdir, "input_bound_nw0"))
+    assert bound["input"]["input_bound_pct"] == pytest.approx(100 * input_bound_share(_load(bound_file)), abs=0.5)
+    assert bound["input"]["verdict"] == "highly input-bound"
+    assert bound["recommendations"][0]["rule"] == "input_bound"
+    assert "num_workers" in bound["recommendations"][0]["action"]
+    assert fixed["input"]["verdict"] == "not input-bound"
+    assert "input_bound" not in [r["rule"] for r in fixed["recommendations"]]
