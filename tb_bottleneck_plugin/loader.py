@@ -617,6 +617,9 @@ def _get_pool():
                 context = multiprocessing.get_context("forkserver")
                 context.set_forkserver_preload([__name__])
             _pool = ProcessPoolExecutor(max_workers=_decode_workers(), mp_context=context)
+            import atexit
+
+            atexit.register(_drop_pool)  # shut the workers down before the interpreter tears down
         return _pool
 
 
