@@ -3,8 +3,7 @@
 // "<img src=x onerror=...>") are always shown as text. Do not add innerHTML,
 // outerHTML, insertAdjacentHTML or document.write anywhere in the frontend.
 
-// The SVG XML namespace name: an identifier, never fetched (split so no URL appears in the code).
-const SVG_NS = "http" + "://www.w3.org/2000/svg";
+const SVG_NS = "http://www.w3.org/2000/svg"; // an XML namespace name, never fetched
 
 // Attributes that must be set as DOM properties to take effect after creation.
 const PROPS = new Set(["value", "checked", "selected", "disabled", "indeterminate"]);
