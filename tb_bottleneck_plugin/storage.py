@@ -110,24 +110,24 @@ def to_url(fs, path: str) -> str:
 # ---------------------------------------------------------------------------- errors
 
 
+# (module, exception class) pairs that also mean "storage problem"; looked up only in
+# modules already imported, so checking them never imports gcsfs or its stack.
+_OPTIONAL_STORAGE_ERRORS = (
+    ("gcsfs.retry", "HttpError"),
+    ("aiohttp", "ClientError"),
+    ("google.auth.exceptions", "GoogleAuthError"),
+    ("requests", "RequestException"),
+    ("fsspec.exceptions", "FSTimeoutError"),
+)
+
+
 def _storage_exception_types() -> tuple:
     """Exception classes that mean "storage problem", without importing anything new."""
     types = [OSError, TimeoutError, ValueError]
-    mod = sys.modules.get("gcsfs.retry")
-    if mod is not None and hasattr(mod, "HttpError"):
-        types.append(mod.HttpError)
-    mod = sys.modules.get("aiohttp")
-    if mod is not None and hasattr(mod, "ClientError"):
-        types.append(mod.ClientError)
-    mod = sys.modules.get("google.auth.exceptions")
-    if mod is not None and hasattr(mod, "GoogleAuthError"):
-        types.append(mod.GoogleAuthError)
-    mod = sys.modules.get("requests")
-    if mod is not None and hasattr(mod, "RequestException"):
-        types.append(mod.RequestException)
-    mod = sys.modules.get("fsspec.exceptions")
-    if mod is not None and hasattr(mod, "FSTimeoutError"):
-        types.append(mod.FSTimeoutError)
+    for module_name, class_name in _OPTIONAL_STORAGE_ERRORS:
+        cls = getattr(sys.modules.get(module_name), class_name, None)
+        if cls is not None:
+            types.append(cls)
     return tuple(types)
 
 

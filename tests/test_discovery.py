@@ -49,13 +49,6 @@ def write(dst: Path, data: bytes) -> Path:
     return dst
 
 
-@pytest.fixture(autouse=True)
-def _fresh_sniff_cache():
-    discovery.clear_sniff_cache()
-    yield
-    discovery.clear_sniff_cache()
-
-
 @pytest.fixture
 def logdir(tmp_path: Path) -> Path:
     root = tmp_path / "logdir"

@@ -19,13 +19,6 @@ AMD = TRACES / "hta/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz"
 H100 = TRACES / "tracelens/h100/gaunernst_bert-small-uncased__1016001.json.gz"
 
 
-@pytest.fixture(autouse=True)
-def _fresh_sniff_cache():
-    discovery.clear_sniff_cache()
-    yield
-    discovery.clear_sniff_cache()
-
-
 @pytest.fixture
 def local_logdir(tmp_path: Path) -> Path:
     """Small real traces: pattern names, a renamed .json.gz and a plain .json Kineto trace,
