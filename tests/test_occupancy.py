@@ -124,13 +124,25 @@ def small_trace(tmp_path, extra=()):
 
 def test_weighted_metrics_and_window(tmp_path):
     tr = small_trace(tmp_path)
-    r = occ.kernel_occupancy(tr)
-    # (50*100 + 5*100 + 80*8) / 208
+    # Kineto's values alone (tbp's view): d's -1 is skipped. (50*100 + 5*100 + 80*8) / 208
+    r = occ.kernel_occupancy(tr, kineto_only=True)
     assert r["est_achieved_occupancy_pct"] == pytest.approx((5000 + 500 + 640) / 208)
     assert r["per_device"] == {"0": pytest.approx((5000 + 500 + 640) / 208)}
     hist = {h["bucket"]: h["pct"] for h in r["histogram"]}
     assert hist == pytest.approx({"[0,10)": 100 * 100 / 208, "[10,25)": 0, "[25,50)": 0,
                                   "[50,75)": 100 * 100 / 208, "[75,100]": 100 * 8 / 208})
+    # Shown values: Kineto's -1 means it computed none, so d gets the calculator's:
+    # 4 resident blocks (registers), blocks per SM = 80 blocks / 80 SMs ("inf" is not a
+    # number) -> 100 * min(4, 1) * 256 / 2048 = 12.5 %.
+    r = occ.kernel_occupancy(tr)
+    assert r["est_achieved_occupancy_pct"] == pytest.approx((5000 + 500 + 640 + 1250) / 308)
+    hist = {h["bucket"]: h["pct"] for h in r["histogram"]}
+    assert hist == pytest.approx({"[0,10)": 100 * 100 / 308, "[10,25)": 100 * 100 / 308, "[25,50)": 0,
+                                  "[50,75)": 100 * 100 / 308, "[75,100]": 100 * 8 / 308})
+    rows = {k["name"]: k for k in r["kernels"]}
+    assert rows["d"]["occupancy_source"] == "calculator" and rows["a"]["occupancy_source"] == "kineto"
+    assert rows["d"]["est_achieved_occupancy_pct"] == pytest.approx(12.5)
+    assert r["calculator_kernel_time_pct"] == pytest.approx(100 * 100 / 308)
     assert r["grid_too_small_pct"] == pytest.approx(100 * 100 / 208)
     sk = r["short_kernels"]
     assert sk["count"] == 2 and sk["mean_gap_us"] == pytest.approx(2.0)

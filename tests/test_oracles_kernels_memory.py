@@ -131,9 +131,39 @@ OCC = [r for r, v in REF.items() if v["torch_tb_profiler"].get("ok")
 @pytest.mark.parametrize("rel", OCC)
 def test_est_achieved_occupancy_per_device(rel):
     tr = load(rel)
-    r = kernel_occupancy(tr, find_steps(tr).window)
+    r = kernel_occupancy(tr, find_steps(tr).window, kineto_only=True)
     for dev, g in tbp(rel)["gpu"].items():
         assert r["per_device"][dev] == pytest.approx(g["est_achieved_occupancy_pct"], abs=0.1)
+
+
+# metrics.md §6 DELIBERATE DIFFERENCE: where Kineto wrote 0 for a kernel that ran (it
+# calls the occupancy calculator with the default 48 KB per-block shared memory, so a
+# kernel that opted in to more gets 0 resident blocks), the tab shows the calculator's
+# estimate. Kineto's genuine zeros (estimates below 0.5 %, rounded) stay. Measured:
+# share of clipped kernel time that takes the calculator's value, and the new mean.
+SHOWN_OCCUPANCY = {
+    "hta/nccl_parser_config/nccl_data.json.gz": ({"0": 37.79}, 48.11),  # tbp 35.31 (A100)
+    "hta/trace_diff/control/control.json.gz": ({"3": 33.58}, 13.98),  # tbp 32.46 (A100)
+    "tracelens/h100/gaunernst_bert-small-uncased__1016001.json.gz": ({"0": 6.58}, 32.19),  # tbp 4.08
+}
+
+
+@pytest.mark.parametrize("rel", OCC)
+def test_shown_occupancy_deliberate_difference(rel):
+    tr = load(rel)
+    r = kernel_occupancy(tr, find_steps(tr).window)
+    if rel in SHOWN_OCCUPANCY:
+        per_device, calc_pct = SHOWN_OCCUPANCY[rel]
+        assert r["per_device"] == pytest.approx(per_device, abs=0.01)
+        assert r["calculator_kernel_time_pct"] == pytest.approx(calc_pct, abs=0.01)
+        assert any(k["occupancy_source"] == "calculator" for k in r["kernels"])
+    else:  # V100 resnet50, df_index_resolver, ns_resolution: Kineto's values, tbp's numbers
+        assert r["calculator_kernel_time_pct"] == 0.0
+        for dev, g in tbp(rel)["gpu"].items():
+            assert r["per_device"][dev] == pytest.approx(g["est_achieved_occupancy_pct"], abs=0.1)
+    # No kernel row shows Kineto's artefact 0 where the calculator has a value.
+    assert not [k for k in r["kernels"] if k["occupancy_source"] == "kineto" and k["est_achieved_occupancy_pct"] == 0
+                and (k["theoretical_occupancy_pct"] or 0) > 0 and (k["blocks_per_sm"] or 0) >= 0.1]
 
 
 def test_resnet_spans_are_in_the_occupancy_list():

@@ -97,7 +97,10 @@ def analysed(rel):
     s = find_steps(t)
     b = step_breakdown(t, s)
     ib = input_bound(t, s)
-    g, na = gpu_metrics(t, s)
+    # tbp's view of occupancy: Kineto's values alone. The tab replaces Kineto's 0 by the
+    # calculator's estimate (metrics.md §6 deliberate difference, pinned in
+    # test_oracles_kernels_memory.py::test_shown_occupancy_deliberate_difference).
+    g, na = gpu_metrics(t, s, kineto_only=True)
     return t, s, b, ib, g, na
 
 

@@ -19,6 +19,7 @@ from .. import thresholds as T
 from ..model import GPU_KERNEL, TraceData
 from . import intervals as iv
 from .linking import gpu_runtime_index
+from .occupancy import shown_occupancy
 from .steps import Steps, step_rows
 
 NA_NO_GPU = "CPU-only trace: no GPU activity"
@@ -126,7 +127,7 @@ def idle_breakdown(trace: TraceData, mask: np.ndarray, integer_us: bool = False)
             "other_us": float(gap[other].sum())}
 
 
-def gpu_metrics(trace: TraceData, steps: Steps, hta_compatible: bool = True):
+def gpu_metrics(trace: TraceData, steps: Steps, hta_compatible: bool = True, kineto_only: bool = False):
     """Per-device metrics over the steps window (§4, §6).
 
     Returns ``(gpu, not_available)``: ``gpu = {"<dev>": {"utilization_pct",
@@ -135,7 +136,9 @@ def gpu_metrics(trace: TraceData, steps: Steps, hta_compatible: bool = True):
     computed is None and named in ``not_available`` as ``gpu.<dev>.<metric>``.
     ``hta_compatible`` selects the GPU rows of the idle breakdown with hta_gpu_mask
     (HTA drops the last step) and truncates times to whole µs as HTA does; otherwise all
-    GPU activity counts, at full resolution."""
+    GPU activity counts, at full resolution. The occupancy of each kernel is the one
+    shown in the kernel table (occupancy.shown_occupancy; ``kineto_only``: Kineto's
+    values alone, torch-tb-profiler's view)."""
     not_available: Dict[str, str] = {}
     out: Dict[str, dict] = {}
     g = trace.gpu
@@ -147,6 +150,7 @@ def gpu_metrics(trace: TraceData, steps: Steps, hta_compatible: bool = True):
     weights = clipped_kernel_weights(trace, (lo, hi)) if win > 0 else np.zeros(len(g))
     sel_idle = hta_gpu_mask(trace) if hta_compatible else np.ones(len(g), bool)
     is_k = g.kind == GPU_KERNEL
+    shown, _, _ = shown_occupancy(trace, kineto_only)
     for dev in trace.devices:
         key = str(dev)
         on = g.device == dev
@@ -167,7 +171,7 @@ def gpu_metrics(trace: TraceData, steps: Steps, hta_compatible: bool = True):
             else:
                 m["est_sm_efficiency_pct"] = None
                 not_available[f"gpu.{key}.est_sm_efficiency_pct"] = NA_NO_BLOCKS_PER_SM
-            occ = g.achieved_occupancy_pct[k]
+            occ = shown[k]
             w = weights[k]
             good = np.isfinite(occ) & (occ >= 0)
             if not good.any():

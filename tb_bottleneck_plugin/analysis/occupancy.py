@@ -73,27 +73,75 @@ def _ceil_div(a, b):
     return -(-a // b)
 
 
+# Plausible ranges of the deviceProperties the calculator reads: a value outside its
+# range, not an integer, or a bool is unknown (a hostile or broken trace must give n/a
+# with a reason, never an exception or an overflow in int64 arithmetic).
+_PROP_RANGES = {
+    "computeMajor": (1, 100), "computeMinor": (0, 100), "warpSize": (1, 1024),
+    "maxThreadsPerMultiprocessor": (1, 1 << 16), "regsPerMultiprocessor": (1, 1 << 24),
+    "regsPerBlock": (1, 1 << 24), "sharedMemPerMultiprocessor": (1, 1 << 30),
+    "maxSharedMemoryPerMultiProcessor": (1, 1 << 30), "sharedMemPerBlock": (1, 1 << 30),
+    "sharedMemPerBlockOptin": (1, 1 << 30), "numSms": (1, 1 << 20),
+}
+_REQUIRED_PROPS = ("computeMajor", "warpSize", "maxThreadsPerMultiprocessor", "regsPerMultiprocessor")
+
+
+def prop_int(props, key: str) -> Optional[int]:
+    """``props[key]`` as an int when it is an integral number inside its plausible range
+    (``_PROP_RANGES``), else None (missing, "-", 1e30, 0, negative, NaN, bool)."""
+    v = props.get(key) if isinstance(props, dict) else None
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        return None
+    if isinstance(v, (float, np.floating)) and (not np.isfinite(v) or v != int(v)):
+        return None
+    v = int(v)
+    lo, hi = _PROP_RANGES.get(key, (0, 1 << 62))
+    return v if lo <= v <= hi else None
+
+
+def calculator_properties(props) -> Tuple[Optional[dict], Optional[str]]:
+    """The deviceProperties the calculator needs, validated: ``(values, None)`` or
+    ``(None, reason)`` naming the unknown properties. Optional ones fall back: a missing
+    ``computeMinor`` is 0, ``regsPerBlock`` the SM's register file, ``sharedMemPerBlock``
+    the SM's shared memory, ``sharedMemPerBlockOptin`` ``sharedMemPerBlock``."""
+    if not isinstance(props, dict):
+        return None, "no deviceProperties entry for this device"
+    vals = {k: prop_int(props, k) for k in _PROP_RANGES}
+    smem_sm = vals["sharedMemPerMultiprocessor"] or vals["maxSharedMemoryPerMultiProcessor"]
+    missing = [k for k in _REQUIRED_PROPS if vals[k] is None] + ([] if smem_sm else ["sharedMemPerMultiprocessor"])
+    if missing:
+        return None, ("deviceProperties lack a valid " + ", ".join(f"'{k}'" for k in missing)
+                      + ": the occupancy calculator cannot run")
+    if vals["warpSize"] > vals["maxThreadsPerMultiprocessor"]:
+        return None, "deviceProperties 'warpSize' exceeds 'maxThreadsPerMultiprocessor': the occupancy calculator cannot run"
+    regs_sm = vals["regsPerMultiprocessor"]
+    smem_default = vals["sharedMemPerBlock"] or smem_sm
+    return {"major": vals["computeMajor"], "minor": vals["computeMinor"] or 0, "warp": vals["warpSize"],
+            "max_threads_sm": vals["maxThreadsPerMultiprocessor"], "regs_sm": regs_sm,
+            "regs_block": vals["regsPerBlock"] or regs_sm, "smem_sm": smem_sm, "smem_default": smem_default,
+            "smem_optin": vals["sharedMemPerBlockOptin"] or smem_default, "num_sms": vals["numSms"]}, None
+
+
 def occupancy_calculator(props: dict, threads, registers, shared_memory,
                          per_block_limit: str = "optin") -> Dict[str, np.ndarray]:
     """Theoretical resident blocks per SM for launches on one device (arrays in, arrays
-    out). ``props`` is one ``deviceProperties`` entry of the trace.
+    out). ``props`` is one ``deviceProperties`` entry of the trace; ValueError when its
+    properties are unusable (see ``calculator_properties``).
 
     ``per_block_limit``: the most shared memory one block may use. "optin" (default):
     ``sharedMemPerBlockOptin`` -- the kernel did launch, so a block above 48 KB had
     opted in. "default": ``sharedMemPerBlock`` (48 KB), which is what Kineto passes to
     the calculator (``FUNC_SHMEM_LIMIT_DEFAULT``), so such kernels get 0 blocks there."""
-    threads = np.asarray(threads, dtype=np.int64)
-    regs = np.maximum(np.asarray(registers, dtype=np.int64), 0)
-    smem = np.maximum(np.asarray(shared_memory, dtype=np.int64), 0)
-    major, minor = int(props.get("computeMajor", 0)), int(props.get("computeMinor", 0))
-    warp = int(props.get("warpSize", 32)) or 32
-    max_threads_sm = int(props.get("maxThreadsPerMultiprocessor", 2048))
-    regs_sm = int(props.get("regsPerMultiprocessor", 65536))
-    regs_block = int(props.get("regsPerBlock", regs_sm))
-    smem_sm = int(props.get("sharedMemPerMultiprocessor", props.get("maxSharedMemoryPerMultiProcessor", 0)))
-    smem_default = int(props.get("sharedMemPerBlock", smem_sm) or smem_sm)
-    smem_optin = int(props.get("sharedMemPerBlockOptin", smem_default) or smem_default)
-    smem_limit = smem_default if per_block_limit == "default" else max(smem_optin, smem_default)
+    p, reason = calculator_properties(props)
+    if p is None:
+        raise ValueError(reason)
+    # Clip the per-kernel inputs to sane ranges so int64 arithmetic cannot overflow.
+    threads = np.clip(np.asarray(threads, dtype=np.int64), 0, 1 << 20)
+    regs = np.clip(np.asarray(registers, dtype=np.int64), 0, 1 << 20)
+    smem = np.clip(np.asarray(shared_memory, dtype=np.int64), 0, 1 << 40)
+    major, minor, warp = p["major"], p["minor"], p["warp"]
+    max_threads_sm, regs_sm, regs_block, smem_sm = p["max_threads_sm"], p["regs_sm"], p["regs_block"], p["smem_sm"]
+    smem_limit = p["smem_default"] if per_block_limit == "default" else max(p["smem_optin"], p["smem_default"])
 
     warps_block = np.maximum(_ceil_div(threads, warp), 1)
     by_warps = (max_threads_sm // warp) // warps_block
@@ -131,8 +179,113 @@ def kineto_estimate(props: dict, threads, registers, shared_memory, blocks_per_s
     calc = occupancy_calculator(props, threads, registers, shared_memory, per_block_limit="default")
     f32 = np.float32
     b = np.minimum(calc["active_blocks"].astype(f32), np.asarray(blocks_per_sm, dtype=f32))
-    occ = b * np.asarray(threads, f32) / f32(int(props.get("maxThreadsPerMultiprocessor", 2048)))
+    max_threads_sm = calculator_properties(props)[0]["max_threads_sm"]
+    occ = b * np.asarray(threads, f32) / f32(max_threads_sm)
     return np.floor(occ.astype(np.float64) * 100.0 + 0.5)
+
+
+# occupancy_source of a kernel's shown est. achieved occupancy (metrics §6).
+SOURCE_NONE, SOURCE_KINETO, SOURCE_CALCULATOR = 0, 1, 2
+SOURCE_NAMES = {SOURCE_NONE: None, SOURCE_KINETO: "kineto", SOURCE_CALCULATOR: "calculator"}
+# Kineto writes a whole percent: a true estimate below this rounds to its 0.
+KINETO_ROUNDS_TO_ZERO_PCT = 0.5
+
+
+def calculator_estimate(props: dict, threads, registers, shared_memory, blocks_per_sm, grid_blocks
+                        ) -> np.ndarray:
+    """Kineto's formula with the calculator run as the kernel launched (opt-in shared
+    memory): ``100 * min(resident blocks per SM, blocks per SM) * threads / max threads
+    per SM``, unrounded. ``blocks per SM`` is the trace's where it is a positive number,
+    else grid blocks / numSms. NaN where it cannot be computed (no block size, no blocks
+    per SM, or the calculator says the kernel could not launch). ValueError for unusable
+    ``props``."""
+    p, reason = calculator_properties(props)
+    if p is None:
+        raise ValueError(reason)
+    threads = np.asarray(threads, dtype=np.int64)
+    regs = np.asarray(registers, dtype=np.int64)
+    smem = np.asarray(shared_memory, dtype=np.int64)
+    bps = np.asarray(blocks_per_sm, dtype=np.float64)
+    grid_blocks = np.asarray(grid_blocks, dtype=np.float64)
+    if p["num_sms"]:
+        bps = np.where(np.isfinite(bps) & (bps > 0), bps,
+                       np.where(grid_blocks > 0, grid_blocks / p["num_sms"], np.nan))
+    else:
+        bps = np.where(np.isfinite(bps) & (bps > 0), bps, np.nan)
+    ok = (threads > 0) & (regs >= 0) & (smem >= 0) & np.isfinite(bps)
+    out = np.full(len(threads), np.nan)
+    if ok.any():
+        calc = occupancy_calculator(props, threads[ok], regs[ok], smem[ok])
+        active = calc["active_blocks"].astype(np.float64)
+        est = 100.0 * np.minimum(active, bps[ok]) * threads[ok] / p["max_threads_sm"]
+        out[ok] = np.where(active > 0, est, np.nan)
+    return out
+
+
+def device_properties(trace: TraceData) -> Dict[int, dict]:
+    """deviceProperties by device id; entries whose ``id`` is not an integer use their
+    position (never raises on a malformed entry)."""
+    out: Dict[int, dict] = {}
+    for i, p in enumerate(trace.meta.device_properties or []):
+        if not isinstance(p, dict):
+            continue
+        pid = p.get("id", i)
+        if isinstance(pid, bool) or not isinstance(pid, (int, np.integer)) or not -(1 << 31) <= pid < (1 << 31):
+            pid = i
+        out.setdefault(int(pid), p)
+    return out
+
+
+def shown_occupancy(trace: TraceData, kineto_only: bool = False) -> Tuple[np.ndarray, np.ndarray, Dict[int, str]]:
+    """The est. achieved occupancy % the plugin shows per row of ``trace.gpu``
+    (metrics §6): Kineto's value where Kineto computed one; the calculator's
+    (``calculator_estimate``) where Kineto's is missing or negative, or is 0 although
+    the calculator's estimate is >= ``KINETO_ROUNDS_TO_ZERO_PCT`` (Kineto called the
+    calculator with the default 48 KB per-block shared memory, so a kernel that opted in
+    to more got 0 resident blocks; a kernel that ran had at least one).
+
+    Returns ``(pct, source, reasons)``: pct NaN where unknown (and for non-kernels);
+    source SOURCE_*; reasons: device id -> why the calculator could not run there.
+    ``kineto_only``: Kineto's values alone (torch-tb-profiler's view)."""
+    g = trace.gpu
+    kin = g.achieved_occupancy_pct
+    is_k = g.kind == GPU_KERNEL
+    has_kin = is_k & np.isfinite(kin) & (kin >= 0)
+    pct = np.where(has_kin, kin, np.nan)
+    source = np.where(has_kin, SOURCE_KINETO, SOURCE_NONE).astype(np.int8)
+    reasons: Dict[int, str] = {}
+    if kineto_only:
+        return pct, source, reasons
+    want = is_k & (~has_kin | (kin == 0))
+    if not want.any() or _is_rocm(trace):
+        return pct, source, reasons
+    props_by_id = device_properties(trace)
+    threads = _threads(g)
+    grid_blocks = np.where((g.grid_x > 0) & (g.grid_y > 0) & (g.grid_z > 0),
+                           np.clip(g.grid_x, 0, 1 << 31).astype(np.float64) * np.clip(g.grid_y, 0, 1 << 31)
+                           * np.clip(g.grid_z, 0, 1 << 31), np.nan)
+    for d in np.unique(g.device[want]):
+        rows = np.flatnonzero(want & (g.device == d))
+        props = props_by_id.get(int(d))
+        p, reason = calculator_properties(props)
+        if p is None:
+            reasons[int(d)] = reason
+            continue
+        est = calculator_estimate(props, threads[rows], g.registers_per_thread[rows], g.shared_memory[rows],
+                                  g.blocks_per_sm[rows], grid_blocks[rows])
+        kr = kin[rows]
+        use = np.isfinite(est) & (~has_kin[rows] | ((kr == 0) & (est >= KINETO_ROUNDS_TO_ZERO_PCT)))
+        pct[rows[use]] = est[use]
+        source[rows[use]] = SOURCE_CALCULATOR
+    return pct, source, reasons
+
+
+def _threads(g) -> np.ndarray:
+    """Threads per block per GPU row; -1 where the block dims are not all positive."""
+    ok = (g.block_x > 0) & (g.block_y > 0) & (g.block_z > 0)
+    bx, by, bz = (np.clip(a, 0, 1 << 20) for a in (g.block_x, g.block_y, g.block_z))
+    t = bx * by * bz
+    return np.where(ok & (t <= 1 << 20), t, -1)
 
 
 def clipped_weights(ts: np.ndarray, dur: np.ndarray, window: Optional[Tuple[float, float]]) -> np.ndarray:
@@ -145,17 +298,19 @@ def clipped_weights(ts: np.ndarray, dur: np.ndarray, window: Optional[Tuple[floa
 
 def _is_rocm(trace: TraceData) -> bool:
     props = trace.meta.device_properties
-    return any(int(p.get("warpSize", 32) or 32) == 64 or "maxSharedMemoryPerMultiProcessor" in p
-               or "AMD" in str(p.get("name", "")) for p in props)
+    return any(isinstance(p, dict) and (prop_int(p, "warpSize") == 64 or "maxSharedMemoryPerMultiProcessor" in p
+                                        or "AMD" in str(p.get("name", ""))) for p in props or [])
 
 
-def _not_available_reason(trace: TraceData, has_kernels: bool) -> str:
+def _not_available_reason(trace: TraceData, has_kernels: bool, calc_reasons: Optional[Dict[int, str]] = None) -> str:
     if not has_kernels:
         return "no GPU kernels in the trace (CPU-only)"
     if _is_rocm(trace):
         return "trace has no occupancy fields (ROCm kernels carry no registers, shared memory or occupancy)"
     if not np.isfinite(trace.gpu.blocks_per_sm[trace.gpu.kind == GPU_KERNEL]).any():
         return "trace has no occupancy fields (kernels have no 'blocks per SM'/'est. achieved occupancy %': 2020 format)"
+    if calc_reasons:
+        return "; ".join(f"device {d}: {r}" for d, r in sorted(calc_reasons.items()))
     return "no kernel with 'est. achieved occupancy %' inside the steps window"
 
 
@@ -165,9 +320,11 @@ def _wmean(values: np.ndarray, weights: np.ndarray) -> Optional[float]:
 
 
 def kernel_occupancy(trace: TraceData, window: Optional[Tuple[float, float]] = None,
-                     top_n: int = 200) -> Dict:
+                     top_n: int = 200, kineto_only: bool = False) -> Dict:
     """§6 over all devices, kernels weighted by their duration clipped to ``window``
-    (the steps window; None = whole trace)."""
+    (the steps window; None = whole trace). The occupancy per kernel is
+    ``shown_occupancy`` (``kineto_only``: Kineto's values alone, torch-tb-profiler's
+    view)."""
     gpu = trace.gpu
     krows = np.flatnonzero(gpu.kind == GPU_KERNEL)
     out: Dict = {"est_achieved_occupancy_pct": None, "per_device": {}, "histogram": [],
@@ -182,11 +339,15 @@ def kernel_occupancy(trace: TraceData, window: Optional[Tuple[float, float]] = N
     sel = w_all > 0
     krows, w = krows[sel], w_all[sel]
     out["weighted_kernel_us"] = float(w.sum())
-    occ = gpu.achieved_occupancy_pct[krows]
+    shown, source, calc_reasons = shown_occupancy(trace, kineto_only)
+    occ = shown[krows]
+    src = source[krows]
     dev = gpu.device[krows]
 
-    # Achieved occupancy: weighted mean over kernels that carry it, values < 0 skipped.
+    # Achieved occupancy: weighted mean over kernels with a shown value.
     has_occ = np.isfinite(occ) & (occ >= 0)
+    if has_occ.any():
+        out["calculator_kernel_time_pct"] = 100.0 * float(w[src == SOURCE_CALCULATOR].sum()) / float(w[has_occ].sum())
     if has_occ.any():
         out["est_achieved_occupancy_pct"] = _wmean(occ[has_occ], w[has_occ])
         for d in np.unique(dev[has_occ]):
@@ -203,7 +364,7 @@ def kernel_occupancy(trace: TraceData, window: Optional[Tuple[float, float]] = N
                                      "pct": 100.0 * float(hist[i]) / tot if tot > 0 else 0.0,
                                      "us": float(hist[i])})
     else:
-        reason = _not_available_reason(trace, True)
+        reason = _not_available_reason(trace, True, calc_reasons)
         out["not_available"]["est_achieved_occupancy_pct"] = reason
         out["not_available"]["histogram"] = reason
 
@@ -216,7 +377,7 @@ def kernel_occupancy(trace: TraceData, window: Optional[Tuple[float, float]] = N
         out["not_available"]["grid_too_small_pct"] = _not_available_reason(trace, True)
 
     out["short_kernels"] = _short_kernels(trace, krows, w)
-    out["kernels"] = _kernel_table(trace, krows, w, top_n)
+    out["kernels"] = _kernel_table(trace, krows, w, top_n, occ, src)
     return out
 
 
@@ -238,7 +399,10 @@ def _short_kernels(trace: TraceData, krows: np.ndarray, w: np.ndarray) -> Dict:
             "gap_count": int(len(gaps))}
 
 
-def _kernel_table(trace: TraceData, krows: np.ndarray, w: np.ndarray, top_n: int) -> List[Dict]:
+def _kernel_table(trace: TraceData, krows: np.ndarray, w: np.ndarray, top_n: int,
+                  occ: np.ndarray, src: np.ndarray) -> List[Dict]:
+    """Kernels grouped by (device, name, grid, block, registers, shared memory); ``occ``
+    and ``src`` are the shown occupancy and its source for each of ``krows``."""
     gpu = trace.gpu
     keys = np.stack([gpu.device[krows].astype(np.int64), gpu.name[krows].astype(np.int64),
                      gpu.grid_x[krows], gpu.grid_y[krows], gpu.grid_z[krows],
@@ -249,8 +413,8 @@ def _kernel_table(trace: TraceData, krows: np.ndarray, w: np.ndarray, top_n: int
     n = len(uniq)
     calls = np.bincount(inv, minlength=n)
     total = np.bincount(inv, weights=w, minlength=n)
-    occ = gpu.achieved_occupancy_pct[krows]
     has = np.isfinite(occ) & (occ >= 0)
+    calc_w = np.bincount(inv, weights=np.where(has & (src == SOURCE_CALCULATOR), w, 0.0), minlength=n)
     occ_w = np.bincount(inv, weights=np.where(has, occ * w, 0.0), minlength=n)
     occ_den = np.bincount(inv, weights=np.where(has, w, 0.0), minlength=n)
     bps = gpu.blocks_per_sm[krows]
@@ -262,18 +426,21 @@ def _kernel_table(trace: TraceData, krows: np.ndarray, w: np.ndarray, top_n: int
 
     top = np.argsort(-total, kind="stable")[:top_n]
     uq = uniq[top]
-    threads = uq[:, 5] * uq[:, 6] * uq[:, 7]
+    block_ok = (uq[:, 5] > 0) & (uq[:, 6] > 0) & (uq[:, 7] > 0)
+    grid_ok = (uq[:, 2] > 0) & (uq[:, 3] > 0) & (uq[:, 4] > 0)
+    threads = np.where(block_ok, np.clip(uq[:, 5], 0, 1 << 20) * np.clip(uq[:, 6], 0, 1 << 20)
+                       * np.clip(uq[:, 7], 0, 1 << 20), -1)
     # Calculator per device (vectorised over the groups of that device).
     theo_blocks = np.full(len(top), -1, dtype=np.int64)
     theo_pct = np.full(len(top), np.nan)
     limiting = np.full(len(top), None, dtype=object)
-    props_by_id = trace.device_properties_by_id
+    props_by_id = device_properties(trace)
     cuda_props = not _is_rocm(trace)
-    valid = (threads > 0) & (uq[:, 8] >= 0) & (uq[:, 9] >= 0)
+    valid = (threads > 0) & (threads <= 1 << 20) & (uq[:, 8] >= 0) & (uq[:, 9] >= 0)
     for d in np.unique(uq[:, 0]):
         props = props_by_id.get(int(d)) if cuda_props else None
         m = (uq[:, 0] == d) & valid
-        if props is None or not m.any():
+        if calculator_properties(props)[0] is None or not m.any():
             continue
         calc = occupancy_calculator(props, threads[m], uq[m, 8], uq[m, 9])
         theo_blocks[m] = calc["active_blocks"]
@@ -296,11 +463,16 @@ def _kernel_table(trace: TraceData, krows: np.ndarray, w: np.ndarray, top_n: int
             "name": trace.strings[int(k[1])], "device": int(k[0]), "calls": int(calls[g]),
             "total_us": float(total[g]), "mean_us": float(total[g] / calls[g]),
             "time_pct": 100.0 * float(total[g]) / grand if grand > 0 else 0.0,
-            "grid": [int(x) for x in k[2:5]], "block": [int(x) for x in k[5:8]],
+            # ROCm writes -1 for dims it does not know: no grid/block then, not [-1,-1,-1].
+            "grid": [int(x) for x in k[2:5]] if grid_ok[j] else None,
+            "block": [int(x) for x in k[5:8]] if block_ok[j] else None,
             "registers_per_thread": int(k[8]) if k[8] >= 0 else None,
             "shared_memory_bytes": int(k[9]) if k[9] >= 0 else None,
             "blocks_per_sm": float(bps_sum[g] / bps_cnt[g]) if bps_cnt[g] > 0 else None,
             "est_achieved_occupancy_pct": float(occ_w[g] / occ_den[g]) if occ_den[g] > 0 else None,
+            # The config is the same for every call of a group, so one source per group;
+            # "calculator" when any call needed the calculator (Kineto's value was 0 or missing).
+            "occupancy_source": (("calculator" if calc_w[g] > 0 else "kineto") if occ_den[g] > 0 else None),
             "theoretical_blocks_per_sm": int(theo_blocks[j]) if theo_blocks[j] >= 0 else None,
             "theoretical_occupancy_pct": float(theo_pct[j]) if np.isfinite(theo_pct[j]) else None,
             "limiting_factor": lim, "limiting_factor_source": lim_source,
