@@ -16,7 +16,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from . import loader, model, recommendations, storage
-from .analysis import breakdown, gpu, input_bound, memory, occupancy, signals, steps, tensor_cores
+from .analysis import breakdown, gpu, input_bound, memory, occupancy, operators, signals, steps, tensor_cores
 from .errors import BottleneckError
 
 SCHEMA_VERSION = 1
@@ -131,7 +131,8 @@ def analyze_trace(trace: model.TraceData, *, run=None, worker=None, span=None, s
     rep["recommendations"] = recommendations.recommend(rep)
     kernels = rep["occupancy"].pop("kernels", [])
     rep["occupancy"]["kernels"] = kernels[:KERNELS_IN_REPORT]
-    return {"report": _clean(rep), "memory": _clean(curves), "kernels": _clean(kernels)}
+    return {"report": _clean(rep), "memory": _clean(curves), "kernels": _clean(kernels),
+            "operators": _clean(operators.operator_table(trace, found))}  # compare.py's op and kernel diffs
 
 
 def _apply_snapshot(mem: dict, snapshot: dict, not_available: Dict[str, str]) -> None:
@@ -257,7 +258,8 @@ def combine_results(results: List[dict], *, run=None, worker=None) -> dict:
                     d[k] = v
     kernels = _combine_kernel_rows([r.get("kernels") or [] for r in results])
     out["occupancy"]["kernels"] = kernels[:KERNELS_IN_REPORT]
-    return {"report": _clean(out), "memory": curves, "kernels": kernels}
+    return {"report": _clean(out), "memory": curves, "kernels": kernels,
+            "operators": operators.combine_tables([r.get("operators") for r in results])}
 
 
 def _combine_input(parts: List[dict]) -> dict:

@@ -1,0 +1,510 @@
+"""Comparing two analysed selections: a baseline and a candidate (METRICS.md §11).
+
+``compare(base_result, cand_result)`` is pure: it reads two results exactly as
+``report.analyze_span`` / ``report.combine_results`` / ``Analyzer.result`` return them
+(``{"report", "kernels", "operators", ...}``) and never looks at a trace again. The same
+dict is served by the ``compare`` route, printed by ``tb-bottlenecks diff`` and read by
+the ``check`` gate (gate.py). Schema: docs/report-schema.md, "The compare object".
+"""
+from __future__ import annotations
+
+import re
+from typing import Dict, List, Optional, Tuple
+
+from .analysis import breakdown
+
+COMPARE_SCHEMA_VERSION = 1
+LOWER, HIGHER = "lower", "higher"
+_SEVERITY_RANK = {"low": 1, "medium": 2, "high": 3}
+
+
+# ---------------------------------------------------------------------------- headline
+
+
+def _gpu_mean(key):
+    def get(rep):
+        values = [g.get(key) for g in (rep.get("gpu") or {}).values() if g.get(key) is not None]
+        return sum(values) / len(values) if values else None
+    return get
+
+
+def _memory_max(key, gpu: bool):
+    def get(rep):
+        values = [m.get(key) for dev, m in (rep.get("memory") or {}).items()
+                  if (dev != "cpu") == gpu and m.get(key) is not None]
+        return max(values) if values else None
+    return get
+
+
+def _path(*keys):
+    def get(rep):
+        d = rep
+        for k in keys:
+            if not isinstance(d, dict):
+                return None
+            d = d.get(k)
+        return d
+    return get
+
+
+def _throughput(rep, batch_size):
+    step = rep.get("avg_step_us")
+    if not batch_size or not step:
+        return None
+    return batch_size * 1e6 / step
+
+
+# (key, label, unit, better, getter, not_available keys of the report that explain an n/a)
+HEADLINE: List[tuple] = [
+    ("avg_step_us", "Avg step time", "us", LOWER, _path("avg_step_us"), ("steps", "breakdown_pct")),
+    ("throughput_samples_per_s", "Throughput", "samples/s", HIGHER, None, ()),
+    ("input_bound_pct", "Input-bound", "%", LOWER, _path("input", "input_bound_pct"), ("steps", "input")),
+    ("input_transfer_pct", "Input transfer (H2D)", "%", LOWER, _path("input", "input_transfer_pct"),
+     ("steps", "input")),
+    ("gpu_utilization_pct", "GPU utilization", "%", HIGHER, _gpu_mean("utilization_pct"), ("gpu",)),
+    ("est_sm_efficiency_pct", "Est. SM efficiency", "%", HIGHER, _gpu_mean("est_sm_efficiency_pct"), ("gpu",)),
+    ("tensor_core_pct", "Tensor Core", "%", HIGHER, _path("tensor_cores", "tensor_core_pct"),
+     ("tensor_cores.tensor_core_pct", "tensor_cores")),
+    ("tc_eligible_not_using_pct", "TC-eligible, not using", "%", LOWER,
+     _path("tensor_cores", "eligible_not_using_pct"), ("tensor_cores.eligible_not_using_pct", "tensor_cores")),
+    ("est_achieved_occupancy_pct", "Est. achieved occupancy", "%", HIGHER,
+     _path("occupancy", "est_achieved_occupancy_pct"), ("occupancy.est_achieved_occupancy_pct",)),
+    ("grid_too_small_pct", "Grid too small", "%", LOWER, _path("occupancy", "grid_too_small_pct"),
+     ("occupancy.grid_too_small_pct",)),
+    ("short_kernel_time_pct", "Short kernels", "%", LOWER, _path("occupancy", "short_kernels", "time_pct"),
+     ("occupancy.short_kernels",)),
+    ("peak_gpu_allocated_bytes", "Peak GPU memory allocated", "bytes", LOWER,
+     _memory_max("peak_allocated_bytes", gpu=True), ("memory",)),
+    ("peak_gpu_reserved_bytes", "Peak GPU memory reserved", "bytes", LOWER,
+     _memory_max("peak_reserved_bytes", gpu=True), ("memory",)),
+    ("allocator_slack_pct", "Allocator slack (worst GPU)", "%", LOWER,
+     _memory_max("slack_fragmentation_pct", gpu=True), ("memory",)),
+    ("peak_cpu_allocated_bytes", "Peak CPU memory allocated", "bytes", LOWER,
+     _memory_max("peak_allocated_bytes", gpu=False), ("memory",)),
+    ("sync_pct", "Synchronisation", "%", LOWER, _path("sync", "sync_pct"), ("steps",)),
+    ("launch_pct", "Kernel launch time", "%", LOWER, _path("launch", "launch_pct"), ("steps",)),
+    ("kernels_per_step", "Kernels per step", "", None, _path("launch", "kernels_per_step"), ("steps",)),
+    ("comm_pct_of_kernel_time", "Communication share", "%", LOWER,
+     _path("communication", "comm_pct_of_kernel_time"), ()),
+]
+METRIC_NAMES = tuple(h[0] for h in HEADLINE)
+DIRECTION = {h[0]: h[3] for h in HEADLINE}
+UNITS = {h[0]: h[2] for h in HEADLINE}
+LABELS = {h[0]: h[1] for h in HEADLINE}
+
+
+def headline_value(result: dict, key: str, batch_size: Optional[float] = None):
+    """One headline number of one result (None when n/a)."""
+    rep = result["report"] if "report" in result else result
+    if key == "throughput_samples_per_s":
+        return _throughput(rep, batch_size)
+    getter = next(h[4] for h in HEADLINE if h[0] == key)
+    value = getter(rep)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _why_na(rep: dict, key: str, na_keys, batch_size) -> str:
+    if key == "throughput_samples_per_s":
+        if not batch_size:
+            return "the trace does not record the batch size: pass it (diff --batch-size, route batch_size=)"
+        return "no average step time"
+    na = rep.get("not_available") or {}
+    for k in na_keys:
+        if k in na:
+            return na[k]
+    for k, why in na.items():  # e.g. gpu.0.est_sm_efficiency_pct
+        if k.endswith("." + key.replace("gpu_", "")) or k.endswith(key):
+            return why
+    if key.startswith("peak_gpu") or key == "allocator_slack_pct":
+        return "no GPU device with this value in the memory section"
+    if key == "peak_cpu_allocated_bytes":
+        return "no CPU [memory] events"
+    return "not available in this report"
+
+
+def _verdict(better: Optional[str], delta: Optional[float]) -> str:
+    if delta is None:
+        return "n/a"
+    if delta == 0:
+        return "same"
+    if better is None:
+        return "changed"
+    return "better" if (delta < 0) == (better == LOWER) else "worse"
+
+
+def _metric_rows(base_rep, cand_rep, batch_sizes) -> Tuple[List[dict], Dict[str, str]]:
+    rows, not_available = [], {}
+    for key, label, unit, better, _, na_keys in HEADLINE:
+        b = headline_value(base_rep, key, batch_sizes[0])
+        c = headline_value(cand_rep, key, batch_sizes[1])
+        delta = c - b if b is not None and c is not None else None
+        row = {"key": key, "label": label, "unit": unit, "better": better, "base": b, "cand": c,
+               "delta": delta, "rel_pct": 100.0 * delta / abs(b) if delta is not None and b else None,
+               "verdict": _verdict(better, delta)}
+        if b is None:
+            not_available[f"metrics.{key}.base"] = _why_na(base_rep, key, na_keys, batch_sizes[0])
+        if c is None:
+            not_available[f"metrics.{key}.cand"] = _why_na(cand_rep, key, na_keys, batch_sizes[1])
+        rows.append(row)
+    return rows, not_available
+
+
+# ---------------------------------------------------------------------------- step time
+
+
+def _step_time(base_rep, cand_rep) -> Tuple[Optional[dict], Optional[str]]:
+    b_avg, c_avg = base_rep.get("avg_step_us"), cand_rep.get("avg_step_us")
+    b_bd, c_bd = base_rep.get("breakdown_us") or {}, cand_rep.get("breakdown_us") or {}
+    for side, avg, bd in (("baseline", b_avg, b_bd), ("candidate", c_avg, c_bd)):
+        if avg is None or any(bd.get(cat) is None for cat in breakdown.CATEGORIES):
+            return None, f"the {side} has no step-time breakdown (no included step)"
+    delta = c_avg - b_avg
+    cats = []
+    for cat in breakdown.CATEGORIES:
+        d = c_bd[cat] - b_bd[cat]
+        cats.append({"category": cat, "base_us": b_bd[cat], "cand_us": c_bd[cat], "delta_us": d,
+                     "base_pct": 100.0 * b_bd[cat] / b_avg if b_avg else None,
+                     "cand_pct": 100.0 * c_bd[cat] / c_avg if c_avg else None,
+                     "share_of_change_pct": 100.0 * d / delta if delta else None,
+                     "verdict": _verdict(LOWER, d)})
+    largest = max(cats, key=lambda r: abs(r["delta_us"]))
+    return {"base_avg_step_us": b_avg, "cand_avg_step_us": c_avg, "delta_us": delta,
+            "rel_pct": 100.0 * delta / b_avg if b_avg else None, "verdict": _verdict(LOWER, delta),
+            "categories": cats,
+            # breakdown_us adds up to avg_step_us in each report; this is what the float
+            # sums leave over (0 up to rounding), shown rather than hidden in a category.
+            "residual_us": delta - sum(r["delta_us"] for r in cats),
+            "largest_change": largest["category"] if largest["delta_us"] else None}, None
+
+
+# ---------------------------------------------------------------------------- names
+
+_WS_RE = re.compile(r"\s+")
+_DATALOADER_RE = re.compile(r"^enumerate\(DataLoader\)#[^.]*\.__next__$")
+
+
+def _collapse_templates(name: str) -> str:
+    """Every outermost balanced <...> becomes <…>; an unbalanced name is kept as is."""
+    out, depth = [], 0
+    for ch in name:
+        if ch == "<":
+            if depth == 0:
+                out.append("<…>")
+            depth += 1
+        elif ch == ">" and depth > 0:
+            depth -= 1
+        elif ch == ">":
+            return name
+        elif depth == 0:
+            out.append(ch)
+    return name if depth else "".join(out)
+
+
+def _drop_parameter_list(name: str) -> str:
+    """A trailing balanced (...) right after the function name goes (its parameter list)."""
+    if not name.endswith(")"):
+        return name
+    depth = 0
+    for i in range(len(name) - 1, -1, -1):
+        if name[i] == ")":
+            depth += 1
+        elif name[i] == "(":
+            depth -= 1
+            if depth == 0:
+                head = name[:i]
+                if head and (head[-1].isalnum() or head[-1] in "_>…"):
+                    return head
+                return name
+    return name
+
+
+def normalise_kernel_name(name: str) -> str:
+    """The name a kernel is matched by across runs and builds (METRICS.md §11): leading
+    ``void `` dropped, template arguments collapsed to ``<…>``, a trailing parameter list
+    ``(...)`` dropped, white space collapsed. Numeric suffixes are kept."""
+    s = _WS_RE.sub(" ", name).strip()
+    if s.startswith("void "):
+        s = s[5:]
+    s = _collapse_templates(s)
+    s = _drop_parameter_list(s).strip()
+    return s or name
+
+
+def normalise_op_name(name: str) -> str:
+    """CPU operator names are matched as written, except the DataLoader span, whose
+    iterator class (what num_workers changes) is replaced by ``<iterator>``."""
+    if _DATALOADER_RE.match(name):
+        return "enumerate(DataLoader)#<iterator>.__next__"
+    return name
+
+
+# ---------------------------------------------------------------------------- tables
+
+
+def _tables(result: dict) -> Tuple[Optional[list], Optional[list], int, dict]:
+    """(op rows, kernel rows, steps, info) of a result, sums over its included steps."""
+    rep = result.get("report") or {}
+    steps = (rep.get("steps") or {}).get("count") or 0
+    ops_table = result.get("operators")
+    if ops_table:
+        return (ops_table.get("ops"), ops_table.get("kernels"), ops_table.get("steps") or steps,
+                {"ops_truncated": bool(ops_table.get("ops_left_out")),
+                 "kernels_truncated": bool(ops_table.get("kernels_left_out")), "kernel_source": "operators"})
+    kernels = result.get("kernels")
+    return (None, kernels, steps,
+            {"ops_truncated": False, "kernels_truncated": kernels is not None and len(kernels) >= 200,
+             "kernel_source": "kernel_table"})
+
+
+def _group(rows, normalise, fields) -> Dict[str, dict]:
+    out: Dict[str, dict] = {}
+    for r in rows or []:
+        key = normalise(r["name"])
+        g = out.setdefault(key, {"raw_names": [], **{f: 0.0 for f in fields}})
+        if r["name"] not in g["raw_names"]:
+            g["raw_names"].append(r["name"])
+        for f in fields:
+            g[f] += r.get(f) or 0.0
+    return out
+
+
+def _diff_table(base_rows, cand_rows, base_steps, cand_steps, normalise, fields, sort_field,
+                base_truncated, cand_truncated) -> dict:
+    b = _group(base_rows, normalise, fields)
+    c = _group(cand_rows, normalise, fields)
+    rows = []
+    for name in set(b) | set(c):
+        row = {"name": name}
+        in_b, in_c = name in b, name in c
+        for f in fields:
+            bv = b[name][f] / base_steps if in_b else (None if base_truncated else 0.0)
+            cv = c[name][f] / cand_steps if in_c else (None if cand_truncated else 0.0)
+            label = f.replace("_us", "_us_per_step") if f.endswith("_us") else f + "_per_step"
+            row["base_" + label], row["cand_" + label] = bv, cv
+            row["delta_" + label] = cv - bv if bv is not None and cv is not None else None
+        if in_b and in_c:
+            same = all(b[name][f] / base_steps == c[name][f] / cand_steps for f in fields)
+            row["status"] = "same" if same else "changed"
+        elif in_c:
+            row["status"] = "unknown" if base_truncated else "new"
+        else:
+            row["status"] = "unknown" if cand_truncated else "vanished"
+        row["raw_names"] = sorted(set((b.get(name) or {}).get("raw_names", []))
+                                  | set((c.get(name) or {}).get("raw_names", [])))[:20]
+        rows.append(row)
+    key = "delta_" + sort_field.replace("_us", "_us_per_step")
+    rows.sort(key=lambda r: (-abs(r[key]) if r[key] is not None else 0.0, r["name"]))
+    statuses = [r["status"] for r in rows]
+    totals = {}
+    for side, groups, steps in (("base", b, base_steps), ("cand", c, cand_steps)):
+        totals[f"{side}_{sort_field.replace('_us', '_us_per_step')}"] = \
+            sum(g[sort_field] for g in groups.values()) / steps
+    return {"rows": rows, "new": statuses.count("new"), "vanished": statuses.count("vanished"),
+            "changed": statuses.count("changed"), "unknown": statuses.count("unknown"), **totals}
+
+
+def _kernel_diff(base, cand) -> Tuple[Optional[dict], Optional[str]]:
+    _, bk, bs, binfo = _tables(base)
+    _, ck, cs, cinfo = _tables(cand)
+    if not bs or not cs:
+        return None, "a side has no included step (times per step are undefined)"
+    if bk is None or ck is None:
+        return None, "a side's result carries no kernel table"
+    out = _diff_table(bk, ck, bs, cs, normalise_kernel_name, ("total_us", "calls"), "total_us",
+                      binfo["kernels_truncated"], cinfo["kernels_truncated"])
+    out["source"] = binfo["kernel_source"] if binfo["kernel_source"] == cinfo["kernel_source"] else "mixed"
+    return out, None
+
+
+def _op_diff(base, cand) -> Tuple[Optional[dict], Optional[str]]:
+    bo, _, bs, binfo = _tables(base)
+    co, _, cs, cinfo = _tables(cand)
+    if bo is None or co is None:
+        return None, "a side's result carries no operator table (analysed by an older version: re-analyse)"
+    if not bs or not cs:
+        return None, "a side has no included step (times per step are undefined)"
+    out = _diff_table(bo, co, bs, cs, normalise_op_name,
+                      ("self_us", "total_us", "calls", "top_level_calls", "top_level_us"), "self_us",
+                      binfo["ops_truncated"], cinfo["ops_truncated"])
+    for r in out["rows"]:
+        r["top_level"] = bool((r.get("base_top_level_calls_per_step") or 0)
+                              or (r.get("cand_top_level_calls_per_step") or 0))
+    return out, None
+
+
+# ---------------------------------------------------------------------------- recommendations
+
+
+def _recommendation_diff(base_rep, cand_rep) -> List[dict]:
+    b = {r["rule"]: r for r in base_rep.get("recommendations") or []}
+    c = {r["rule"]: r for r in cand_rep.get("recommendations") or []}
+    out = []
+    for rule in list(b) + [r for r in c if r not in b]:
+        rb, rc = b.get(rule), c.get(rule)
+        if rb and rc:
+            sb, sc = _SEVERITY_RANK.get(rb["severity"], 0), _SEVERITY_RANK.get(rc["severity"], 0)
+            status = "unchanged" if sb == sc else ("better" if sc < sb else "worse")
+        else:
+            status = "resolved" if rb else "new"
+        any_rec = rc or rb
+        out.append({"rule": rule, "status": status, "title": any_rec.get("title"), "action": any_rec.get("action"),
+                    "base_severity": rb and rb.get("severity"), "cand_severity": rc and rc.get("severity"),
+                    "base_numbers": rb and rb.get("numbers"), "cand_numbers": rc and rc.get("numbers")})
+    order = {"resolved": 0, "new": 1, "worse": 2, "better": 3, "unchanged": 4}
+    out.sort(key=lambda r: order[r["status"]])
+    return out
+
+
+# ---------------------------------------------------------------------------- compare
+
+
+def _side(result: dict, label: Optional[str]) -> dict:
+    rep = result.get("report") or {}
+    return {"label": label, "run": rep.get("run"), "worker": rep.get("worker"), "span": rep.get("span"),
+            "spans": len(rep.get("spans") or []), "steps": (rep.get("steps") or {}).get("count"),
+            "device_names": rep.get("device_names") or {}}
+
+
+def compare(base_result: dict, cand_result: dict, *, base_batch_size: Optional[float] = None,
+            cand_batch_size: Optional[float] = None, base_label: Optional[str] = None,
+            cand_label: Optional[str] = None) -> dict:
+    """The comparison of a baseline and a candidate result (METRICS.md §11). Pure."""
+    base_rep, cand_rep = base_result["report"], cand_result["report"]
+    metrics, not_available = _metric_rows(base_rep, cand_rep, (base_batch_size, cand_batch_size))
+    step_time, why = _step_time(base_rep, cand_rep)
+    if why:
+        not_available["step_time"] = why
+    kernels, why = _kernel_diff(base_result, cand_result)
+    if why:
+        not_available["kernels"] = why
+    ops, why = _op_diff(base_result, cand_result)
+    if why:
+        not_available["ops"] = why
+    return {"schema_version": COMPARE_SCHEMA_VERSION, "kind": "compare",
+            "base": _side(base_result, base_label), "cand": _side(cand_result, cand_label),
+            "metrics": metrics, "step_time": step_time, "kernels": kernels, "ops": ops,
+            "recommendations": _recommendation_diff(base_rep, cand_rep), "not_available": not_available}
+
+
+# ---------------------------------------------------------------------------- route
+
+SIDE_PARAMS = ("run", "worker", "span")
+
+
+def compare_route(analyzer, args, problem: Optional[str] = None) -> Tuple[dict, int]:
+    """(body, HTTP status) of ``compare?base_run=&base_worker=&base_span=&cand_run=&...``:
+    200 with the compare dict, 202 while either side is loading, 400 for a missing
+    run, 404 for unknown names, 422 when a side has no analysable file."""
+    if analyzer is None:
+        return {"error": problem or "no logdir"}, 404
+    picks = {}
+    for side in ("base", "cand"):
+        run = args.get(f"{side}_run")
+        if not run:
+            return {"error": f"missing query parameter '{side}_run'"}, 400
+        worker = args.get(f"{side}_worker") or None
+        span = args.get(f"{side}_span") or None
+        picks[side] = (run, worker, None if span == "all" else span)
+    batch = {}
+    for side in ("base", "cand"):
+        raw = args.get(f"{side}_batch_size") or args.get("batch_size")
+        if raw:
+            try:
+                batch[side] = float(raw)
+                if not batch[side] > 0:
+                    raise ValueError
+            except ValueError:
+                return {"error": f"batch size must be a positive number, got {raw!r}"}, 400
+    results, progress = {}, []
+    for side, (run, worker, span) in picks.items():
+        try:
+            res = analyzer.result(run, worker, span)
+        except KeyError:
+            if analyzer.activity()[1] is None:
+                return {"state": "loading", "progress": 0.0, "scan": "pending"}, 202
+            what = f"run {run!r}" + (f", worker {worker!r}" if worker else "") + (f", span {span!r}" if span else "")
+            return {"error": f"{'baseline' if side == 'base' else 'candidate'}: unknown {what} "
+                             "(not among the runs found in the logdir)"}, 404
+        if res["state"] == "error":
+            return {"state": "error", "side": side, "error": res["error"], "errors": res.get("errors", [])}, 422
+        if res["state"] == "loading":
+            progress.append(res["progress"])
+        results[side] = res
+    if progress:
+        return {"state": "loading", "progress": round(min(progress), 3)}, 202
+    body = compare(results["base"], results["cand"], base_batch_size=batch.get("base"),
+                   cand_batch_size=batch.get("cand"))
+    for side in ("base", "cand"):
+        if results[side].get("errors"):
+            body[side]["file_errors"] = results[side]["errors"]
+    return body, 200
+
+
+# ---------------------------------------------------------------------------- text
+
+
+def _fmt(value, unit) -> str:
+    if value is None:
+        return "n/a"
+    if unit == "us":
+        return f"{value / 1000:.2f} ms"
+    if unit == "bytes":
+        return f"{value / 2**20:.1f} MiB"
+    if unit == "%":
+        return f"{value:.2f}%"
+    if unit == "samples/s":
+        return f"{value:.1f}/s"
+    return f"{value:.1f}"
+
+
+def _fmt_delta(value, unit) -> str:
+    if value is None:
+        return ""
+    sign = "+" if value > 0 else ("-" if value < 0 else "±")
+    body = _fmt(abs(value), unit)
+    return sign + (body.replace("%", " pp") if unit == "%" else body)
+
+
+def format_text(cmp: dict, top: int = 10) -> str:
+    """The comparison for a terminal: headline deltas, the step-time waterfall, the
+    largest kernel and operator changes, recommendations resolved and new."""
+    b, c = cmp["base"], cmp["cand"]
+    lines = [f"baseline:  {b.get('label') or b.get('run')} ({b.get('steps')} steps)",
+             f"candidate: {c.get('label') or c.get('run')} ({c.get('steps')} steps)", "", "headline"]
+    for m in cmp["metrics"]:
+        if m["base"] is None and m["cand"] is None:
+            continue
+        rel = f" ({m['rel_pct']:+.1f}%)" if m.get("rel_pct") is not None and m["unit"] != "%" else ""
+        lines.append(f"  {m['label']:<28} {_fmt(m['base'], m['unit']):>12} -> {_fmt(m['cand'], m['unit']):>12}"
+                     f"  {_fmt_delta(m['delta'], m['unit'])}{rel}  {m['verdict']}")
+    st = cmp.get("step_time")
+    if st:
+        lines += ["", f"step time {_fmt(st['base_avg_step_us'], 'us')} -> {_fmt(st['cand_avg_step_us'], 'us')} "
+                      f"({_fmt_delta(st['delta_us'], 'us')}), by category:"]
+        for r in sorted(st["categories"], key=lambda r: -abs(r["delta_us"])):
+            if not r["delta_us"]:
+                continue
+            share = f"  {r['share_of_change_pct']:.0f}% of the change" if r["share_of_change_pct"] is not None else ""
+            lines.append(f"  {r['category']:<14} {_fmt(r['base_us'], 'us'):>12} -> {_fmt(r['cand_us'], 'us'):>12}"
+                         f"  {_fmt_delta(r['delta_us'], 'us')}{share}")
+    for title, key, field in (("kernels", "kernels", "total_us"), ("CPU operators (self time)", "ops", "self_us")):
+        table = cmp.get(key)
+        if not table or not table["rows"]:
+            continue
+        lines += ["", f"{title}: {table['new']} new, {table['vanished']} vanished, {table['changed']} changed; "
+                      "largest changes per step:"]
+        label = field.replace("_us", "_us_per_step")
+        for r in table["rows"][:top]:
+            if r["status"] == "same":
+                continue
+            lines.append(f"  {r['status']:<9} {_fmt_delta(r['delta_' + label], 'us'):>12}  "
+                         f"{_fmt(r['base_' + label], 'us')} -> {_fmt(r['cand_' + label], 'us')}  {r['name'][:100]}")
+    recs = cmp.get("recommendations") or []
+    if recs:
+        lines += ["", "recommendations"]
+        for r in recs:
+            sev = f"{r['base_severity'] or '-'} -> {r['cand_severity'] or '-'}"
+            lines.append(f"  {r['status']:<9} [{sev}] {r['title']}")
+    for key, why in (cmp.get("not_available") or {}).items():
+        lines.append(f"n/a {key}: {why}")
+    return "\n".join(lines)
