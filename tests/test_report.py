@@ -179,3 +179,43 @@ def test_pageable_evidence_counts_host_to_device_copies_only():
     assert "pageable_h2d" not in [r["rule"] for r in control["recommendations"]]
     resnet = span_result(sorted(RESNET0.iterdir())[0])["report"]
     assert resnet["input"]["evidence"]["pageable_h2d_copies"] == 12  # 'Memcpy HtoD (Pageable -> Device)'
+
+
+@pytest.mark.parametrize("path", ALL_TRACES, ids=rel)
+def test_every_not_available_key_has_words(path):
+    """issue 9 item 5: the n/a list shows words, never internal keys."""
+    rep = span_result(path)["report"]
+    assert rep["errors"] == []
+    assert set(rep["not_available_labels"]) == set(rep["not_available"])
+    for key, label in rep["not_available_labels"].items():
+        assert label == report.not_available_label(key)
+        assert label and "_" not in label and "." not in label, (key, label)
+
+
+def test_run_summary_labels_too():
+    results = run_results(RESNET0)
+    rep = report.combine_results(results, run="r", worker="w")["report"]
+    assert set(rep["not_available_labels"]) == set(rep["not_available"])
+    assert all("_" not in v and "." not in v for v in rep["not_available_labels"].values())
+
+
+@pytest.mark.parametrize("key, words", [
+    ("memory.cpu.slack_fragmentation_time_weighted_pct", "CPU memory: allocator slack (time-weighted)"),
+    ("memory.cuda:1.peak_reserved_bytes", "GPU 1 memory: peak reserved"),
+    ("memory.cpu.capacity_bytes", "CPU memory: capacity"),
+    ("gpu.0.est_sm_efficiency_pct", "GPU 0: estimated SM efficiency"),
+    ("gpu", "GPU metrics"),
+    ("tensor_cores.per_device", "Tensor Cores: per device"),
+    ("tensor_cores.eligible_not_using_pct", "Tensor Cores: kernel time that could use Tensor Cores but does not"),
+    ("occupancy.histogram", "Occupancy: histogram"),
+    ("steps", "Steps"),
+    ("breakdown_pct", "Step time breakdown"),
+    ("memory.free_block_fragmentation_pct", "Memory: free-block fragmentation"),
+    ("memory_snapshot", "CUDA memory snapshot"),
+    # keys nobody wrote a label for still read as words
+    ("new_section.sub_thing.mean_gap_us", "New section: sub thing mean gap (µs)"),
+    ("memory.type7:3.new_metric_pct", "Device type 7 id 3 memory: new metric (%)"),
+    ("__", "Value"),
+])
+def test_not_available_label(key, words):
+    assert report.not_available_label(key) == words
