@@ -18,19 +18,23 @@ Requests only read this state; they never touch storage.
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import logging
 import os
+import signal
 import threading
 import time
+import traceback
+import weakref
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Deque, Dict, List, Optional, Tuple
 
-from . import discovery, report
+from . import discovery, procguard, report
 from .errors import BottleneckError, TruncatedTraceError
 
 log = logging.getLogger(__name__)
@@ -108,6 +112,164 @@ class DiskCache:
                 total -= size
 
 
+# ---------------------------------------------------------------------------- analysis children
+#
+# A span is analysed in a child process of its own (at most ``max_workers`` at a time),
+# so the decode and the analyses (CPU-bound Python that holds the GIL for seconds) never
+# slow TensorBoard's request threads, a crash or an out-of-memory kill costs one span and
+# not the server, and the memory of a large trace goes back to the system when it ends.
+# The child is a fresh interpreter (`subprocess`, like multiprocessing's "spawn": no fork
+# of the multithreaded TensorBoard) that imports only this package — multiprocessing's own
+# spawn/forkserver would also re-import TensorBoard's __main__ in every child. Parent and
+# child talk over a socketpair with multiprocessing's Connection framing: the span in,
+# coarse progress and one outcome out (the JSON-able result, KBs to a few MB).
+
+# Outcomes of one analysis: ("ok", result) | ("truncated" | "error" | "internal" | "died", message)
+_PROGRESS_INTERVAL_S = 0.1
+_CHILD_CODE = ("import sys; from tb_bottleneck_plugin.service import _child_entry; "
+               "_child_entry(int(sys.argv[1]), int(sys.argv[2]))")
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
+_live_children: "weakref.WeakSet" = weakref.WeakSet()
+_children_lock = threading.Lock()
+
+
+def processes_supported() -> bool:
+    return os.name == "posix"
+
+
+def _child_entry(fd: int, owner_pid: int) -> None:
+    """Entry point of an analysis child: analyse one span, send back one outcome."""
+    procguard.die_with_parent(owner_pid)
+    from multiprocessing.connection import Connection
+
+    conn = Connection(fd)
+    try:
+        logdir, run, span = conn.recv()
+    except (EOFError, OSError):
+        return
+    last = [0.0]
+
+    def progress(fraction: float) -> None:
+        now = time.monotonic()
+        if now - last[0] >= _PROGRESS_INTERVAL_S:
+            last[0] = now
+            conn.send(("progress", float(fraction)))
+
+    try:
+        try:
+            outcome = ("ok", report.analyze_span(logdir, run, span, progress=progress))
+        except TruncatedTraceError as exc:
+            outcome = ("truncated", str(exc))
+        except BottleneckError as exc:
+            outcome = ("error", str(exc))
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent, which logs it
+            outcome = ("internal", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+        conn.send(outcome)
+    except (OSError, EOFError):  # the parent is gone or stopped listening
+        pass
+    finally:
+        conn.close()
+
+
+def _describe_exit(code: Optional[int]) -> str:
+    if code is None:
+        return "did not exit"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = " (out of memory, or stopped by someone)" if -code == signal.SIGKILL else ""
+        return f"was killed by {name}{hint}"
+    return f"exited with code {code}"
+
+
+def _kill(child) -> None:
+    try:
+        if child.poll() is None:
+            child.kill()
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _kill_children() -> None:
+    """Kill every live analysis child (interpreter exit)."""
+    with _children_lock:
+        children = list(_live_children)
+    for child in children:
+        _kill(child)
+
+
+atexit.register(_kill_children)
+
+
+def analyze_in_child(logdir: str, run, span, progress: Optional[Callable[[float], None]] = None,
+                     *, register: Optional[Callable] = None) -> tuple:
+    """Analyse one span in a fresh child process; the outcome tuple (see above).
+    A child that dies without answering (killed, out of memory) gives ("died", why)."""
+    import socket
+    import subprocess
+    import sys
+    from multiprocessing.connection import Connection
+
+    ours, theirs = socket.socketpair()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-c", _CHILD_CODE, str(theirs.fileno()), str(os.getpid())],
+            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env)
+    except (OSError, ValueError) as exc:
+        ours.close()
+        theirs.close()
+        return "internal", f"cannot start an analysis process: {type(exc).__name__}: {exc}"
+    theirs.close()  # the child holds the only other end: EOF when it ends
+    with _children_lock:
+        _live_children.add(child)
+    if register is not None:
+        register(child)
+    conn = Connection(ours.detach())
+    outcome = None
+    try:
+        conn.send((logdir, run, span))
+        while True:
+            message = conn.recv()
+            if message[0] == "progress":
+                if progress is not None:
+                    progress(message[1])
+                continue
+            outcome = message
+            break
+    except (EOFError, OSError):
+        pass  # the child ended without an answer
+    finally:
+        conn.close()
+        try:
+            child.wait(timeout=10 if outcome is not None else 2)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+        with _children_lock:
+            _live_children.discard(child)
+    if outcome is None:
+        return "died", (f"{span.url}: the analysis process {_describe_exit(child.returncode)} before it "
+                        "finished; it is tried again on a later scan")
+    return outcome
+
+
+def _outcome_in_thread(analyze_span: Callable, logdir: str, run, span, progress) -> tuple:
+    """The same outcomes as `analyze_in_child`, from a function called in this process."""
+    try:
+        return "ok", analyze_span(logdir, run, span, progress=progress)
+    except TruncatedTraceError as exc:
+        return "truncated", str(exc)
+    except BottleneckError as exc:
+        return "error", str(exc)
+    except Exception as exc:  # a bug in one analysis must not take the tab down
+        log.exception("bottlenecks: analysing %s failed", span.url)
+        return "internal", f"{type(exc).__name__}: {exc}"
+
+
 @dataclass
 class SpanState:
     state: str = "queued"  # queued | loading | ready | error
@@ -130,13 +292,24 @@ class Analyzer:
 
     def __init__(self, logdir: str, *, cache_dir=None, max_workers: int = 2,
                  rescan_seconds: float = 30.0, analyze_span: Optional[Callable] = None,
-                 cache_max_bytes: int = DEFAULT_CACHE_BYTES):
+                 cache_max_bytes: int = DEFAULT_CACHE_BYTES, processes: Optional[bool] = None,
+                 follow_symlinks: bool = False):
+        """``processes``: analyse each span in a child process (default), or in this
+        process's threads (False; the default when ``analyze_span`` is injected, as tests
+        do, or when TB_BOTTLENECKS_ANALYSIS_PROCESSES=0). ``follow_symlinks``: follow
+        directory symlinks that point outside the logdir too."""
         self.logdir = logdir
         self.rescan_seconds = rescan_seconds
         self.max_workers = max(1, int(max_workers))
         # one run holds at most this many workers, so another run always finds one free
         self.per_run_limit = max(1, self.max_workers - 1)
         self._analyze_span = analyze_span or report.analyze_span
+        if processes is None:
+            processes = (analyze_span is None and processes_supported()
+                         and os.environ.get("TB_BOTTLENECKS_ANALYSIS_PROCESSES", "1") != "0")
+        self.processes = bool(processes)
+        self.follow_symlinks = bool(follow_symlinks)
+        self._children: "weakref.WeakSet" = weakref.WeakSet()  # this analyzer's live children
         self._cache = DiskCache(cache_dir, max_bytes=cache_max_bytes) if cache_dir else None
         self._pool = ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="bottlenecks-load")
         self._lock = threading.RLock()
@@ -175,6 +348,8 @@ class Analyzer:
             self._rr.clear()
         self._wake.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        for child in list(self._children):
+            _kill(child)
 
     def rescan(self) -> None:
         """Ask for a scan now (the tab's reload button)."""
@@ -359,22 +534,24 @@ class Analyzer:
 
         with self._lock:
             self.parse_count += 1
-        try:
-            result = self._analyze_span(self.logdir, run, span, progress=progress)
-        except TruncatedTraceError as exc:
+        if self.processes:
+            kind, value = analyze_in_child(self.logdir, run, span, progress, register=self._children.add)
+        else:
+            kind, value = _outcome_in_thread(self._analyze_span, self.logdir, run, span, progress)
+        if kind == "internal":
+            if self.processes:
+                log.error("bottlenecks: analysing %s failed: %s", span.url, value)
+            value = f"{span.url}: internal error while analysing ({value.splitlines()[0] if value else ''})"
+        if kind != "ok":
             with self._lock:
-                state.state, state.error, state.retry = "error", str(exc), True
-                state.attempts += 1
+                # a truncated file (still being written) or a child that died (killed, out of
+                # memory) is tried again later, a bounded number of times while unchanged
+                state.state, state.error = "error", value
+                if kind in ("truncated", "died"):
+                    state.retry = True
+                    state.attempts += 1
             return
-        except BottleneckError as exc:
-            with self._lock:
-                state.state, state.error = "error", str(exc)
-            return
-        except Exception as exc:  # a bug in one analysis must not take the tab down
-            log.exception("bottlenecks: analysing %s failed", span.url)
-            with self._lock:
-                state.state, state.error = "error", f"{span.url}: internal error while analysing ({exc!r})"
-            return
+        result = value
         if self._cache:
             self._cache.put(DiskCache.key(span.url, span.fingerprint), result)
         with self._lock:
