@@ -616,7 +616,11 @@ def _get_pool():
             else:
                 context = multiprocessing.get_context("forkserver")
                 context.set_forkserver_preload([__name__])
-            _pool = ProcessPoolExecutor(max_workers=_decode_workers(), mp_context=context)
+            from . import procguard
+
+            # the workers exit when this process dies, SIGKILL included (no orphans)
+            _pool = ProcessPoolExecutor(max_workers=_decode_workers(), mp_context=context,
+                                        initializer=procguard.die_with_parent, initargs=(os.getpid(),))
             import atexit
 
             atexit.register(_drop_pool)  # shut the workers down before the interpreter tears down
