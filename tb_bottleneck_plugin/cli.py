@@ -3,6 +3,8 @@
     tb-bottlenecks report PATH [--json]   PATH: a trace file, a run directory or a logdir
                                           (local path or URL such as gs://bucket/prefix)
     tb-bottlenecks demo OUTDIR [--quick]  write demo runs made with real PyTorch training
+    tb-bottlenecks diff BASE CAND [--json]  compare two runs; `check PATH --max M=V ...` is a
+                                          CI gate (gate.py: exit 1 on a violated bound)
 
 Exit codes: 0 everything analysed; 1 some files could not be analysed (the others are
 printed); 2 nothing could be analysed (bad path, no traces, broken file).
@@ -15,6 +17,8 @@ import math
 import sys
 from typing import List, Optional
 
+from . import gate
+
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="tb-bottlenecks", description=__doc__.splitlines()[0])
@@ -26,7 +30,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     demo = sub.add_parser("demo", help="generate demo runs with real PyTorch training (needs torch)")
     demo.add_argument("outdir")
     demo.add_argument("--quick", action="store_true", help="smaller, faster runs (for tests)")
+    gate.add_subcommands(sub)  # diff, check (gate.py)
     args = parser.parse_args(argv)
+    if args.command in ("diff", "check"):
+        return gate.run(args)
     if args.command == "demo":
         from . import demo as demo_module
 

@@ -103,6 +103,12 @@ def headline_value(result: dict, key: str, batch_size: Optional[float] = None):
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def headline_na_reason(result: dict, key: str, batch_size: Optional[float] = None) -> str:
+    """Why a headline number of one result is n/a, in words."""
+    rep = result["report"] if "report" in result else result
+    return _why_na(rep, key, next(h[5] for h in HEADLINE if h[0] == key), batch_size)
+
+
 def _why_na(rep: dict, key: str, na_keys, batch_size) -> str:
     if key == "throughput_samples_per_s":
         if not batch_size:
