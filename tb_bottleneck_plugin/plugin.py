@@ -6,6 +6,7 @@ Routes (all GET, under data/plugin/bottlenecks/; see docs/DEVELOPMENT.md):
   report?run=&worker=&span= the report object (docs/report-schema.md)
   memory?run=&worker=&span= down-sampled allocated/reserved curves per device
   kernels?run=&worker=&span= the per-kernel table
+  compare?base_run=&base_worker=&base_span=&cand_run=&... baseline vs candidate (compare.py)
 Run, worker and span names are accepted only from the discovered set; no request
 ever names a filesystem path.
 """
@@ -78,6 +79,7 @@ class BottlenecksPlugin(base_plugin.TBPlugin):
             "/report": self._serve_report,
             "/memory": self._serve_memory,
             "/kernels": self._serve_kernels,
+            "/compare": self._serve_compare,
         }
 
     def is_active(self) -> bool:
@@ -177,6 +179,13 @@ class BottlenecksPlugin(base_plugin.TBPlugin):
     def _serve_kernels(self, request):
         result, failure = self._result(request)
         return failure or http_util.Respond(request, {"kernels": result["kernels"]}, "application/json")
+
+    @wrappers.Request.application
+    def _serve_compare(self, request):
+        from .compare import compare_route  # 200/202/400/404/422 like the report route
+
+        body, code = compare_route(self.analyzer, request.args, self._problem)
+        return http_util.Respond(request, body, "application/json", code=code)
 
 
 def _error(request, message: str, code: int):
