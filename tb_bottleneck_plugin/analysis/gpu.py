@@ -27,6 +27,8 @@ NA_NO_STEPS = "no included step: no steps window"
 NA_NO_BLOCKS_PER_SM = "kernels carry no numeric 'blocks per SM' (old trace or ROCm)"
 NA_NO_OCCUPANCY = "kernels carry no 'est. achieved occupancy %' (old trace or ROCm)"
 NA_NO_KERNELS = "no kernel on this device inside the steps window"
+NA_NO_KERNELS_IN_WINDOW = ("no kernel of this device ran inside the steps window (its kernels lie outside it; "
+                           "for CUDA graphs, graph replays may not be linked to the steps)")
 
 
 def clipped_kernel_weights(trace: TraceData, window: Tuple[float, float]) -> np.ndarray:
@@ -164,6 +166,12 @@ def gpu_metrics(trace: TraceData, steps: Steps, hta_compatible: bool = True, kin
             s, e = iv.clip(g.ts[k], g.ts[k] + g.dur[k], lo, hi)
             m["kernel_us"] = iv.union_length(s, e)
             m["utilization_pct"] = 100.0 * m["kernel_us"] / win
+            if m["kernel_us"] <= 0 and k.any():
+                # The device ran kernels, but none inside the steps window (e.g. a CUDA-graph
+                # capture window, or steps whose GPU work is not linked to them): a 0 % here
+                # would read "GPU idle" about a window that is not the workload.
+                m["utilization_pct"] = None
+                not_available[f"gpu.{key}.utilization_pct"] = NA_NO_KERNELS_IN_WINDOW
             b = g.blocks_per_sm[k]
             good = np.isfinite(b) & (b > 0)
             if good.any():

@@ -84,8 +84,32 @@ def sync_signal(trace: TraceData, steps: Steps) -> dict:
             top.append({"op": trace.strings[nid] if nid >= 0 else "(no op)",
                         "sync_us": float(us[sel].sum()), "count": int(sel.sum())})
         top.sort(key=lambda d: -d["sync_us"])
+    idle_us, busy_pct = _sync_gpu_idle(trace, rows, steps)
     return {"sync_us": sync_us, "sync_pct": 100.0 * sync_us / total_steps if total_steps > 0 else None,
+            "sync_gpu_idle_us": idle_us,
+            "sync_gpu_idle_pct": 100.0 * idle_us / total_steps if total_steps > 0 else None,
+            "gpu_busy_during_sync_pct": busy_pct,
             "top_ops": top[:TOP_N], "calls": calls}
+
+
+def _sync_gpu_idle(trace: TraceData, rows: np.ndarray, steps: Steps):
+    """GPU idle during synchronisation (§8): the sync calls ``rows``, as a union clipped
+    to the host spans of the included steps, intersected with the time no GPU activity
+    (kernel, memcpy, memset; any device of the file) ran. A sync that waits while the
+    GPU is busy does not starve it; one that overlaps GPU idle time does.
+    Returns ``(idle_us, gpu_busy_during_sync_pct)``; the share is None without sync time."""
+    rt, g = trace.runtime, trace.gpu
+    if len(rows) == 0 or steps.count == 0:
+        return 0.0, None
+    sync_set = iv.intersect(iv.merge(rt.ts[rows], rt.ts[rows] + rt.dur[rows]),
+                            iv.merge(steps.inc_host_start, steps.inc_host_end))
+    sync_len = float((sync_set[1] - sync_set[0]).sum())
+    if sync_len <= 0:
+        return 0.0, None
+    busy = iv.merge(g.ts, g.ts + g.dur)
+    idle = iv.subtract(sync_set, busy)
+    idle_us = float((idle[1] - idle[0]).sum())
+    return idle_us, 100.0 * (sync_len - idle_us) / sync_len
 
 
 def communication_signal(trace: TraceData, steps: Steps) -> dict:
@@ -115,7 +139,8 @@ def launch_signal(trace: TraceData, steps: Steps) -> dict:
     kernels launched per included step."""
     rt = trace.runtime
     if steps.count == 0:
-        return {"launch_us": 0.0, "kernels_per_step": None, "launch_pct": None}
+        return {"launch_us": 0.0, "kernels_per_step": None, "launch_pct": None,
+                "not_available": {"kernels_per_step": "no included step"}}
     m = np.isin(rt.name, trace.string_ids(lambda s: s in LAUNCH_CALLS))
     us = _clipped_to(rt.ts[m], rt.ts[m] + rt.dur[m], steps.inc_start, steps.inc_end)
     launch_us = float(us.sum())
@@ -126,5 +151,11 @@ def launch_signal(trace: TraceData, steps: Steps) -> dict:
         kps = float(k.sum()) / len(inc_idx)
     else:
         kps = 0.0
-    return {"launch_us": launch_us, "kernels_per_step": kps,
-            "launch_pct": 100.0 * launch_us / total if total > 0 else None}
+    out = {"launch_us": launch_us, "kernels_per_step": kps,
+           "launch_pct": 100.0 * launch_us / total if total > 0 else None}
+    if not steps.found:
+        # One window over the whole trace is not a step: a count "per step" would be
+        # the trace's kernel count under another name.
+        out["kernels_per_step"] = None
+        out["not_available"] = {"kernels_per_step": "no steps found (no ProfilerStep#N)"}
+    return out

@@ -313,8 +313,12 @@ def tensor_core_usage(trace: TraceData, top_n: int = 10) -> Dict:
                  "top_eligible_not_using": [], "precision_split_pct": {k: None for k in PRECISIONS},
                  "kernel_us": kernel_us, "tensor_core_us": 0.0, "eligible_not_using_us": 0.0,
                  "not_available": {}}
-    if not is_kernel.any():
-        reason = "no GPU kernels in the trace (CPU-only)"
+    if not is_kernel.any() or not (np.isfinite(kernel_us) and kernel_us > 0):
+        # Every share here is of kernel time: none when there is none (no kernel, or
+        # every kernel lasted 0 µs, as integer-µs traces can write for short kernels).
+        reason = ("no GPU kernels in the trace (CPU-only)" if not is_kernel.any()
+                  else "kernels have no usable duration (every kernel lasted 0 µs, or the total is not "
+                  "finite): no kernel time to share")
         out["not_available"] = {"tensor_core_pct": reason, "eligible_not_using_pct": reason,
                                 "precision_split_pct": reason}
         return out

@@ -1,0 +1,104 @@
+"""What kind of run the trace is (metrics.md §9 "Context"), so that advice fits it.
+
+``detect(trace) -> {"mode", "cuda_graphs", "cuda_graph_capture", "torch_compile",
+"distributed", "world_size", "evidence": {...}}``
+
+- **mode**: ``"training"`` when the host ran backward ops (``autograd::engine::
+  evaluate_function: …``, ops whose name contains ``Backward``, ``aten::*_backward``)
+  or optimizer ops (``Optimizer.step#…``, ``Optimizer.zero_grad#…``,
+  ``aten::_foreach_*``, ``optimizer.step``); ``"inference"`` when it ran CPU ops but
+  none of those; ``"unknown"`` when the trace has no CPU ops to tell (GPU-only traces).
+  Only ops and user annotations count, not Python stack frames (a frame named after
+  ``distributed_c10d.py`` is not an op).
+- **cuda_graphs**: a ``cudaGraphLaunch``/``hipGraphLaunch`` (or driver ``cuGraphLaunch``)
+  call; ``graph_kernels`` counts the kernels launched by one (same correlation).
+  ``cuda_graph_capture``: the trace also records capture (``cudaStreamBeginCapture``,
+  ``cudaGraphInstantiate`` and HIP twins).
+- **torch_compile**: Triton kernels (name starting with ``triton_`` or containing
+  ``triton_poi``/``triton_red``/``triton_per``/``triton_tem``), or CPU spans
+  ``CompiledFunction``/``CompiledFunctionBackward``/``Torch-Compiled Region``.
+- **distributed**: the trace's ``distributedInfo.world_size`` > 1; without it,
+  communication kernels (§2) or ``nccl:``/``gloo:``/``rccl:``/``c10d::`` CPU ops.
+"""
+from __future__ import annotations
+
+import re
+from typing import Dict, Optional
+
+import numpy as np
+
+from ..model import CPU_OP, CPU_USER_ANNOTATION, GPU_KERNEL, TraceData
+from .breakdown import COMM_CPU_PREFIXES, comm_kernel_mask
+from .linking import gpu_runtime_index
+
+BACKWARD_RE = re.compile(r"^autograd::engine::evaluate_function|Backward|^aten::\w*_backward")
+OPTIMIZER_RE = re.compile(r"^Optimizer\.(step|zero_grad)#|^aten::_foreach_|^optimizer\.step|^Optimizer\.step")
+GRAPH_LAUNCH_CALLS = frozenset({"cudaGraphLaunch", "cudaGraphLaunch_v10000", "hipGraphLaunch", "cuGraphLaunch",
+                                "cuGraphLaunch_ptsz", "cudaGraphLaunch_ptsz"})
+GRAPH_CAPTURE_CALLS = frozenset({"cudaStreamBeginCapture", "cudaStreamEndCapture", "cudaGraphInstantiate",
+                                 "cudaGraphInstantiateWithFlags", "hipStreamBeginCapture", "hipStreamEndCapture",
+                                 "hipGraphInstantiate", "cuStreamBeginCapture", "cuGraphInstantiate",
+                                 "cudaStreamBeginCapture_v10000", "cudaGraphInstantiate_v12000"})
+TRITON_RE = re.compile(r"^triton_|triton_(poi|red|per|tem)_")
+COMPILED_REGION_RE = re.compile(r"^CompiledFunction(Backward)?$|^Torch-Compiled Region|^torch_compile|"
+                                r"^TorchDynamo|^CompiledFxGraph")
+DISTRIBUTED_CPU_RE = re.compile(r"^(" + "|".join(re.escape(p) for p in COMM_CPU_PREFIXES) + r")|^c10d::")
+
+
+def _count(trace: TraceData, names: np.ndarray, pattern) -> int:
+    ids = trace.string_ids(lambda s: pattern.search(s) is not None)
+    return int(np.isin(names, ids).sum()) if len(ids) and len(names) else 0
+
+
+def _world_size(trace: TraceData) -> Optional[int]:
+    info = trace.meta.distributed_info
+    ws = info.get("world_size") if isinstance(info, dict) else None
+    if isinstance(ws, bool) or not isinstance(ws, (int, float)) or not np.isfinite(ws) or ws < 1:
+        return None
+    return int(min(ws, 1 << 31))
+
+
+def detect(trace: TraceData) -> Dict:
+    cpu = trace.cpu
+    ops = (cpu.kind == CPU_OP) | (cpu.kind == CPU_USER_ANNOTATION)
+    op_names = cpu.name[ops]
+    backward = _count(trace, op_names, BACKWARD_RE)
+    optimizer = _count(trace, op_names, OPTIMIZER_RE)
+    if backward or optimizer:
+        mode = "training"
+    elif len(op_names):
+        mode = "inference"
+    else:
+        mode = "unknown"
+
+    rt = trace.runtime
+    launch_ids = trace.string_ids(lambda s: s in GRAPH_LAUNCH_CALLS)
+    is_launch = np.isin(rt.name, launch_ids) if len(launch_ids) else np.zeros(len(rt), bool)
+    capture_ids = trace.string_ids(lambda s: s in GRAPH_CAPTURE_CALLS)
+    captures = int(np.isin(rt.name, capture_ids).sum()) if len(capture_ids) else 0
+    g = trace.gpu
+    graph_kernels = 0
+    if is_launch.any() and len(g):
+        g_rt = gpu_runtime_index(trace)
+        graph_kernels = int(((g.kind == GPU_KERNEL) & (g_rt >= 0) & is_launch[np.maximum(g_rt, 0)]).sum())
+
+    kernel_names = g.name[g.kind == GPU_KERNEL]
+    triton = _count(trace, kernel_names, TRITON_RE)
+    compiled = _count(trace, op_names, COMPILED_REGION_RE)
+
+    world = _world_size(trace)
+    comm_kernels = int((comm_kernel_mask(trace) & (g.kind == GPU_KERNEL)).sum()) if len(g) else 0
+    comm_ops = _count(trace, op_names, DISTRIBUTED_CPU_RE)
+    distributed = world > 1 if world is not None else bool(comm_kernels or comm_ops)
+    return {
+        "mode": mode,
+        "cuda_graphs": bool(is_launch.any()),
+        "cuda_graph_capture": captures > 0,
+        "torch_compile": bool(triton or compiled),
+        "distributed": bool(distributed),
+        "world_size": world,
+        "evidence": {"backward_ops": backward, "optimizer_ops": optimizer, "graph_launches": int(is_launch.sum()),
+                     "graph_kernels": graph_kernels, "graph_capture_calls": captures, "triton_kernels": triton,
+                     "compiled_regions": compiled, "communication_kernels": comm_kernels,
+                     "communication_ops": comm_ops},
+    }
