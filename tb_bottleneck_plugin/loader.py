@@ -42,6 +42,9 @@ SHAPE_OP_MARKERS = (
     "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
     "conv", "aten::einsum", "scaled_dot_product", "flash_attention", "efficient_attention",
     "lstm", "gru", "rnn",
+    # collective spans (nccl:all_reduce, gloo:broadcast, ...): their input size is the
+    # collective's bytes in the rank view (metrics §12)
+    "nccl:", "gloo:", "rccl:",
 )
 
 Num = Union[int, float, str, None]

@@ -51,3 +51,14 @@ SYNC_HIGH_PCT = 15.0
 COMM_SHARE_PCT = 15.0
 COMM_OVERLAP_OK_PCT = 70.0
 COMM_EXPOSED_HIGH_PCT = 30.0
+
+# --- §12 distributed runs: when the rank view flags a straggler -----------------------
+# Load imbalance: 100 * (max - mean) / mean of the ranks' compute time per step.
+LOAD_IMBALANCE_PCT = 10.0
+LOAD_IMBALANCE_HIGH_PCT = 25.0
+# One rank is the straggler (waited least) in at least this share of the steps ...
+STRAGGLER_STEP_SHARE_PCT = 60.0
+# ... and the others' wait for it is at least this share of the step time (so that a
+# balanced 2-rank run, where one of the two always waits a few µs less, is not flagged).
+STRAGGLER_MIN_WAIT_PCT = 10.0
+STRAGGLER_WAIT_HIGH_PCT = 20.0

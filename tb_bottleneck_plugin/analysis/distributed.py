@@ -1,0 +1,231 @@
+"""Per-span part of the distributed (ranks) view, metrics.md §12.
+
+``span_partial(trace, steps) -> dict`` reduces one trace file to what the run-level
+rank view (``tb_bottleneck_plugin.ranks``) needs: per included step its time split into
+compute only / overlapped / exposed communication / other, and the ordered list of the
+step's collectives (kind, duration, bytes). The result is plain JSON (lists, dicts,
+floats, no numpy), a few KB, so the service can keep it beside the span's report and the
+rank view never loads a trace again.
+
+Intervals are measured with the vectorised helpers of ``intervals``; only the
+collectives (few per step) are walked in Python.
+"""
+from __future__ import annotations
+
+import re
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from ..model import CPU_OP, CPU_USER_ANNOTATION, GPU_KERNEL, TraceData
+from . import intervals as iv
+from .breakdown import COMM_CPU_PREFIXES, comm_kernel_mask
+from .linking import gpu_runtime_index, innermost_enclosing
+from .steps import Steps
+
+PARTIAL_VERSION = 1
+# On CPU-only traces these CPU spans are communication too (besides nccl:/gloo:/rccl:):
+# the c10d dispatcher ops (c10d::allreduce_, c10d::broadcast_, ...) and the op that
+# records collective parameters.
+COMM_CPU_EXTRA_PREFIXES = ("c10d::",)
+COMM_CPU_EXTRA_NAMES = frozenset({"record_param_comms"})
+# A step keeps at most this many collectives (FSDP can issue thousands): the partial
+# stays a few KB; `collectives_truncated` says when it happened.
+MAX_COLLECTIVES_PER_STEP = 512
+
+# Collective kinds, matched in this order on the name with case, '_', ':' and '-' removed
+# (so "allreduce", "all_reduce", "ncclKernel_AllReduce_RING_LL_Sum_float",
+# "c10d::allreduce_" all read "allreduce"): longer names first.
+_KINDS = (
+    ("allreduce", "all_reduce"), ("allgather", "all_gather"), ("reducescatter", "reduce_scatter"),
+    ("alltoall", "all_to_all"), ("broadcast", "broadcast"), ("sendrecv", "send_recv"),
+    ("barrier", "barrier"), ("reduce", "reduce"), ("gather", "gather"), ("scatter", "scatter"),
+    ("send", "send"), ("recv", "recv"),
+)
+_NAME_PREFIX = re.compile(r"^(nccl|gloo|rccl|c10d)\s*:+", re.IGNORECASE)
+_DTYPE_BYTES = {
+    "float": 4, "float32": 4, "c10::float": 4, "double": 8, "float64": 8, "half": 2, "float16": 2,
+    "c10::half": 2, "bfloat16": 2, "c10::bfloat16": 2, "int": 4, "int32": 4, "long": 8, "int64": 8,
+    "long int": 8, "short": 2, "int16": 2, "signed char": 1, "int8": 1, "unsigned char": 1, "uint8": 1,
+    "bool": 1, "char": 1, "c10::float8_e4m3fn": 1, "c10::float8_e5m2": 1, "complexfloat": 8,
+    "c10::complex<float>": 8, "complexdouble": 16, "c10::complex<double>": 16,
+}
+
+
+def collective_kind(name: str) -> str:
+    """all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, send_recv, barrier,
+    reduce, gather, scatter, send, recv, or "other" (e.g. ROCm's ncclDevKernel_Generic)."""
+    low = _NAME_PREFIX.sub("", name).lower()
+    if low.startswith(("nccldevkernel_", "ncclkernel_", "rccl")):
+        low = low.split("_", 1)[1] if "_" in low else low
+    key = re.sub(r"[_:\-\s]", "", low)
+    for needle, kind in _KINDS:
+        if needle in key:
+            return kind
+    return "other"
+
+
+def _is_comm_cpu_name(name: str) -> bool:
+    return name.startswith(COMM_CPU_PREFIXES) or name.startswith(COMM_CPU_EXTRA_PREFIXES) \
+        or name in COMM_CPU_EXTRA_NAMES
+
+
+def _bytes_of(trace: TraceData, cpu_row: int) -> Optional[float]:
+    """Input size of a collective's CPU span: product of the first input's dims times
+    its dtype size (needs record_shapes=True); None when not recorded."""
+    dims = trace.op_inputs.dims.get(int(cpu_row))
+    types = trace.op_inputs.types.get(int(cpu_row))
+    if not dims or not types or not isinstance(dims, list) or not isinstance(types, list):
+        return None
+    first, dtype = dims[0], types[0]
+    if not isinstance(first, list) or not all(isinstance(d, int) and d >= 0 for d in first):
+        return None
+    size = _DTYPE_BYTES.get(str(dtype).lower())
+    if size is None:
+        return None
+    return float(int(np.prod(first, dtype=np.int64)) * size) if first else float(size)
+
+
+def _host_span_mask(trace: TraceData) -> np.ndarray:
+    return (trace.cpu.kind == CPU_OP) | (trace.cpu.kind == CPU_USER_ANNOTATION)
+
+
+def _collective_spans(trace: TraceData) -> np.ndarray:
+    """Rows of trace.cpu that are the CPU span of one collective each: nccl:/gloo:/rccl:
+    spans (one per collective call)."""
+    ids = trace.string_ids(lambda s: s.startswith(COMM_CPU_PREFIXES))
+    return np.flatnonzero(np.isin(trace.cpu.name, ids) & _host_span_mask(trace))
+
+
+def _host_compute(c, is_comp: np.ndarray, is_comm: np.ndarray) -> iv.Intervals:
+    """Union over threads of (compute spans - communication spans of the same thread).
+
+    An op that encloses a collective on its own thread (autograd's AccumulateGrad around
+    c10d::allreduce_) is not computing while the collective runs: only compute on
+    another thread overlaps communication. The loop is over threads (few)."""
+    threads = np.stack([c.pid, c.tid], 1)
+    comm_threads = np.unique(threads[is_comm], axis=0) if is_comm.any() else np.empty((0, 2), np.int64)
+    on_comm_thread = np.zeros(len(c), bool)
+    starts, ends = [], []
+    for pid, tid in comm_threads.tolist():
+        mine = (c.pid == pid) & (c.tid == tid)
+        on_comm_thread |= mine
+        own = iv.subtract(iv.merge(c.ts[is_comp & mine], (c.ts + c.dur)[is_comp & mine]),
+                          iv.merge(c.ts[is_comm & mine], (c.ts + c.dur)[is_comm & mine]))
+        starts.append(own[0])
+        ends.append(own[1])
+    rest = is_comp & ~on_comm_thread
+    starts.append(c.ts[rest])
+    ends.append((c.ts + c.dur)[rest])
+    return iv.merge(np.concatenate(starts), np.concatenate(ends))
+
+
+def span_partial(trace: TraceData, steps: Optional[Steps]) -> dict:
+    """The rank view's input from one trace file (metrics §12).
+
+    ``{"version", "rank", "world_size", "backend", "pg_count", "device": "gpu"|"cpu",
+    "comm_source": "kernels"|"cpu_spans"|None, "steps": [{"step", "step_us",
+    "compute_only_us", "overlapped_us", "exposed_comm_us", "other_us", "collectives":
+    {"kind": [...], "dur_us": [...], "bytes": [...]}}], "collectives_truncated": bool}``.
+    With no steps (or ``steps`` None after a failed steps section) ``steps`` is [] and
+    ``not_available`` says why.
+    """
+    info = trace.meta.distributed_info if isinstance(trace.meta.distributed_info, dict) else {}
+    rank = info.get("rank")
+    out: dict = {
+        "version": PARTIAL_VERSION,
+        "rank": int(rank) if isinstance(rank, (int, float)) and not isinstance(rank, bool) else None,
+        "world_size": _int_or_none(info.get("world_size")),
+        "backend": info.get("backend") if isinstance(info.get("backend"), str) else None,
+        "pg_count": _int_or_none(info.get("pg_count")),
+        "device": None, "comm_source": None, "steps": [], "collectives_truncated": False,
+    }
+    if steps is None or steps.count == 0:
+        out["not_available"] = "no included step"
+        return out
+    g, c = trace.gpu, trace.cpu
+    kernels = g.kind == GPU_KERNEL
+    comm_k = comm_kernel_mask(trace)
+    gpu_trace = bool(kernels.any())
+    out["device"] = "gpu" if gpu_trace else "cpu"
+    coll_rows = _collective_spans(trace)
+    if gpu_trace:
+        comp = iv.merge(g.ts[kernels & ~comm_k], (g.ts + g.dur)[kernels & ~comm_k])
+        comm = iv.merge(g.ts[comm_k], (g.ts + g.dur)[comm_k])
+    else:
+        span = _host_span_mask(trace)
+        comm_ids = trace.string_ids(_is_comm_cpu_name)
+        step_ids = trace.string_ids(lambda s: s.startswith("ProfilerStep#"))
+        is_comm = np.isin(c.name, comm_ids) & span
+        is_comp = span & ~is_comm & ~np.isin(c.name, step_ids)
+        comm = iv.merge(c.ts[is_comm], (c.ts + c.dur)[is_comm])
+        comp = _host_compute(c, is_comp, is_comm)
+    lo, hi = steps.inc_start, steps.inc_end
+    total = hi - lo
+    comp_us = iv.covered_in(comp, lo, hi)
+    comm_us = iv.covered_in(comm, lo, hi)
+    both_us = iv.covered_in(iv.intersect(comp, comm), lo, hi)
+    compute_only = np.maximum(comp_us - both_us, 0.0)
+    exposed = np.maximum(comm_us - both_us, 0.0)
+    other = np.maximum(total - compute_only - both_us - exposed, 0.0)
+
+    # The collectives: one entry per call, in start order, assigned to the included step
+    # whose (stretched) window holds its start.
+    if gpu_trace and comm_k.any():
+        out["comm_source"] = "kernels"
+        rows = np.flatnonzero(comm_k)
+        starts, durs = g.ts[rows], g.dur[rows]
+        names = [trace.strings[i] for i in g.name[rows]]
+        kinds = [collective_kind(n) for n in names]
+        # The CPU span (nccl:all_reduce ...) whose launching call holds the kernel's runtime
+        # call names the kind where the kernel name does not (ROCm ncclDevKernel_Generic)
+        # and carries the recorded input size.
+        cpu_of = np.full(len(rows), -1, np.int64)
+        if len(coll_rows):
+            rt = gpu_runtime_index(trace)[rows]
+            linked = rt >= 0
+            if linked.any():
+                cpu_of[linked] = innermost_enclosing(trace, coll_rows, rt[linked])
+        byts: List[Optional[float]] = []
+        for j, row in enumerate(cpu_of.tolist()):
+            if row >= 0:
+                if kinds[j] == "other":
+                    kinds[j] = collective_kind(trace.strings[c.name[row]])
+                byts.append(_bytes_of(trace, row))
+            else:
+                byts.append(None)
+    elif len(coll_rows):
+        out["comm_source"] = "cpu_spans"
+        rows = coll_rows
+        starts, durs = c.ts[rows], c.dur[rows]
+        kinds = [collective_kind(trace.strings[i]) for i in c.name[rows]]
+        byts = [_bytes_of(trace, r) for r in rows.tolist()]
+    else:
+        starts, durs, kinds, byts = np.empty(0), np.empty(0), [], []
+    order = np.argsort(starts, kind="stable")
+    step_of = np.searchsorted(lo, starts[order], side="right") - 1
+    inside = (step_of >= 0) & (starts[order] < hi[np.maximum(step_of, 0)])
+    per_step: List[Dict[str, list]] = [{"kind": [], "dur_us": [], "bytes": []} for _ in range(len(lo))]
+    for k, s, ok in zip(order.tolist(), step_of.tolist(), inside.tolist()):
+        if not ok:
+            continue
+        entry = per_step[s]
+        if len(entry["kind"]) >= MAX_COLLECTIVES_PER_STEP:
+            out["collectives_truncated"] = True
+            continue
+        entry["kind"].append(kinds[k])
+        entry["dur_us"].append(float(durs[k]))
+        entry["bytes"].append(byts[k])
+
+    for i, n in enumerate(steps.inc_numbers.tolist()):
+        out["steps"].append({
+            "step": int(n), "step_us": float(total[i]),
+            "compute_only_us": float(compute_only[i]), "overlapped_us": float(both_us[i]),
+            "exposed_comm_us": float(exposed[i]), "other_us": float(other[i]),
+            "collectives": per_step[i],
+        })
+    return out
+
+
+def _int_or_none(v) -> Optional[int]:
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None

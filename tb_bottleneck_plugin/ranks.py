@@ -1,0 +1,394 @@
+"""The run-level rank view of a distributed run (metrics.md §12).
+
+Built only from span results the service already keeps (each span result's
+``distributed`` partial, from ``analysis/distributed.py``, and its ``report``): no trace
+is loaded again. Cost is a few numpy passes over the collectives of all ranks, so
+1,000 ranks take milliseconds.
+
+- ``rank_view(results_by_worker) -> dict``: ``{worker name: [span result, ...]}`` to the
+  ``ranks`` object of docs/report-schema.md.
+- ``format_ranks_text(view) -> str``: the same for a terminal (``tb-bottlenecks report``).
+- ``ranks_route(analyzer, run) -> (body, status)``: the plugin's ``/ranks?run=`` route.
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from . import thresholds as T
+
+SPLIT = ("compute_only_us", "overlapped_us", "exposed_comm_us", "other_us")
+SINGLE_WORKER = "single worker: no ranks to compare"
+NO_COMMUNICATION = "no communication in any rank's steps"
+NO_STEPS = "no included step"
+NO_PARTIAL = "span results carry no distributed part (analysed by an older version; re-analyse)"
+
+
+def _natural_key(name: str):
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
+
+
+def _partials(results: List[dict]) -> List[dict]:
+    return [r["distributed"] for r in results if isinstance(r, dict) and isinstance(r.get("distributed"), dict)]
+
+
+def rank_view(results_by_worker: Dict[str, List[dict]]) -> dict:
+    """The ``ranks`` object: one row per rank, per-collective table, imbalance,
+    straggler and its recommendation, ``not_available`` with reasons (metrics §12)."""
+    workers = sorted(results_by_worker, key=_natural_key)
+    na: Dict[str, str] = {}
+    view: dict = {"available": False, "rank_count": len(workers), "world_size": None, "backend": None,
+                  "ranks": [], "steps": [], "collectives": [], "imbalance_pct": None, "straggler": None,
+                  "flagged": False, "recommendation": None, "not_available": na}
+    if len(workers) < 2:
+        na["ranks"] = SINGLE_WORKER
+        return view
+
+    partials = {w: _partials(results_by_worker[w]) for w in workers}
+    # Rank numbers: distributedInfo.rank when every worker has one and they are distinct.
+    declared = {w: next((p["rank"] for p in partials[w] if p.get("rank") is not None), None) for w in workers}
+    numbers = list(declared.values())
+    if all(n is not None for n in numbers) and len(set(numbers)) == len(numbers):
+        rank_of, source = declared, "distributed_info"
+    else:
+        rank_of, source = {w: i for i, w in enumerate(workers)}, "worker_order"
+        if any(n is not None for n in numbers):
+            na["ranks.rank"] = ("distributedInfo.rank missing in some workers or not distinct: "
+                                "ranks numbered by worker order")
+    workers.sort(key=lambda w: rank_of[w])
+    first = next((p for w in workers for p in partials[w]), {})
+    view["world_size"] = first.get("world_size")
+    view["backend"] = first.get("backend")
+
+    # ---- per-rank split (sums over all included steps of all spans) ------------------
+    rows: List[dict] = []
+    kinds_flat: List[str] = []
+    durs_flat: List[float] = []
+    bytes_flat: List[Optional[float]] = []
+    seg_rank: List[int] = []  # one entry per (rank, step): rank index, step number, #collectives
+    seg_step: List[int] = []
+    seg_len: List[int] = []
+    for ri, w in enumerate(workers):
+        steps = [s for p in partials[w] for s in p.get("steps") or []]
+        row: dict = {"rank": rank_of[w], "worker": w, "rank_source": source, "steps": len(steps)}
+        if not partials[w]:
+            na[f"ranks.{w}"] = NO_PARTIAL
+        elif not steps:
+            na[f"ranks.{w}"] = NO_STEPS
+        total = sum(s["step_us"] for s in steps)
+        for key in ("step_us",) + SPLIT:
+            row[key] = sum(s[key] for s in steps) if steps else None
+        for key in SPLIT:
+            row[key.replace("_us", "_pct")] = 100.0 * row[key] / total if steps and total > 0 else None
+        row["avg_step_us"] = total / len(steps) if steps else None
+        row["compute_us_per_step"] = ((row["compute_only_us"] + row["overlapped_us"]) / len(steps)
+                                      if steps else None)
+        row.update(_report_numbers(results_by_worker[w]))
+        row["per_step"] = {"steps": [s["step"] for s in steps], "step_us": [s["step_us"] for s in steps],
+                           "wait_us": [None] * len(steps)}
+        for s in steps:
+            coll = s.get("collectives") or {}
+            n = len(coll.get("kind") or [])
+            kinds_flat.extend(coll.get("kind") or [])
+            durs_flat.extend(coll.get("dur_us") or [])
+            bytes_flat.extend(coll.get("bytes") or [None] * n)
+            seg_rank.append(ri)
+            seg_step.append(int(s["step"]))
+            seg_len.append(n)
+        rows.append(row)
+
+    # ---- collectives: flat arrays, matched per step number by position ----------------
+    n_ranks = len(rows)
+    dur = np.asarray(durs_flat, dtype=np.float64)
+    byts = np.array([np.nan if b is None else b for b in bytes_flat], dtype=np.float64)
+    kind_names, kind = np.unique(np.asarray(kinds_flat, dtype=object).astype(str), return_inverse=True) \
+        if kinds_flat else (np.empty(0, str), np.empty(0, np.int64))
+    seg_rank_a = np.asarray(seg_rank, np.int64)
+    seg_step_a = np.asarray(seg_step, np.int64)
+    seg_len_a = np.asarray(seg_len, np.int64)
+    ent_rank = np.repeat(seg_rank_a, seg_len_a)
+    ent_step = np.repeat(seg_step_a, seg_len_a)
+    seg_off = np.concatenate([[0], np.cumsum(seg_len_a)])[:-1]
+    ent_pos = np.arange(len(dur)) - np.repeat(seg_off, seg_len_a)
+    matched = np.zeros(len(dur), bool)
+    ent_wait = np.zeros(len(dur))
+    ent_transfer = np.zeros(len(dur))
+    wait_by_rank_step: Dict[Tuple[int, int], float] = {}
+    straggler_steps = np.zeros(n_ranks, np.int64)
+    caused_wait = np.zeros(n_ranks)  # Σ mean wait of the others in steps it straggled
+    caused_base = np.zeros(n_ranks)  # Σ mean step time of those steps
+    step_us_of = {(r, s): rows[r]["per_step"]["step_us"][i]
+                  for r in range(n_ranks) for i, s in enumerate(rows[r]["per_step"]["steps"])}
+    steps_with_straggler = 0
+    common_steps = sorted(set(seg_step))
+    for n in common_steps:
+        segs = np.flatnonzero(seg_step_a == n)
+        present = seg_rank_a[segs]
+        if len(present) < 2:
+            continue
+        k_max = int(seg_len_a[segs].min())
+        sel = np.flatnonzero(ent_step == n)
+        local = np.full(n_ranks, -1, np.int64)
+        local[present] = np.arange(len(present))
+        waits = np.zeros(len(present))
+        if k_max > 0:
+            sel = sel[ent_pos[sel] < k_max]
+            D = np.empty((len(present), k_max))
+            K = np.empty((len(present), k_max), np.int64)
+            D[local[ent_rank[sel]], ent_pos[sel]] = dur[sel]
+            K[local[ent_rank[sel]], ent_pos[sel]] = kind[sel]
+            same = (K == K[0]).all(axis=0)
+            k_ok = k_max if same.all() else int(np.argmin(same))
+            if k_ok > 0:
+                transfer = D[:, :k_ok].min(axis=0)
+                W = D[:, :k_ok] - transfer
+                waits = W.sum(axis=1)
+                hit = sel[ent_pos[sel] < k_ok]
+                matched[hit] = True
+                ent_transfer[hit] = transfer[ent_pos[hit]]
+                ent_wait[hit] = W[local[ent_rank[hit]], ent_pos[hit]]
+        for r, wv in zip(present.tolist(), waits.tolist()):
+            wait_by_rank_step[(r, n)] = wv
+        if len(waits) and waits.max() > waits.min():
+            lowest = np.flatnonzero(waits == waits.min())
+            s_local = int(lowest[np.argmin(np.array([rows[present[i]]["rank"] for i in lowest]))])
+            s_rank = int(present[s_local])
+            straggler_steps[s_rank] += 1
+            steps_with_straggler += 1
+            others = np.delete(waits, s_local)
+            caused_wait[s_rank] += float(others.mean())
+            caused_base[s_rank] += float(np.mean([step_us_of[(int(r), n)] for r in present]))
+
+    has_comm = len(dur) > 0
+    if not has_comm:
+        na["ranks.wait_us"] = NO_COMMUNICATION
+    rank_wait = np.bincount(ent_rank[matched], weights=ent_wait[matched], minlength=n_ranks) if has_comm \
+        else np.zeros(n_ranks)
+    rank_transfer = np.bincount(ent_rank[matched], weights=ent_transfer[matched], minlength=n_ranks) \
+        if has_comm else np.zeros(n_ranks)
+    rank_comm = np.bincount(ent_rank, weights=dur, minlength=n_ranks) if has_comm else np.zeros(n_ranks)
+    for r, row in enumerate(rows):
+        row["straggler_steps"] = int(straggler_steps[r])
+        row["wait_us"] = float(rank_wait[r]) if has_comm else None
+        row["transfer_us"] = float(rank_transfer[r]) if has_comm else None
+        row["comm_us"] = float(rank_comm[r]) if has_comm else None
+        row["per_step"]["wait_us"] = [wait_by_rank_step.get((r, s)) if has_comm else None
+                                      for s in row["per_step"]["steps"]]
+
+    collectives = []
+    for k, name in enumerate(kind_names.tolist()):
+        m = kind == k
+        mm = m & matched
+        known = m & ~np.isnan(byts)
+        collectives.append({
+            "kind": name, "calls": int(m.sum()), "matched_calls": int(mm.sum()),
+            "unmatched_calls": int((m & ~matched).sum()),
+            "bytes": float(byts[known].sum()) if known.any() else None,
+            "bytes_known_calls": int(known.sum()),
+            "total_us": float(dur[m].sum()), "transfer_us": float(ent_transfer[mm].sum()),
+            "wait_us": float(ent_wait[mm].sum()),
+        })
+    collectives.sort(key=lambda c: -c["total_us"])
+
+    # ---- imbalance, straggler, recommendation -----------------------------------------
+    compute = np.array([r["compute_us_per_step"] for r in rows if r["compute_us_per_step"] is not None])
+    imbalance = None
+    if len(compute) >= 2 and compute.mean() > 0:
+        imbalance = float(100.0 * (compute.max() - compute.mean()) / compute.mean())
+    elif len(compute) < 2:
+        na["ranks.imbalance_pct"] = "fewer than two ranks with included steps"
+    else:
+        na["ranks.imbalance_pct"] = "no compute time in any rank's steps"
+    straggler = None
+    if steps_with_straggler:
+        top = int(np.argmax(straggler_steps))
+        straggler = {"rank": rows[top]["rank"], "worker": rows[top]["worker"],
+                     "steps": int(straggler_steps[top]), "of_steps": steps_with_straggler,
+                     "share_pct": 100.0 * straggler_steps[top] / steps_with_straggler,
+                     "wait_caused_pct": (100.0 * caused_wait[top] / caused_base[top]
+                                         if caused_base[top] > 0 else None)}
+    elif has_comm:
+        na["ranks.straggler"] = "no step in which the ranks waited different times"
+    view.update(available=True, ranks=rows, steps=common_steps, collectives=collectives,
+                imbalance_pct=imbalance, straggler=straggler)
+    straggler_fires = (straggler is not None and straggler["share_pct"] >= T.STRAGGLER_STEP_SHARE_PCT
+                       and (straggler["wait_caused_pct"] or 0.0) >= T.STRAGGLER_MIN_WAIT_PCT)
+    imbalance_fires = imbalance is not None and imbalance >= T.LOAD_IMBALANCE_PCT
+    if straggler_fires or imbalance_fires:
+        if straggler_fires:
+            worker = straggler["worker"]
+        else:
+            worker = max((r for r in rows if r["compute_us_per_step"] is not None),
+                         key=lambda r: r["compute_us_per_step"])["worker"]
+        row = next(r for r in rows if r["worker"] == worker)
+        view["flagged"] = True
+        view["recommendation"] = _recommendation(row, straggler if straggler_fires else None, imbalance,
+                                                 results_by_worker[worker], compute)
+    return _clean(view)
+
+
+def _report_numbers(results: List[dict]) -> dict:
+    """input-bound % (ratio of sums over the steps of all spans) and GPU utilization
+    (weighted by each span's steps window) from the rank's own span reports."""
+    dl = st = 0.0
+    util = weight = 0.0
+    for r in results:
+        rep = r.get("report") or {}
+        for s in (rep.get("input") or {}).get("per_step") or []:
+            dl += s.get("dataloader_us") or 0.0
+            st += s.get("step_us") or 0.0
+        window = (rep.get("steps") or {}).get("window_us") or 0.0
+        for g in (rep.get("gpu") or {}).values():
+            if g.get("utilization_pct") is not None and window:
+                util += g["utilization_pct"] * window
+                weight += window
+    return {"input_bound_pct": 100.0 * dl / st if st > 0 else None,
+            "gpu_utilization_pct": util / weight if weight > 0 else None}
+
+
+def _recommendation(row: dict, straggler: Optional[dict], imbalance: Optional[float],
+                    results: List[dict], compute: np.ndarray) -> dict:
+    """Names the rank and quotes its own report's top bottleneck (metrics §12)."""
+    from . import report as report_mod  # the rank's own report, all its spans combined
+
+    rep = report_mod.combine_results(results, worker=row["worker"])["report"] if len(results) > 1 \
+        else (results[0].get("report") or {})
+    own = (rep.get("recommendations") or [])
+    top_kernel = next(iter((rep.get("occupancy") or {}).get("kernels") or []), None)
+    peaks = [(k, m.get("peak_allocated_bytes")) for k, m in (rep.get("memory") or {}).items()
+             if isinstance(m, dict) and m.get("peak_allocated_bytes") is not None]
+    peak = max(peaks, key=lambda kv: kv[1]) if peaks else None
+    who = f"rank {row['rank']} (worker {row['worker']})"
+    numbers = {"rank": row["rank"], "imbalance_pct": imbalance,
+               "input_bound_pct": row.get("input_bound_pct"),
+               "compute_us_per_step": row.get("compute_us_per_step")}
+    if straggler is not None:
+        numbers.update(straggler_steps=straggler["steps"], of_steps=straggler["of_steps"],
+                       wait_caused_pct=straggler["wait_caused_pct"])
+        title = (f"{who} holds the others back: straggler in {straggler['steps']} of "
+                 f"{straggler['of_steps']} steps; the other ranks wait "
+                 f"{straggler['wait_caused_pct']:.1f}% of the step for it")
+        gain = straggler["wait_caused_pct"]
+        high = (straggler["wait_caused_pct"] >= T.STRAGGLER_WAIT_HIGH_PCT
+                or (imbalance or 0.0) >= T.LOAD_IMBALANCE_HIGH_PCT)
+    else:
+        title = (f"Load imbalance {imbalance:.1f}%: {who} computes "
+                 f"{row['compute_us_per_step'] / 1000:.2f} ms per step, the mean is "
+                 f"{compute.mean() / 1000:.2f} ms")
+        gain = 100.0 * (compute.max() - compute.mean()) / compute.max() if compute.max() > 0 else None
+        high = imbalance >= T.LOAD_IMBALANCE_HIGH_PCT
+    facts = []
+    if row.get("input_bound_pct") is not None:
+        facts.append(f"input-bound {row['input_bound_pct']:.1f}%")
+    if top_kernel:
+        facts.append(f"top kernel {top_kernel.get('name')} ({(top_kernel.get('time_pct') or 0):.1f}% of kernel time)")
+    if peak:
+        facts.append(f"peak memory {peak[1] / 2**20:.0f} MiB on {peak[0]}")
+    if own:
+        first = own[0]
+        action = (f"Fix rank {row['rank']} first: its own report's top finding is \"{first.get('title')}\" "
+                  f"-> {first.get('action')}")
+        cause = {"rule": first.get("rule"), "severity": first.get("severity"), "title": first.get("title"),
+                 "action": first.get("action")}
+    else:
+        action = (f"Rank {row['rank']}'s own report shows no bottleneck above threshold: look at what "
+                  f"differs on that rank (data shard sizes, host CPU contention, a slower link or GPU).")
+        cause = None
+    if facts:
+        action += " Its numbers: " + ", ".join(facts) + "."
+    return {"rule": "straggler", "severity": "high" if high else "medium", "title": title, "action": action,
+            "rank": row["rank"], "worker": row["worker"], "numbers": numbers, "cause": cause,
+            "evidence": facts, "estimated_gain_pct": gain}
+
+
+# ---------------------------------------------------------------------------- text
+
+
+def format_ranks_text(view: dict, indent: str = "") -> str:
+    """The rank view for a terminal: recommendation, one line per rank (at most 40, the
+    slowest first beyond that), the per-collective table."""
+    if not view.get("available"):
+        why = (view.get("not_available") or {}).get("ranks", "not available")
+        return f"{indent}ranks: n/a ({why})"
+    lines = [f"{indent}ranks: {view['rank_count']} ranks"
+             + (f", backend {view['backend']}" if view.get("backend") else "")
+             + (f", world size {view['world_size']}" if view.get("world_size") else "")
+             + (f"; load imbalance {view['imbalance_pct']:.1f}%" if view.get("imbalance_pct") is not None else "")]
+    rec = view.get("recommendation")
+    if rec:
+        lines.append(f"{indent}  [{rec['severity']}] {rec['title']}")
+        lines.append(f"{indent}      -> {rec['action']}")
+    rows = view["ranks"]
+    shown = rows if len(rows) <= 40 else sorted(rows, key=lambda r: -(r["avg_step_us"] or 0))[:40]
+    lines.append(f"{indent}  {'rank':>5} {'worker':<16} {'step ms':>8} {'compute':>8} {'overlap':>8} "
+                 f"{'exposed':>8} {'other':>8} {'input%':>7} {'stragl':>6} {'wait ms':>9} {'xfer ms':>9}")
+
+    def pct(v):
+        return f"{v:7.1f}%" if v is not None else f"{'n/a':>8}"
+
+    def ms(v, width=9):
+        return f"{v / 1000:{width}.2f}" if v is not None else f"{'n/a':>{width}}"
+
+    for r in shown:
+        lines.append(f"{indent}  {r['rank']:>5} {str(r['worker'])[:16]:<16} {ms(r['avg_step_us'], 8)} "
+                     f"{pct(r['compute_only_pct'])} {pct(r['overlapped_pct'])} {pct(r['exposed_comm_pct'])} "
+                     f"{pct(r['other_pct'])} "
+                     + (f"{r['input_bound_pct']:6.1f}%" if r.get("input_bound_pct") is not None else f"{'n/a':>7}")
+                     + f" {r['straggler_steps']:>6} {ms(r['wait_us'])} {ms(r['transfer_us'])}")
+    if len(rows) > len(shown):
+        lines.append(f"{indent}  ... {len(rows) - len(shown)} more ranks (slowest 40 shown; --json has all)")
+    for c in view.get("collectives") or []:
+        size = f", {c['bytes'] / 2**20:.1f} MiB" if c.get("bytes") is not None else ""
+        lines.append(f"{indent}  {c['kind']}: {c['calls']} calls{size}, {c['total_us'] / 1000:.2f} ms "
+                     f"(transfer {c['transfer_us'] / 1000:.2f} ms, wait {c['wait_us'] / 1000:.2f} ms"
+                     + (f", {c['unmatched_calls']} unmatched" if c.get("unmatched_calls") else "") + ")")
+    for key, why in (view.get("not_available") or {}).items():
+        lines.append(f"{indent}  n/a {key}: {why}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- route
+
+
+def ranks_route(analyzer, run: str) -> Tuple[dict, int]:
+    """Body and status of ``/ranks?run=``: 202 while spans load, 404 for an unknown run,
+    else the rank view over the run's ready spans (span errors listed in ``file_errors``)."""
+    try:
+        selected = analyzer.span_states(run)
+    except KeyError:
+        return {"error": f"unknown run {run!r}"}, 404
+    states = [st for _, _, st in selected]
+    if any(st.state in ("loading", "queued") for st in states):
+        done = sum(st.progress for st in states) / max(1, len(states))
+        return {"state": "loading", "progress": round(done, 3)}, 202
+    by_worker: Dict[str, List[dict]] = {}
+    errors = []
+    for w, s, st in selected:
+        if st.state == "ready" and st.result is not None:
+            by_worker.setdefault(w.name, []).append(st.result)
+        elif st.state == "error":
+            errors.append({"file": s.name, "error": st.error})
+    workers = {w.name for w, _, _ in selected}
+    view = rank_view(by_worker)
+    missing = sorted(workers - set(by_worker), key=_natural_key)
+    if missing:
+        view["not_available"]["ranks.workers"] = f"no analysed span for worker(s) {', '.join(missing)}"
+    view["state"] = "ready"
+    view["file_errors"] = errors
+    return _clean(view), 200
+
+
+def _clean(v):
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_clean(x) for x in v]
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+__all__ = ["rank_view", "format_ranks_text", "ranks_route"]
