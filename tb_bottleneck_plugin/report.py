@@ -18,6 +18,7 @@ import numpy as np
 
 from . import loader, model, recommendations, storage
 from .analysis import breakdown, gpu, input_bound, memory, occupancy, operators, signals, steps, tensor_cores
+from .analysis import distributed  # metrics §12: the rank view's per-span part
 from .errors import BottleneckError
 
 SCHEMA_VERSION = 1
@@ -186,8 +187,10 @@ def analyze_trace(trace: model.TraceData, *, run=None, worker=None, span=None, s
     rep["errors"] = sec.errors
     rep["not_available_labels"] = not_available_labels(not_available)
     ops_table = sec.run("operators", operators.operator_table, trace, found) if found is not None else None
+    dist_part = sec.run("distributed", distributed.span_partial, trace, found)  # ranks.rank_view input
     return {"report": _clean(rep), "memory": _clean(curves), "kernels": _clean(kernels),
-            "operators": _clean(ops_table)}  # compare.py's op and kernel diffs
+            "operators": _clean(ops_table),  # compare.py's op and kernel diffs
+            "distributed": dist_part}
 
 
 def _trace_header(trace: model.TraceData) -> dict:
