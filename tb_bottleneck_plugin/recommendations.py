@@ -5,6 +5,11 @@ of numbers a user can also see in the tab. Each fired rule names its rule id, th
 numbers that fired it, the evidence, and a concrete PyTorch action. Thresholds live in
 thresholds.py.
 
+Advice fits the run: the rules read ``report["context"]`` (analysis/context.py: training
+or inference, CUDA graphs, torch.compile, distributed) and the GPU generation, so an
+inference trace gets no DDP or GradScaler advice and a compiled, graph-replaying trace
+is not told to use torch.compile or CUDA graphs.
+
 Ordering: by severity, then by the share of step time the fix could give back
 (`estimated_gain_pct`, a rough upper bound stated with its assumption), so that on an
 input-bound run the DataLoader fix comes first.
@@ -36,6 +41,30 @@ def _get(d: Optional[dict], *path, default=None):
     return d
 
 
+def _context(report) -> dict:
+    return report.get("context") or {}
+
+
+def _is_training(report) -> bool:
+    """Training unless the context says otherwise (an unknown mode keeps training advice)."""
+    return _context(report).get("mode") != "inference"
+
+
+def _is_inference(report) -> bool:
+    return _context(report).get("mode") == "inference"
+
+
+def _is_amd(report) -> bool:
+    for p in report.get("device_properties") or []:
+        if not isinstance(p, dict):
+            continue
+        name = str(p.get("name", ""))
+        if "AMD" in name or "Instinct" in name or "Radeon" in name or p.get("warpSize") == 64 \
+                or "gcnArchName" in p or "maxSharedMemoryPerMultiProcessor" in p:
+            return True
+    return False
+
+
 def _kernel_share(report) -> float:
     """Share of step time in GPU kernels (0-100), for gain estimates."""
     return float(_get(report, "breakdown_pct", "kernel", default=0.0) or 0.0)
@@ -58,9 +87,10 @@ def rule_input_bound(report) -> Optional[dict]:
     pageable = ev.get("pageable_h2d_copies") or 0
     if pageable:
         evidence.append(f"{pageable} host-to-device copies from pageable memory")
-    who = "The GPU waits" if (report.get("trace") or {}).get("gpu_devices") else "The training loop waits"
+    loop = "training loop" if _is_training(report) else "inference loop"
+    who = "The GPU waits" if (report.get("trace") or {}).get("gpu_devices") else f"The {loop} waits"
     if ev.get("num_workers_zero"):
-        title = f"{who} for the DataLoader: it loads batches in the training process (num_workers=0)"
+        title = f"{who} for the DataLoader: it loads batches in the main process (num_workers=0)"
         action = ("Load batches in worker processes: DataLoader(dataset, batch_size=..., num_workers=4, "
                   "pin_memory=True, persistent_workers=True, prefetch_factor=2) — start with num_workers "
                   "= number of CPU cores per GPU and raise it until the DataLoader share drops below 5 %.")
@@ -115,13 +145,36 @@ def rule_tensor_cores(report) -> Optional[dict]:
         if op.get("shapes_multiple_of_8") is False:
             text += ", sizes not multiples of 8"
         evidence.append(text)
-    if major is not None and major < 8:
-        action = ("Run matmuls and convolutions in half precision with automatic mixed precision: "
-                  "`with torch.autocast('cuda', dtype=torch.float16):` around the forward pass and a "
-                  "`torch.cuda.amp.GradScaler` for the backward (this GPU has no bf16/TF32 Tensor Cores).")
+    inference = _is_inference(report)
+    if _is_amd(report):
+        # ROCm builds keep the "cuda" device type; CDNA matrix cores (MI200/MI300) run
+        # bf16/fp16 (and fp8 on MI300), so autocast is the lever.
+        action = ("Use the matrix cores: run matmuls and convolutions in bf16 with "
+                  "`with torch.autocast(\"cuda\", dtype=torch.bfloat16):` around the forward pass "
+                  "(ROCm builds use the \"cuda\" device type)"
+                  + (" inside `torch.inference_mode()`, or cast the model with `model.to(torch.bfloat16)`."
+                     if inference else "; bf16 needs no GradScaler."))
+    elif major is not None and major < 8:
+        # Volta/Turing: fp16 Tensor Cores only (no bf16, no TF32).
+        if inference:
+            action = ("Run matmuls and convolutions in fp16: `with torch.inference_mode(), "
+                      "torch.autocast(\"cuda\", dtype=torch.float16):` around the model call, or "
+                      "`model.half()` (this GPU has fp16 Tensor Cores only: no bf16, no TF32).")
+        else:
+            action = ("Run matmuls and convolutions in fp16 with automatic mixed precision: "
+                      "`with torch.autocast(\"cuda\", dtype=torch.float16):` around the forward pass and "
+                      "`scaler = torch.amp.GradScaler(\"cuda\")` with `scaler.scale(loss).backward()`, "
+                      "`scaler.step(optimizer)`, `scaler.update()` (this GPU has fp16 Tensor Cores only: "
+                      "no bf16, no TF32).")
+    elif inference:
+        action = ("Use Tensor Cores: `with torch.inference_mode(), torch.autocast(\"cuda\", dtype=torch.bfloat16):` "
+                  "around the model call (or `model.to(torch.bfloat16)`), or at least "
+                  "`torch.set_float32_matmul_precision(\"high\")` (TF32; also "
+                  "`torch.backends.cudnn.allow_tf32 = True` for convolutions).")
     else:
-        action = ("Use Tensor Cores: `with torch.autocast('cuda', dtype=torch.bfloat16):` around the "
-                  "forward pass, or at least `torch.set_float32_matmul_precision('high')` "
+        action = ("Use Tensor Cores: `with torch.autocast(\"cuda\", dtype=torch.bfloat16):` around the "
+                  "forward pass (bf16 needs no GradScaler), or at least "
+                  "`torch.set_float32_matmul_precision(\"high\")` "
                   "(TF32; also `torch.backends.cudnn.allow_tf32 = True` for convolutions).")
     if any(op.get("shapes_multiple_of_8") is False for op in top):
         action += " Pad channel, hidden and batch sizes to multiples of 8."
@@ -154,8 +207,13 @@ def rule_small_kernels(report) -> Optional[dict]:
     if achieved is not None and achieved < T.LOW_OCCUPANCY_PCT:
         reasons.append(f"time-weighted theoretical occupancy {achieved:.0f} %")
         numbers["est_achieved_occupancy_pct"] = round(achieved, 2)
-    if gpu_util is not None and gpu_util < T.LOW_GPU_UTILIZATION_PCT and \
-            (report.get("input") or {}).get("input_bound_pct", 0) < T.INPUT_BOUND_MODERATE_PCT:
+    ctx = _context(report)
+    ev = ctx.get("evidence") or {}
+    # A trace that captures CUDA graphs without replaying them launches work that never
+    # runs on the GPU: its idle GPU says nothing about the workload.
+    capture_only = bool(ctx.get("cuda_graph_capture")) and not ev.get("graph_kernels")
+    if gpu_util is not None and gpu_util < T.LOW_GPU_UTILIZATION_PCT and not capture_only and \
+            ((report.get("input") or {}).get("input_bound_pct") or 0) < T.INPUT_BOUND_MODERATE_PCT:
         reasons.append(f"GPU busy only {gpu_util:.0f} % of the steps, and not because of input")
         numbers["gpu_utilization_pct"] = round(gpu_util, 2)
     if launch.get("kernels_per_step"):
@@ -166,13 +224,35 @@ def rule_small_kernels(report) -> Optional[dict]:
     return {
         "rule": "small_kernels", "severity": severity,
         "title": "Many small or low-occupancy kernels: the GPU is launch- or latency-bound",
-        "action": ("Fuse kernels with `model = torch.compile(model)` (mode='reduce-overhead' also uses CUDA "
-                   "graphs), capture static parts with CUDA graphs, or raise the batch size so each kernel "
-                   "has more work."),
+        "action": _small_kernels_action(report),
         "numbers": numbers, "evidence": reasons,
         "estimated_gain_pct": round(max(short_pct * _kernel_share(report) / 100,
                                         (100 - gpu_util) / 2 if "gpu_utilization_pct" in numbers else 0), 2),
     }
+
+
+def _small_kernels_action(report) -> str:
+    """Launch-overhead advice that does not tell a trace to use what it already uses."""
+    ctx = _context(report)
+    compiled, graphs = bool(ctx.get("torch_compile")), bool(ctx.get("cuda_graphs"))
+    batch = ("batch more requests per forward pass" if _is_inference(report)
+             else "raise the batch size so each kernel has more work")
+    if compiled and graphs:
+        return ("This run already uses torch.compile and CUDA graphs: " + batch + ", and look for graph "
+                "breaks that leave eager regions between compiled ones (`TORCH_LOGS=\"graph_breaks\"`).")
+    if compiled:
+        return ("This run already uses torch.compile: also replay it as CUDA graphs with "
+                "`torch.compile(model, mode=\"reduce-overhead\")`, remove graph breaks "
+                "(`TORCH_LOGS=\"graph_breaks\"`), or " + batch + ".")
+    if graphs:
+        return ("This run already replays CUDA graphs: fuse the kernels inside them with "
+                "`torch.compile(model, mode=\"reduce-overhead\")` (fusion plus CUDA graphs), or " + batch + ".")
+    if _is_inference(report):
+        return ("Fuse kernels and remove launch overhead with `model = torch.compile(model, "
+                "mode=\"reduce-overhead\")` (fusion plus CUDA graphs), run under `torch.inference_mode()`, "
+                "or " + batch + ".")
+    return ("Fuse kernels with `model = torch.compile(model)` (`mode=\"reduce-overhead\"` also uses CUDA "
+            "graphs), capture static parts with CUDA graphs, or " + batch + ".")
 
 
 def rule_allocator_slack(report) -> Optional[dict]:
@@ -211,8 +291,11 @@ def rule_memory_growth(report) -> Optional[dict]:
             return {
                 "rule": "memory_growth", "severity": "medium",
                 "title": f"Allocated memory on {dev} rises at every step: a possible leak",
-                "action": ("Look for tensors kept across steps: accumulate losses with loss.item() or "
-                           "loss.detach(), do not append graph-attached tensors to lists, clear caches."),
+                "action": (("Look for tensors kept across requests: run the model under "
+                            "torch.inference_mode(), do not keep outputs or per-request caches after the "
+                            "request, clear caches.") if _is_inference(report) else
+                           ("Look for tensors kept across steps: accumulate losses with loss.item() or "
+                            "loss.detach(), do not append graph-attached tensors to lists, clear caches.")),
                 "numbers": {"first_bytes": steps[0]["allocated_bytes"] if steps else None,
                             "last_bytes": steps[-1]["allocated_bytes"] if steps else None},
                 "evidence": [f"step {s['step']}: {s['allocated_bytes'] / (1 << 20):.0f} MiB" for s in steps[:8]],
@@ -222,18 +305,24 @@ def rule_memory_growth(report) -> Optional[dict]:
 
 
 def rule_sync(report) -> Optional[dict]:
+    """Fires on the GPU idle time during synchronisation (§8), not on the sync time: a
+    host that waits while the GPU is busy costs nothing."""
     sync = report.get("sync") or {}
-    pct = sync.get("sync_pct")
+    busy = sync.get("gpu_busy_during_sync_pct")
+    if busy is not None and busy >= T.SYNC_GPU_BUSY_OK_PCT:
+        return None
+    pct = sync.get("sync_gpu_idle_pct") if "sync_gpu_idle_pct" in sync else sync.get("sync_pct")
     if pct is None or pct < T.SYNC_PCT:
         return None
     ops = sync.get("top_ops") or []
     return {
         "rule": "synchronization", "severity": "high" if pct >= T.SYNC_HIGH_PCT else "medium",
-        "title": f"The host blocks on the GPU for {pct:.0f} % of the step time",
+        "title": f"The host waits on the GPU while the GPU idles for {pct:.0f} % of the step time",
         "action": ("Remove host-device synchronisation from the step: avoid .item(), .cpu(), .numpy(), "
                    "print(tensor) and data-dependent shapes (torch.nonzero, boolean masks) in the loop; log "
                    "metrics every N steps; use non_blocking=True copies."),
-        "numbers": {"sync_pct": round(pct, 2), "sync_us": sync.get("sync_us")},
+        "numbers": {"sync_gpu_idle_pct": round(pct, 2), "sync_pct": sync.get("sync_pct"),
+                    "gpu_busy_during_sync_pct": busy, "sync_us": sync.get("sync_us")},
         "evidence": [f"{o['op']}: {o['sync_us'] / 1000:.1f} ms" for o in ops[:5]],
         "estimated_gain_pct": round(pct, 2),
     }
@@ -245,14 +334,21 @@ def rule_communication(report) -> Optional[dict]:
     overlap = comm.get("overlap_pct")
     if share is None or share < T.COMM_SHARE_PCT or (overlap is not None and overlap >= T.COMM_OVERLAP_OK_PCT):
         return None
+    ctx = _context(report)
+    if ctx.get("distributed") is False:
+        return None  # collectives of a single-process group: no DDP to tune
     exposed = share * (1 - (overlap or 0) / 100)
     return {
         "rule": "communication", "severity": "high" if exposed >= T.COMM_EXPOSED_HIGH_PCT else "medium",
         "title": f"Collective communication takes {share:.0f} % of GPU kernel time, "
                  f"{overlap or 0:.0f} % of it overlapped with compute",
-        "action": ("Overlap and reduce communication: tune DistributedDataParallel(bucket_cap_mb=...), use "
-                   "gradient accumulation with model.no_sync() on inner steps, gradient compression hooks, "
-                   "or a larger per-GPU batch."),
+        "action": (("Reduce and overlap collectives of model-parallel inference: use fewer ranks per "
+                    "replica when the model fits (tensor parallelism costs an all-reduce per layer), "
+                    "batch more requests per step, or use the serving stack's custom all-reduce.")
+                   if _is_inference(report) else
+                   ("Overlap and reduce communication: tune DistributedDataParallel(bucket_cap_mb=...), use "
+                    "gradient accumulation with model.no_sync() on inner steps, gradient compression hooks, "
+                    "or a larger per-GPU batch.")),
         "numbers": {"comm_pct_of_kernel_time": round(share, 2), "overlap_pct": overlap},
         "evidence": [f"communication kernels: {comm.get('comm_us', 0) / 1000:.1f} ms"],
         "estimated_gain_pct": round(exposed * _kernel_share(report) / 100, 2),

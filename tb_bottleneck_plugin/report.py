@@ -17,7 +17,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from . import loader, model, recommendations, storage
-from .analysis import breakdown, gpu, input_bound, memory, occupancy, operators, signals, steps, tensor_cores
+from .analysis import breakdown, context, gpu, input_bound, memory, occupancy, operators, signals, steps, tensor_cores
 from .analysis import distributed  # metrics §12: the rank view's per-span part
 from .errors import BottleneckError
 
@@ -176,6 +176,9 @@ def analyze_trace(trace: model.TraceData, *, run=None, worker=None, span=None, s
     for name, fn in (("sync", signals.sync_signal), ("communication", signals.communication_signal),
                      ("launch", signals.launch_signal)):
         rep[name] = sec.run(name, fn, trace, found) if sec.needs(name, "steps") else None
+    not_available.update({f"launch.{k}": v for k, v in ((rep.get("launch") or {}).pop("not_available", None)
+                                                         or {}).items()})
+    rep["context"] = sec.run("context", context.detect, trace)
     rep["not_available"] = not_available
     rep["recommendations"] = sec.run("recommendations", recommendations.recommend, rep)
     kernels = []
@@ -404,6 +407,7 @@ def combine_results(results: List[dict], *, run=None, worker=None) -> dict:
         out[name] = sec.run(name, fn, parts, reports) if parts else None
     _prune_not_available(out, not_available, sec.failed)
     out["not_available"] = not_available
+    out["context"] = sec.run("context", context.combine, [r.get("context") for r in reports])
     out["recommendations"] = sec.run("recommendations", recommendations.recommend, out)
     curves = sec.run("memory_curves", _combine_curves, results) or {"devices": {}}
     if out["memory"] is None:
@@ -725,7 +729,11 @@ def _combine_sync(parts: List[dict], reports: List[dict]) -> dict:
             e = calls.setdefault(c.get("name"), {"name": c.get("name"), "us": 0.0, "count": 0})
             e["us"] = _sum([e["us"], c.get("us")])
             e["count"] += int(_num(c.get("count")) or 0)
+    idle_us = _sum(p.get("sync_gpu_idle_us") or 0.0 for p in parts)
     return {"sync_us": sync_us, "sync_pct": _pct(sync_us, _steps_us(reports)),
+            "sync_gpu_idle_us": idle_us, "sync_gpu_idle_pct": _pct(idle_us, _steps_us(reports)),
+            "gpu_busy_during_sync_pct": _weighted([(p.get("gpu_busy_during_sync_pct"), p.get("sync_us"))
+                                                   for p in parts]),
             "top_ops": sorted(ops.values(), key=lambda o: -(o["sync_us"] or math.inf))[:10],
             "calls": sorted(calls.values(), key=lambda c: -(c["us"] or math.inf))}
 

@@ -46,6 +46,10 @@ SLACK_MIN_RESERVED_BYTES = 1 << 30
 # Host blocked in synchronisation calls, % of step time.
 SYNC_PCT = 5.0
 SYNC_HIGH_PCT = 15.0
+# A sync during which the GPU stayed busy at least this share of the time does not
+# starve it: the synchronization rule then does not fire (the rule's percentages above
+# are of GPU idle time during sync, §8).
+SYNC_GPU_BUSY_OK_PCT = 80.0
 # Communication kernels, % of kernel time; overlapped share considered fine; exposed
 # communication (share x not overlapped) that makes it "high".
 COMM_SHARE_PCT = 15.0

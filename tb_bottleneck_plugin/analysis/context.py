@@ -102,3 +102,23 @@ def detect(trace: TraceData) -> Dict:
                      "compiled_regions": compiled, "communication_kernels": comm_kernels,
                      "communication_ops": comm_ops},
     }
+
+
+def combine(contexts) -> Optional[Dict]:
+    """The context of a worker or run summary from its spans' contexts: training if any
+    span trained, else inference if any span ran inference; a flag is true if any span
+    has it; evidence counts are summed."""
+    parts = [c for c in contexts if isinstance(c, dict)]
+    if not parts:
+        return None
+    modes = {c.get("mode") for c in parts}
+    mode = "training" if "training" in modes else "inference" if "inference" in modes else "unknown"
+    worlds = [c.get("world_size") for c in parts if isinstance(c.get("world_size"), int)]
+    evidence: Dict[str, int] = {}
+    for c in parts:
+        for k, v in (c.get("evidence") or {}).items():
+            if isinstance(v, (int, float)):
+                evidence[k] = evidence.get(k, 0) + v
+    return {"mode": mode, **{k: any(bool(c.get(k)) for c in parts)
+                             for k in ("cuda_graphs", "cuda_graph_capture", "torch_compile", "distributed")},
+            "world_size": max(worlds) if worlds else None, "evidence": evidence}
