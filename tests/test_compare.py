@@ -1,0 +1,445 @@
+"""Comparing two runs (METRICS.md §11): a hand-built pair where every delta is known,
+the demo pair's story, the resnet50 pair against the single-run oracles, the
+add-up invariant of the step-time waterfall, name normalisation, the operator table
+and the compare route."""
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+from tensorboard.backend import application
+from tensorboard.plugins import base_plugin
+from werkzeug import test as wtest
+from werkzeug import wrappers
+
+from tb_bottleneck_plugin import compare, discovery, loader, report
+from tb_bottleneck_plugin.analysis import breakdown, operators, steps
+from tb_bottleneck_plugin.plugin import BottlenecksPlugin
+from tb_bottleneck_plugin.service import Analyzer
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+TRACES = SHARED / "traces"
+RESNET0 = TRACES / "kineto-tb-samples/resnet50_num_workers_0"
+RESNET4 = TRACES / "kineto-tb-samples/resnet50_num_workers_4"
+DEMO_NW0 = REPO / "demo_logs" / "input_bound_nw0"
+DEMO_NW4 = REPO / "demo_logs" / "input_fixed_nw4"
+TBP = {"kernel": "Kernel", "memcpy": "Memcpy", "memset": "Memset", "communication": "Communication",
+       "runtime": "Runtime", "dataloader": "DataLoader", "cpu_exec": "CpuOp", "other": "Other"}
+needs_shared = pytest.mark.skipif(not RESNET0.exists(), reason="../shared/traces is not available")
+
+
+# ---------------------------------------------------------------------------- builders
+
+
+def _x(name, cat, ts, dur, pid=1, tid=1, **args):
+    return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+
+def kineto_step(n, t0, step_len, dl_iter, dl_us, mm, kernels, relu=None):
+    """One ProfilerStep#n at t0: a DataLoader span [t0, t0+dl_us), aten::mm at mm=(start, dur)
+    launching kernel 0 at +50 µs, optional aten::relu=(start, dur) launching kernel 1;
+    kernels: [(name, start, dur)] relative to t0. Correlation ids are unique per step."""
+    ev = [_x(f"ProfilerStep#{n}", "user_annotation", t0, step_len),
+          _x(f"enumerate(DataLoader)#{dl_iter}.__next__", "user_annotation", t0, dl_us)]
+    corr = n * 10
+    ev.append(_x("aten::mm", "cpu_op", t0 + mm[0], mm[1]))
+    ev.append(_x("cudaLaunchKernel", "cuda_runtime", t0 + mm[0] + 50, 10, correlation=corr))
+    if relu is not None:
+        ev.append(_x("aten::relu", "cpu_op", t0 + relu[0], relu[1]))
+        ev.append(_x("cudaLaunchKernel", "cuda_runtime", t0 + relu[0] + 5, 5, correlation=corr + 1))
+    for i, (name, start, dur) in enumerate(kernels):
+        ev.append(_x(name, "kernel", t0 + start, dur, pid=0, tid=7, device=0, stream=7, correlation=corr + i))
+    return ev
+
+
+def write_trace(path: Path, events) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"schemaVersion": 1, "deviceProperties": [], "traceEvents": events}))
+    return path
+
+
+def hand_pair(tmp_path):
+    """Baseline: 2 steps of 1000 µs; per step DataLoader 400, aten::mm [400,600) with a
+    10 µs launch at 450, kernel `void gemm_kernel<float, 128>(float*, int)` [600,900).
+    Candidate: 2 steps of 600 µs; DataLoader 100 (worker iterator), aten::mm [100,300)
+    with a launch at 150, kernel `void gemm_kernel<c10::Half, 64>(c10::Half*, int)`
+    [300,500); aten::relu [300,320) launching `elementwise_kernel` [500,550)."""
+    base_ev, cand_ev = [], []
+    for i, n in enumerate((1, 2)):
+        base_ev += kineto_step(n, 1000 * i, 1000, "_SingleProcessDataLoaderIter", 400, (400, 200),
+                               [("void gemm_kernel<float, 128>(float*, int)", 600, 300)])
+        cand_ev += kineto_step(n, 600 * i, 600, "_MultiProcessingDataLoaderIter", 100, (100, 200),
+                               [("void gemm_kernel<c10::Half, 64>(c10::Half*, int)", 300, 200),
+                                ("elementwise_kernel", 500, 50)], relu=(300, 20))
+    base = write_trace(tmp_path / "base" / "worker0.1.pt.trace.json", base_ev)
+    cand = write_trace(tmp_path / "cand" / "worker0.2.pt.trace.json", cand_ev)
+    return base, cand
+
+
+@lru_cache(maxsize=None)
+def result_of(path: Path) -> dict:
+    """The run-level result of a run directory or file, as the CLI and route build it."""
+    logdir = discovery.discover_path(str(path))
+    results = [report.analyze_span(logdir.url, run, span) for run, _, span in logdir.spans()]
+    return report.combine_results(results, run=logdir.runs[0].name)
+
+
+def metric(cmp, key):
+    return next(m for m in cmp["metrics"] if m["key"] == key)
+
+
+def category(cmp, cat):
+    return next(c for c in cmp["step_time"]["categories"] if c["category"] == cat)
+
+
+def row(table, name):
+    return next(r for r in table["rows"] if r["name"] == name)
+
+
+def assert_adds_up(cmp):
+    st = cmp["step_time"]
+    total = sum(c["delta_us"] for c in st["categories"])
+    assert abs(total - st["delta_us"]) <= 1e-6 * abs(st["delta_us"]), (total, st["delta_us"])
+    assert abs(st["residual_us"]) <= 1e-6 * abs(st["delta_us"])
+
+
+# ---------------------------------------------------------------------------- hand-built pair
+
+
+def test_hand_built_pair_every_delta_known(tmp_path):
+    base_path, cand_path = hand_pair(tmp_path)
+    base, cand = result_of(base_path), result_of(cand_path)
+    cmp = compare.compare(base, cand)
+    assert cmp["base"]["steps"] == 2 and cmp["cand"]["steps"] == 2
+
+    # headline
+    m = metric(cmp, "avg_step_us")
+    assert (m["base"], m["cand"], m["delta"]) == (1000.0, 600.0, -400.0)
+    assert m["rel_pct"] == pytest.approx(-40.0) and m["better"] == "lower" and m["verdict"] == "better"
+    m = metric(cmp, "input_bound_pct")
+    assert m["base"] == pytest.approx(40.0) and m["cand"] == pytest.approx(100 / 6)
+    assert m["delta"] == pytest.approx(100 / 6 - 40.0) and m["verdict"] == "better"
+    m = metric(cmp, "gpu_utilization_pct")  # kernel union / steps window
+    assert m["base"] == pytest.approx(30.0) and m["cand"] == pytest.approx(100 * 500 / 1200)
+    assert m["verdict"] == "better" and m["better"] == "higher"
+    m = metric(cmp, "tensor_core_pct")
+    assert (m["base"], m["cand"], m["verdict"]) == (0.0, 0.0, "same")
+    assert metric(cmp, "throughput_samples_per_s")["verdict"] == "n/a"
+    assert "batch size" in cmp["not_available"]["metrics.throughput_samples_per_s.base"]
+
+    # step time by category, µs per step (hand-computed in hand_pair's docstring)
+    want = {"kernel": (300, 250), "memcpy": (0, 0), "memset": (0, 0), "communication": (0, 0),
+            "runtime": (10, 10), "dataloader": (400, 100), "cpu_exec": (190, 190), "other": (100, 50)}
+    for cat, (b, c) in want.items():
+        row_ = category(cmp, cat)
+        assert row_["base_us"] == pytest.approx(b) and row_["cand_us"] == pytest.approx(c), cat
+        assert row_["delta_us"] == pytest.approx(c - b), cat
+    assert category(cmp, "dataloader")["share_of_change_pct"] == pytest.approx(75.0)
+    assert category(cmp, "kernel")["share_of_change_pct"] == pytest.approx(12.5)
+    assert cmp["step_time"]["largest_change"] == "dataloader"
+    assert_adds_up(cmp)
+
+    # kernels: the templated gemm matches across precisions, elementwise is new
+    k = cmp["kernels"]
+    assert k["source"] == "operators"
+    gemm = row(k, "gemm_kernel<…>")
+    assert gemm["status"] == "changed"
+    assert (gemm["base_total_us_per_step"], gemm["cand_total_us_per_step"]) == (300.0, 200.0)
+    assert gemm["delta_total_us_per_step"] == -100.0
+    assert (gemm["base_calls_per_step"], gemm["cand_calls_per_step"]) == (1.0, 1.0)
+    assert len(gemm["raw_names"]) == 2
+    ew = row(k, "elementwise_kernel")
+    assert ew["status"] == "new" and ew["base_total_us_per_step"] == 0.0 and ew["cand_total_us_per_step"] == 50.0
+    assert (k["new"], k["vanished"], k["changed"]) == (1, 0, 1)
+    assert k["base_total_us_per_step"] == 300.0 and k["cand_total_us_per_step"] == 250.0
+
+    # CPU operators: the DataLoader span matches across iterator classes
+    ops = cmp["ops"]
+    dl = row(ops, "enumerate(DataLoader)#<iterator>.__next__")
+    assert (dl["base_self_us_per_step"], dl["cand_self_us_per_step"], dl["delta_self_us_per_step"]) == \
+        (400.0, 100.0, -300.0)
+    assert dl["top_level"] is True and dl["status"] == "changed"
+    assert ops["rows"][0]["name"] == dl["name"]  # largest self-time change first
+    mm = row(ops, "aten::mm")
+    assert mm["status"] == "same" and mm["base_total_us_per_step"] == 200.0
+    relu = row(ops, "aten::relu")
+    assert relu["status"] == "new" and relu["cand_total_us_per_step"] == 20.0
+
+    # recommendations: input-bound went from high (40 %) to medium (16.7 %)
+    rec = next(r for r in cmp["recommendations"] if r["rule"] == "input_bound")
+    assert (rec["status"], rec["base_severity"], rec["cand_severity"]) == ("better", "high", "medium")
+
+    json.dumps(cmp, allow_nan=False)  # plain JSON
+    text = compare.format_text(cmp)
+    assert "dataloader" in text and "gemm_kernel<…>" in text
+
+
+def test_throughput_from_batch_size(tmp_path):
+    base_path, cand_path = hand_pair(tmp_path)
+    cmp = compare.compare(result_of(base_path), result_of(cand_path), base_batch_size=32, cand_batch_size=64)
+    m = metric(cmp, "throughput_samples_per_s")
+    assert m["base"] == pytest.approx(32e6 / 1000) and m["cand"] == pytest.approx(64e6 / 600)
+    assert m["better"] == "higher" and m["verdict"] == "better"
+
+
+def test_comparing_a_run_with_itself_changes_nothing(tmp_path):
+    base_path, _ = hand_pair(tmp_path)
+    cmp = compare.compare(result_of(base_path), result_of(base_path))
+    assert all(m["verdict"] in ("same", "n/a") for m in cmp["metrics"])
+    assert all(c["delta_us"] == 0 for c in cmp["step_time"]["categories"])
+    assert cmp["step_time"]["largest_change"] is None
+    assert all(r["status"] == "same" for r in cmp["kernels"]["rows"] + cmp["ops"]["rows"])
+    assert all(r["status"] == "unchanged" for r in cmp["recommendations"])
+
+
+def test_operator_table_self_total_and_top_level(tmp_path):
+    # one thread: A [0,100) > B [10,40) > C [12,18); D [50,60) inside A; E [200,210) alone;
+    # a zero-length op inside B; a ProfilerStep around everything does not count as a parent.
+    ev = [_x("ProfilerStep#1", "user_annotation", 0, 300),
+          _x("A", "cpu_op", 0, 100), _x("B", "cpu_op", 10, 30), _x("C", "cpu_op", 12, 6),
+          _x("D", "cpu_op", 50, 10), _x("E", "cpu_op", 200, 10), _x("Z", "cpu_op", 20, 0),
+          _x("A", "cpu_op", 220, 20, tid=2)]
+    trace = loader.load_trace(str(write_trace(tmp_path / "w.pt.trace.json", ev)))
+    table = operators.operator_table(trace, steps.find_steps(trace))
+    rows = {r["name"]: r for r in table["ops"]}
+    assert table["steps"] == 1
+    assert rows["A"] == {"name": "A", "calls": 2, "total_us": 120.0, "self_us": 80.0,
+                         "top_level_calls": 2, "top_level_us": 120.0}
+    assert (rows["B"]["total_us"], rows["B"]["self_us"], rows["B"]["top_level_calls"]) == (30.0, 24.0, 0)
+    assert (rows["C"]["self_us"], rows["D"]["self_us"], rows["E"]["self_us"]) == (6.0, 10.0, 10.0)
+    assert rows["Z"]["calls"] == 1 and rows["Z"]["total_us"] == 0.0 and rows["Z"]["top_level_calls"] == 0
+    assert "ProfilerStep#1" not in rows
+    # self times add up to the union of operator time, as the top-level times do
+    assert sum(r["self_us"] for r in rows.values()) == sum(r["top_level_us"] for r in rows.values()) == 130.0
+    both = operators.combine_tables([table, table])
+    assert both["steps"] == 2 and {r["name"]: r for r in both["ops"]}["A"]["self_us"] == 160.0
+    assert operators.combine_tables([table, None]) is None  # never a partial table
+
+
+def test_operator_table_clips_to_the_included_steps(tmp_path):
+    # steps [0,100) and [100,200); an op from 150 to 260 counts 50 µs; one before the steps none
+    ev = [_x("ProfilerStep#1", "user_annotation", 0, 100), _x("ProfilerStep#2", "user_annotation", 100, 100),
+          _x("late", "cpu_op", 150, 110), _x("early", "cpu_op", -50, 20, tid=3), _x("x", "cpu_op", 300, 5)]
+    trace = loader.load_trace(str(write_trace(tmp_path / "w.pt.trace.json", ev)))
+    rows = {r["name"]: r for r in operators.operator_table(trace, steps.find_steps(trace))["ops"]}
+    assert rows["late"]["total_us"] == 50.0 and rows["late"]["calls"] == 1
+    assert "early" not in rows and "x" not in rows
+
+
+# ---------------------------------------------------------------------------- names
+
+
+@pytest.mark.parametrize("raw, normalised", [
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, "
+     "at::detail::Array<char*, 1> >(int, at::native::FillFunctor<float>, at::detail::Array<char*, 1>)",
+     "at::native::vectorized_elementwise_kernel<…>"),
+    ("void cudnn::cnn::wgrad_alg0_engine<float, 128, 5, 5, 3, 3, 3, false, 512>(int, int, int, float const*, "
+     "int, float*, float const*, kernel_grad_params, unsigned long long, int, float, int, int, int, int)",
+     "cudnn::cnn::wgrad_alg0_engine<…>"),
+    ("volta_sgemm_128x64_nn", "volta_sgemm_128x64_nn"),
+    ("triton_poi_fused_add_0", "triton_poi_fused_add_0"),  # numeric suffixes are kept
+    ("void (anonymous namespace)::softmax_warp_forward<float, float, float, 8, false>(float*, float const*, int)",
+     "(anonymous namespace)::softmax_warp_forward<…>"),
+    ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)", "ncclKernel_AllReduce_RING_LL_Sum_float"),
+    ("weird > name", "weird > name"),  # unbalanced: kept as written
+    ("  void   foo<int>  ", "foo<…>"),
+])
+def test_kernel_name_normalisation(raw, normalised):
+    assert compare.normalise_kernel_name(raw) == normalised
+
+
+def test_op_name_normalisation():
+    assert compare.normalise_op_name("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__") == \
+        compare.normalise_op_name("enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__") == \
+        "enumerate(DataLoader)#<iterator>.__next__"
+    assert compare.normalise_op_name("aten::conv2d") == "aten::conv2d"
+    assert compare.normalise_op_name("Optimizer.step#SGD.step") == "Optimizer.step#SGD.step"
+
+
+# ---------------------------------------------------------------------------- demo pair
+
+
+def test_demo_pair_input_bound_falls_and_the_dataloader_explains_the_step_time():
+    cmp = compare.compare(result_of(DEMO_NW0), result_of(DEMO_NW4))
+    ib = metric(cmp, "input_bound_pct")
+    assert ib["base"] > 20 and ib["cand"] < 5 and ib["verdict"] == "better"
+    step = metric(cmp, "avg_step_us")
+    assert step["delta"] < 0 and step["verdict"] == "better"
+    st = cmp["step_time"]
+    assert st["largest_change"] == "dataloader"
+    dl = category(cmp, "dataloader")
+    assert dl["delta_us"] < 0 and dl["share_of_change_pct"] > 80  # mostly the DataLoader
+    assert_adds_up(cmp)
+    assert cmp["ops"]["rows"][0]["name"] == "enumerate(DataLoader)#<iterator>.__next__"
+    assert cmp["ops"]["rows"][0]["delta_self_us_per_step"] == pytest.approx(dl["delta_us"], rel=0.05)
+    rec = next(r for r in cmp["recommendations"] if r["rule"] == "input_bound")
+    assert rec["status"] == "resolved" and rec["base_severity"] == "high"
+    assert cmp["not_available"]["kernels"] if cmp["kernels"] is None else cmp["kernels"]["rows"] == []
+
+
+# ---------------------------------------------------------------------------- resnet50 pair vs oracles
+
+
+def _oracle(path: Path):
+    ref = json.loads((SHARED / "oracles" / "reference.json").read_text())["traces"]
+    return ref[path.relative_to(TRACES).as_posix()]["torch_tb_profiler"]
+
+
+def _files(run_dir: Path):
+    return sorted(run_dir.glob("*.pt.trace.json.gz"))
+
+
+@needs_shared
+@pytest.mark.parametrize("index", [0, 1])
+def test_resnet50_span_pair_deltas_equal_oracle_differences(index):
+    b_file, c_file = _files(RESNET0)[index], _files(RESNET4)[index]
+    ob, oc = _oracle(b_file), _oracle(c_file)
+    cmp = compare.compare(result_of(b_file), result_of(c_file))
+    m = metric(cmp, "avg_step_us")
+    assert m["delta"] == pytest.approx(oc["avg_step_time_us"] - ob["avg_step_time_us"], abs=1.0)
+    m = metric(cmp, "input_bound_pct")
+    assert m["delta"] == pytest.approx(oc["breakdown_pct"]["DataLoader"] - ob["breakdown_pct"]["DataLoader"],
+                                       abs=0.2)
+    for key in ("utilization_pct", "est_sm_efficiency_pct", "est_achieved_occupancy_pct"):
+        ours = metric(cmp, {"utilization_pct": "gpu_utilization_pct"}.get(key, key))
+        assert ours["delta"] == pytest.approx(oc["gpu"]["0"][key] - ob["gpu"]["0"][key], abs=0.2), key
+    for cat, theirs in TBP.items():
+        want = oc["breakdown_us"][theirs] - ob["breakdown_us"][theirs]
+        assert category(cmp, cat)["delta_us"] == pytest.approx(
+            want, abs=0.01 * (ob["avg_step_time_us"] + oc["avg_step_time_us"])), cat
+    assert_adds_up(cmp)
+
+
+@needs_shared
+def test_resnet50_run_pair_deltas_equal_oracle_ratio_of_sums():
+    def run_oracle(run_dir):
+        per_step = [s for f in _files(run_dir) for s in _oracle(f)["per_step_us"]]
+        total = sum(s["total"] for s in per_step)
+        return {"avg": total / len(per_step), "dl_pct": 100.0 * sum(s["DataLoader"] for s in per_step) / total,
+                "us": {c: sum(s[t] for s in per_step) / len(per_step) for c, t in TBP.items()}}
+
+    ob, oc = run_oracle(RESNET0), run_oracle(RESNET4)
+    cmp = compare.compare(result_of(RESNET0), result_of(RESNET4))
+    assert cmp["base"]["steps"] == cmp["cand"]["steps"] == 12
+    m = metric(cmp, "avg_step_us")
+    assert m["delta"] == pytest.approx(oc["avg"] - ob["avg"], abs=1.0)
+    assert m["verdict"] == "better"
+    m = metric(cmp, "input_bound_pct")
+    assert m["delta"] == pytest.approx(oc["dl_pct"] - ob["dl_pct"], abs=0.2)
+    assert m["verdict"] == "better"
+    for cat in TBP:
+        assert category(cmp, cat)["delta_us"] == pytest.approx(oc["us"][cat] - ob["us"][cat], abs=2.0), cat
+    assert cmp["step_time"]["largest_change"] == "dataloader"
+    assert_adds_up(cmp)
+    # every report's breakdown adds up to its average step (what makes the waterfall exact)
+    for res in (result_of(RESNET0), result_of(RESNET4)):
+        rep = res["report"]
+        assert sum(rep["breakdown_us"][c] for c in breakdown.CATEGORIES) == pytest.approx(rep["avg_step_us"], rel=1e-9)
+    rec = {r["rule"]: r for r in cmp["recommendations"]}
+    assert rec["input_bound"]["status"] == "resolved"
+    # FP32 on a V100 both times: Tensor Cores unused, unchanged
+    assert metric(cmp, "tensor_core_pct")["verdict"] == "same"
+    assert rec["tensor_cores_unused"]["status"] == "unchanged"
+    dl = row(cmp["ops"], "enumerate(DataLoader)#<iterator>.__next__")
+    assert dl["delta_total_us_per_step"] < -30000
+
+
+# ---------------------------------------------------------------------------- route
+
+PREFIX = "/data/plugin/bottlenecks"
+
+
+class _Blocking:
+    """analyze_span stand-in for one run: progress 0.5, then waits for `release`."""
+
+    def __init__(self, block_run: str):
+        self.block_run, self.release, self.started = block_run, threading.Event(), threading.Event()
+
+    def __call__(self, logdir_url, run, span, progress=None):
+        if run.name == self.block_run:
+            if progress is not None:
+                progress(0.5)
+            self.started.set()
+            assert self.release.wait(30)
+        return report.analyze_span(logdir_url, run, span, progress=progress)
+
+
+@pytest.fixture
+def route_client(tmp_path):
+    made = []
+
+    def make(root, analyze_span=None):
+        ns = argparse.Namespace(bottlenecks_cache_dir="none", bottlenecks_rescan_seconds=60.0, logdir_spec="")
+        plugin = BottlenecksPlugin(base_plugin.TBContext(logdir=str(root), flags=ns))
+        if analyze_span is not None:
+            plugin.analyzer.stop()
+            plugin.analyzer = Analyzer(str(root), analyze_span=analyze_span, rescan_seconds=60.0)
+        made.append(plugin)
+        client = wtest.Client(application.TensorBoardWSGI([plugin]), wrappers.Response)
+
+        def get(expect, **query):
+            resp = client.get(f"{PREFIX}/compare", query_string=query)
+            assert resp.status_code == expect, (resp.status_code, resp.get_data()[:300])
+            return json.loads(resp.get_data())
+        return plugin, get
+
+    yield make
+    for p in made:
+        if p.analyzer is not None:
+            p.analyzer.stop()
+
+
+def _pair_logdir(tmp_path) -> Path:
+    base, cand = hand_pair(tmp_path / "src")
+    root = tmp_path / "logs"
+    for name, src in (("base", base), ("cand", cand)):
+        (root / name).mkdir(parents=True)
+        (root / name / src.name).symlink_to(src)
+    return root
+
+
+def test_compare_route_serves_the_compare_of_both_selections(tmp_path, route_client):
+    root = _pair_logdir(tmp_path)
+    plugin, get = route_client(root)
+    get(200 if plugin.analyzer.wait_idle(30) else 202, base_run="base", cand_run="cand")
+    body = get(200, base_run="base", cand_run="cand")
+    found = discovery.scan_logdir(str(root))
+    direct = {run.name: report.analyze_span(found.url, run, span) for run, _, span in found.spans()}
+    want = json.loads(json.dumps(compare.compare(direct["base"], direct["cand"])))
+    for side in ("base", "cand"):
+        assert body[side].pop("file_errors") == 0
+    assert body == want
+    assert metric(body, "avg_step_us")["delta"] == -400.0
+    # worker/span selections and a batch size
+    span = next(s.name for r, _, s in found.spans() if r.name == "cand")
+    body = get(200, base_run="base", base_worker="worker0", cand_run="cand", cand_span=span, batch_size="10")
+    assert metric(body, "throughput_samples_per_s")["cand"] == pytest.approx(10e6 / 600)
+
+
+def test_compare_route_errors(tmp_path, route_client):
+    root = _pair_logdir(tmp_path)
+    plugin, get = route_client(root)
+    assert plugin.analyzer.wait_idle(30)
+    assert "cand_run" in get(400, base_run="base")["error"]
+    assert "base_run" in get(400, cand_run="cand")["error"]
+    assert "candidate" in get(404, base_run="base", cand_run="nope")["error"]
+    assert "worker 'w9'" in get(404, base_run="base", base_worker="w9", cand_run="cand")["error"]
+    assert "batch size" in get(400, base_run="base", cand_run="cand", batch_size="-1")["error"]
+
+
+def test_compare_route_is_202_while_a_side_loads(tmp_path, route_client):
+    root = _pair_logdir(tmp_path)
+    stub = _Blocking("cand")
+    plugin, get = route_client(root, analyze_span=stub)
+    plugin.analyzer.runs_view()
+    assert stub.started.wait(20)
+    body = get(202, base_run="base", cand_run="cand")
+    assert body["state"] == "loading" and body["progress"] == 0.5
+    stub.release.set()
+    assert plugin.analyzer.wait_idle(30)
+    assert metric(get(200, base_run="base", cand_run="cand"), "avg_step_us")["delta"] == -400.0
