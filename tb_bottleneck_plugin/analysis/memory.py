@@ -156,6 +156,12 @@ def memory_usage(trace: TraceData, step_boundaries: Optional[Iterable[Tuple[int,
             if (reserved < 0).any():
                 reserved = None
                 na["peak_reserved_bytes"] = "[memory] events carry no Total Reserved"
+            elif not is_gpu and not reserved.any() and allocated.any():
+                # PyTorch's CPU allocator has no cache: it writes Total Reserved 0 next to
+                # real allocations, so "peak reserved 0 B" would be a wrong number.
+                reserved = None
+                na["peak_reserved_bytes"] = ("the CPU allocator does not report reserved memory "
+                                             "(Total Reserved is 0 in every CPU [memory] event)")
             relative = False
         else:
             allocated = np.cumsum(np.maximum(mem.bytes[rows], -(1 << 62)).astype(np.float64))
