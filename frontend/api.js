@@ -103,7 +103,7 @@ export function getReport({run, worker, span}, opts) {
   return pollJson("report", {run, worker, span}, opts);
 }
 
-/** {devices: {"cuda:0": {ts_ms, allocated_bytes, reserved_bytes}}, not_available} */
+/** {devices: {"cuda:0": {ts_us, allocated_bytes, reserved_bytes}}, not_available?} (docs/route-schema.json; ts_us = trace time in µs) */
 export function getMemory({run, worker, span}, opts) {
   return pollJson("memory", {run, worker, span}, opts);
 }

@@ -61,24 +61,47 @@ export function fmtNum(n, digits = 2) {
   return n.toLocaleString("en-US", {maximumFractionDigits: digits});
 }
 
-/** Formats a value by the suffix of its JSON name (_pct, _us, _bytes, ...). */
+function nameTokens(name) {
+  return String(name).toLowerCase().split(/[_.\s]+/).filter(Boolean);
+}
+
+/** Formats a value by the unit in its JSON name (..._pct, ..._pct_of_..., _us, _ms, _bytes, ...). */
 export function fmtByName(name, v) {
   if (typeof v === "boolean") return v ? "yes" : "no";
   if (!isNum(v)) return v === null || v === undefined ? "n/a" : String(v);
-  if (/_pct$/.test(name)) return fmtPct(v);
-  if (/_us$/.test(name)) return fmtUs(v);
-  if (/_ms$/.test(name)) return fmtMs(v);
-  if (/bytes$/.test(name)) return fmtBytes(v);
+  const t = nameTokens(name);
+  if (t.includes("pct") || t.includes("percent")) return fmtPct(v);
+  const last = t[t.length - 1];
+  if (last === "us") return fmtUs(v);
+  if (last === "ms") return fmtMs(v);
+  if (last === "bytes") return fmtBytes(v);
   return fmtNum(v);
 }
 
-/** "input_bound_pct" -> "input bound %" */
+const WORDS = {comm: "communication", h2d: "H2D", d2h: "D2H", htod: "HtoD", dtoh: "DtoH", sm: "SM", gpu: "GPU",
+  cpu: "CPU", tc: "Tensor Core", num: "number of", dl: "DataLoader", pp: "pp"};
+
+/**
+ * A JSON name in words, without its unit (the formatted value carries it):
+ * "input_bound_pct" -> "input bound", "comm_pct_of_kernel_time" -> "communication of kernel time".
+ */
 export function humanizeKey(name) {
-  return String(name)
-    .replace(/_pct$/, " %")
-    .replace(/_us$/, "")
-    .replace(/_bytes$/, "")
-    .replace(/_/g, " ");
+  const words = nameTokens(name).filter((w) => !["pct", "percent", "us", "ms", "bytes"].includes(w))
+    .map((w) => WORDS[w] || w);
+  return words.join(" ") || String(name);
+}
+
+/**
+ * A not_available key in words when the backend sent no label:
+ * "memory.cpu.slack_fragmentation_time_weighted_pct" -> "memory (CPU): slack fragmentation time weighted".
+ */
+export function readableKey(key) {
+  const parts = String(key).split(".");
+  const metric = humanizeKey(parts[parts.length - 1]);
+  const where = parts.slice(0, -1).map((p) => (/^cuda:\d+$/.test(p) ? p.replace("cuda:", "GPU ") : humanizeKey(p)));
+  if (!where.length) return metric.charAt(0).toUpperCase() + metric.slice(1);
+  const [area, ...rest] = where;
+  return `${area.charAt(0).toUpperCase()}${area.slice(1)}${rest.length ? ` (${rest.join(", ")})` : ""}: ${metric}`;
 }
 
 /** A timestamp that may be ms or s since the epoch -> local "YYYY-MM-DD HH:MM:SS", else "". */

@@ -24,6 +24,7 @@ import {fmtTimestamp, fmtPct} from "./static/format.js";
 const RUNS_POLL_MS = 10000;
 const RUNS_POLL_FAST_MS = 2000; // while the first scan runs
 const ALL = "all";
+const NAME_CHARS = 40; // run/worker names longer than this are shortened in the menus (full name on hover)
 
 const state = {
   runs: null, // last good `runs` payload
@@ -146,14 +147,24 @@ function writeHash() {
   const p = new URLSearchParams();
   for (const k of ["run", "worker", "span"]) if (state.sel[k]) p.set(k, state.sel[k]);
   const hash = `#${p.toString()}`;
+  // An absolute URL: a bare "#..." would resolve against <base href="plugin/bottlenecks/">
+  // (data/plugin/bottlenecks/#..., a 404), both in replaceState and in the link.
+  const url = viewUrl(hash);
   if (window.location.hash !== hash) {
     try {
-      history.replaceState(null, "", hash);
+      history.replaceState(null, "", url);
     } catch (e) {
       window.location.hash = hash;
     }
   }
-  ui.share.setAttribute("href", window.location.href);
+  ui.share.setAttribute("href", url);
+}
+
+/** This document's own absolute URL (the plugin's entry page) with the given hash. */
+export function viewUrl(hash, href = window.location.href) {
+  const u = new URL(href);
+  u.hash = hash;
+  return u.href;
 }
 
 function onHashChange() {
@@ -237,23 +248,36 @@ function option(value, label, selected, title) {
   return h("option", {value, selected: selected || false, title: title || null}, label);
 }
 
+/** The select's tooltip is the full text of its selected option (labels may be shortened). */
+function titleFromSelected(sel) {
+  const o = sel.options[sel.selectedIndex];
+  sel.setAttribute("title", o ? (o.getAttribute("title") || o.textContent) : "");
+}
+
 function runLabel(r) {
+  const name = ellipsize(r.run, NAME_CHARS);
   if (r.state === "loading") {
     const p = typeof r.progress === "number" ? ` ${fmtPct(100 * r.progress, 0)}` : "";
-    return `${r.run} (loading${p})`;
+    return `${name} (loading${p})`;
   }
-  if (r.state === "error") return `${r.run} (error)`;
-  return r.run;
+  if (r.state === "error") return `${name} (error)`;
+  return name;
+}
+
+/** "span 2 · 09:04:12" (time of day from the file name's timestamp), else "span 2". */
+export function spanLabel(sp, index) {
+  const when = fmtTimestamp(sp.timestamp);
+  return `span ${index + 1}${when ? ` · ${when.slice(11)}` : ""}`;
 }
 
 function renderSelectors(run) {
   const runs = (state.runs && Array.isArray(state.runs.runs)) ? state.runs.runs : [];
   mount(ui.run, runs.length
-    ? runs.map((r) => option(r.run, runLabel(r), r.run === state.sel.run, r.error || null))
+    ? runs.map((r) => option(r.run, runLabel(r), r.run === state.sel.run, r.error ? `${r.run}\n${r.error}` : r.run))
     : option("", "(no runs)", true));
   ui.run.disabled = !runs.length;
   const workers = workersOf(run);
-  const wopts = workers.map((w) => option(w.worker, w.worker, w.worker === state.sel.worker));
+  const wopts = workers.map((w) => option(w.worker, ellipsize(w.worker, NAME_CHARS), w.worker === state.sel.worker, w.worker));
   if (workers.length > 1) wopts.push(option(ALL, "all (run summary)", state.sel.worker === ALL));
   mount(ui.worker, wopts.length ? wopts : option("", "(none)", true));
   ui.worker.disabled = workers.length <= 1;
@@ -262,15 +286,25 @@ function renderSelectors(run) {
   if (spans.length > 1 || state.sel.worker === ALL) {
     sopts.push(option(ALL, state.sel.worker === ALL ? "all (run summary)" : `all ${spans.length} (worker summary)`, state.sel.span === ALL));
   }
-  for (const sp of spans) {
-    const when = fmtTimestamp(sp.timestamp).slice(0, 16); // to the minute
+  spans.forEach((sp, i) => {
     const st = sp.state === "error" ? " (error)"
       : (sp.state === "loading" || sp.state === "queued") ? ` (${sp.state}${typeof sp.progress === "number" && sp.progress > 0 ? ` ${fmtPct(100 * sp.progress, 0)}` : ""})` : "";
-    sopts.push(option(sp.span, `${sp.span}${when ? ` · ${when}` : ""}${st}`, sp.span === state.sel.span,
-      sp.error ? `${sp.file || ""}\n${sp.error}` : (sp.file || null)));
-  }
+    const when = fmtTimestamp(sp.timestamp);
+    // The full span id (a 13- or 19-digit timestamp, or a file name) and the file on hover.
+    const full = [`span ${sp.span}`, when, sp.file, sp.error].filter(Boolean).join("\n");
+    sopts.push(option(sp.span, `${spanLabel(sp, i)}${st}`, sp.span === state.sel.span, full));
+  });
   mount(ui.span, sopts.length ? sopts : option("", "(none)", true));
   ui.span.disabled = sopts.length <= 1;
+  for (const sel of [ui.run, ui.worker, ui.span]) titleFromSelected(sel);
+}
+
+/** Long names keep their start and end: "very_long_experi…_seed3". */
+function ellipsize(name, max) {
+  const s = String(name ?? "");
+  if (s.length <= max) return s;
+  const head = Math.ceil((max - 1) * 0.6);
+  return `${s.slice(0, head)}…${s.slice(s.length - (max - 1 - head))}`;
 }
 
 function renderScanInfo() {
@@ -288,6 +322,11 @@ function renderScanInfo() {
   if (state.runsError && state.runs) {
     ui.banners.appendChild(h("div", {class: "banner banner-warn", role: "status"},
       "Could not refresh the run list: ", state.runsError.message || "unknown error", " (showing the last list)"));
+  }
+  const notes = Array.isArray(scan.notes) ? scan.notes.filter((n) => typeof n === "string" && n) : [];
+  if (notes.length) {
+    ui.banners.appendChild(h("div", {class: "banner banner-info", role: "status"},
+      h("strong", {}, "While scanning the logdir: "), notes.length === 1 ? notes[0] : h("ul", {class: "err-list"}, notes.map((n) => h("li", {}, n)))));
   }
   if (scan.state === "error" && scan.error && (p.runs || []).length) {
     ui.banners.appendChild(h("div", {class: "banner banner-error", role: "alert"}, "Logdir scan failed: ", String(scan.error)));

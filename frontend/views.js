@@ -5,7 +5,7 @@
 import {h, clear, mount} from "./dom.js";
 import {responsive, stackedBarChart, lineChart, histogram, withTooltip} from "./charts.js";
 import {
-  isNum, fmtPct, fmtUs, fmtUsTick, fmtMs, fmtBytes, fmtCount, fmtNum, fmtByName, humanizeKey, shortenKernelName,
+  isNum, fmtPct, fmtUs, fmtUsTick, fmtMs, fmtBytes, fmtCount, fmtNum, fmtByName, humanizeKey, readableKey, shortenKernelName,
 } from "./format.js";
 
 // ------------------------------------------------------------ definitions (hover texts, from metrics.md)
@@ -73,7 +73,8 @@ const KERNEL_COL_DEFS = {
   total_us: "Total duration of all launches.",
   mean_us: "Mean duration per launch.",
   time_pct: "Share of all kernel time.",
-  est_achieved_occupancy_pct: "Kineto's estimated achieved occupancy (CUDA occupancy calculator: theoretical, not measured).",
+  est_achieved_occupancy_pct: "Estimated achieved occupancy: Kineto's value (CUDA occupancy calculator: theoretical, not measured); "
+    + "rows marked \"calc\" show our own occupancy-calculator value where Kineto's is missing or 0.",
   blocks_per_sm: "Blocks per SM of the launch; below 1 the grid is too small to fill the GPU.",
   registers_per_thread: "Registers per thread.",
   shared_memory_bytes: "Shared memory per block.",
@@ -154,6 +155,11 @@ function memoryDevices(obj) {
     if (cb) return 1;
     return a.localeCompare(b);
   });
+}
+
+/** Reserved memory is a GPU caching-allocator figure: a CPU "reserved" of 0 means "not recorded". */
+function reservedKnown(key, value) {
+  return isNum(value) && (String(key).startsWith("cuda:") || value > 0);
 }
 
 function memDeviceLabel(report, key) {
@@ -255,11 +261,19 @@ export function renderReport(container, report, ctx) {
   const cpuOnly = isCpuOnly(report);
   container.appendChild(summaryBar(report, ctx));
   if (cpuOnly) {
+    // One statement: the backend's reason ("CPU-only trace: no GPU activity") says the same.
     const why = cpuOnlyReason(report);
     container.appendChild(h("div", {class: "banner banner-info", role: "status"},
       h("strong", {}, "CPU-only trace: no GPU metrics."),
       " GPU utilization, Tensor Cores, occupancy and the kernel table need GPU kernels in the trace.",
-      why && !/^CPU-only trace: no GPU metrics\.?$/i.test(why) ? h("span", {class: "muted"}, ` (${why})`) : null));
+      why && !/cpu[- ]only/i.test(why) ? h("span", {class: "muted"}, ` (${why})`) : null));
+  }
+  const sectionErrors = Array.isArray(report.errors) ? report.errors.filter((e) => e && typeof e === "object") : [];
+  if (sectionErrors.length) {
+    container.appendChild(h("div", {class: "banner banner-warn", role: "status"},
+      h("strong", {}, `${sectionErrors.length} analysis section${sectionErrors.length === 1 ? "" : "s"} failed on this trace; `
+        + "their numbers are shown as n/a:"),
+      h("ul", {class: "err-list"}, sectionErrors.map((e) => h("li", {}, h("code", {}, String(e.section ?? "")), " ", String(e.error ?? ""))))));
   }
   const fileErrors = Array.isArray(report.file_errors) ? report.file_errors.filter((e) => e && typeof e === "object") : [];
   if (fileErrors.length) {
@@ -455,7 +469,7 @@ function cards(report, cpuOnly) {
         verdict: why, explain: "Reserved by the caching allocator but unused at the peak.", def: DEFS.slack}));
     } else {
       const details = [];
-      if (isNum(m.peak_reserved_bytes)) details.push(`peak reserved ${fmtBytes(m.peak_reserved_bytes)}`);
+      if (reservedKnown(key, m.peak_reserved_bytes)) details.push(`peak reserved ${fmtBytes(m.peak_reserved_bytes)}`);
       else if (key.startsWith("cuda:")) {
         const why = naReason(report, `memory.${key}.peak_reserved_bytes`, "peak_reserved_bytes");
         details.push(`reserved: not recorded${why ? ` (${why})` : ""}`);
@@ -530,7 +544,7 @@ function recommendations(report) {
           r.rule ? h("span", {class: "rec-rule", title: "rule name"}, String(r.rule)) : null),
         actionNode(r.action),
         nums.length ? h("div", {class: "chips"}, nums.map(([k, v]) =>
-          h("span", {class: "chip", title: k}, h("span", {class: "chip-k"}, humanizeKey(k)), " ", h("span", {class: "chip-v"}, fmtByName(k, v))))) : null,
+          h("span", {class: "chip", title: k}, h("span", {class: "chip-k"}, `${humanizeKey(k)}:`), " ", h("span", {class: "chip-v"}, fmtByName(k, v))))) : null,
         ev.length ? h("ul", {class: "evidence"}, ev.map((e) => h("li", {}, typeof e === "string" ? e : JSON.stringify(e)))) : null);
     }))
     : note("No bottleneck rule fired for this selection.");
@@ -632,16 +646,23 @@ function memoryPanel(report, ctx) {
 function renderMemoryCharts(body, data, report) {
   clear(body);
   const devs = data.devices && typeof data.devices === "object" ? data.devices : {};
-  const keys = memoryDevices(devs).filter((k) => devs[k] && Array.isArray(devs[k].ts_ms) && devs[k].ts_ms.length);
+  // The route sends ts_us: trace timestamps in µs (docs/route-schema.json). The x axis shows
+  // milliseconds since the trace's first event (the first sample when the report lacks it).
+  const keys = memoryDevices(devs).filter((k) => devs[k] && Array.isArray(devs[k].ts_us) && devs[k].ts_us.length);
   if (!keys.length) {
-    const na = data.not_available && typeof data.not_available === "object" ? Object.values(data.not_available)[0] : null;
-    body.appendChild(note(na || "No [memory] events in this trace. Profile with torch.profiler.profile(profile_memory=True) to record them."));
+    const na = typeof data.not_available === "string" ? data.not_available
+      : data.not_available && typeof data.not_available === "object" ? Object.values(data.not_available)[0] : null;
+    body.appendChild(note(na || naReason(report, "memory")
+      || "No [memory] events in this trace. Profile with torch.profiler.profile(profile_memory=True) to record them."));
     return;
   }
   const naMem = data.not_available && typeof data.not_available === "object" ? data.not_available : {};
+  const firstSample = Math.min(...keys.map((k) => devs[k].ts_us.find(isNum)).filter(isNum));
+  const traceStart = report.trace && isNum(report.trace.first_ts_us) && report.trace.first_ts_us <= firstSample
+    ? report.trace.first_ts_us : firstSample;
   for (const key of keys) {
     const d = devs[key];
-    const xs = d.ts_ms;
+    const xs = d.ts_us.map((t) => (isNum(t) ? (t - traceStart) / 1000 : null));
     const alloc = Array.isArray(d.allocated_bytes) ? d.allocated_bytes : [];
     const res = Array.isArray(d.reserved_bytes) && d.reserved_bytes.length === xs.length ? d.reserved_bytes : null;
     const series = [{name: "allocated", xs, ys: alloc, color: "var(--c-alloc)", step: true}];
@@ -653,7 +674,7 @@ function renderMemoryCharts(body, data, report) {
     const rm = (report.memory || {})[key] || {};
     const facts = [
       isNum(rm.peak_allocated_bytes) ? `peak allocated ${fmtBytes(rm.peak_allocated_bytes)}` : null,
-      isNum(rm.peak_reserved_bytes) ? `peak reserved ${fmtBytes(rm.peak_reserved_bytes)}` : null,
+      reservedKnown(key, rm.peak_reserved_bytes) ? `peak reserved ${fmtBytes(rm.peak_reserved_bytes)}` : null,
       isNum(rm.slack_fragmentation_pct) ? `allocator slack ${fmtPct(rm.slack_fragmentation_pct)}` : null,
       isNum(rm.capacity_bytes) ? `capacity ${fmtBytes(rm.capacity_bytes)}` : null,
     ].filter(Boolean).join(" · ");
@@ -712,13 +733,21 @@ function occupancyPanel(report, cpuOnly) {
 
 // ------------------------------------------------------------ kernel table
 
+/** Launch dimensions, or null when the trace has none (null, or ROCm's -1). */
+function validDims(a) {
+  return Array.isArray(a) && a.length && a.every((x) => isNum(x) && x > 0) ? a : null;
+}
+
 function launchText(k) {
-  const dim = (a) => (Array.isArray(a) ? a.join("×") : "?");
-  return `${dim(k.grid)} · ${dim(k.block)}`;
+  const grid = validDims(k.grid);
+  const block = validDims(k.block);
+  if (!grid && !block) return "n/a";
+  return `${grid ? grid.join("×") : "n/a"} · ${block ? block.join("×") : "n/a"}`;
 }
 
 function product(a) {
-  return Array.isArray(a) ? a.reduce((x, y) => x * (isNum(y) ? y : 1), 1) : 0;
+  const d = validDims(a);
+  return d ? d.reduce((x, y) => x * y, 1) : 0;
 }
 
 function kernelPanel(report, ctx, cpuOnly) {
@@ -824,6 +853,7 @@ function kernelTable(body, kernels, report, warning) {
         return h("td", {class: ["num", k.tensor_core ? "tc-yes" : "tc-no"]}, c.get(k));
       }
       if (c.key === "limiting_factor") return h("td", {class: "lim"}, String(k.limiting_factor ?? "n/a"));
+      if (c.key === "est_achieved_occupancy_pct") return occupancyCell(k);
       const v = c.get ? c.get(k) : k[c.key];
       return h("td", {class: ["num", c.cls]}, c.get ? v : c.fmt(v));
     }))));
@@ -840,6 +870,17 @@ function kernelTable(body, kernels, report, warning) {
     warning ? note(warning, "warn") : null,
     h("div", {class: "table-tools"}, filterBox, count),
     h("div", {class: "table-scroll"}, table));
+}
+
+function occupancyCell(k) {
+  const v = k.est_achieved_occupancy_pct;
+  if (k.occupancy_source === "calculator" && isNum(v)) {
+    return h("td", {class: "num", title: "Computed by this plugin's occupancy calculator: Kineto's value is missing or 0 for this kernel "
+      + "(common on Hopper and newer GPUs). Theoretical, not measured."},
+    fmtPct(v, 0), h("span", {class: "occ-src"}, "calc"));
+  }
+  const title = k.occupancy_source === "kineto" ? "Kineto's estimate (CUDA occupancy calculator): theoretical, not measured." : null;
+  return h("td", {class: "num", title}, fmtPct(v, 0));
 }
 
 // ------------------------------------------------------------ tensor cores
@@ -900,8 +941,13 @@ function otherSignalsPanel(report, cpuOnly) {
     DEFS.sync]);
   }
   if (!cpuOnly && (isNum(launch.launch_us) || isNum(launch.kernels_per_step))) {
-    rows.push(["Kernel launch", `${fmtUs(launch.launch_us)} CPU${isNum(launch.launch_pct) ? ` (${fmtPct(launch.launch_pct)})` : ""}`
-      + `${isNum(launch.kernels_per_step) ? ` · ${fmtCount(Math.round(launch.kernels_per_step))} kernels per step` : ""}`, DEFS.launch]);
+    // Without ProfilerStep#N there are no steps to count per: n/a, never "0 kernels per step".
+    const stepsFound = !(report.steps && report.steps.found === false);
+    const perStep = stepsFound && isNum(launch.kernels_per_step) && launch.kernels_per_step > 0
+      ? `${fmtCount(Math.round(launch.kernels_per_step))} kernels per step`
+      : `kernels per step: n/a${stepsFound ? "" : " (no profiler steps)"}`;
+    rows.push(["Kernel launch", `${fmtUs(launch.launch_us)} CPU${isNum(launch.launch_pct) ? ` (${fmtPct(launch.launch_pct)} of step time)` : ""}`
+      + ` · ${perStep}`, DEFS.launch]);
   }
   if (!cpuOnly) {
     rows.push(["Communication", isNum(comm.comm_us) && comm.comm_us > 0
@@ -930,7 +976,10 @@ function otherSignalsPanel(report, cpuOnly) {
 function notAvailablePanel(report) {
   const na = report.not_available && typeof report.not_available === "object" ? Object.entries(report.not_available) : [];
   if (!na.length) return null;
+  const labels = report.not_available_labels && typeof report.not_available_labels === "object" ? report.not_available_labels : {};
   return panel("Not available", {info: "Metrics that could not be computed from this trace, with the reason. They are never reported as 0."},
-    h("ul", {class: "na-list"}, na.map(([k, v]) => h("li", {}, h("code", {}, k), h("span", {class: "muted"}, " — "), String(v)))));
+    h("ul", {class: "na-list"}, na.map(([k, v]) => h("li", {title: k},
+      h("span", {class: "na-what"}, typeof labels[k] === "string" && labels[k] ? labels[k] : readableKey(k)),
+      h("span", {class: "muted"}, " — "), String(v)))));
 }
 
