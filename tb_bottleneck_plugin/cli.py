@@ -6,15 +6,19 @@
     tb-bottlenecks diff BASE CAND [--json]  compare two runs; `check PATH --max M=V ...` is a
                                           CI gate (gate.py: exit 1 on a violated bound)
 
-Exit codes: 0 everything analysed; 1 some files could not be analysed (the others are
-printed); 2 nothing could be analysed (bad path, no traces, broken file).
+Exit codes: 0 every file gave a report (an analysis section that failed inside one is
+printed as one line on stderr, the rest of the report is there); 1 some files could not
+be read (the others are printed); 2 none could (bad path, no traces, broken file) or an
+internal error. `--debug` prints tracebacks; without it every error is one line.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import sys
+import traceback
 from typing import List, Optional
 
 from . import gate
@@ -27,6 +31,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     rep.add_argument("path", help="trace file, run directory or logdir (local or URL, e.g. gs://b/p)")
     rep.add_argument("--json", action="store_true",
                      help="print JSON: the report object for a single file, else {runs: [...]}")
+    rep.add_argument("--debug", action="store_true",
+                     help="print the Python traceback of internal errors (default: one line each)")
     demo = sub.add_parser("demo", help="generate demo runs with real PyTorch training (needs torch)")
     demo.add_argument("outdir")
     demo.add_argument("--quick", action="store_true", help="smaller, faster runs (for tests)")
@@ -38,7 +44,27 @@ def main(argv: Optional[List[str]] = None) -> int:
         from . import demo as demo_module
 
         return demo_module.main([args.outdir] + (["--quick"] if args.quick else []))
-    return _report(args.path, as_json=args.json)
+    debug = args.debug
+    pkg_log = logging.getLogger("tb_bottleneck_plugin")
+    # Section errors are printed as one line each by _report; their tracebacks (logged by
+    # report.py) go to stderr only with --debug. Without it a NullHandler in the hierarchy
+    # keeps logging's last resort from printing them.
+    handler = logging.StreamHandler(sys.stderr) if debug else logging.NullHandler()
+    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    pkg_log.addHandler(handler)
+    try:
+        return _report(args.path, as_json=args.json, debug=debug)
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, exit 2
+        if debug:
+            traceback.print_exc()
+            return 2
+        return _fail(f"internal error: {_describe(exc)} (run with --debug for the traceback)")
+    finally:
+        pkg_log.removeHandler(handler)
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _fail(message: str) -> int:
@@ -46,8 +72,8 @@ def _fail(message: str) -> int:
     return 2
 
 
-def _report(path: str, *, as_json: bool) -> int:
-    from . import discovery, report
+def _report(path: str, *, as_json: bool, debug: bool = False) -> int:
+    from . import discovery, report, text_report
     from .errors import BottleneckError
 
     try:
@@ -64,10 +90,15 @@ def _report(path: str, *, as_json: bool) -> int:
             results[span.url] = report.analyze_span(logdir.url, run, span)
         except BottleneckError as exc:
             errors.append(str(exc))
+        except Exception as exc:  # noqa: BLE001 - a bug on one file must not cost the others
+            if debug:
+                traceback.print_exc()
+            errors.append(f"{span.url}: internal error: {_describe(exc)}"
+                          + ("" if debug else " (run with --debug for the traceback)"))
     if not results:
-        for e in errors[1:]:
+        for e in errors:
             print(f"tb-bottlenecks: {e}", file=sys.stderr)
-        return _fail(errors[0])
+        return 2
 
     single_file = len(spans) == 1 and path.rstrip("/").endswith((".json", ".json.gz"))
     if as_json:
@@ -77,6 +108,9 @@ def _report(path: str, *, as_json: bool) -> int:
             out = {"schema_version": report.SCHEMA_VERSION, "logdir": logdir.url, "runs": [], "errors": errors}
             for run in logdir.runs:
                 entry = {"run": run.name, "workers": []}
+                all_ready = [results[s.url] for w in run.workers for s in w.spans if s.url in results]
+                if len(run.workers) > 1 and len(all_ready) > 1:
+                    entry["summary"] = report.combine_results(all_ready, run=run.name)["report"]
                 for worker in run.workers:
                     ready = [results[s.url] for s in worker.spans if s.url in results]
                     entry["workers"].append({
@@ -89,15 +123,9 @@ def _report(path: str, *, as_json: bool) -> int:
         json.dump(_json_safe(out), sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
-        for run in logdir.runs:
-            print(f"run {run.name}")
-            for worker in run.workers:
-                for span in worker.spans:
-                    if span.url in results:
-                        print(report.format_text(results[span.url]["report"], indent="  "))
-                    print()
-        for e in errors:
-            print(f"error: {e}")
+        print(text_report.format_logdir(logdir, results, report.combine_results, single_file=single_file))
+    for line in text_report.section_errors(results.values()):
+        print(f"tb-bottlenecks: {line}", file=sys.stderr)
     for e in errors:
         print(f"tb-bottlenecks: {e}", file=sys.stderr)
     return 1 if errors else 0

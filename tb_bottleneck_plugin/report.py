@@ -187,10 +187,10 @@ def analyze_trace(trace: model.TraceData, *, run=None, worker=None, span=None, s
         if kernels is None:
             kernels = []
             rep["occupancy"]["kernels"] = []
-    rep["errors"] = sec.errors
-    rep["not_available_labels"] = not_available_labels(not_available)
     ops_table = sec.run("operators", operators.operator_table, trace, found) if found is not None else None
     dist_part = sec.run("distributed", distributed.span_partial, trace, found)  # ranks.rank_view input
+    rep["errors"] = sec.errors
+    rep["not_available_labels"] = not_available_labels(not_available)
     return {"report": _clean(rep), "memory": _clean(curves), "kernels": _clean(kernels),
             "operators": _clean(ops_table),  # compare.py's op and kernel diffs
             "distributed": dist_part}
@@ -302,7 +302,7 @@ _SECTION_LABELS = {
     "tensor_cores": "Tensor Cores", "occupancy": "Occupancy", "memory": "Memory",
     "memory_snapshot": "CUDA memory snapshot", "sync": "Host-GPU synchronization",
     "communication": "Communication", "launch": "Kernel launches", "recommendations": "Recommendations",
-    "kernels": "Kernel table",
+    "kernels": "Kernel table", "memory_curves": "Memory over time", "operators": "Operator tables",
 }
 _METRIC_LABELS = {
     "utilization_pct": "utilization", "est_sm_efficiency_pct": "estimated SM efficiency",
@@ -417,10 +417,10 @@ def combine_results(results: List[dict], *, run=None, worker=None) -> dict:
         kernels = []
     if out["occupancy"] is not None:
         out["occupancy"]["kernels"] = kernels[:KERNELS_IN_REPORT]
+    ops_table = sec.run("operators", operators.combine_tables, [r.get("operators") for r in results])
     out["errors"] = [dict(e, span=r.get("span")) for r in reports for e in (r.get("errors") or [])
                      if isinstance(e, dict)] + sec.errors
     out["not_available_labels"] = not_available_labels(not_available)
-    ops_table = sec.run("operators", operators.combine_tables, [r.get("operators") for r in results])
     return {"report": _clean(out), "memory": _clean(curves), "kernels": _clean(kernels),
             "operators": ops_table}
 
@@ -771,55 +771,7 @@ def _weighted(pairs) -> Optional[float]:
 
 
 def format_text(rep: dict, indent: str = "") -> str:
-    """The report for a terminal: what was found, the headline numbers, the advice."""
-    t = rep.get("trace", {})
-    lines = [f"{indent}{rep.get('source')}"]
-    if rep.get("worker"):
-        lines.append(f"{indent}  worker {rep['worker']}, span {rep.get('span')}")
-    dur = t.get("duration_us")
-    lines.append(f"{indent}  {t.get('events', 0):,} events: {t.get('kernels', 0):,} kernels, "
-                 f"{t.get('memcpys', 0):,} memcpy, {t.get('memsets', 0):,} memset, "
-                 f"{t.get('runtime_calls', 0):,} runtime calls, {t.get('cpu_events', 0):,} CPU events, "
-                 f"{t.get('memory_events', 0):,} memory events"
-                 + (f"; {dur / 1000:.1f} ms of trace" if dur else ""))
-    devices = t.get("gpu_devices") or []
-    names = rep.get("device_names") or {}
-    if devices:
-        lines.append(f"{indent}  GPU devices: " + ", ".join(
-            f"{d}" + (f" ({names[str(d)]})" if str(d) in names else "") for d in devices))
-    else:
-        lines.append(f"{indent}  CPU-only trace: no GPU activity")
-    st = rep.get("steps", {})
-    if st.get("found"):
-        lines.append(f"{indent}  steps {st.get('numbers')}" + (
-            "; excluded " + ", ".join(f"{e['number']} ({e['reason']})" for e in st.get("excluded", []))
-            if st.get("excluded") else ""))
-    else:
-        lines.append(f"{indent}  no steps found (no ProfilerStep#N): the whole trace is one window")
-    if rep.get("avg_step_us"):
-        lines.append(f"{indent}  average step {rep['avg_step_us'] / 1000:.2f} ms: " + ", ".join(
-            f"{k} {v:.1f}%" for k, v in (rep.get("breakdown_pct") or {}).items() if v))
-    inp = rep.get("input") or {}
-    if inp.get("input_bound_pct") is not None:
-        lines.append(f"{indent}  input-bound {inp['input_bound_pct']:.2f}% ({inp.get('verdict')})")
-    for dev, g in (rep.get("gpu") or {}).items():
-        parts = [f"{label} {g[key]:.2f}%" for key, label in (
-            ("utilization_pct", "utilization"), ("est_sm_efficiency_pct", "est. SM efficiency"),
-            ("est_achieved_occupancy_pct", "est. occupancy"), ("tensor_core_pct", "Tensor Cores"))
-            if g.get(key) is not None]
-        lines.append(f"{indent}  GPU {dev}: " + ", ".join(parts))
-    for dev, m in (rep.get("memory") or {}).items():
-        peak = m.get("peak_allocated_bytes")
-        text = f"{indent}  memory {dev}: peak allocated {peak / 2**20:.1f} MiB" if peak is not None else \
-            f"{indent}  memory {dev}:"
-        if m.get("peak_reserved_bytes") is not None:
-            text += f", peak reserved {m['peak_reserved_bytes'] / 2**20:.1f} MiB"
-        if m.get("slack_fragmentation_pct") is not None:
-            text += f", allocator slack {m['slack_fragmentation_pct']:.1f}%"
-        lines.append(text)
-    for rec in rep.get("recommendations", []):
-        lines.append(f"{indent}  [{rec['severity']}] {rec['title']}")
-        lines.append(f"{indent}      -> {rec['action']}")
-    for key, why in (rep.get("not_available") or {}).items():
-        lines.append(f"{indent}  n/a {key}: {why}")
-    return "\n".join(lines)
+    """The report for a terminal; kept as an alias of `text_report.format_report`."""
+    from . import text_report
+
+    return text_report.format_report(rep, indent=indent)

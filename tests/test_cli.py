@@ -97,3 +97,135 @@ def test_console_script_is_installed(tmp_path):
     proc = subprocess.run([exe, "report", str(CPU_NW0), "--json"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["steps"]["count"] == 2
+
+
+# ---------------------------------------------------------------- exit codes (issue 10 item 2)
+
+def _boom(*args, **kwargs):
+    raise RuntimeError("boom")
+
+
+def test_a_failing_section_is_one_stderr_line_and_exit_0(monkeypatch, capsys):
+    from tb_bottleneck_plugin.analysis import occupancy
+
+    monkeypatch.setattr(occupancy, "kernel_occupancy", _boom)
+    code, out, err = run_cli(capsys, "report", str(CPU_NW0))
+    assert code == 0
+    assert err.splitlines() == [f"tb-bottlenecks: {CPU_NW0}: internal error in occupancy: RuntimeError: boom"]
+    assert "input-bound 15.66% (moderately input-bound)" in out  # the rest of the report is there
+    assert "n/a Occupancy: internal error in occupancy: RuntimeError: boom" in out
+    code, out, err = run_cli(capsys, "report", str(CPU_NW0), "--json")
+    assert code == 0 and json.loads(out)["errors"] == [
+        {"section": "occupancy", "error": "internal error in occupancy: RuntimeError: boom"}]
+
+
+def test_debug_shows_the_section_traceback(monkeypatch, capsys):
+    from tb_bottleneck_plugin.analysis import occupancy
+
+    monkeypatch.setattr(occupancy, "kernel_occupancy", _boom)
+    code, _, err = run_cli(capsys, "report", str(CPU_NW0), "--debug")
+    assert code == 0 and "Traceback" in err and "RuntimeError: boom" in err
+
+
+def test_unexpected_error_is_one_line_exit_2_and_a_traceback_with_debug(monkeypatch, capsys):
+    from tb_bottleneck_plugin import discovery
+
+    monkeypatch.setattr(discovery, "discover_path", _boom)
+    code, out, err = run_cli(capsys, "report", str(CPU_NW0))
+    assert code == 2 and out == ""
+    assert err.splitlines() == ["tb-bottlenecks: internal error: RuntimeError: boom "
+                                "(run with --debug for the traceback)"]
+    code, _, err = run_cli(capsys, "report", str(CPU_NW0), "--debug")
+    assert code == 2 and "Traceback (most recent call last)" in err and "RuntimeError: boom" in err
+
+
+def test_a_crash_on_one_file_costs_that_file_only(monkeypatch, tmp_path, capsys):
+    """Exit 1 when some file gave no report (here: an unexpected exception), 2 when none did."""
+    from tb_bottleneck_plugin import loader
+
+    logdir = tmp_path / "logs" / "run"
+    logdir.mkdir(parents=True)
+    good, bad = logdir / "w.1.pt.trace.json", logdir / "w.2.pt.trace.json"
+    shutil.copy(CPU_NW0, good)
+    shutil.copy(CPU_NW0, bad)
+    real = loader.load_trace
+
+    def flaky(path, *args, **kwargs):
+        if str(path).endswith(bad.name):
+            raise ValueError("cannot cope")
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(loader, "load_trace", flaky)
+    code, out, err = run_cli(capsys, "report", str(tmp_path / "logs"))
+    assert code == 1
+    assert err.splitlines() == [f"tb-bottlenecks: {bad}: internal error: ValueError: cannot cope "
+                                "(run with --debug for the traceback)"]
+    assert "input-bound 15.66%" in out
+    code, out, err = run_cli(capsys, "report", str(bad))
+    assert code == 2 and out == "" and len(err.splitlines()) == 1 and "ValueError: cannot cope" in err
+
+
+# ---------------------------------------------------------------- text (issue 9 items 5, 6)
+
+def _one_kernel_trace(path: Path, with_steps: bool):
+    """One kernel of 3 µs in a 5 µs trace, with or without a ProfilerStep."""
+    events = [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 1,
+               "dur": 1, "args": {"correlation": 1}},
+              {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 2, "dur": 3,
+               "args": {"correlation": 1, "device": 0, "stream": 7}}]
+    if with_steps:
+        events.append({"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1,
+                       "ts": 0, "dur": 3})
+    path.write_text(json.dumps({"traceEvents": events}))
+    return path
+
+
+def test_text_of_a_run_directory_puts_the_run_summary_first(capsys):
+    code, out, _ = run_cli(capsys, "report", str(RESNET0))
+    assert code == 0
+    lines = out.splitlines()
+    # headed by the directory's name, never "run ."
+    assert lines[0] == "run resnet50_num_workers_0: 1 worker: worker0 (2 spans)"
+    summary = out.index("run summary (2 spans)")
+    first_span = out.index("worker worker0, span 1623143089861: worker0.1623143089861.pt.trace.json.gz")
+    assert summary < first_span < out.index("worker worker0, span 1623143566756")
+    # the run summary is the ratio of sums over both spans' 12 steps (22.92 < x < 33.37)
+    body = out[summary:first_span]
+    assert "steps [5, 6, 7, 8, 9, 10, 16, 17, 18, 19, 20, 21]" in body
+    assert "input-bound 28.50% (highly input-bound)" in body
+    assert "average step 177.6 ms" in out[first_span:]  # durations with a unit that fits
+    assert "1.07 s of trace" in out[first_span:]
+    # words, not keys, in the n/a lines; no internal key anywhere in them
+    na = [line for line in lines if line.strip().startswith("n/a ")]
+    assert "    n/a GPU 0 memory: peak reserved: 2021-format [memory] events carry only signed Bytes: reserved "\
+           "memory is not available" in na
+    assert all("_" not in line.split(":")[0] for line in na)
+
+
+def test_text_of_a_single_file_is_headed_by_its_name(capsys):
+    code, out, _ = run_cli(capsys, "report", str(CPU_NW0))
+    assert code == 0
+    assert out.splitlines()[0] == CPU_NW0.name and "run ." not in out
+    assert "average step 216.0 ms" in out
+    # CPU [memory] events record no reserved memory: never "peak reserved 0 B"
+    memory_line, = [line for line in out.splitlines() if line.startswith("  memory CPU:")]
+    assert memory_line == "  memory CPU: peak allocated 2.3 MiB"
+    assert "n/a CPU memory: allocator slack (time-weighted): " in out
+
+
+def test_text_counts_and_tiny_durations(tmp_path, capsys):
+    path = _one_kernel_trace(tmp_path / "one.pt.trace.json", with_steps=True)
+    code, out, _ = run_cli(capsys, "report", str(path))
+    assert code == 0
+    assert "1 kernel, 0 memcpys, 0 memsets, 1 runtime call, " in out  # singular where it is one
+    assert "; 5 µs of trace" in out and "0.0 ms" not in out
+    assert "average step 5 µs" in out and "kernel launches: 1 kernel per step" in out
+
+
+def test_text_without_profiler_steps_has_no_kernels_per_step(tmp_path, capsys):
+    path = _one_kernel_trace(tmp_path / "nostep.pt.trace.json", with_steps=False)
+    code, out, _ = run_cli(capsys, "report", str(path))
+    assert code == 0
+    assert "no steps found" in out and "n/a Steps: no steps found" in out
+    assert not [line for line in out.splitlines() if line.strip().startswith("kernel launches")]
+    assert "0 kernels per step" not in out

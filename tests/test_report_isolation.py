@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tb_bottleneck_plugin import loader, recommendations, report
-from tb_bottleneck_plugin.analysis import (breakdown, gpu, input_bound, memory, occupancy, signals, steps,
-                                           tensor_cores)
+from tb_bottleneck_plugin.analysis import (breakdown, gpu, input_bound, memory, occupancy, operators, signals,
+                                           steps, tensor_cores)
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 # A GPU trace with memory events, kernels, steps and recommendations; small enough to analyse often.
@@ -35,6 +35,7 @@ SECTIONS = {
     "launch": (signals, "launch_signal", ("launch",)),
     "recommendations": (recommendations, "recommend", ("recommendations",)),
     "kernels": (report, "_kernel_table_section", ()),
+    "operators": (operators, "operator_table", ()),
 }
 # not_available keys a section writes besides its own name
 NA_PREFIX = {"gpu": "gpu.", "tensor_cores": "tensor_cores.", "occupancy": "occupancy.", "memory": "memory."}
@@ -116,6 +117,8 @@ def test_one_failing_section_costs_only_that_section(monkeypatch, caplog, trace,
     # (a rule reading several sections may fire with fewer reasons)
     if rep["recommendations"] is not None:
         assert {r["rule"] for r in rep["recommendations"]} <= {r["rule"] for r in ref["recommendations"]}
+    assert result.get("operators") is None if section == "operators" else result.get("operators") == \
+        normal.get("operators")
     if section == "occupancy" or section == "kernels":
         assert result["kernels"] == []
     else:

@@ -1,0 +1,187 @@
+"""The report for a terminal (`tb-bottlenecks report`): run and worker summaries first,
+then each span; numbers with units that fit, words rather than report keys.
+
+Pure formatting of the report objects of `report.py` (docs/report-schema.md); nothing
+here computes a metric.
+"""
+from __future__ import annotations
+
+import posixpath
+from typing import Dict, Iterable, List, Optional
+
+from .report import not_available_label
+
+_PLURALS = {"memcpy": "memcpys", "memset": "memsets"}
+
+
+def plural(count, word: str, words: Optional[str] = None) -> str:
+    """'1 kernel', '2 kernels', '1,234 CPU events'."""
+    n = int(count or 0)
+    many = words or _PLURALS.get(word) or word + "s"
+    return f"{n:,} {word if n == 1 else many}"
+
+
+def duration(us) -> str:
+    """µs as a duration with a unit that fits: '850 µs', '12.3 ms', '4.56 s'."""
+    if us is None:
+        return "n/a"
+    us = float(us)
+    if abs(us) < 1000:
+        return f"{us:.3g} µs" if us else "0 µs"
+    if abs(us) < 1_000_000:
+        return f"{us / 1000:.3g} ms" if abs(us) < 10_000 else f"{us / 1000:.1f} ms"
+    return f"{us / 1_000_000:.2f} s"
+
+
+def size(nbytes) -> str:
+    """Bytes with a binary unit: '512 B', '3.5 MiB', '2.60 GiB'."""
+    if nbytes is None:
+        return "n/a"
+    value = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            if unit == "B":
+                return f"{int(value)} B"
+            return f"{value:.2f} {unit}" if unit == "GiB" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.2f} TiB"  # not reached
+
+
+def pct(value, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}%"
+
+
+def _memory_device(key: str) -> str:
+    if key == "cpu":
+        return "CPU"
+    kind, _, num = key.partition(":")
+    return f"GPU {num}" if kind == "cuda" else key
+
+
+def format_report(rep: dict, indent: str = "", heading: Optional[str] = None) -> str:
+    """One report (a span, or a worker/run summary) as text; `heading` is its first line
+    (by default the trace file it came from)."""
+    lines: List[str] = []
+    add = lines.append
+    add(f"{indent}{heading if heading is not None else rep.get('source')}")
+    indent += "  "
+    t = rep.get("trace") or {}
+    if t:
+        counts = ", ".join([plural(t.get("kernels"), "kernel"), plural(t.get("memcpys"), "memcpy"),
+                            plural(t.get("memsets"), "memset"), plural(t.get("runtime_calls"), "runtime call"),
+                            plural(t.get("cpu_events"), "CPU event"), plural(t.get("memory_events"), "memory event")])
+        dur = t.get("duration_us")
+        add(f"{indent}{plural(t.get('events'), 'event')}: {counts}" + (f"; {duration(dur)} of trace" if dur else ""))
+        devices = t.get("gpu_devices") or []
+        names = rep.get("device_names") or {}
+        if devices:
+            add(f"{indent}GPU devices: " + ", ".join(
+                f"{d}" + (f" ({names[str(d)]})" if str(d) in names else "") for d in devices))
+        else:
+            add(f"{indent}CPU-only trace: no GPU activity")
+    st = rep.get("steps")
+    if st:
+        if st.get("found"):
+            add(f"{indent}steps {st.get('numbers')}" + (
+                "; excluded " + ", ".join(f"{e.get('number')} ({e.get('reason')})" for e in st.get("excluded", []))
+                if st.get("excluded") else ""))
+        else:
+            add(f"{indent}no steps found (no ProfilerStep#N): the whole trace is one window")
+    if rep.get("avg_step_us") is not None:
+        add(f"{indent}average step {duration(rep['avg_step_us'])}: " + ", ".join(
+            f"{k} {v:.1f}%" for k, v in (rep.get("breakdown_pct") or {}).items() if v))
+    inp = rep.get("input") or {}
+    if inp.get("input_bound_pct") is not None:
+        add(f"{indent}input-bound {inp['input_bound_pct']:.2f}% ({inp.get('verdict')})")
+    for dev, g in (rep.get("gpu") or {}).items():
+        parts = [f"{label} {g[key]:.2f}%" for key, label in (
+            ("utilization_pct", "utilization"), ("est_sm_efficiency_pct", "estimated SM efficiency"),
+            ("est_achieved_occupancy_pct", "estimated occupancy"), ("tensor_core_pct", "Tensor Cores"))
+            if g.get(key) is not None]
+        add(f"{indent}GPU {dev}: " + (", ".join(parts) if parts else "n/a"))
+    launch = rep.get("launch") or {}
+    if st and st.get("found") and launch.get("kernels_per_step") is not None and (t.get("kernels") or not t):
+        kps = launch["kernels_per_step"]
+        add(f"{indent}kernel launches: " + (plural(round(kps), "kernel") if abs(kps - round(kps)) < 0.05
+                                            else f"{kps:,.1f} kernels") + " per step"
+            + (f", {pct(launch.get('launch_pct'), 1)} of step time in launch calls"
+               if launch.get("launch_pct") is not None else ""))
+    sync = rep.get("sync") or {}
+    if sync.get("sync_pct"):
+        add(f"{indent}host waits on the GPU (sync calls): {pct(sync['sync_pct'], 1)} of step time")
+    for key, m in (rep.get("memory") or {}).items():
+        text = f"{indent}memory {_memory_device(key)}: peak allocated {size(m.get('peak_allocated_bytes'))}"
+        if m.get("allocated_is_relative"):
+            text += " (relative to the start of the trace)"
+        reserved = m.get("peak_reserved_bytes")
+        # CPU [memory] events record no reserved memory (their 0 means unknown)
+        if reserved and key != "cpu":
+            text += f", peak reserved {size(reserved)}"
+        if m.get("capacity_bytes"):
+            text += f" of {size(m['capacity_bytes'])}"
+        if m.get("slack_fragmentation_pct") is not None:
+            text += f", allocator slack {m['slack_fragmentation_pct']:.1f}%"
+        add(text)
+    for rec in rep.get("recommendations") or []:
+        add(f"{indent}[{rec.get('severity')}] {rec.get('title')}")
+        add(f"{indent}    -> {rec.get('action')}")
+    labels = rep.get("not_available_labels") or {}
+    for key, why in (rep.get("not_available") or {}).items():
+        add(f"{indent}n/a {labels.get(key) or not_available_label(key)}: {why}")
+    return "\n".join(lines)
+
+
+def _run_name(run, logdir) -> str:
+    """A run at the root of the path is named '.' by discovery: show the directory's name."""
+    if run.name in ("", "."):
+        return posixpath.basename(str(logdir.url).rstrip("/")) or str(logdir.url)
+    return run.name
+
+
+def _span_heading(run, worker, span, rep: dict) -> str:
+    name = posixpath.basename(str(rep.get("source") or span.url))
+    return f"worker {worker.name}, span {span.name}" + ("" if name == span.name else f": {name}")
+
+
+def format_logdir(logdir, results: Dict[str, dict], combine, *, single_file: bool = False) -> str:
+    """Every run of a discovered logdir: the run header with its workers, the run
+    summary (and worker summaries when a run has several workers), then each span.
+    `results`: span url -> analyze_span result; `combine`: report.combine_results."""
+    if single_file:
+        (run, worker, span), = [(r, w, s) for r in logdir.runs for w in r.workers for s in w.spans]
+        if span.url in results:
+            return format_report(results[span.url]["report"], heading=posixpath.basename(span.url))
+        return ""
+    blocks: List[str] = []
+    for run in logdir.runs:
+        spans = [(w, s) for w in run.workers for s in w.spans]
+        ready = [(w, s) for w, s in spans if s.url in results]
+        workers = ", ".join(f"{w.name} ({plural(len(w.spans), 'span')})" for w in run.workers)
+        lines = [f"run {_run_name(run, logdir)}: {plural(len(run.workers), 'worker')}: {workers}"]
+        if len(ready) > 1:
+            summary = combine([results[s.url] for _, s in ready], run=run.name,
+                              worker=run.workers[0].name if len(run.workers) == 1 else None)["report"]
+            lines.append(format_report(summary, indent="  ",
+                                       heading=f"run summary ({plural(len(ready), 'span')})"))
+            if len(run.workers) > 1:
+                for w in run.workers:
+                    mine = [results[s.url] for s in w.spans if s.url in results]
+                    if len(mine) > 1:
+                        rep = combine(mine, run=run.name, worker=w.name)["report"]
+                        lines.append(format_report(rep, indent="  ",
+                                                   heading=f"worker {w.name} summary ({plural(len(mine), 'span')})"))
+        for w, s in ready:
+            rep = results[s.url]["report"]
+            lines.append(format_report(rep, indent="  ", heading=_span_heading(run, w, s, rep)))
+        blocks.append("\n\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+def section_errors(results: Iterable[dict]) -> List[str]:
+    """One line per analysis section that failed: '<file>: internal error in <section>: ...'."""
+    out = []
+    for result in results:
+        rep = result.get("report") or {}
+        for e in rep.get("errors") or []:
+            out.append(f"{rep.get('source')}: {e.get('error')}")
+    return out
