@@ -50,7 +50,8 @@ WORKER_NAME = "worker0"
 INPUT_PAIR = ("input_bound_nw0", "input_fixed_nw4")
 PRECISION_PAIR = ("fp32_matmul", "bf16_autocast")
 FUSION_PAIR = ("many_small_kernels", "compiled")
-ALL_RUNS = INPUT_PAIR + PRECISION_PAIR + FUSION_PAIR
+DDP_PAIR = ("ddp_straggler_2rank", "ddp_balanced_2rank")
+ALL_RUNS = INPUT_PAIR + PRECISION_PAIR + FUSION_PAIR + DDP_PAIR
 
 # Profiler schedule shared by every run: one waiting step, one warm-up step, two
 # recorded steps; ``repeat`` cycles write one trace file ("span") each.
@@ -668,17 +669,146 @@ def _fusion_pair(torch, outdir: str, quick: bool) -> List[str]:
 
 
 # --------------------------------------------------------------------------------------
+# Pair 4: distributed data parallel on CPU, one slow rank vs balanced (metrics §12)
+# --------------------------------------------------------------------------------------
+
+# Each rank's data loading sleeps a known time per batch inside the DataLoader's
+# __next__ (a dataset whose __getitem__ returns one whole batch), so the trace shows it as
+# DataLoader time. In the straggler run rank 1 sleeps DDP_EXTRA_LOAD_MS longer: rank 0
+# then waits about that long in every gradient all-reduce. Sleeping (not computing) keeps
+# the injected difference exact on a loaded 2-core machine.
+DDP_BASE_LOAD_MS = 40.0
+DDP_EXTRA_LOAD_MS = 60.0
+DDP_SLOW_RANK = 1
+DDP_WORLD_SIZE = 2
+DDP_WAIT, DDP_WARMUP = 1, 1
+DDP_ACTIVE_QUICK, DDP_ACTIVE_FULL = 3, 6
+
+
+class _SleepyBatches:
+    """A map-style dataset of whole batches whose loading takes ``load_ms`` (a sleep)."""
+
+    def __init__(self, torch, n: int, batch: int, dim: int, load_ms: float, seed: int):
+        self.n, self.load_s = n, load_ms / 1000.0
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(batch, dim, generator=g)
+        self.y = torch.randint(0, 10, (batch,), generator=g)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int):
+        time.sleep(self.load_s)
+        return self.x, self.y
+
+
+def _ddp_worker(rank: int, world: int, port: int, run_dir: str, name: str, load_ms: List[float],
+                active: int) -> None:
+    """One rank of a gloo DDP run under the profiler (started by torch.multiprocessing)."""
+    import torch
+    import torch.distributed as dist
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        dim = 256
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(
+            torch.nn.Linear(dim, dim), torch.nn.ReLU(), torch.nn.Linear(dim, dim), torch.nn.ReLU(),
+            torch.nn.Linear(dim, 10)))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        warm = 2
+        total = DDP_WAIT + DDP_WARMUP + active
+        data = torch.utils.data.DataLoader(
+            _SleepyBatches(torch, warm + total, 64, dim, load_ms[rank], seed=rank),
+            batch_size=None, num_workers=0)
+        batches = iter(data)
+
+        def step() -> None:
+            x, y = next(batches)
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+
+        for _ in range(warm):  # DDP builds its buckets in the first iterations
+            step()
+        with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU],
+            schedule=torch.profiler.schedule(wait=DDP_WAIT, warmup=DDP_WARMUP, active=active, repeat=1),
+            on_trace_ready=torch.profiler.tensorboard_trace_handler(run_dir, worker_name=f"rank{rank}",
+                                                                    use_gzip=True),
+            profile_memory=True, record_shapes=True,
+        ) as prof:
+            for _ in range(total):
+                if prof.current_action == torch.profiler.ProfilerAction.RECORD_AND_SAVE:
+                    prof.add_metadata("demo_run", name)
+                    prof.add_metadata_json("demo_settings", json.dumps(
+                        {"load_ms": load_ms, "rank": rank, "world_size": world}, sort_keys=True))
+                step()
+                prof.step()
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def ddp_load_ms(straggler: bool) -> List[float]:
+    """Per-rank data-loading time per batch of the distributed demo runs (ms)."""
+    return [DDP_BASE_LOAD_MS + (DDP_EXTRA_LOAD_MS if straggler and r == DDP_SLOW_RANK else 0.0)
+            for r in range(DDP_WORLD_SIZE)]
+
+
+def _run_ddp(torch, outdir: str, name: str, straggler: bool, quick: bool) -> str:
+    import torch.multiprocessing as mp
+
+    run_dir = os.path.join(outdir, name)
+    os.makedirs(run_dir, exist_ok=True)
+    for old in glob.glob(os.path.join(run_dir, "rank*.pt.trace.json*")):
+        os.remove(old)
+    load_ms = ddp_load_ms(straggler)
+    active = DDP_ACTIVE_QUICK if quick else DDP_ACTIVE_FULL
+    started = time.perf_counter()
+    mp.spawn(_ddp_worker, args=(DDP_WORLD_SIZE, _free_port(), run_dir, name, load_ms, active),
+             nprocs=DDP_WORLD_SIZE, join=True)
+    files = sorted(glob.glob(os.path.join(run_dir, "rank*.pt.trace.json.gz")))
+    _log(f"{name}: {DDP_WORLD_SIZE} gloo ranks, data loading {load_ms} ms per batch, {active} profiled "
+         f"steps in {time.perf_counter() - started:.1f} s -> {len(files)} trace file(s) in {run_dir}")
+    return run_dir
+
+
+def generate_distributed(outdir: str, *, quick: bool = False) -> List[str]:
+    """The distributed pair: ``ddp_straggler_2rank`` (rank 1 loads its data
+    ``DDP_EXTRA_LOAD_MS`` slower) and ``ddp_balanced_2rank``; 2 gloo processes on CPU."""
+    torch = _import_torch()
+    outdir = os.path.abspath(outdir)
+    os.makedirs(outdir, exist_ok=True)
+    return [_run_ddp(torch, outdir, DDP_PAIR[0], straggler=True, quick=quick),
+            _run_ddp(torch, outdir, DDP_PAIR[1], straggler=False, quick=quick)]
+
+
+# --------------------------------------------------------------------------------------
 # Entry points
 # --------------------------------------------------------------------------------------
 
 
-def generate(outdir: str, *, quick: bool = False, device: Optional[str] = None) -> List[str]:
+def generate(outdir: str, *, quick: bool = False, device: Optional[str] = None,
+             distributed: bool = False) -> List[str]:
     """Write the demo runs into ``outdir`` and return the run directories created.
 
     ``device``: ``"cpu"``, ``"cuda"`` or None (CUDA when available). The input pair
     always runs (on ``device``); the precision and fusion pairs need CUDA and are skipped
     with a message otherwise. ``quick`` makes smaller, shorter runs (one trace file per
-    run instead of two) for tests.
+    run instead of two) for tests ``distributed`` adds the 2-rank gloo pair
+    (``generate_distributed``; the CLI's default).
     """
     torch = _import_torch()
     if device is None:
@@ -702,6 +832,8 @@ def generate(outdir: str, *, quick: bool = False, device: Optional[str] = None) 
             "skipping the GPU pairs (fp32_matmul vs bf16_autocast, many_small_kernels vs "
             "compiled): they need CUDA; run `tb-bottlenecks demo OUTDIR` on a CUDA machine"
         )
+    if distributed:
+        runs += generate_distributed(outdir, quick=quick)
     _log(f"done in {time.perf_counter() - started:.1f} s: {len(runs)} runs. "
          f"View them with: tensorboard --logdir {outdir}")
     return runs
@@ -724,9 +856,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="smaller, shorter runs with one trace file each")
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
                         help="where to train (default: cuda when available, else cpu)")
+    parser.add_argument("--no-distributed", action="store_true",
+                        help="skip the distributed pair (2 gloo ranks on CPU: "
+                             + " vs ".join(DDP_PAIR) + ")")
     args = parser.parse_args(argv)
     try:
-        generate(args.outdir, quick=args.quick, device=args.device)
+        generate(args.outdir, quick=args.quick, device=args.device, distributed=not args.no_distributed)
     except BottleneckError as exc:
         print(f"tb-bottlenecks demo: error: {exc}", file=sys.stderr)
         return 1

@@ -80,6 +80,7 @@ class BottlenecksPlugin(base_plugin.TBPlugin):
             "/memory": self._serve_memory,
             "/kernels": self._serve_kernels,
             "/compare": self._serve_compare,
+            "/ranks": self._serve_ranks,
         }
 
     def is_active(self) -> bool:
@@ -185,6 +186,13 @@ class BottlenecksPlugin(base_plugin.TBPlugin):
         from .compare import compare_route  # 200/202/400/404/422 like the report route
 
         body, code = compare_route(self.analyzer, request.args, self._problem)
+        return http_util.Respond(request, body, "application/json", code=code)
+
+    @wrappers.Request.application
+    def _serve_ranks(self, request):
+        from .ranks import ranks_route  # metrics §12: the run's ranks side by side
+
+        body, code = ranks_route(self.analyzer, request.args, self._problem)
         return http_util.Respond(request, body, "application/json", code=code)
 
 

@@ -353,13 +353,21 @@ def format_ranks_text(view: dict, indent: str = "") -> str:
 # ---------------------------------------------------------------------------- route
 
 
-def ranks_route(analyzer, run: str) -> Tuple[dict, int]:
-    """Body and status of ``/ranks?run=``: 202 while spans load, 404 for an unknown run,
-    else the rank view over the run's ready spans (span errors listed in ``file_errors``)."""
+def ranks_route(analyzer, args, problem: Optional[str] = None) -> Tuple[dict, int]:
+    """Body and status of ``/ranks?run=``: 400 without ``run``, 404 for an unknown run or
+    no logdir, 202 while spans load (or before the first scan), else 200 with the rank
+    view over the run's ready spans (failed files listed in ``file_errors``)."""
+    if analyzer is None:
+        return {"error": problem or "no logdir"}, 404
+    run = args.get("run")
+    if not run:
+        return {"error": "missing query parameter 'run'"}, 400
     try:
         selected = analyzer.span_states(run)
     except KeyError:
-        return {"error": f"unknown run {run!r}"}, 404
+        if analyzer.activity()[1] is None:  # not scanned yet: the name may well exist
+            return {"state": "loading", "progress": 0.0, "scan": "pending"}, 202
+        return {"error": f"unknown run {run!r} (not among the runs found in the logdir)"}, 404
     states = [st for _, _, st in selected]
     if any(st.state in ("loading", "queued") for st in states):
         done = sum(st.progress for st in states) / max(1, len(states))
@@ -370,12 +378,13 @@ def ranks_route(analyzer, run: str) -> Tuple[dict, int]:
         if st.state == "ready" and st.result is not None:
             by_worker.setdefault(w.name, []).append(st.result)
         elif st.state == "error":
-            errors.append({"file": s.name, "error": st.error})
+            errors.append({"worker": w.name, "span": s.name, "error": st.error})
     workers = {w.name for w, _, _ in selected}
     view = rank_view(by_worker)
     missing = sorted(workers - set(by_worker), key=_natural_key)
-    if missing:
+    if missing and len(workers) > 1:
         view["not_available"]["ranks.workers"] = f"no analysed span for worker(s) {', '.join(missing)}"
+    view["run"] = run
     view["state"] = "ready"
     view["file_errors"] = errors
     return _clean(view), 200
