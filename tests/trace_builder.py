@@ -1,0 +1,76 @@
+"""Small synthetic Kineto traces for tests: events as the profiler writes them, written
+to a file and loaded through the real loader, so every expected number can be checked
+by hand from the intervals written in the test."""
+from __future__ import annotations
+
+import json
+
+from tb_bottleneck_plugin.loader import load_trace
+
+V100 = {"id": 0, "name": "Tesla V100-SXM2-32GB", "computeMajor": 7, "computeMinor": 0,
+        "totalGlobalMem": 34089730048, "maxThreadsPerBlock": 1024, "maxThreadsPerMultiprocessor": 2048,
+        "regsPerBlock": 65536, "regsPerMultiprocessor": 65536, "warpSize": 32, "sharedMemPerBlock": 49152,
+        "sharedMemPerMultiprocessor": 98304, "numSms": 80, "sharedMemPerBlockOptin": 98304}
+A100 = dict(V100, name="NVIDIA A100-SXM4-80GB", computeMajor=8, sharedMemPerMultiprocessor=167936,
+            sharedMemPerBlockOptin=166912, numSms=108)
+H100 = dict(V100, name="NVIDIA H100 80GB HBM3", computeMajor=9, sharedMemPerMultiprocessor=233472,
+            sharedMemPerBlockOptin=232448, numSms=132)
+B200 = dict(V100, name="NVIDIA B200", computeMajor=10, sharedMemPerMultiprocessor=233472,
+            sharedMemPerBlockOptin=232448, numSms=148, totalGlobalMem=191514935296)
+MI250 = {"id": 0, "name": "AMD Instinct MI250X", "computeMajor": 9, "computeMinor": 0, "warpSize": 64,
+         "maxThreadsPerMultiprocessor": 2048, "maxSharedMemoryPerMultiProcessor": 65536, "numSms": 110}
+MI300 = dict(MI250, name="AMD Instinct MI300X", computeMinor=4, numSms=304)
+
+
+class TraceBuilder:
+    """Append events with the helpers, then ``load(tmp_path)``."""
+
+    def __init__(self, props=(V100,), distributed_info=None):
+        self.props = list(props)
+        self.distributed_info = distributed_info
+        self.events = []
+        self._corr = 0
+
+    def cpu(self, name, ts, dur, cat="cpu_op", tid=1, **args):
+        self.events.append({"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur,
+                            "args": args})
+        return self
+
+    def step(self, n, ts, dur):
+        return self.cpu(f"ProfilerStep#{n}", ts, dur, cat="user_annotation")
+
+    def runtime(self, name, ts, dur, correlation=None, tid=1):
+        if correlation is None:
+            self._corr += 1
+            correlation = self._corr
+        self.events.append({"ph": "X", "cat": "cuda_runtime", "name": name, "pid": 1, "tid": tid, "ts": ts,
+                            "dur": dur, "args": {"correlation": correlation}})
+        return correlation
+
+    def kernel(self, name, ts, dur, correlation=-1, device=0, stream=7, **args):
+        self.events.append({"ph": "X", "cat": "kernel", "name": name, "pid": device, "tid": stream, "ts": ts,
+                            "dur": dur, "args": dict({"device": device, "stream": stream,
+                                                      "correlation": correlation}, **args)})
+        return self
+
+    def launch(self, name, ts, kernel_ts, kernel_dur, call="cudaLaunchKernel", call_dur=5, **args):
+        """A launch call at ``ts`` and the kernel it launched."""
+        corr = self.runtime(call, ts, call_dur)
+        return self.kernel(name, kernel_ts, kernel_dur, correlation=corr, **args)
+
+    def to_json(self):
+        doc = {"schemaVersion": 1, "deviceProperties": self.props, "traceEvents": self.events}
+        if self.distributed_info is not None:
+            doc["distributedInfo"] = self.distributed_info
+        return doc
+
+    def load(self, tmp_path, name="t.pt.trace.json"):
+        p = tmp_path / name
+        p.write_text(json.dumps(self.to_json()))
+        return load_trace(str(p))
+
+
+def occupancy_args(pct, bps, grid=(80, 1, 1), block=(256, 1, 1), regs=64, smem=0):
+    """The launch arguments Kineto writes on a CUDA kernel."""
+    return {"grid": list(grid), "block": list(block), "registers per thread": regs, "shared memory": smem,
+            "blocks per SM": bps, "est. achieved occupancy %": pct}
