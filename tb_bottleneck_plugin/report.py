@@ -303,6 +303,7 @@ _SECTION_LABELS = {
     "memory_snapshot": "CUDA memory snapshot", "sync": "Host-GPU synchronization",
     "communication": "Communication", "launch": "Kernel launches", "recommendations": "Recommendations",
     "kernels": "Kernel table", "memory_curves": "Memory over time", "operators": "Operator tables",
+    "context": "Workload context", "distributed": "Distributed run",
 }
 _METRIC_LABELS = {
     "utilization_pct": "utilization", "est_sm_efficiency_pct": "estimated SM efficiency",

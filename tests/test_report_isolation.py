@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tb_bottleneck_plugin import loader, recommendations, report
-from tb_bottleneck_plugin.analysis import (breakdown, gpu, input_bound, memory, occupancy, operators, signals,
-                                           steps, tensor_cores)
+from tb_bottleneck_plugin.analysis import (breakdown, context, distributed, gpu, input_bound, memory, occupancy,
+                                           operators, signals, steps, tensor_cores)
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 # A GPU trace with memory events, kernels, steps and recommendations; small enough to analyse often.
@@ -36,6 +36,8 @@ SECTIONS = {
     "recommendations": (recommendations, "recommend", ("recommendations",)),
     "kernels": (report, "_kernel_table_section", ()),
     "operators": (operators, "operator_table", ()),
+    "context": (context, "detect", ("context",)),
+    "distributed": (distributed, "span_partial", ()),
 }
 # not_available keys a section writes besides its own name
 NA_PREFIX = {"gpu": "gpu.", "tensor_cores": "tensor_cores.", "occupancy": "occupancy.", "memory": "memory."}
@@ -117,8 +119,8 @@ def test_one_failing_section_costs_only_that_section(monkeypatch, caplog, trace,
     # (a rule reading several sections may fire with fewer reasons)
     if rep["recommendations"] is not None:
         assert {r["rule"] for r in rep["recommendations"]} <= {r["rule"] for r in ref["recommendations"]}
-    assert result.get("operators") is None if section == "operators" else result.get("operators") == \
-        normal.get("operators")
+    for extra in ("operators", "distributed"):  # parts of the span result beside the report
+        assert result.get(extra) is None if section == extra else result.get(extra) == normal.get(extra)
     if section == "occupancy" or section == "kernels":
         assert result["kernels"] == []
     else:
