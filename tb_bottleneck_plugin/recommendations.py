@@ -134,7 +134,8 @@ def rule_tensor_cores(report) -> Optional[dict]:
     if pct is None or pct < T.TC_ELIGIBLE_NOT_USING_PCT:
         return None
     majors = [int(p.get("computeMajor")) for p in (report.get("device_properties") or [])
-              if isinstance(p.get("computeMajor"), int)]
+              if isinstance(p, dict) and isinstance(p.get("computeMajor"), int)
+              and not isinstance(p.get("computeMajor"), bool)]
     major = min(majors) if majors else None
     top = tc.get("top_eligible_not_using") or []
     evidence = []

@@ -347,3 +347,23 @@ def test_context_combine_for_summaries():
     assert merged["mode"] == "training" and merged["cuda_graphs"] and merged["distributed"]
     assert merged["world_size"] == 4 and merged["evidence"]["graph_kernels"] == 5
     assert context.combine([]) is None
+
+
+@pytest.mark.parametrize("total,expected", [("-", None), (1e30, None), (-5, None), (85018279936, 85018279936)])
+def test_memory_capacity_from_malformed_properties(tmp_path, total, expected):
+    b = TraceBuilder([dict(H100, id="x" if total == "-" else 0, totalGlobalMem=total)])
+    b.step(1, 0, 100)
+    b.events.append({"ph": "i", "s": "t", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1,
+                     "ts": 10, "args": {"Device Type": 1, "Device Id": 0, "Bytes": 1024, "Addr": 1,
+                                        "Total Allocated": 1024, "Total Reserved": 2097152}})
+    rep = analyse(b.load(tmp_path))
+    assert rep["errors"] == []
+    assert rep["memory"]["cuda:0"]["capacity_bytes"] == expected
+    if expected is None:
+        assert "totalGlobalMem" in rep["not_available"]["memory.cuda:0.capacity_bytes"]
+
+
+def test_tensor_core_rule_ignores_malformed_property_entries():
+    rep = tc_report(V100)
+    rep["device_properties"] = ["not a dict", {"computeMajor": True}, V100]
+    assert 'torch.amp.GradScaler("cuda")' in R.rule_tensor_cores(rep)["action"]

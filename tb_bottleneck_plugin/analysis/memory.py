@@ -41,6 +41,7 @@ import numpy as np
 
 from .. import thresholds as T
 from ..model import DEVICE_TYPE_CPU, DEVICE_TYPE_CUDA, DEVICE_TYPE_HIP, TraceData
+from .occupancy import device_properties, prop_int
 
 GPU_DEVICE_TYPES = (DEVICE_TYPE_CUDA, DEVICE_TYPE_HIP)
 
@@ -137,7 +138,7 @@ def memory_usage(trace: TraceData, step_boundaries: Optional[Iterable[Tuple[int,
         return out
     steps = list(step_boundaries) if step_boundaries is not None else []
     end_ts = trace.meta.last_ts
-    props = trace.device_properties_by_id
+    props = device_properties(trace)
     dev_pairs = np.stack([mem.device_type.astype(np.int64), mem.device_id.astype(np.int64)], axis=1)
     uniq, inv = np.unique(dev_pairs, axis=0, return_inverse=True)
     inv = inv.reshape(-1)
@@ -175,13 +176,15 @@ def memory_usage(trace: TraceData, step_boundaries: Optional[Iterable[Tuple[int,
         peak_alloc = float(allocated.max())
         peak_res = float(reserved.max()) if reserved is not None else None
         capacity = None
-        if dtype == DEVICE_TYPE_CUDA and did in props and props[did].get("totalGlobalMem"):
-            capacity = int(props[did]["totalGlobalMem"])
+        total_mem = prop_int(props.get(did), "totalGlobalMem")
+        if dtype == DEVICE_TYPE_CUDA and total_mem:
+            capacity = total_mem
         elif dtype == DEVICE_TYPE_HIP:
             na["capacity_bytes"] = ("HIP device ids are not joined to deviceProperties (ROCm device numbering "
                                     "differs)")
         elif is_gpu:
-            na["capacity_bytes"] = "no deviceProperties entry for this device"
+            na["capacity_bytes"] = ("no deviceProperties entry for this device" if did not in props
+                                    else "deviceProperties 'totalGlobalMem' of this device is not a valid size")
         else:
             na["capacity_bytes"] = "traces do not record the host's memory size"
         slack = slack_tw = None

@@ -81,7 +81,7 @@ _PROP_RANGES = {
     "maxThreadsPerMultiprocessor": (1, 1 << 16), "regsPerMultiprocessor": (1, 1 << 24),
     "regsPerBlock": (1, 1 << 24), "sharedMemPerMultiprocessor": (1, 1 << 30),
     "maxSharedMemoryPerMultiProcessor": (1, 1 << 30), "sharedMemPerBlock": (1, 1 << 30),
-    "sharedMemPerBlockOptin": (1, 1 << 30), "numSms": (1, 1 << 20),
+    "sharedMemPerBlockOptin": (1, 1 << 30), "numSms": (1, 1 << 20), "totalGlobalMem": (1, 1 << 50),
 }
 _REQUIRED_PROPS = ("computeMajor", "warpSize", "maxThreadsPerMultiprocessor", "regsPerMultiprocessor")
 
