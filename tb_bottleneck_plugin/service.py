@@ -114,22 +114,27 @@ class DiskCache:
 
 # ---------------------------------------------------------------------------- analysis children
 #
-# A span is analysed in a child process of its own (at most ``max_workers`` at a time),
-# so the decode and the analyses (CPU-bound Python that holds the GIL for seconds) never
-# slow TensorBoard's request threads, a crash or an out-of-memory kill costs one span and
-# not the server, and the memory of a large trace goes back to the system when it ends.
-# The child is a fresh interpreter (`subprocess`, like multiprocessing's "spawn": no fork
-# of the multithreaded TensorBoard) that imports only this package — multiprocessing's own
+# Spans are analysed in child processes (at most ``max_workers`` at a time), so the decode
+# and the analyses (CPU-bound Python that holds the GIL for seconds) never slow
+# TensorBoard's request threads, a crash or an out-of-memory kill costs one span and not
+# the server, and the memory of a large trace goes back to the system.
+# A child is a fresh interpreter (`subprocess`, like multiprocessing's "spawn": no fork of
+# the multithreaded TensorBoard) that imports only this package — multiprocessing's own
 # spawn/forkserver would also re-import TensorBoard's __main__ in every child. Parent and
-# child talk over a socketpair with multiprocessing's Connection framing: the span in,
+# child talk over a socketpair with multiprocessing's Connection framing: a span in,
 # coarse progress and one outcome out (the JSON-able result, KBs to a few MB).
+# Children are reused for the next span (an interpreter start costs ~0.5 s of CPU), except
+# after a large file (its memory is given back by ending the process), and an idle child
+# ends after IDLE_CHILD_SECONDS.
 
 # Outcomes of one analysis: ("ok", result) | ("truncated" | "error" | "internal" | "died", message)
 _PROGRESS_INTERVAL_S = 0.1
+IDLE_CHILD_SECONDS = 60.0
+RECYCLE_AFTER_BYTES = 64 << 20  # a child that analysed a file this large is not reused
 _CHILD_CODE = ("import sys; from tb_bottleneck_plugin.service import _child_entry; "
                "_child_entry(int(sys.argv[1]), int(sys.argv[2]))")
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
-_live_children: "weakref.WeakSet" = weakref.WeakSet()
+_live_children: "weakref.WeakSet" = weakref.WeakSet()  # every pool's processes, for atexit
 _children_lock = threading.Lock()
 
 
@@ -138,15 +143,12 @@ def processes_supported() -> bool:
 
 
 def _child_entry(fd: int, owner_pid: int) -> None:
-    """Entry point of an analysis child: analyse one span, send back one outcome."""
+    """Entry point of an analysis child: analyse spans one after another until the
+    parent closes the connection; one outcome per span."""
     procguard.die_with_parent(owner_pid)
     from multiprocessing.connection import Connection
 
     conn = Connection(fd)
-    try:
-        logdir, run, span = conn.recv()
-    except (EOFError, OSError):
-        return
     last = [0.0]
 
     def progress(fraction: float) -> None:
@@ -156,17 +158,24 @@ def _child_entry(fd: int, owner_pid: int) -> None:
             conn.send(("progress", float(fraction)))
 
     try:
-        try:
-            outcome = ("ok", report.analyze_span(logdir, run, span, progress=progress))
-        except TruncatedTraceError as exc:
-            outcome = ("truncated", str(exc))
-        except BottleneckError as exc:
-            outcome = ("error", str(exc))
-        except BaseException as exc:  # noqa: BLE001 - reported to the parent, which logs it
-            outcome = ("internal", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
-        conn.send(outcome)
-    except (OSError, EOFError):  # the parent is gone or stopped listening
-        pass
+        while True:
+            try:
+                logdir, run, span = conn.recv()
+            except (EOFError, OSError):
+                return  # the parent is done with us (or gone)
+            try:
+                outcome = ("ok", report.analyze_span(logdir, run, span, progress=progress))
+            except TruncatedTraceError as exc:
+                outcome = ("truncated", str(exc))
+            except BottleneckError as exc:
+                outcome = ("error", str(exc))
+            except Exception as exc:  # noqa: BLE001 - reported to the parent, which logs it
+                outcome = ("internal", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+            try:
+                conn.send(outcome)
+            except (OSError, EOFError):
+                return
+            del outcome
     finally:
         conn.close()
 
@@ -184,12 +193,62 @@ def _describe_exit(code: Optional[int]) -> str:
     return f"exited with code {code}"
 
 
-def _kill(child) -> None:
-    try:
-        if child.poll() is None:
-            child.kill()
-    except (OSError, ValueError, AttributeError):
-        pass
+class _Child:
+    """One analysis child process and our end of its connection."""
+
+    def __init__(self):
+        import socket
+        import subprocess
+        import sys
+        from multiprocessing.connection import Connection
+
+        ours, theirs = socket.socketpair()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", _CHILD_CODE, str(theirs.fileno()), str(os.getpid())],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()  # the child holds the only other end: EOF when it ends
+        self.conn = Connection(ours.detach())
+        self.idle_since = time.monotonic()
+        with _children_lock:
+            _live_children.add(self)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def kill(self) -> None:
+        try:
+            if self.process.poll() is None:
+                self.process.kill()
+        except OSError:
+            pass
+
+    def close(self, wait: float = 2.0) -> Optional[int]:
+        """Close our end (the child then exits), reap it; its exit code."""
+        import subprocess
+
+        try:
+            self.conn.close()
+        except OSError:
+            pass
+        try:
+            self.process.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            self.process.wait()
+        with _children_lock:
+            _live_children.discard(self)
+        return self.process.returncode
 
 
 def _kill_children() -> None:
@@ -197,68 +256,102 @@ def _kill_children() -> None:
     with _children_lock:
         children = list(_live_children)
     for child in children:
-        _kill(child)
+        child.kill()
 
 
 atexit.register(_kill_children)
 
 
-def analyze_in_child(logdir: str, run, span, progress: Optional[Callable[[float], None]] = None,
-                     *, register: Optional[Callable] = None) -> tuple:
-    """Analyse one span in a fresh child process; the outcome tuple (see above).
-    A child that dies without answering (killed, out of memory) gives ("died", why)."""
-    import socket
-    import subprocess
-    import sys
-    from multiprocessing.connection import Connection
+class ChildPool:
+    """At most one busy child per calling thread; idle children are reused."""
 
-    ours, theirs = socket.socketpair()
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
-    try:
-        child = subprocess.Popen(
-            [sys.executable, "-c", _CHILD_CODE, str(theirs.fileno()), str(os.getpid())],
-            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env)
-    except (OSError, ValueError) as exc:
-        ours.close()
-        theirs.close()
-        return "internal", f"cannot start an analysis process: {type(exc).__name__}: {exc}"
-    theirs.close()  # the child holds the only other end: EOF when it ends
-    with _children_lock:
-        _live_children.add(child)
-    if register is not None:
-        register(child)
-    conn = Connection(ours.detach())
-    outcome = None
-    try:
-        conn.send((logdir, run, span))
-        while True:
-            message = conn.recv()
-            if message[0] == "progress":
-                if progress is not None:
-                    progress(message[1])
-                continue
-            outcome = message
-            break
-    except (EOFError, OSError):
-        pass  # the child ended without an answer
-    finally:
-        conn.close()
-        try:
-            child.wait(timeout=10 if outcome is not None else 2)
-        except subprocess.TimeoutExpired:
+    def __init__(self, max_idle: int = 2):
+        self.max_idle = max(0, int(max_idle))
+        self._idle: List[_Child] = []
+        self._busy: set = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        self.started = 0  # child processes started (tests, stats)
+
+    def _take(self) -> _Child:
+        with self._lock:
+            while self._idle:
+                child = self._idle.pop()
+                if child.alive():
+                    self._busy.add(child)
+                    return child
+                child.close(wait=0.1)
+            if self._closed:
+                raise RuntimeError("the analysis pool was stopped")
+            self.started += 1
+        child = _Child()
+        with self._lock:
+            self._busy.add(child)
+            if self._closed:
+                child.kill()
+        return child
+
+    def _give_back(self, child: _Child, reuse: bool) -> None:
+        with self._lock:
+            self._busy.discard(child)
+            if reuse and not self._closed and len(self._idle) < self.max_idle and child.alive():
+                child.idle_since = time.monotonic()
+                self._idle.append(child)
+                return
+        child.close()
+
+    def reap_idle(self, older_than: float = IDLE_CHILD_SECONDS) -> None:
+        now = time.monotonic()
+        with self._lock:
+            old = [c for c in self._idle if now - c.idle_since >= older_than]
+            self._idle = [c for c in self._idle if c not in old]
+        for child in old:
+            child.close()
+
+    def pids(self) -> List[int]:
+        with self._lock:
+            return [c.pid for c in list(self._idle) + list(self._busy)]
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            children = list(self._idle) + list(self._busy)
+            self._idle = []
+        for child in children:
             child.kill()
-            child.wait()
-        with _children_lock:
-            _live_children.discard(child)
-    if outcome is None:
-        return "died", (f"{span.url}: the analysis process {_describe_exit(child.returncode)} before it "
-                        "finished; it is tried again on a later scan")
-    return outcome
+
+    def analyze(self, logdir: str, run, span,
+                progress: Optional[Callable[[float], None]] = None) -> tuple:
+        """Analyse one span in a child; the outcome tuple (see above). A child that dies
+        without answering (killed, out of memory) gives ("died", why)."""
+        try:
+            child = self._take()
+        except (OSError, ValueError, RuntimeError) as exc:
+            return "internal", f"cannot start an analysis process: {type(exc).__name__}: {exc}"
+        outcome = None
+        try:
+            child.conn.send((logdir, run, span))
+            while True:
+                message = child.conn.recv()
+                if message[0] == "progress":
+                    if progress is not None:
+                        progress(message[1])
+                    continue
+                outcome = message
+                break
+        except (EOFError, OSError):
+            pass  # the child ended without an answer
+        finally:
+            reuse = outcome is not None and (span.size or 0) < RECYCLE_AFTER_BYTES
+            self._give_back(child, reuse)
+        if outcome is None:
+            return "died", (f"{span.url}: the analysis process {_describe_exit(child.process.returncode)} "
+                            "before it finished; it is tried again on a later scan")
+        return outcome
 
 
 def _outcome_in_thread(analyze_span: Callable, logdir: str, run, span, progress) -> tuple:
-    """The same outcomes as `analyze_in_child`, from a function called in this process."""
+    """The same outcomes as `ChildPool.analyze`, from a function called in this process."""
     try:
         return "ok", analyze_span(logdir, run, span, progress=progress)
     except TruncatedTraceError as exc:
@@ -309,7 +402,7 @@ class Analyzer:
                          and os.environ.get("TB_BOTTLENECKS_ANALYSIS_PROCESSES", "1") != "0")
         self.processes = bool(processes)
         self.follow_symlinks = bool(follow_symlinks)
-        self._children: "weakref.WeakSet" = weakref.WeakSet()  # this analyzer's live children
+        self.children = ChildPool(max_idle=self.max_workers) if self.processes else None
         self._cache = DiskCache(cache_dir, max_bytes=cache_max_bytes) if cache_dir else None
         self._pool = ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="bottlenecks-load")
         self._lock = threading.RLock()
@@ -348,8 +441,8 @@ class Analyzer:
             self._rr.clear()
         self._wake.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
-        for child in list(self._children):
-            _kill(child)
+        if self.children is not None:
+            self.children.close()
 
     def rescan(self) -> None:
         """Ask for a scan now (the tab's reload button)."""
@@ -390,6 +483,8 @@ class Analyzer:
     def _scan_once(self) -> None:
         with self._lock:
             self._scan_state = "scanning"
+        if self.children is not None:
+            self.children.reap_idle()
         try:
             found = discovery.scan_logdir(self.logdir)
         except BottleneckError as exc:
@@ -535,7 +630,7 @@ class Analyzer:
         with self._lock:
             self.parse_count += 1
         if self.processes:
-            kind, value = analyze_in_child(self.logdir, run, span, progress, register=self._children.add)
+            kind, value = self.children.analyze(self.logdir, run, span, progress)
         else:
             kind, value = _outcome_in_thread(self._analyze_span, self.logdir, run, span, progress)
         if kind == "internal":

@@ -35,6 +35,13 @@ pytestmark = pytest.mark.skipif(not CPU_NW0.exists(), reason="../shared/traces i
 # ---------------------------------------------------------------------------- helpers
 
 
+@pytest.fixture(autouse=True)
+def in_process_analysis(monkeypatch):
+    """Route tests analyse in this process's threads (a child interpreter per plugin
+    costs seconds); the child-process mode has its own tests (test_service_processes.py)."""
+    monkeypatch.setenv("TB_BOTTLENECKS_ANALYSIS_PROCESSES", "0")
+
+
 def link(dst: Path, src: Path) -> Path:
     dst.parent.mkdir(parents=True, exist_ok=True)
     dst.symlink_to(src)
