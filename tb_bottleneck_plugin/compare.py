@@ -118,9 +118,11 @@ def _why_na(rep: dict, key: str, na_keys, batch_size) -> str:
     for k in na_keys:
         if k in na:
             return na[k]
-    for k, why in na.items():  # e.g. gpu.0.est_sm_efficiency_pct
-        if k.endswith("." + key.replace("gpu_", "")) or k.endswith(key):
-            return why
+    if key in ("gpu_utilization_pct", "est_sm_efficiency_pct"):  # per device: gpu.<dev>.<name>
+        name = "utilization_pct" if key == "gpu_utilization_pct" else key
+        for k, why in na.items():
+            if k.startswith("gpu.") and k.endswith("." + name):
+                return why
     if key.startswith("peak_gpu") or key == "allocator_slack_pct":
         return "no GPU device with this value in the memory section"
     if key == "peak_cpu_allocated_bytes":
@@ -511,6 +513,20 @@ def format_text(cmp: dict, top: int = 10) -> str:
         for r in recs:
             sev = f"{r['base_severity'] or '-'} -> {r['cand_severity'] or '-'}"
             lines.append(f"  {r['status']:<9} [{sev}] {r['title']}")
-    for key, why in (cmp.get("not_available") or {}).items():
-        lines.append(f"n/a {key}: {why}")
+    by_reason: Dict[str, List[str]] = {}
+    na = cmp.get("not_available") or {}
+    for key, why in na.items():
+        if key.startswith("metrics.") and key.endswith(".cand") and na.get(key[:-5] + ".base") == why:
+            continue  # said once, for both sides
+        if key.startswith("metrics."):
+            metric, side = key[len("metrics."):].rsplit(".", 1)
+            both = side == "base" and na.get(f"metrics.{metric}.cand") == why
+            name = metric if both else f"{metric} ({'baseline' if side == 'base' else 'candidate'})"
+        else:
+            name = key
+        by_reason.setdefault(why, []).append(name)
+    if by_reason:
+        lines += ["", "not available"]
+        for why, names in by_reason.items():
+            lines.append(f"  {', '.join(names)}: {why}")
     return "\n".join(lines)

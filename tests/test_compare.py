@@ -437,9 +437,11 @@ def test_compare_route_is_202_while_a_side_loads(tmp_path, route_client):
     stub = _Blocking("cand")
     plugin, get = route_client(root, analyze_span=stub)
     plugin.analyzer.runs_view()
-    assert stub.started.wait(20)
-    body = get(202, base_run="base", cand_run="cand")
-    assert body["state"] == "loading" and body["progress"] == 0.5
-    stub.release.set()
+    try:
+        assert stub.started.wait(20)
+        body = get(202, base_run="base", cand_run="cand")
+        assert body["state"] == "loading" and body["progress"] == 0.5
+    finally:
+        stub.release.set()
     assert plugin.analyzer.wait_idle(30)
     assert metric(get(200, base_run="base", cand_run="cand"), "avg_step_us")["delta"] == -400.0
