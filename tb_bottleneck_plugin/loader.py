@@ -14,18 +14,32 @@ Why it is built this way:
   valid JSON again: ``header + '"traceEvents":[]}'`` and ``'{"traceEvents":[' + tail``.
 - If chunking fails for any reason (an unusual layout, a name containing ``}, {``),
   the file is decoded in one piece, which is always correct, only slower.
+- Lenient in what we read: a chunk that fails the typed schema (one value of an
+  unexpected type, a number out of range, an event nested deeper than msgspec's
+  recursion limit) is decoded again event by event, and a bad event field by field:
+  the bad field is treated as absent for that event and counted in
+  ``meta.warnings``. Values that pass the schema but cannot be right (integers
+  beyond int64, negative sizes) are dropped with a warning when the columns are
+  built. Well-formed chunks never leave the one-call typed path, so clean traces
+  load as fast as before.
+- Bounded: decompression yields at most ``_OUT_BYTES`` per zlib call, the text of
+  one file is capped (`max_decompressed_bytes`), a long run of whitespace (the
+  gzip bomb ``{"traceEvents":[`` + GBs of spaces) and a header or event that never
+  ends are rejected within a few MB.
 
 Every failure becomes a `TraceError` naming the file and the problem.
 """
 from __future__ import annotations
 
+import codecs
 import collections
 import os
 import queue
 import re
+import sys
 import threading
 import zlib
-from typing import Any, Dict, Iterator, List, Optional, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import msgspec
 import numpy as np
@@ -34,7 +48,18 @@ from . import model
 from .errors import NotATraceError, TraceError, TruncatedTraceError
 
 CHUNK_BYTES = 8 << 20  # decoded text per chunk: big enough to amortise, small for memory
-_READ_BYTES = 256 << 10  # compressed bytes per read (~4 MB of text; the prefetch queue holds 4)
+_READ_BYTES = 256 << 10  # compressed bytes per read
+_OUT_BYTES = 1 << 20  # most text one zlib call (or one plain read) may produce: a 1000x bomb stays 1 MB
+# Default cap on the decompressed text of one file: max(8 GiB, 40 x its stored size).
+# Real traces inflate 12-30x; more is a bomb or a file no analysis could hold anyway.
+MAX_DECOMPRESSED_BYTES = 8 << 30
+MAX_DECOMPRESSION_RATIO = 40
+MAX_DECOMPRESSED_ENV = "TB_BOTTLENECKS_MAX_DECOMPRESSED_BYTES"
+# No-progress limits: JSON of a trace never holds MBs of whitespace in a row, a header
+# (the keys before traceEvents) of MBs, or a single event of tens of MB.
+_MAX_WHITESPACE_RUN = 4 << 20
+_MAX_HEADER_BYTES = 8 << 20
+_MAX_EVENT_BYTES = 32 << 20
 
 # CPU op names whose recorded input shapes/dtypes the Tensor Core analysis reports
 # ("eligible but not using", metrics §5). Matched as substrings of the op name.
@@ -87,24 +112,30 @@ _NO_ARGS = Args()
 
 
 class Event(msgspec.Struct):
-    ph: Any = None
-    cat: Any = None
-    name: Any = ""
-    pid: Any = None
-    tid: Any = None
+    """One trace event. The types are as strict as the builder needs (a list as `cat`
+    would be unhashable there): an event that does not fit goes the lenient way."""
+
+    ph: Optional[str] = None
+    cat: Optional[str] = None
+    name: Optional[str] = ""
+    pid: Num = None
+    tid: Num = None
     ts: Num = None
     dur: Num = None
     args: Optional[Args] = None
 
 
 class TraceObject(msgspec.Struct):
-    """Top-level keys of a trace object (header and trailer around traceEvents)."""
+    """Top-level keys of a trace object (header and trailer around traceEvents).
+
+    Only traceEvents is typed: the other keys are read once per file and checked in
+    `_meta_from`, so a wrongly typed one costs a warning, not the file."""
 
     traceEvents: Optional[List[Event]] = None
     schemaVersion: Any = None
-    deviceProperties: Optional[List[Dict[str, Any]]] = None
-    distributedInfo: Optional[Dict[str, Any]] = None
-    baseTimeNanoseconds: Num = None
+    deviceProperties: Any = None
+    distributedInfo: Any = None
+    baseTimeNanoseconds: Any = None
     displayTimeUnit: Any = None
     traceName: Any = None
     profile_memory: Any = None
@@ -115,6 +146,45 @@ class TraceObject(msgspec.Struct):
 _EVENTS_DECODER = msgspec.json.Decoder(List[Event])
 _OBJECT_DECODER = msgspec.json.Decoder(TraceObject)
 
+
+# The lenient way. Each struct below has the same JSON keys as its strict twin, but
+# every field is left undecoded (msgspec.Raw accepts any value), so one bad value
+# cannot fail the others; each field is then decoded alone with its strict type.
+def _raw_twin(struct, name: str, keep=()):
+    return msgspec.defstruct(name, [
+        (f.name, f.type if f.name in keep else msgspec.Raw,
+         msgspec.field(default=f.default if f.name in keep else _EMPTY_RAW, name=f.encode_name))
+        for f in msgspec.structs.fields(struct)])
+
+
+_LooseEvent = _raw_twin(Event, "_LooseEvent")
+_LooseArgs = _raw_twin(Args, "_LooseArgs")
+_LooseTraceObject = _raw_twin(TraceObject, "_LooseTraceObject",
+                              keep=[f.name for f in msgspec.structs.fields(TraceObject) if f.name != "traceEvents"])
+_EVENT_DECODER = msgspec.json.Decoder(Event)
+_RAW_LIST_DECODER = msgspec.json.Decoder(List[msgspec.Raw])
+_LOOSE_EVENT_DECODER = msgspec.json.Decoder(_LooseEvent)
+_LOOSE_ARGS_DECODER = msgspec.json.Decoder(_LooseArgs)
+_LOOSE_OBJECT_DECODER = msgspec.json.Decoder(_LooseTraceObject)
+
+
+def _field_decoders(struct) -> List[Tuple[str, str, Any, str]]:
+    """(attribute, JSON key, decoder or None for Raw, what a bad value is not)."""
+    out = []
+    for f in msgspec.structs.fields(struct):
+        if f.name == "args" or f.type is msgspec.Raw:
+            out.append((f.name, f.encode_name, None, ""))
+            continue
+        text = str(f.type)
+        what = ("not a string" if f.type == Optional[str] else "not a list" if "List" in text
+                else "not an object" if "Dict" in text else "not a number or string (or out of range)")
+        out.append((f.name, f.encode_name, msgspec.json.Decoder(f.type), what))
+    return out
+
+
+_EVENT_FIELDS = _field_decoders(Event)
+_ARGS_FIELDS = _field_decoders(Args)
+
 # Raw (lower-cased) categories -> what the event is. See trace-format.md §4.
 _GPU_KIND = {"kernel": model.GPU_KERNEL, "gpu_memcpy": model.GPU_MEMCPY, "memcpy": model.GPU_MEMCPY,
              "gpu_memset": model.GPU_MEMSET, "memset": model.GPU_MEMSET}
@@ -123,6 +193,7 @@ _CPU_KIND = {"cpu_op": model.CPU_OP, "operator": model.CPU_OP, None: model.CPU_O
              "user_annotation": model.CPU_USER_ANNOTATION,
              "python_function": model.CPU_PYTHON, "python": model.CPU_OP}
 _GPU_ANNOTATION = {"gpu_user_annotation", "user"}
+_GPU_ROWS = ("kernels", "memcpys", "memsets")  # by GpuTable.kind, for warnings
 _NOT_HOST = {"trace", "flow", "overhead"}  # synthetic spans, CUPTI overhead (pid -1)
 
 # Between two events: `}` `,` `{` then a key's opening quote. Inside a JSON string a
@@ -136,36 +207,138 @@ _STREAM_NUM = re.compile(r"-?\d+")
 # --------------------------------------------------------------------------- reading
 
 
-def _decompressed_blocks(stream, path: str, gzipped: bool) -> Iterator[bytes]:
-    """Yield the file's text in blocks, gunzipping on the fly (multi-member aware)."""
+def _decompressed_blocks(stream, path: str, gzipped: bool, notes: List[str]) -> Iterator[bytes]:
+    """Yield the file's bytes in blocks of at most ``_OUT_BYTES``, gunzipping on the
+    fly (multi-member aware). ``max_length`` bounds every zlib call, so a member that
+    inflates 1000x never materialises more than one block. Bytes after a complete
+    gzip member that are not another member are ignored with a note (some uploaders
+    pad or append), not a rejected file."""
     if not gzipped:
         while True:
-            block = stream.read(_READ_BYTES * 16)
+            block = stream.read(_OUT_BYTES)
             if not block:
                 return
             yield block
     inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
     fresh = True  # the current gzip member has not consumed any input yet
+    members = 0  # complete members so far
     while True:
         raw = stream.read(_READ_BYTES)
         if not raw:
             break
-        while raw:
+        while True:
             try:
-                out = inflater.decompress(raw)
+                out = inflater.decompress(raw, _OUT_BYTES)
             except zlib.error as exc:
+                if members:
+                    notes.append("bytes after the end of the gzip stream (not another gzip member) were ignored")
+                    return
                 raise TraceError(path, f"not a valid gzip file ({exc})") from None
             fresh = False
             if out:
                 yield out
             if inflater.eof:  # a member ended; another may follow (concatenated gzip)
+                members += 1
                 raw = inflater.unused_data.lstrip(b"\x00")
                 inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
                 fresh = True
-            else:
-                raw = b""
+                if not raw:
+                    break
+                continue
+            raw = inflater.unconsumed_tail
+            if not raw and len(out) < _OUT_BYTES:
+                break  # input used up and nothing pending inside zlib
     if not fresh and not inflater.eof:
         raise TruncatedTraceError(path, "gzip stream ends early (file truncated or still being written)")
+
+
+# Byte-order marks and the NUL pattern of UTF-16/32 text that starts with ASCII.
+_BOMS = ((b"\x00\x00\xfe\xff", "utf-32-be"), (b"\xff\xfe\x00\x00", "utf-32-le"),
+         (b"\xfe\xff", "utf-16-be"), (b"\xff\xfe", "utf-16-le"))
+
+
+def _sniff_encoding(head: bytes) -> Tuple[Optional[str], int]:
+    """(codec of text that is not UTF-8, length of its BOM) from the first 4 bytes."""
+    for bom, codec in _BOMS:
+        if head.startswith(bom):
+            return codec, len(bom)
+    if len(head) >= 4:
+        if head[0] and not head[1] and not head[2] and not head[3]:
+            return "utf-32-le", 0
+        if not head[0] and not head[1] and not head[2] and head[3]:
+            return "utf-32-be", 0
+        if head[0] and not head[1]:
+            return "utf-16-le", 0
+        if not head[0] and head[1]:
+            return "utf-16-be", 0
+    return None, 0
+
+
+def _max_decompressed(stored_size: int, limit: Optional[int]) -> int:
+    """The cap on one file's text: the argument, else the environment variable, else
+    max(8 GiB, 40 x the stored size)."""
+    if limit is None:
+        try:
+            limit = int(os.environ.get(MAX_DECOMPRESSED_ENV, ""))
+        except ValueError:
+            limit = None
+    if limit is None or limit <= 0:
+        limit = max(MAX_DECOMPRESSED_BYTES, MAX_DECOMPRESSION_RATIO * stored_size)
+    return limit
+
+
+def _text_blocks(stream, path: str, gzipped: bool, notes: List[str], limit: int) -> Iterator[bytes]:
+    """The file's JSON text as UTF-8 blocks, bounded.
+
+    - A UTF-8 BOM is dropped (Windows tools write one; msgspec rejects it). UTF-16/32
+      text (PowerShell's `>`) is transcoded to UTF-8, with a note.
+    - More than ``limit`` decompressed bytes: rejected while streaming.
+    - A run of more than ``_MAX_WHITESPACE_RUN`` whitespace bytes: rejected. This is the
+      bomb ``{"traceEvents":[`` + GBs of spaces, which otherwise never yields an event
+      and only grows the buffer. The check is O(1) per block unless the block ends
+      in whitespace.
+    """
+    total = 0
+    whitespace = 0
+    head: Optional[bytes] = b""
+    decoder = None
+    for block in _decompressed_blocks(stream, path, gzipped, notes):
+        total += len(block)
+        if total > limit:
+            raise TraceError(path, f"more than {limit:,} bytes of text after decompression: refused "
+                                   f"(a decompression bomb? the limit is {MAX_DECOMPRESSED_ENV})")
+        if head is not None:  # sniff the encoding from the first 4 bytes
+            head += block
+            if len(head) < 4:
+                continue
+            block, head = head, None
+            if block.startswith(b"\xef\xbb\xbf"):
+                block = block[3:]
+            else:
+                codec, bom = _sniff_encoding(block[:4])
+                if codec:
+                    decoder = codecs.getincrementaldecoder(codec)()
+                    block = block[bom:]
+                    notes.append(f"the file is {codec.upper()} text, not UTF-8: decoded")
+        if decoder is not None:
+            try:
+                block = decoder.decode(block).encode("utf-8")
+            except UnicodeError as exc:
+                raise TraceError(path, f"not valid text ({exc})") from None
+        stripped = len(block.rstrip())
+        whitespace = whitespace + len(block) if stripped == 0 else len(block) - stripped
+        if whitespace > _MAX_WHITESPACE_RUN:
+            raise TraceError(path, f"more than {_MAX_WHITESPACE_RUN >> 20} MB of whitespace in a row at byte "
+                                   f"{total:,} of the text: not a trace (a decompression bomb?)")
+        if block:
+            yield block
+    if head:  # a file of fewer than 4 bytes
+        yield head[3:] if head.startswith(b"\xef\xbb\xbf") else head
+    if decoder is not None:
+        try:
+            decoder.decode(b"", final=True)
+        except UnicodeError as exc:
+            raise TraceError(path, f"not valid text ({exc})") from None
 
 
 class _Prefetcher:
@@ -229,28 +402,53 @@ def _to_float(v) -> float:
     return float("nan")
 
 
-def _int_col(values: list) -> np.ndarray:
+def _int_col(values: list, bad: Optional[list] = None) -> np.ndarray:
+    """int64 column, -1 where missing. The one-call conversion takes well-formed
+    columns; anything else goes value by value, and ``bad`` (if given) collects
+    (row, problem) for values that are there but wrong (not for missing ones or for
+    strings, which old exporters write: "stream 7", "N/A")."""
     try:
         return np.array(values, dtype=np.int64)
     except (TypeError, ValueError, OverflowError):
-        return np.array([_to_int(v) for v in values], dtype=np.int64)
+        out = np.empty(len(values), dtype=np.int64)
+        for row, v in enumerate(values):
+            x, problem = _checked_int(v)
+            out[row] = x
+            if problem and bad is not None:
+                bad.append((row, problem))
+        return out
 
 
-def _to_int(v) -> int:
+_INT64_MIN, _INT64_END = -(1 << 63), 1 << 63
+
+
+def _checked_int(v) -> Tuple[int, Optional[str]]:
+    """(the value as int64 or -1, what is wrong with it or None)."""
+    if v is None:
+        return -1, None
     if isinstance(v, bool):
-        return int(v)
+        return -1, "not a number"
     if isinstance(v, int):
-        return v if -(1 << 63) <= v < (1 << 63) else -1
+        return (v, None) if _INT64_MIN <= v < _INT64_END else (-1, "beyond int64")
     if isinstance(v, float):
-        return int(v) if v == v and abs(v) < 9e18 else -1
+        if v != v or v in (float("inf"), float("-inf")):
+            return -1, "not finite"
+        return (int(v), None) if abs(v) < 9e18 else (-1, "beyond int64")
     if isinstance(v, str):
         s = v.strip()
         try:
-            return int(s, 16) if s.lower().startswith("0x") else int(s)
+            x = int(s, 16) if s.lower().startswith("0x") else int(s)
         except ValueError:
             m = _STREAM_NUM.search(s)  # "stream 7", "stream 7 annotations"
-            return int(m.group()) if m else -1
-    return -1
+            if not m:
+                return -1, None
+            x = int(m.group())
+        return (x, None) if _INT64_MIN <= x < _INT64_END else (-1, "beyond int64")
+    return -1, "not a number"
+
+
+def _to_int(v) -> int:
+    return _checked_int(v)[0]
 
 
 class _Builder:
@@ -273,7 +471,47 @@ class _Builder:
         self.dropped_missing_dur = 0
         self.dropped_bad_ts = 0
         self.negative_dur = 0
+        # (what rows, JSON field, problem) -> count, for values treated as absent
+        self.field_problems: Dict[Tuple[str, str, str], int] = {}
+        self.skipped_deep = 0  # events nested beyond msgspec's recursion limit
+        self.skipped_not_object = 0  # traceEvents entries that are not objects
         self._shape_name_cache: Dict[int, bool] = {}
+
+    def note(self, rows: str, field: str, problem: str, n: int = 1) -> None:
+        key = (rows, field, problem)
+        self.field_problems[key] = self.field_problems.get(key, 0) + n
+
+    def _noted(self, bad: list, rows: str, field: str, kinds: Optional[np.ndarray]) -> None:
+        for row, problem in bad:
+            self.note(_GPU_ROWS[kinds[row]] if kinds is not None else rows, field, problem)
+
+    def _ints(self, values: list, rows: str, field: str, kinds=None, min_value=None,
+              int32: bool = False) -> np.ndarray:
+        """An int column whose wrong values (wrong type, beyond int64/int32, below
+        ``min_value``) are -1 (absent) and counted per field."""
+        bad: list = []
+        col = _int_col(values, bad)
+        if min_value is not None or int32:
+            low = col < (min_value if min_value is not None else -(1 << 31))
+            high = col >= (1 << 31) if int32 else np.zeros(len(col), dtype=np.bool_)
+            if low.any() or high.any():
+                bad += [(row, "negative" if min_value is not None else "beyond int32")
+                        for row in np.flatnonzero(low).tolist()]
+                bad += [(row, "beyond int32") for row in np.flatnonzero(high).tolist()]
+                col = np.where(low | high, -1, col)
+        if bad:
+            self._noted(bad, rows, field, kinds)
+        return col.astype(np.int32) if int32 else col
+
+    def _floats(self, values: list, rows: str, field: str, kinds=None) -> np.ndarray:
+        """A non-negative float column (occupancy figures); a negative value is NaN."""
+        col = _float_col(values)
+        with np.errstate(invalid="ignore"):
+            neg = col < 0
+        if neg.any():
+            self._noted([(row, "negative") for row in np.flatnonzero(neg).tolist()], rows, field, kinds)
+            col = np.where(neg, np.nan, col)
+        return col
 
     def intern(self, names: list) -> np.ndarray:
         table = self.strings
@@ -345,6 +583,11 @@ class _Builder:
         if neg.any():
             self.negative_dur += int(neg.sum())
             dur = np.where(neg, 0.0, dur)
+        with np.errstate(over="ignore", invalid="ignore"):
+            overflow = ~np.isfinite(ts + dur) & np.isfinite(ts) & np.isfinite(dur)
+        if overflow.any():  # 1e308 + 1e308: no analysis can use such an end
+            self.note("events", "dur", "so large that ts + dur is infinite (event ignored)", int(overflow.sum()))
+            keep = ~overflow if keep is None else keep & ~overflow
         return ts, dur, keep
 
     def _span(self, ts: np.ndarray, end: np.ndarray):
@@ -357,6 +600,7 @@ class _Builder:
             return
         ts, dur, keep = self._times(evs)
         args = [e.args or _NO_ARGS for e in evs]
+        kind = np.array(kinds, dtype=np.int8)
         device = [a.device for a in args]
         if any(d is None for d in device):
             device = [a.device if a.device is not None else e.pid for a, e in zip(args, evs)]
@@ -364,27 +608,34 @@ class _Builder:
         if any(s is None for s in stream):
             stream = [a.stream if a.stream is not None else e.tid for a, e in zip(args, evs)]
         ext = [a.external_id if a.external_id is not None else a.external_id_old for a in args]
-        grid = _dims([a.grid for a in args])
-        block = _dims([a.block for a in args])
+        dims = {}
+        for field in ("grid", "block"):
+            bad: list = []
+            dims[field] = _dims([getattr(a, field) for a in args], bad)
+            self._noted(bad, "", field, kind)
+        grid, block = dims["grid"], dims["block"]
         limits = [_limiting_factors(a.occupancy) for a in args]
         table = model.GpuTable(
-            kind=np.array(kinds, dtype=np.int8),
+            kind=kind,
             name=self.intern([e.name for e in evs]),
             ts=ts, dur=dur,
-            device=_int_col(device).astype(np.int32),
-            stream=_int_col(stream),
-            correlation=_int_col([a.correlation for a in args]),
-            external_id=_int_col(ext),
+            device=self._ints(device, "", "device", kind, int32=True),
+            stream=self._ints(stream, "", "stream", kind),
+            correlation=self._ints([a.correlation for a in args], "", "correlation", kind),
+            external_id=self._ints(ext, "", "External id", kind),
             grid_x=grid[:, 0], grid_y=grid[:, 1], grid_z=grid[:, 2],
             block_x=block[:, 0], block_y=block[:, 1], block_z=block[:, 2],
-            registers_per_thread=_int_col([a.registers for a in args]),
-            shared_memory=_int_col([a.shared_memory for a in args]),
-            blocks_per_sm=_float_col([a.blocks_per_sm for a in args]),
-            warps_per_sm=_float_col([a.warps_per_sm for a in args]),
-            achieved_occupancy_pct=_float_col([a.occupancy_pct for a in args]),
+            registers_per_thread=self._ints([a.registers for a in args], "", "registers per thread", kind,
+                                            min_value=-1),
+            shared_memory=self._ints([a.shared_memory for a in args], "", "shared memory", kind, min_value=-1),
+            blocks_per_sm=self._floats([a.blocks_per_sm for a in args], "", "blocks per SM", kind),
+            warps_per_sm=self._floats([a.warps_per_sm for a in args], "", "warps per SM", kind),
+            achieved_occupancy_pct=self._floats([a.occupancy_pct for a in args], "",
+                                                "est. achieved occupancy %", kind),
             occupancy_limit=np.array([-1 if x is None else self.strings.setdefault(x, len(self.strings))
                                       for x in limits], dtype=np.int32),
-            bytes=_int_col([a.bytes if a.bytes is not None else a.size for a in args]),
+            bytes=self._ints([a.bytes if a.bytes is not None else a.size for a in args], "", "bytes", kind,
+                             min_value=-1),
         )
         if keep is not None:
             table = table.take(keep)
@@ -396,13 +647,14 @@ class _Builder:
             return
         ts, dur, keep = self._times(evs)
         args = [e.args or _NO_ARGS for e in evs]
+        rows = "runtime calls"
         table = model.RuntimeTable(
             name=self.intern([e.name for e in evs]),
-            pid=_int_col([e.pid for e in evs]), tid=_int_col([e.tid for e in evs]),
+            pid=self._ints([e.pid for e in evs], rows, "pid"), tid=self._ints([e.tid for e in evs], rows, "tid"),
             ts=ts, dur=dur,
-            correlation=_int_col([a.correlation for a in args]),
-            external_id=_int_col([a.external_id if a.external_id is not None else a.external_id_old
-                                  for a in args]),
+            correlation=self._ints([a.correlation for a in args], rows, "correlation"),
+            external_id=self._ints([a.external_id if a.external_id is not None else a.external_id_old
+                                    for a in args], rows, "External id"),
             is_driver=np.array(driver, dtype=np.bool_),
         )
         if keep is not None:
@@ -418,9 +670,10 @@ class _Builder:
         cats = self.intern([e.cat if e.cat is not None else "" for e in evs])
         table = model.CpuTable(
             kind=np.array(kinds, dtype=np.int8), category=cats, name=names,
-            pid=_int_col([e.pid for e in evs]), tid=_int_col([e.tid for e in evs]),
+            pid=self._ints([e.pid for e in evs], "CPU events", "pid"),
+            tid=self._ints([e.tid for e in evs], "CPU events", "tid"),
             ts=ts, dur=dur,
-            external_id=_int_col([(e.args or _NO_ARGS).external_id for e in evs]),
+            external_id=self._ints([(e.args or _NO_ARGS).external_id for e in evs], "CPU events", "External id"),
         )
         rows = np.arange(len(evs))
         if keep is not None:
@@ -456,14 +709,15 @@ class _Builder:
         ts = _float_col([e.ts for e in evs])
         keep = np.isfinite(ts)
         args = [e.args or _NO_ARGS for e in evs]
+        rows = "[memory] events"
         table = model.MemoryTable(
             ts=ts,
-            device_type=_int_col([a.device_type for a in args]).astype(np.int32),
-            device_id=_int_col([a.device_id for a in args]).astype(np.int32),
-            bytes=_int_col([a.mem_bytes for a in args]),
-            total_allocated=_int_col([a.total_allocated for a in args]),
-            total_reserved=_int_col([a.total_reserved for a in args]),
-            addr=_int_col([a.addr for a in args]),
+            device_type=self._ints([a.device_type for a in args], rows, "Device Type", int32=True),
+            device_id=self._ints([a.device_id for a in args], rows, "Device Id", int32=True),
+            bytes=self._ints([a.mem_bytes for a in args], rows, "Bytes"),
+            total_allocated=self._ints([a.total_allocated for a in args], rows, "Total Allocated", min_value=-1),
+            total_reserved=self._ints([a.total_reserved for a in args], rows, "Total Reserved", min_value=-1),
+            addr=self._ints([a.addr for a in args], rows, "Addr"),
         )
         if not keep.all():
             self.dropped_bad_ts += int((~keep).sum())
@@ -478,9 +732,10 @@ class _Builder:
         args = [e.args or _NO_ARGS for e in evs]
         table = model.GpuAnnotationTable(
             name=self.intern([e.name for e in evs]), ts=ts, dur=dur,
-            device=_int_col([a.device if a.device is not None else e.pid
-                             for a, e in zip(args, evs)]).astype(np.int32),
-            stream=_int_col([a.stream if a.stream is not None else e.tid for a, e in zip(args, evs)]),
+            device=self._ints([a.device if a.device is not None else e.pid for a, e in zip(args, evs)],
+                              "GPU annotations", "device", int32=True),
+            stream=self._ints([a.stream if a.stream is not None else e.tid for a, e in zip(args, evs)],
+                              "GPU annotations", "stream"),
         )
         if keep is not None:
             table = table.take(keep)
@@ -522,6 +777,10 @@ class _Builder:
         self.dropped_missing_dur += other.dropped_missing_dur
         self.dropped_bad_ts += other.dropped_bad_ts
         self.negative_dur += other.negative_dur
+        for key, n in other.field_problems.items():
+            self.note(*key, n=n)
+        self.skipped_deep += other.skipped_deep
+        self.skipped_not_object += other.skipped_not_object
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -539,6 +798,14 @@ class _Builder:
             meta.warnings.append(f"{self.dropped_bad_ts} events without a usable 'ts' were ignored")
         if self.negative_dur:
             meta.warnings.append(f"{self.negative_dur} events with a negative 'dur' were counted as 0 µs")
+        for (rows, field, problem), n in self.field_problems.items():
+            meta.warnings.append(f"{n} {rows}: `{field}` {problem}"
+                                 + ("" if "ignored" in problem else " (treated as absent)"))
+        if self.skipped_deep:
+            meta.warnings.append(f"{self.skipped_deep} events nested deeper than {sys.getrecursionlimit()} levels "
+                                 "were skipped")
+        if self.skipped_not_object:
+            meta.warnings.append(f"{self.skipped_not_object} entries of traceEvents are not objects and were skipped")
         strings = list(self.strings)
         return model.TraceData(
             meta=meta, strings=strings,
@@ -552,12 +819,35 @@ class _Builder:
 _NO_DIM = (-1, -1, -1)
 
 
-def _dims(values: list) -> np.ndarray:
-    fixed = [v if (v is not None and len(v) == 3) else _NO_DIM for v in values]
+def _dims(values: list, bad: Optional[list] = None) -> np.ndarray:
+    """(n, 3) int64 grid/block dims; a value that is not a list of 3 integers in int64
+    (ROCm's -1 included as "unknown") becomes (-1, -1, -1), noted in ``bad``."""
+    fixed = []
+    for row, v in enumerate(values):
+        if v is None:
+            fixed.append(_NO_DIM)
+        elif len(v) == 3:
+            fixed.append(v)
+        else:
+            fixed.append(_NO_DIM)
+            if bad is not None:
+                bad.append((row, "not a list of 3 ints"))
     try:
-        return np.array(fixed, dtype=np.int64).reshape(len(fixed), 3)
-    except (TypeError, ValueError):
-        return np.array([[_to_int(x) for x in v] for v in fixed], dtype=np.int64).reshape(len(fixed), 3)
+        out = np.array(fixed, dtype=np.int64)
+        if out.shape == (len(fixed), 3) and not (out < -1).any():
+            return out
+    except (TypeError, ValueError, OverflowError):
+        pass
+    out = np.empty((len(fixed), 3), dtype=np.int64)
+    for row, v in enumerate(fixed):
+        dims = [_checked_int(x) for x in v]
+        if all(p is None and x >= -1 for x, p in dims):
+            out[row] = [x for x, _ in dims]
+        else:
+            out[row] = _NO_DIM
+            if bad is not None:
+                bad.append((row, "not a list of 3 ints"))
+    return out
 
 
 def _limiting_factors(occ) -> Optional[str]:
@@ -570,8 +860,156 @@ def _limiting_factors(occ) -> Optional[str]:
 def _decode_raw(raw):
     try:
         return msgspec.json.decode(raw)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return None
+
+
+# --------------------------------------------------------------------------- lenient decoding
+
+
+def _decode_events(payload: bytes, builder: _Builder) -> List[Event]:
+    """The events of the JSON array text ``payload``: one typed call when the text is
+    well-formed (the fast path, every clean chunk), else event by event. A syntax
+    error (msgspec.DecodeError) is left to the caller."""
+    try:
+        return _EVENTS_DECODER.decode(payload)
+    except (msgspec.ValidationError, RecursionError):
+        pass
+    try:
+        raws = _RAW_LIST_DECODER.decode(payload)
+    except RecursionError:  # even skipping needs depth: split by scanning
+        raws, end = _split_array(payload, payload.index(b"["))
+        if end is None:
+            raise msgspec.DecodeError("unterminated array") from None
+    return _events_from_raws(raws, builder)
+
+
+def _events_from_raws(raws, builder: _Builder) -> List[Event]:
+    events = []
+    for raw in raws:
+        try:
+            events.append(_EVENT_DECODER.decode(raw))
+            continue
+        except msgspec.ValidationError:
+            pass
+        except RecursionError:
+            builder.skipped_deep += 1
+            continue
+        try:
+            event = _sanitised_event(raw, builder)
+        except RecursionError:
+            builder.skipped_deep += 1
+            continue
+        if event is not None:
+            events.append(event)
+    return events
+
+
+def _sanitised_event(raw, builder: _Builder) -> Optional[Event]:
+    """An event that failed the typed decode, field by field: a field whose value has
+    the wrong type (or is out of range) is absent, and counted."""
+    try:
+        loose = _LOOSE_EVENT_DECODER.decode(raw)
+    except msgspec.ValidationError:  # not an object: 5, "x", [...]
+        builder.skipped_not_object += 1
+        return None
+    values = _sanitised_fields(loose, _EVENT_FIELDS, builder)
+    args_raw = loose.args
+    if len(args_raw):
+        try:
+            loose_args = _LOOSE_ARGS_DECODER.decode(args_raw)
+        except msgspec.ValidationError:
+            if bytes(args_raw) != b"null":
+                builder.note("events", "args", "not an object")
+        else:
+            values["args"] = Args(**_sanitised_fields(loose_args, _ARGS_FIELDS, builder))
+    return Event(**values)
+
+
+def _sanitised_fields(loose, decoders, builder: _Builder) -> dict:
+    values = {}
+    for attr, key, decoder, what in decoders:
+        raw = getattr(loose, attr)
+        if decoder is None:  # Raw field (args is handled by the caller)
+            if attr != "args" and len(raw):
+                values[attr] = raw
+            continue
+        if not len(raw):
+            continue
+        try:
+            values[attr] = decoder.decode(raw)
+        except msgspec.ValidationError:
+            builder.note("events", key, what)
+    return values
+
+
+# A JSON string (escapes included) or one structural character: enough to find the
+# elements of an array without decoding them, at any depth.
+_JSON_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{},]')
+
+
+def _split_array(text: bytes, start: int) -> Tuple[List[bytes], Optional[int]]:
+    """The elements (as text) of the JSON array whose '[' is at ``text[start]``, and the
+    index just after its ']' (None when the array does not end). Used only when an
+    element is nested too deeply for msgspec: the scan itself has no depth limit."""
+    depth = 0
+    begin = start + 1
+    items: List[bytes] = []
+    for m in _JSON_TOKEN.finditer(text, start):
+        c = text[m.start()]
+        if c == 0x22:  # a string
+            continue
+        if c == 0x5B or c == 0x7B:  # [ {
+            depth += 1
+        elif c == 0x5D or c == 0x7D:  # ] }
+            depth -= 1
+            if depth == 0:
+                last = text[begin:m.start()].strip()
+                if last:
+                    items.append(last)
+                return items, m.end()
+        elif depth == 1:  # a comma between elements
+            items.append(text[begin:m.start()].strip())
+            begin = m.end()
+    return items, None
+
+
+def _decode_object(text: bytes, builder: _Builder, meta: model.TraceMeta, source: str) -> Optional[List[Event]]:
+    """The events and top-level keys of a trace object, leniently; None when it has
+    no traceEvents key."""
+    try:
+        obj = _OBJECT_DECODER.decode(text)
+    except (msgspec.ValidationError, RecursionError):
+        pass
+    else:
+        _meta_from(obj, meta)
+        return obj.traceEvents
+    raws = None
+    try:
+        loose = _LOOSE_OBJECT_DECODER.decode(text)
+    except RecursionError:
+        # Deep nesting somewhere: cut the events array out by scanning, decode the rest.
+        key = text.find(b'"traceEvents"')
+        bracket = text.find(b"[", key) if key >= 0 else -1
+        if bracket < 0:
+            raise TraceError(source, f"JSON nested deeper than {sys.getrecursionlimit()} levels") from None
+        raws, end = _split_array(text, bracket)
+        if end is None:
+            raise msgspec.DecodeError("unterminated traceEvents array") from None
+        try:
+            loose = _LOOSE_OBJECT_DECODER.decode(text[:key] + b'"traceEvents":[]' + text[end:])
+        except RecursionError:
+            raise TraceError(source, f"JSON nested deeper than {sys.getrecursionlimit()} levels "
+                                     "outside traceEvents") from None
+    _meta_from(loose, meta)
+    if raws is None:
+        if not len(loose.traceEvents):
+            return None
+        events_text = bytes(loose.traceEvents)
+        if events_text[:1] != b"[":
+            raise NotATraceError(source, "JSON but not a PyTorch profiler trace ('traceEvents' is not an array)")
+        return _decode_events(events_text, builder)
+    return _events_from_raws(raws, builder)
 
 
 # --------------------------------------------------------------------------- parallel
@@ -580,7 +1018,7 @@ def _decode_raw(raw):
 def _decode_chunk(payload: bytes) -> _Builder:
     """Decode one chunk of whole events into columns (runs in a worker process)."""
     builder = _Builder("")
-    builder.add(_EVENTS_DECODER.decode(payload))
+    builder.add(_decode_events(payload, builder))
     return builder
 
 
@@ -659,13 +1097,13 @@ class _ChunkSink:
     def add(self, payload: bytes) -> None:
         self.chunks += 1
         if self.workers == 0 or self.chunks <= PARALLEL_MIN_CHUNKS:
-            self.builder.add(_EVENTS_DECODER.decode(payload))
+            self.builder.add(_decode_events(payload, self.builder))
             return
         try:
             self.pending.append((_get_pool().submit(_decode_chunk, payload), payload))
         except RuntimeError:  # pool broken or shut down
             self._local_fallback()
-            self.builder.add(_EVENTS_DECODER.decode(payload))
+            self.builder.add(_decode_events(payload, self.builder))
             return
         while len(self.pending) >= self.workers * _MAX_IN_FLIGHT_PER_WORKER:
             self._merge_oldest()
@@ -687,7 +1125,7 @@ class _ChunkSink:
         self.workers = 0
         pending, self.pending = self.pending, collections.deque()
         for _, payload in pending:
-            self.builder.add(_EVENTS_DECODER.decode(payload))
+            self.builder.add(_decode_events(payload, self.builder))
 
     def drain(self) -> None:
         while self.pending:
@@ -702,15 +1140,27 @@ class _ChunkSink:
 # --------------------------------------------------------------------------- driver
 
 
-def _meta_from(obj: TraceObject, meta: model.TraceMeta) -> None:
+def _meta_from(obj, meta: model.TraceMeta) -> None:
+    """Top-level keys (a TraceObject or its loose twin), each checked: a wrong type is
+    a warning and the key is ignored."""
     if obj.schemaVersion is not None:
-        meta.schema_version = obj.schemaVersion if isinstance(obj.schemaVersion, int) else None
+        meta.schema_version = obj.schemaVersion if type(obj.schemaVersion) is int else None
     if obj.deviceProperties is not None:
-        meta.device_properties = [p for p in obj.deviceProperties if isinstance(p, dict)]
+        props = obj.deviceProperties if isinstance(obj.deviceProperties, list) else []
+        meta.device_properties = [p for p in props if isinstance(p, dict)]
+        if len(meta.device_properties) != len(props) or not isinstance(obj.deviceProperties, list):
+            meta.warnings.append("`deviceProperties` is not a list of objects (entries that are not were ignored)")
     if obj.distributedInfo is not None:
-        meta.distributed_info = obj.distributedInfo
+        if isinstance(obj.distributedInfo, dict):
+            meta.distributed_info = obj.distributedInfo
+        else:
+            meta.warnings.append("`distributedInfo` is not an object (ignored)")
     if obj.baseTimeNanoseconds is not None:
-        meta.base_time_ns = _to_int(obj.baseTimeNanoseconds)
+        base, problem = _checked_int(obj.baseTimeNanoseconds)
+        if problem or base == -1:
+            meta.warnings.append("`baseTimeNanoseconds` is not an int64 (ignored)")
+        else:
+            meta.base_time_ns = base
     if isinstance(obj.displayTimeUnit, str):
         meta.display_time_unit = obj.displayTimeUnit
     if isinstance(obj.traceName, str):
@@ -720,11 +1170,14 @@ def _meta_from(obj: TraceObject, meta: model.TraceMeta) -> None:
     meta.with_stack = meta.with_stack or bool(obj.with_stack)
 
 
-def load_trace(path: str, fs=None, *, source: Optional[str] = None, progress=None) -> model.TraceData:
+def load_trace(path: str, fs=None, *, source: Optional[str] = None, progress=None,
+               max_decompressed_bytes: Optional[int] = None) -> model.TraceData:
     """Load one trace file (local path, or `path` on fsspec filesystem `fs`).
 
     ``progress(fraction)`` is called now and then with the share (0..1) of the file's
-    bytes read so far. Raises TraceError (or a subclass) naming the file for anything
+    bytes read so far. ``max_decompressed_bytes`` caps the file's text (default: the
+    TB_BOTTLENECKS_MAX_DECOMPRESSED_BYTES environment variable, else max(8 GiB, 40 x
+    the stored size)). Raises TraceError (or a subclass) naming the file for anything
     unusable.
     """
     source = source or str(path)
@@ -740,25 +1193,29 @@ def load_trace(path: str, fs=None, *, source: Optional[str] = None, progress=Non
     if progress is not None:
         stream = _CountingReader(stream, progress)
     with stream:
-        if not gzipped:
-            magic = stream.read(2)
-            stream.seek(0)
-            gzipped = magic == b"\x1f\x8b"  # a gzip file without .gz (renamed)
         try:
-            return _load_stream(stream, source, gzipped, progress)
+            if not gzipped:
+                magic = stream.read(2)
+                stream.seek(0)
+                gzipped = magic == b"\x1f\x8b"  # a gzip file without .gz (renamed)
+            limit = _max_decompressed(_raw_size(stream), max_decompressed_bytes)
+            return _load_stream(stream, source, gzipped, progress, limit)
         except TraceError:
             raise
         except MemoryError:
             raise TraceError(source, "out of memory while loading") from None
+        except RecursionError:  # a path not expected to recurse did: still a clear error
+            raise TraceError(source, f"JSON nested deeper than {sys.getrecursionlimit()} levels") from None
         except OSError as exc:
             raise TraceError(source, f"read failed: {exc}") from None
 
 
-def _load_stream(stream, source: str, gzipped: bool, progress) -> model.TraceData:
+def _load_stream(stream, source: str, gzipped: bool, progress, limit: int) -> model.TraceData:
     meta = model.TraceMeta(source=source)
     builder = _Builder(source)
     sink = _ChunkSink(builder, parallel=_raw_size(stream) * (12 if gzipped else 1) >= PARALLEL_MIN_BYTES)
-    blocks = _Prefetcher(_decompressed_blocks(stream, source, gzipped))
+    notes: List[str] = []  # from the reading thread: BOM, UTF-16, trailing gzip bytes
+    blocks = _Prefetcher(_text_blocks(stream, source, gzipped, notes, limit))
     buf = bytearray()
     consumed = 0  # decompressed bytes before buf[0]
     state = "start"  # -> "events" -> (end)
@@ -775,19 +1232,24 @@ def _load_stream(stream, source: str, gzipped: bool, progress) -> model.TraceDat
                     start = buf.index(b"[") + 1
                 elif head[:1] == b"{":
                     key = buf.find(b'"traceEvents"')
-                    if key < 0:
-                        if len(buf) < (64 << 20):
-                            continue  # header longer than one block: read on
-                        raise NotATraceError(source, "JSON object without a 'traceEvents' array in its first 64 MB")
-                    bracket = buf.find(b"[", key)
+                    bracket = buf.find(b"[", key) if key >= 0 else -1
                     if bracket < 0:
-                        continue
+                        if len(buf) < _MAX_HEADER_BYTES:
+                            continue  # header longer than one block: read on
+                        if key < 0:
+                            raise NotATraceError(source, "JSON object without a 'traceEvents' array in its first "
+                                                         f"{_MAX_HEADER_BYTES >> 20} MB")
+                        raise NotATraceError(source, "'traceEvents' is not followed by an array within "
+                                                     f"{_MAX_HEADER_BYTES >> 20} MB")
                     header = bytes(buf[:key]) + b'"traceEvents":[]}'
                     try:
                         _meta_from(_OBJECT_DECODER.decode(header), meta)
                     except (msgspec.DecodeError, UnicodeDecodeError):
                         chunk_failed = True
                         break
+                    except RecursionError:
+                        raise TraceError(source, f"JSON nested deeper than {sys.getrecursionlimit()} levels "
+                                                 "before traceEvents") from None
                     start = bracket + 1
                 else:
                     raise NotATraceError(source, "not JSON (does not start with '{' or '[')")
@@ -797,6 +1259,9 @@ def _load_stream(stream, source: str, gzipped: bool, progress) -> model.TraceDat
             if state == "events" and len(buf) >= CHUNK_BYTES:
                 cut = _last_boundary(buf)
                 if cut is None:
+                    if len(buf) > _MAX_EVENT_BYTES:  # no progress: not events, or one absurd event
+                        raise NotATraceError(source, f"no boundary between events in {_MAX_EVENT_BYTES >> 20} MB "
+                                                     f"of text after byte {consumed:,}")
                     continue
                 brace_end, next_start = cut
                 try:
@@ -822,21 +1287,20 @@ def _load_stream(stream, source: str, gzipped: bool, progress) -> model.TraceDat
         try:
             sink.drain()  # chunks in order before the tail
             if meta.container == "array":
-                builder.add(_EVENTS_DECODER.decode(b"[" + tail))
+                builder.add(_decode_events(b"[" + tail, builder))
             else:
-                obj = _OBJECT_DECODER.decode(b'{"traceEvents":[' + tail)
-                _meta_from(obj, meta)
-                builder.add(obj.traceEvents or [])
+                builder.add(_decode_object(b'{"traceEvents":[' + tail, builder, meta, source) or [])
         except (msgspec.DecodeError, UnicodeDecodeError):
             # Broken, truncated or unusual text: the whole-file path repairs what it
             # can and otherwise reports the precise problem.
             raise _Fallback() from None
     except _Fallback as fb:
         sink.cancel()
-        return _load_whole(stream, source, gzipped, fb.data)
+        return _load_whole(stream, source, gzipped, fb.data, limit)
     finally:
         sink.cancel()
         blocks.close()
+    meta.warnings.extend(notes)
     return _finish(builder, meta, source)
 
 
@@ -916,11 +1380,16 @@ def _raise_decode_error(source: str, exc: Exception, text: bytes):
     raise TraceError(source, f"invalid JSON: {msg}") from None
 
 
-def _load_whole(stream, source: str, gzipped: bool, data: Optional[bytes]) -> model.TraceData:
-    """Decode the file in one piece: slower, always correct, precise error messages."""
+def _load_whole(stream, source: str, gzipped: bool, data: Optional[bytes],
+                limit: Optional[int] = None) -> model.TraceData:
+    """Decode the file in one piece: slower, always correct, precise error messages.
+    Reads through the same bounded text blocks (cap, whitespace runs) as streaming."""
+    notes: List[str] = []
     if data is None:
         stream.seek(0)
-        data = b"".join(_decompressed_blocks(stream, source, gzipped))
+        if limit is None:
+            limit = _max_decompressed(_raw_size(stream), None)
+        data = b"".join(_text_blocks(stream, source, gzipped, notes, limit))
     text = data.lstrip()
     if not text:
         raise TraceError(source, "empty file")
@@ -930,12 +1399,11 @@ def _load_whole(stream, source: str, gzipped: bool, data: Optional[bytes]) -> mo
     def decode(payload: bytes):
         if payload[:1] == b"[":
             meta.container = "array"
-            return _EVENTS_DECODER.decode(payload)
-        obj = _OBJECT_DECODER.decode(payload)
-        if obj.traceEvents is None:
+            return _decode_events(payload, builder)
+        events = _decode_object(payload, builder, meta, source)
+        if events is None:
             raise NotATraceError(source, "JSON but not a PyTorch profiler trace (no 'traceEvents' array)")
-        _meta_from(obj, meta)
-        return obj.traceEvents
+        return events
 
     try:
         events = decode(text)
@@ -943,18 +1411,29 @@ def _load_whole(stream, source: str, gzipped: bool, data: Optional[bytes]) -> mo
         repaired = _repair(text)
         if repaired is None:
             _raise_decode_error(source, exc, text)
+        meta = model.TraceMeta(source=source)
+        builder = _Builder(source)
         try:
             events = decode(repaired)
-            meta.warnings.append("the file is not strict JSON (bare N/A values or invalid UTF-8); repaired")
+            meta.warnings.append("the file is not strict JSON (bare N/A, NaN or Infinity values or invalid "
+                                 "UTF-8); repaired")
         except (msgspec.DecodeError, UnicodeDecodeError):
             _raise_decode_error(source, exc, text)
     builder.add(events)
+    meta.warnings.extend(notes)
     return _finish(builder, meta, source)
 
 
+# Values Python's json.dumps and old exporters write that JSON does not allow.
+_BARE_NA = re.compile(rb":\s*N/A\b")
+_BARE_NON_FINITE = re.compile(rb"([:\[,]\s*)-?(?:NaN|Infinity)\b")
+
+
 def _repair(text: bytes) -> Optional[bytes]:
-    """Fix what old exporters wrote: bare N/A values and invalid UTF-8 bytes."""
-    fixed = re.sub(rb":\s*N/A\b", b': "N/A"', text)
+    """Fix what old exporters wrote: bare N/A values, bare NaN/Infinity (as null, so
+    the field is absent) and invalid UTF-8 bytes."""
+    fixed = _BARE_NA.sub(b': "N/A"', text)
+    fixed = _BARE_NON_FINITE.sub(rb"\1null", fixed)
     try:
         fixed.decode("utf-8")
     except UnicodeDecodeError:

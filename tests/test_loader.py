@@ -130,17 +130,30 @@ def test_era_specific_fields():
     assert isinstance(shapes.op_inputs.types[row], list)
 
 
+def _rows(trace: model.TraceData, table: str) -> list:
+    """A table's rows as sorted tuples, names as text: the same events in any order
+    (rows are grouped by category within a chunk, so their order follows chunking)."""
+    t = getattr(trace, table)
+    cols = []
+    for f in t.__dataclass_fields__:
+        col = getattr(t, f).tolist()
+        if f in ("name", "category", "occupancy_limit"):
+            col = [trace.strings[i] if i >= 0 else None for i in col]
+        cols.append([repr(v) for v in col])
+    return sorted(zip(*cols))
+
+
 def test_streaming_equals_whole_file(monkeypatch):
     """Chunked decoding (tiny chunks, many boundaries) gives exactly the whole-file result."""
     path = TRACES / "tracelens/h100/gaunernst_bert-small-uncased__1016001.json.gz"
     whole = loader._load_whole(open(path, "rb"), str(path), True, None)
     monkeypatch.setattr(loader, "CHUNK_BYTES", 4096)
+    monkeypatch.setattr(loader, "_OUT_BYTES", 8192)  # many blocks, so many chunks
     chunked = loader.load_trace(str(path))
     for table in ("gpu", "cpu", "runtime", "memory", "gpu_annotations"):
-        a, b = getattr(whole, table), getattr(chunked, table)
-        for f in a.__dataclass_fields__:
-            np.testing.assert_array_equal(getattr(a, f), getattr(b, f), err_msg=f"{table}.{f}")
-    assert [whole.strings[i] for i in whole.gpu.name] == [chunked.strings[i] for i in chunked.gpu.name]
+        assert len(getattr(whole, table)) == len(getattr(chunked, table)) > 0 or table == "gpu_annotations"
+        assert _rows(whole, table) == _rows(chunked, table), table
+    np.testing.assert_array_equal(whole.memory.ts, chunked.memory.ts)  # memory events keep file order
     assert whole.meta.base_time_ns == chunked.meta.base_time_ns is not None
     assert whole.meta.device_properties == chunked.meta.device_properties
 

@@ -17,7 +17,9 @@ from .. import thresholds as T
 from ..model import CPU_OP, CPU_USER_ANNOTATION, TraceData
 from .linking import gpu_runtime_index
 
-_STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
+# At most 18 digits: N must fit int64 (a name like ProfilerStep#99999999999999999999 is
+# not a step; the steps arrays are int64).
+_STEP_NAME = re.compile(r"^ProfilerStep#(\d{1,18})$")
 
 REASON_NO_GPU = "trailing step that launched no GPU activity"
 REASON_CUT_OFF = ("launched {n} GPU activities, fewer than 80% of the {prev} of the step before it "
