@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import threading
+import time
 from functools import lru_cache
 from pathlib import Path
 
@@ -439,6 +440,10 @@ def test_compare_route_is_202_while_a_side_loads(tmp_path, route_client):
     plugin.analyzer.runs_view()
     try:
         assert stub.started.wait(20)
+        deadline = time.monotonic() + 30
+        while plugin.analyzer.result("base")["state"] != "ready":  # only the candidate still loads
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
         body = get(202, base_run="base", cand_run="cand")
         assert body["state"] == "loading" and body["progress"] == 0.5
     finally:
