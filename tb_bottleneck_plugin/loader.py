@@ -840,7 +840,8 @@ def _dims(values: list, bad: Optional[list] = None) -> np.ndarray:
         pass
     out = np.empty((len(fixed), 3), dtype=np.int64)
     for row, v in enumerate(fixed):
-        dims = [_checked_int(x) for x in v]
+        dims = [_checked_int(x) if not isinstance(x, str) or x.strip().lstrip("-").isdigit() else (-1, "text")
+                for x in v]
         if all(p is None and x >= -1 for x, p in dims):
             out[row] = [x for x, _ in dims]
         else:
