@@ -676,9 +676,11 @@ def _fusion_pair(torch, outdir: str, quick: bool) -> List[str]:
 # __next__ (a dataset whose __getitem__ returns one whole batch), so the trace shows it as
 # DataLoader time. In the straggler run rank 1 sleeps DDP_EXTRA_LOAD_MS longer: rank 0
 # then waits about that long in every gradient all-reduce. Sleeping (not computing) keeps
-# the injected difference exact on a loaded 2-core machine.
-DDP_BASE_LOAD_MS = 40.0
-DDP_EXTRA_LOAD_MS = 60.0
+# the injected difference exact on a loaded 2-core machine, and the long base load keeps a
+# descheduled rank's hiccup (~10 ms at a load average of 15 on 2 cores) well below the
+# straggler rule's STRAGGLER_MIN_WAIT_PCT of the step in the balanced twin.
+DDP_BASE_LOAD_MS = 150.0
+DDP_EXTRA_LOAD_MS = 150.0
 DDP_SLOW_RANK = 1
 DDP_WORLD_SIZE = 2
 DDP_WAIT, DDP_WARMUP = 1, 1

@@ -231,7 +231,21 @@ def rank_view(results_by_worker: Dict[str, List[dict]]) -> dict:
         view["flagged"] = True
         view["recommendation"] = _recommendation(row, straggler if straggler_fires else None, imbalance,
                                                  results_by_worker[worker], compute)
-    return _clean(view)
+    # Plain JSON already: partials hold finite Python floats (span_partial), sums and
+    # ratios of them are guarded against zero denominators.
+    return view
+
+
+def _clean(view: dict) -> dict:
+    """Plain JSON: partials hold Python floats, so NaN/inf are rare; check in C first and
+    only walk the object when there is one (the walk costs more than the whole view)."""
+    import json
+
+    try:
+        json.dumps(view, allow_nan=False)
+        return view
+    except ValueError:
+        return _walk_clean(view)
 
 
 def _report_numbers(results: List[dict]) -> dict:
@@ -394,11 +408,11 @@ def ranks_route(analyzer, args, problem: Optional[str] = None) -> Tuple[dict, in
     return _clean(view), 200
 
 
-def _clean(v):
+def _walk_clean(v):
     if isinstance(v, dict):
-        return {k: _clean(x) for k, x in v.items()}
+        return {k: _walk_clean(x) for k, x in v.items()}
     if isinstance(v, list):
-        return [_clean(x) for x in v]
+        return [_walk_clean(x) for x in v]
     if isinstance(v, float) and not math.isfinite(v):
         return None
     return v
