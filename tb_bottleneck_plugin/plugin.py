@@ -127,7 +127,7 @@ class BottlenecksPlugin(base_plugin.TBPlugin):
     def _serve_runs(self, request):
         if self.analyzer is None:
             return http_util.Respond(request, {"logdir": None, "runs": [],
-                                               "scan": {"state": "error", "error": self._problem}},
+                                               "scan": {"state": "error", "error": self._problem, "notes": []}},
                                      "application/json")
         if request.args.get("rescan"):
             self.analyzer.rescan()
