@@ -30,8 +30,11 @@ Rules (torch-tb-profiler's, plus recognition by content):
   chronologically when mixed, and ``999`` comes before ``1000``); spans without a
   timestamp come first, by file name.
 - **Symlinks** (local only): symlinked files are followed (size and fingerprint of the
-  target); symlinked directories are listed too (each with its own listing, loops
-  guarded).
+  target). A symlinked directory is listed (with its own listing, loops guarded) only
+  when its target stays inside the logdir, unless ``follow_symlinks=True`` (the
+  ``--bottlenecks_follow_symlinks`` flag); a skipped one gives a note in
+  ``Logdir.notes`` ("skipped symlink runs/link -> / (points outside the logdir)"), so a
+  link to ``/`` never makes a scan walk the machine.
 
 The plugin names runs/workers/spans in requests only through `resolve`, which accepts
 only names of the discovered set, so no request can name a filesystem path.
@@ -116,6 +119,7 @@ class Logdir:
     runs: List[Run]
     root: str = ""
     fs: Any = field(default=None, compare=False, repr=False)
+    notes: Tuple[str, ...] = field(default=(), compare=False)  # e.g. skipped symlinks
 
     def tree(self) -> Dict[str, Dict[str, List[str]]]:
         """``{run: {worker: [span names in order]}}``: the names only, for comparisons."""
@@ -330,10 +334,18 @@ def _is_kineto_cached(fs, path: str, url: str, size: int, fingerprint: str) -> b
 # ---------------------------------------------------------------------------- listing
 
 
-def _local_listing(fs, root: str, url: str) -> Dict[str, dict]:
-    """The flat listing, with symlinks followed (fsspec lists them as type "other")."""
+def _inside(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
+
+
+def _local_listing(fs, root: str, url: str, follow_symlinks: bool = False,
+                   notes: Optional[List[str]] = None) -> Dict[str, dict]:
+    """The flat listing, with symlinks followed (fsspec lists them as type "other").
+    Directory links are followed only when their target is inside the logdir (or
+    ``follow_symlinks``); skipped ones are described in ``notes``."""
     out: Dict[str, dict] = {}
-    seen = {os.path.realpath(root)}
+    real_root = os.path.realpath(root)
+    seen = {real_root}
     todo = [(root, url, 0)]
     while todo:
         top, top_url, depth = todo.pop()
@@ -349,23 +361,35 @@ def _local_listing(fs, root: str, url: str) -> Dict[str, dict]:
                 out[path] = {**info, "type": "file", "size": st.st_size, "mtime": st.st_mtime}
             elif _stat.S_ISDIR(st.st_mode) and depth < _LOCAL_LINK_DEPTH:
                 real = os.path.realpath(path)
+                if not follow_symlinks and not _inside(real, real_root):
+                    if notes is not None:
+                        rel = os.path.relpath(path, root).replace(os.sep, "/")
+                        try:
+                            target = os.readlink(path)
+                        except OSError:
+                            target = "?"
+                        notes.append(f"skipped symlink {rel} -> {target} (points outside the logdir; "
+                                     "--bottlenecks_follow_symlinks follows it)")
+                    continue
                 if real not in seen:
                     seen.add(real)
                     todo.append((path, path, depth + 1))
     return out
 
 
-def _listing(fs, root: str, url: str) -> Dict[str, dict]:
+def _listing(fs, root: str, url: str, follow_symlinks: bool = False,
+             notes: Optional[List[str]] = None) -> Dict[str, dict]:
     if storage.is_local(fs):
         if not fs.exists(root):
             raise StorageError(f"{url}: not found (no such directory)")
         if not fs.isdir(root):
             raise StorageError(f"{url}: not a directory")
-        return _local_listing(fs, root, url)
+        return _local_listing(fs, root, url, follow_symlinks, notes)
     return storage.list_files(fs, root, url=url)
 
 
-def _build(fs, root: str, url: str, entries: Dict[str, dict], sniff: bool = True) -> Logdir:
+def _build(fs, root: str, url: str, entries: Dict[str, dict], sniff: bool = True,
+           notes: Tuple[str, ...] = ()) -> Logdir:
     root_clean = root.rstrip("/") or "/"
     prefix = root_clean if root_clean.endswith("/") else root_clean + "/"
     runs: Dict[str, Dict[str, List[Span]]] = {}
@@ -404,10 +428,10 @@ def _build(fs, root: str, url: str, entries: Dict[str, dict], sniff: bool = True
         workers = [Worker(name=w, spans=sorted(spans, key=_span_sort_key))
                    for w, spans in sorted(runs[run_name].items())]
         run_list.append(Run(name=run_name, path=run_paths[run_name], workers=workers))
-    return Logdir(url=url, runs=run_list, root=root_clean, fs=fs)
+    return Logdir(url=url, runs=run_list, root=root_clean, fs=fs, notes=tuple(notes))
 
 
-def scan_logdir(logdir: str, **storage_options) -> Logdir:
+def scan_logdir(logdir: str, *, follow_symlinks: bool = False, **storage_options) -> Logdir:
     """Discover every run/worker/span under ``logdir`` (local path or URL such as
     ``gs://bucket/prefix``) with ONE flat listing (``fs.find(root, detail=True)``) plus
     cached ranged reads of unnamed ``.json[.gz]`` candidates.
@@ -419,8 +443,9 @@ def scan_logdir(logdir: str, **storage_options) -> Logdir:
     """
     fs, root = storage.get_fs(logdir, **storage_options)
     url = storage.to_url(fs, root)
-    entries = _listing(fs, root, url)
-    return _build(fs, root, url, entries)
+    notes: List[str] = []
+    entries = _listing(fs, root, url, follow_symlinks, notes)
+    return _build(fs, root, url, entries, notes=notes)
 
 
 def discover_path(path: str, **storage_options) -> Logdir:

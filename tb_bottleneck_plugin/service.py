@@ -54,37 +54,82 @@ def default_cache_dir() -> Path:
 
 
 class DiskCache:
-    """Analysed span results as JSON files, bounded in total size (oldest evicted)."""
+    """Analysed span results as JSON files, bounded in total size (oldest evicted).
+
+    An entry is ``{"version": ANALYSIS_VERSION, "key": <its key>, "result": {...}}`` and
+    is used only when it has exactly that shape (`valid_result`); anything else (an old
+    layout, ``[]``, ``{}``, garbage bytes, a truncated or forged file) is deleted and the
+    span analysed again. Writes go to ``<key>.json.tmp<pid>.<thread>`` and are renamed;
+    temporary files left by a killed process are removed when the cache is opened.
+    """
+
+    STALE_TMP_SECONDS = 600.0  # a write takes milliseconds: an older .tmp was abandoned
 
     def __init__(self, directory, max_bytes: int = DEFAULT_CACHE_BYTES):
         self.directory = Path(directory)
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
+        self.discarded = 0  # invalid entries deleted (tests, stats)
+        self._clean_stale_tmp()
 
     @staticmethod
     def key(url: str, fingerprint: str) -> str:
         return hashlib.sha256(f"{ANALYSIS_VERSION}\0{url}\0{fingerprint}".encode()).hexdigest()
 
+    def _clean_stale_tmp(self) -> None:
+        now = time.time()
+        try:
+            candidates = list(self.directory.glob("*.json.tmp*"))
+        except OSError:
+            return
+        for path in candidates:
+            try:
+                if now - path.stat().st_mtime >= self.STALE_TMP_SECONDS:
+                    path.unlink()
+            except OSError:
+                continue
+
     def get(self, key: str) -> Optional[dict]:
         path = self.directory / f"{key}.json"
         try:
             with open(path, "rb") as f:
-                value = json.loads(f.read())
-            os.utime(path)  # recently used: evicted last
-            return value
-        except (OSError, ValueError):
+                raw = f.read()
+        except OSError:
             return None
+        try:
+            entry = json.loads(raw)
+        except (ValueError, RecursionError):
+            entry = None
+        if not (isinstance(entry, dict) and entry.get("version") == ANALYSIS_VERSION
+                and entry.get("key") == key and valid_result(entry.get("result"))):
+            log.warning("bottlenecks: discarding an invalid report cache entry %s", path)
+            self.discarded += 1
+            try:
+                path.unlink()
+            except OSError:
+                pass
+            return None
+        try:
+            os.utime(path)  # recently used: evicted last
+        except OSError:
+            pass
+        return entry["result"]
 
     def put(self, key: str, value: dict) -> None:
+        tmp = self.directory / f"{key}.json.tmp{os.getpid()}.{threading.get_ident()}"
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             # pid + thread: two TensorBoards may share one cache directory
-            tmp = self.directory / f"{key}.json.tmp{os.getpid()}.{threading.get_ident()}"
-            tmp.write_text(json.dumps(value, allow_nan=True))
+            entry = {"version": ANALYSIS_VERSION, "key": key, "result": value}
+            tmp.write_text(json.dumps(entry, allow_nan=True))
             os.replace(tmp, self.directory / f"{key}.json")
             self._prune(keep=key)
         except (OSError, TypeError, ValueError) as exc:  # a read-only or full disk must not break the tab
             log.warning("bottlenecks: cannot write the report cache in %s: %s", self.directory, exc)
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
 
     def _prune(self, keep: Optional[str] = None) -> None:
         """Evict least recently used entries until the total fits in ``max_bytes``
@@ -363,6 +408,52 @@ def _outcome_in_thread(analyze_span: Callable, logdir: str, run, span, progress)
         return "internal", f"{type(exc).__name__}: {exc}"
 
 
+def valid_result(value) -> bool:
+    """Whether ``value`` has the shape of a span result: {"report": dict with this
+    schema_version, "memory": dict, "kernels": list}."""
+    return (isinstance(value, dict) and isinstance(value.get("report"), dict)
+            and value["report"].get("schema_version") == report.SCHEMA_VERSION
+            and isinstance(value.get("memory"), dict) and isinstance(value.get("kernels"), list))
+
+
+class BrowserPaths:
+    """Paths as the browser sees them: relative to the logdir. Server paths (the logdir's
+    absolute location, a bucket's prefix) are not sent to the browser; the span results
+    kept for it (`view`) and every message say ``run/worker.123.pt.trace.json``. The
+    logdir itself, which TensorBoard already shows, is left as given. The CLI keeps full
+    paths (it never goes through here)."""
+
+    def __init__(self, logdir: str):
+        # no storage call here (built on TensorBoard's thread); `learn` refines it per scan
+        self._prefixes: Tuple[str, ...] = ()
+        self._set(logdir if "://" in logdir else os.path.abspath(logdir), "")
+
+    def _set(self, url: str, root: str) -> None:
+        prefixes = {p.rstrip("/") + "/" for p in (url, root) if p and p.rstrip("/")}
+        self._prefixes = tuple(sorted(prefixes, key=len, reverse=True))
+
+    def learn(self, found: "discovery.Logdir") -> None:
+        self._set(found.url, found.root)
+
+    def relative(self, text: Optional[str]) -> Optional[str]:
+        if not isinstance(text, str):
+            return text
+        for prefix in self._prefixes:
+            if prefix in text:
+                text = text.replace(prefix, "")
+        return text
+
+    def view(self, value):
+        """A copy of a JSON value with every string made relative (dict keys too)."""
+        if isinstance(value, str):
+            return self.relative(value)
+        if isinstance(value, dict):
+            return {self.relative(k) if isinstance(k, str) else k: self.view(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.view(v) for v in value]
+        return value
+
+
 @dataclass
 class SpanState:
     state: str = "queued"  # queued | loading | ready | error
@@ -410,6 +501,7 @@ class Analyzer:
         self._spans: Dict[str, SpanState] = {}  # by span URL
         self._summaries: Dict[Tuple, _Summary] = {}
         self._scan_error: Optional[str] = None
+        self._paths = BrowserPaths(logdir)
         self._scan_state = "pending"
         self._scanned_at: Optional[float] = None
         self._wake = threading.Event()
@@ -486,7 +578,7 @@ class Analyzer:
         if self.children is not None:
             self.children.reap_idle()
         try:
-            found = discovery.scan_logdir(self.logdir)
+            found = discovery.scan_logdir(self.logdir, follow_symlinks=self.follow_symlinks)
         except BottleneckError as exc:
             self._scan_failed(str(exc))
             return
@@ -494,6 +586,7 @@ class Analyzer:
             log.exception("bottlenecks: scanning %s failed", self.logdir)
             self._scan_failed(f"{self.logdir}: {exc}")
             return
+        self._paths.learn(found)
         todo = []
         with self._lock:
             alive = set()
@@ -555,7 +648,7 @@ class Analyzer:
         if cached is None:
             return False
         with self._lock:
-            state.result, state.state, state.progress = cached, "ready", 1.0
+            state.result, state.state, state.progress = self._paths.view(cached), "ready", 1.0
             self.cache_hits += 1
         return True
 
@@ -650,11 +743,13 @@ class Analyzer:
         if self._cache:
             self._cache.put(DiskCache.key(span.url, span.fingerprint), result)
         with self._lock:
-            state.result, state.state, state.progress = result, "ready", 1.0
+            state.result, state.state, state.progress = self._paths.view(result), "ready", 1.0
 
     # ------------------------------------------------------------------ queries
     def runs_view(self) -> dict:
+        """The runs listing for the browser: every path relative to the logdir."""
         self.start()
+        rel = self._paths.relative
         with self._lock:
             runs = []
             for run in (self._logdir_obj.runs if self._logdir_obj else []):
@@ -664,17 +759,18 @@ class Analyzer:
                     "run": run.name,
                     "state": _combined_state(states),
                     "progress": round(sum(s.progress for s in states) / len(states), 3) if states else 0.0,
-                    "error": next((s.error for s in states if s.error), None),
+                    "error": rel(next((s.error for s in states if s.error), None)),
                     "workers": [{
                         "worker": w.name,
-                        "spans": [{"span": s.name, "file": s.url, "timestamp": s.timestamp,
-                                   **_span_view(self._spans.get(s.url))}
+                        "spans": [{"span": s.name, "file": rel(s.url), "timestamp": s.timestamp,
+                                   **_span_view(self._spans.get(s.url), rel)}
                                   for s in w.spans],
                     } for w in run.workers],
                 })
             return {
                 "logdir": self.logdir,
-                "scan": {"state": self._scan_state, "error": self._scan_error, "scanned_at": self._scanned_at},
+                "scan": {"state": self._scan_state, "error": rel(self._scan_error), "scanned_at": self._scanned_at,
+                         "notes": list(self._logdir_obj.notes) if self._logdir_obj else []},
                 "runs": runs,
             }
 
@@ -711,7 +807,8 @@ class Analyzer:
                 self._wanted = run
             return {"state": "loading", "progress": round(sum(st.progress for st in states) / max(1, len(states)), 3)}
         ready = [(w, s, st) for w, s, st in selected if st.state == "ready"]
-        errors = [{"file": s.url, "error": st.error, "retry": st.retry}
+        rel = self._paths.relative
+        errors = [{"file": rel(s.url), "error": rel(st.error), "retry": st.retry}
                   for _, s, st in selected if st.state == "error"]
         if not ready:
             return {"state": "error", "error": errors[0]["error"] if errors else "no trace files", "errors": errors}
@@ -739,8 +836,8 @@ def _combined_state(states: List[SpanState]) -> str:
     return "ready"
 
 
-def _span_view(state: Optional[SpanState]) -> dict:
+def _span_view(state: Optional[SpanState], rel: Callable[[Optional[str]], Optional[str]]) -> dict:
     if state is None:
         return {"state": "queued", "progress": 0.0, "error": None, "retry": False}
-    return {"state": state.state, "progress": round(state.progress, 3), "error": state.error,
+    return {"state": state.state, "progress": round(state.progress, 3), "error": rel(state.error),
             "retry": state.retry}

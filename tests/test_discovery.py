@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -240,10 +241,33 @@ def test_missing_or_empty_local_logdir(tmp_path: Path):
 
 
 def test_symlinked_run_directory(tmp_path: Path):
-    link(tmp_path / "logdir/linked_run", NW0.parent)
+    """Directory links are followed inside the logdir; outside only with follow_symlinks
+    (a note says what was skipped)."""
+    link(tmp_path / "logdir/real/run_a" / NW0.name, NW0)
+    link(tmp_path / "logdir/linked_run", tmp_path / "logdir/real/run_a")  # inside: followed
+    link(tmp_path / "logdir/outside_run", NW0.parent)  # outside: skipped by default
     link(tmp_path / "logdir/loop", tmp_path / "logdir")  # a loop must not hang the scan
     found = discovery.scan_logdir(str(tmp_path / "logdir"))
-    assert found.tree() == {"linked_run": {"worker0": ["1795274786665165565"]}}
+    assert found.tree() == {"linked_run": {"worker0": ["1795274786665165565"]},
+                            "real/run_a": {"worker0": ["1795274786665165565"]}}
+    assert found.notes == (f"skipped symlink outside_run -> {NW0.parent} (points outside the logdir; "
+                           "--bottlenecks_follow_symlinks follows it)",)
+    allowed = discovery.scan_logdir(str(tmp_path / "logdir"), follow_symlinks=True)
+    assert allowed.tree()["outside_run"] == {"worker0": ["1795274786665165565"]}
+    assert allowed.notes == ()
+
+
+def test_symlink_to_the_root_does_not_walk_the_machine(tmp_path: Path):
+    root = tmp_path / "logdir"
+    link(root / "runs" / "mine" / NW0.name, NW0)
+    (root / "runs" / "link").symlink_to("/")
+    t0 = time.perf_counter()
+    found = discovery.scan_logdir(str(root))
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 2.0, elapsed
+    assert list(found.tree()) == ["runs/mine"]  # no foreign runs
+    assert found.notes == ("skipped symlink runs/link -> / (points outside the logdir; "
+                           "--bottlenecks_follow_symlinks follows it)",)
 
 
 @pytest.mark.parametrize("text,complete,verdict", [
