@@ -73,7 +73,7 @@ def _fail(message: str) -> int:
 
 
 def _report(path: str, *, as_json: bool, debug: bool = False) -> int:
-    from . import discovery, report, text_report
+    from . import discovery, ranks, report, text_report
     from .errors import BottleneckError
 
     try:
@@ -111,6 +111,8 @@ def _report(path: str, *, as_json: bool, debug: bool = False) -> int:
                 all_ready = [results[s.url] for w in run.workers for s in w.spans if s.url in results]
                 if len(run.workers) > 1 and len(all_ready) > 1:
                     entry["summary"] = report.combine_results(all_ready, run=run.name)["report"]
+                    entry["ranks"] = ranks.rank_view({w.name: [results[s.url] for s in w.spans if s.url in results]
+                                                      for w in run.workers})
                 for worker in run.workers:
                     ready = [results[s.url] for s in worker.spans if s.url in results]
                     entry["workers"].append({

@@ -164,6 +164,11 @@ def format_logdir(logdir, results: Dict[str, dict], combine, *, single_file: boo
             lines.append(format_report(summary, indent="  ",
                                        heading=f"run summary ({plural(len(ready), 'span')})"))
             if len(run.workers) > 1:
+                # Distributed runs: every rank side by side, the straggler named (metrics §12).
+                from . import ranks
+
+                by_worker = {w.name: [results[s.url] for s in w.spans if s.url in results] for w in run.workers}
+                lines.append(ranks.format_ranks_text(ranks.rank_view(by_worker), indent="  "))
                 for w in run.workers:
                     mine = [results[s.url] for s in w.spans if s.url in results]
                     if len(mine) > 1:

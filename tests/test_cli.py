@@ -229,3 +229,22 @@ def test_text_without_profiler_steps_has_no_kernels_per_step(tmp_path, capsys):
     assert "no steps found" in out and "n/a Steps: no steps found" in out
     assert not [line for line in out.splitlines() if line.strip().startswith("kernel launches")]
     assert "0 kernels per step" not in out
+
+
+def test_report_on_a_distributed_run_names_the_straggler_in_text_and_json(capsys):
+    """The committed 2-rank gloo demo run whose rank 1 loads data twice as slowly
+    (demo.py: 300 vs 150 ms per batch): the CLI shows the ranks table with rank 1 as the
+    straggler, after the run summary, and --json carries the same view."""
+    import json
+
+    from tb_bottleneck_plugin import cli
+
+    run_dir = str(Path(__file__).resolve().parent.parent / "demo_logs" / "ddp_straggler_2rank")
+    assert cli.main(["report", run_dir]) == 0
+    text = capsys.readouterr().out
+    assert text.index("run summary") < text.index("ranks: 2 ranks") < text.index("worker rank0, span")
+    assert "rank 1 (worker rank1) holds the others back" in text
+    assert cli.main(["report", run_dir, "--json"]) == 0
+    view = json.loads(capsys.readouterr().out)["runs"][0]["ranks"]
+    assert view["straggler"]["rank"] == 1 and view["flagged"] is True
+    assert [r["rank"] for r in view["ranks"]] == [0, 1]
