@@ -1,6 +1,6 @@
 """The Bottlenecks tab's backend: TensorBoard routes over a service.Analyzer.
 
-Routes (all GET, under data/plugin/bottlenecks/; see docs/DEVELOPMENT.md):
+Routes (GET or HEAD only, under data/plugin/bottlenecks/; see docs/DEVELOPMENT.md):
   index.js, static/<file>   the dashboard in frontend/ (ES modules, no build step)
   runs                      runs -> workers -> spans with loading state and progress
   report?run=&worker=&span= the report object (docs/report-schema.md)
@@ -8,7 +8,10 @@ Routes (all GET, under data/plugin/bottlenecks/; see docs/DEVELOPMENT.md):
   kernels?run=&worker=&span= the per-kernel table
   compare?base_run=&base_worker=&base_span=&cand_run=&... baseline vs candidate (compare.py)
 Run, worker and span names are accepted only from the discovered set; no request
-ever names a filesystem path.
+ever names a filesystem path, and no answer contains one (paths are relative to the
+logdir). Every error answer is JSON (with TensorBoard's ``X-Content-Type-Options:
+nosniff``): 404 unknown or absurd names, 405 other methods, 422 data that cannot be
+shown (with the reason), 503 when the service itself fails; never a 500.
 """
 from __future__ import annotations
 
@@ -32,6 +35,9 @@ _STATIC_TYPES = {".js": "text/javascript", ".css": "text/css", ".svg": "image/sv
                  ".html": "text/html", ".png": "image/png"}
 _STATIC_NAME_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$")  # one plain file name
 _STATIC_ROUTE_RE = re.compile(r"^.*?/static/(.*)$", re.S)  # the FIRST /static/ of the path
+_ALLOWED_METHODS = ("GET", "HEAD")
+MAX_NAME_CHARS = 255  # worker, span and static names are file names: longer is never valid
+MAX_RUN_CHARS = 4096  # a run is a relative directory path (PATH_MAX)
 
 
 def _frontend_dir() -> Optional[Path]:
@@ -67,21 +73,28 @@ class BottlenecksPlugin(base_plugin.TBPlugin):
         else:
             cache_dir = cache_flag or default_cache_dir()
         rescan = getattr(flags, "bottlenecks_rescan_seconds", None) if flags else None
-        self.analyzer = Analyzer(self._logdir, cache_dir=cache_dir, rescan_seconds=rescan or 30.0) \
-            if self._logdir else None
+        follow = bool(getattr(flags, "bottlenecks_follow_symlinks", False)) if flags else False
+        self.analyzer = Analyzer(self._logdir, cache_dir=cache_dir, rescan_seconds=rescan or 30.0,
+                                 follow_symlinks=follow) if self._logdir else None
 
     # ------------------------------------------------------------------ TBPlugin
     def get_plugin_apps(self):
-        return {
-            "/index.js": self._serve_index,
-            "/static/*": self._serve_static,
-            "/runs": self._serve_runs,
-            "/report": self._serve_report,
-            "/memory": self._serve_memory,
-            "/kernels": self._serve_kernels,
-            "/compare": self._serve_compare,
-            "/ranks": self._serve_ranks,
+        # (app, status for an unexpected exception): 422 where the data of a run cannot be
+        # shown, 503 where the service itself failed. Never 500 (see _guarded).
+        apps = {
+            "/index.js": (self._serve_index, 503),
+            "/static/*": (self._serve_static, 503),
+            "/runs": (self._serve_runs, 503),
+            "/report": (self._serve_report, 422),
+            "/memory": (self._serve_memory, 422),
+            "/kernels": (self._serve_kernels, 422),
+            "/compare": (self._serve_compare, 422),
+            "/ranks": (self._serve_ranks, 422),
         }
+        return {route: _guarded(app, route, code, self._relative) for route, (app, code) in apps.items()}
+
+    def _relative(self, text: str) -> str:
+        return self.analyzer.relative(text) if self.analyzer is not None else text
 
     def is_active(self) -> bool:
         # Called on every dashboard load: never touch storage here. Until the first
@@ -112,15 +125,20 @@ class BottlenecksPlugin(base_plugin.TBPlugin):
         # Only plain file names directly in the frontend folder: no "..", no sub-paths,
         # no absolute paths, no backslashes, no hidden files, only known extensions.
         ext = posixpath.splitext(name)[1]
-        if not _STATIC_NAME_RE.match(name) or ".." in name or ext not in _STATIC_TYPES:
+        if (len(name) > MAX_NAME_CHARS or not _STATIC_NAME_RE.match(name) or ".." in name
+                or ext not in _STATIC_TYPES):
             return _error(request, "no such file", 404)
         folder = _frontend_dir()
         if folder is None:
             return _error(request, "the dashboard files are missing from this installation", 404)
-        path = (folder / name).resolve()
-        if path.parent != folder.resolve() or not path.is_file():
+        try:
+            path = (folder / name).resolve()
+            if path.parent != folder.resolve() or not path.is_file():
+                return _error(request, "no such file", 404)
+            data = path.read_bytes()
+        except OSError:  # a name the filesystem refuses, a file removed meanwhile
             return _error(request, "no such file", 404)
-        return http_util.Respond(request, path.read_bytes(), _STATIC_TYPES[ext])
+        return http_util.Respond(request, data, _STATIC_TYPES[ext])
 
     # ------------------------------------------------------------------ data
     @wrappers.Request.application
@@ -144,6 +162,9 @@ class BottlenecksPlugin(base_plugin.TBPlugin):
         span = request.args.get("span") or None
         if span == "all":
             span = None
+        if (len(run) > MAX_RUN_CHARS or len(worker or "") > MAX_NAME_CHARS
+                or len(span or "") > MAX_NAME_CHARS or "\x00" in run + (worker or "") + (span or "")):
+            return None, _error(request, "unknown run, worker or span (name too long or not a name)", 404)
         try:
             result = self.analyzer.result(run, worker, span)
         except KeyError:
@@ -198,3 +219,30 @@ class BottlenecksPlugin(base_plugin.TBPlugin):
 
 def _error(request, message: str, code: int):
     return http_util.Respond(request, {"error": message}, "application/json", code=code)
+
+
+def _guarded(app, route: str, failure_code: int, relative=lambda text: text):
+    """Wrap one route's WSGI app: GET/HEAD only (405 with a JSON body otherwise), and an
+    unexpected exception becomes a logged JSON error (422 for data routes: this view of
+    this run cannot be shown; 503 for the others), never a 500 that takes the tab down."""
+
+    def wsgi(environ, start_response):
+        method = str(environ.get("REQUEST_METHOD", "GET")).upper()
+        if method not in _ALLOWED_METHODS:
+            request = wrappers.Request(environ)
+            response = _error(request, f"method {method[:20]} not allowed here (GET or HEAD only)", 405)
+            response.headers["Allow"] = ", ".join(_ALLOWED_METHODS)
+            return response(environ, start_response)
+        try:
+            return app(environ, start_response)
+        except Exception as exc:  # noqa: BLE001 - the tab must keep answering
+            log.exception("bottlenecks: %s failed", route)
+            request = wrappers.Request(environ)
+            message = relative(f"internal error while answering {route.strip('/')}: {type(exc).__name__}: {exc}")
+            body = {"error": message[:2000]}
+            if failure_code == 422:
+                body["state"] = "error"
+            return http_util.Respond(request, body, "application/json", code=failure_code)(environ, start_response)
+
+    wsgi.__name__ = getattr(app, "__name__", "route")
+    return wsgi

@@ -28,6 +28,14 @@ class BottlenecksLoader(base_plugin.TBLoader):
             help="How often the Bottlenecks tab rescans the logdir for new trace files.",
         )
 
+        group.add_argument(
+            "--bottlenecks_follow_symlinks",
+            action="store_true",
+            default=False,
+            help="Also follow directory symlinks that point outside the logdir (by default "
+            "they are skipped, with a note in the runs listing).",
+        )
+
     def fix_flags(self, flags):
         seconds = getattr(flags, "bottlenecks_rescan_seconds", 30.0)
         if seconds is not None and seconds <= 0:

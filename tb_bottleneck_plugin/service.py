@@ -774,6 +774,10 @@ class Analyzer:
                 "runs": runs,
             }
 
+    def relative(self, text: Optional[str]) -> Optional[str]:
+        """``text`` with the logdir's location removed from every path in it."""
+        return self._paths.relative(text)
+
     def activity(self) -> Tuple[str, Optional[float], int]:
         """(scan state, time of the last finished scan or None, number of runs): cheap,
         for TensorBoard's is_active() which runs on every dashboard load."""
@@ -818,10 +822,18 @@ class Analyzer:
         with self._lock:
             cached = self._summaries.get(key)
         if cached is None:
-            combined = report.combine_results([st.result for _, _, st in ready], run=run, worker=worker)
+            try:
+                combined = report.combine_results([st.result for _, _, st in ready], run=run, worker=worker)
+            except Exception as exc:  # noqa: BLE001 - one run's summary must not break the tab
+                log.exception("bottlenecks: combining the spans of run %r failed", run)
+                what = f"run {run!r}" + (f", worker {worker!r}" if worker else "")
+                combined = {"error": self.relative(f"internal error while combining the spans of {what}: "
+                                                   f"{type(exc).__name__}: {exc}")}
             cached = _Summary(key, combined)
             with self._lock:
                 self._summaries[key] = cached
+        if "error" in cached.value:  # kept: the same spans fail the same way until one changes
+            return {"state": "error", "error": cached.value["error"], "errors": errors}
         return {"state": "ready", **cached.value, "errors": errors}
 
 
