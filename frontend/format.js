@@ -117,6 +117,12 @@ export function fmtTimestamp(ts) {
   return `${d.getFullYear()}-${p(d.getMonth() + 1)}-${p(d.getDate())} ${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())}`;
 }
 
+/** "span 2 · 09:04:12" (time of day from the file name's timestamp), else "span 2". */
+export function spanLabel(sp, index) {
+  const when = fmtTimestamp(sp && sp.timestamp);
+  return `span ${index + 1}${when ? ` · ${when.slice(11)}` : ""}`;
+}
+
 /**
  * Shortens a C++ kernel name for a table cell: drops a leading "void ",
  * collapses template arguments to <…> and parameter lists to (…), then

@@ -19,7 +19,7 @@
 import {h, mount, clear} from "./static/dom.js";
 import {getRuns, getReport, getMemory, getKernels} from "./static/api.js";
 import {renderReport, renderLoading, renderError, renderEmpty, TRACE_HOWTO} from "./static/views.js";
-import {fmtTimestamp, fmtPct} from "./static/format.js";
+import {fmtTimestamp, fmtPct, spanLabel} from "./static/format.js";
 
 const RUNS_POLL_MS = 10000;
 const RUNS_POLL_FAST_MS = 2000; // while the first scan runs
@@ -264,11 +264,6 @@ function runLabel(r) {
   return name;
 }
 
-/** "span 2 · 09:04:12" (time of day from the file name's timestamp), else "span 2". */
-export function spanLabel(sp, index) {
-  const when = fmtTimestamp(sp.timestamp);
-  return `span ${index + 1}${when ? ` · ${when.slice(11)}` : ""}`;
-}
 
 function renderSelectors(run) {
   const runs = (state.runs && Array.isArray(state.runs.runs)) ? state.runs.runs : [];

@@ -5,7 +5,7 @@
 import {h, clear, mount} from "./dom.js";
 import {responsive, stackedBarChart, lineChart, histogram, withTooltip} from "./charts.js";
 import {
-  isNum, fmtPct, fmtUs, fmtUsTick, fmtMs, fmtBytes, fmtCount, fmtNum, fmtByName, humanizeKey, readableKey, shortenKernelName,
+  isNum, fmtPct, fmtUs, fmtUsTick, fmtMs, fmtBytes, fmtCount, fmtNum, fmtByName, humanizeKey, readableKey, shortenKernelName, spanLabel,
 } from "./format.js";
 
 // ------------------------------------------------------------ definitions (hover texts, from metrics.md)
@@ -620,8 +620,9 @@ function memoryPanel(report, ctx) {
   if (!sel.span || sel.span === "all") {
     const spans = (ctx && ctx.spans) || [];
     mount(body, note("Memory timelines are per trace file. Pick a span to see allocated and reserved memory over time:"),
-      spans.length ? h("div", {class: "span-buttons"}, spans.map((sp) => h("button", {type: "button", class: "btn btn-small",
-        title: sp.file || sp.span, onclick: () => ctx.onPickSpan && ctx.onPickSpan(sp.span)}, String(sp.span)))) : null);
+      spans.length ? h("div", {class: "span-buttons"}, spans.map((sp, i) => h("button", {type: "button", class: "btn btn-small",
+        title: [`span ${sp.span}`, sp.file].filter(Boolean).join("\n"), onclick: () => ctx.onPickSpan && ctx.onPickSpan(sp.span)},
+      spanLabel(sp, i)))) : null);
     return p;
   }
   const memRep = report.memory && typeof report.memory === "object" ? report.memory : {};
