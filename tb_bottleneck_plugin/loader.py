@@ -975,6 +975,30 @@ def _split_array(text: bytes, start: int) -> Tuple[List[bytes], Optional[int]]:
     return items, None
 
 
+def _loose_top_level(text: bytes, meta: model.TraceMeta):
+    """The top-level keys of an object whose events are elsewhere (a header, or the
+    object with its traceEvents cut out). A key nested too deeply for msgspec is
+    dropped with a warning; the others are kept."""
+    try:
+        return _LOOSE_OBJECT_DECODER.decode(text)
+    except RecursionError:
+        pass
+    start = text.find(b"{")
+    members, end = _split_array(text, start) if start >= 0 else ([], None)
+    if end is None:
+        raise msgspec.DecodeError("unterminated object")
+    kept = []
+    for member in members:
+        try:
+            _LOOSE_OBJECT_DECODER.decode(b"{" + member + b"}")
+            kept.append(member)
+        except RecursionError:
+            name = member.split(b":", 1)[0].strip()[:60].decode("utf-8", "replace")
+            meta.warnings.append(f"top-level key {name} nested deeper than {sys.getrecursionlimit()} levels "
+                                 "(ignored)")
+    return _LOOSE_OBJECT_DECODER.decode(b"{" + b",".join(kept) + b"}")
+
+
 def _decode_object(text: bytes, builder: _Builder, meta: model.TraceMeta, source: str) -> Optional[List[Event]]:
     """The events and top-level keys of a trace object, leniently; None when it has
     no traceEvents key."""
@@ -997,11 +1021,7 @@ def _decode_object(text: bytes, builder: _Builder, meta: model.TraceMeta, source
         raws, end = _split_array(text, bracket)
         if end is None:
             raise msgspec.DecodeError("unterminated traceEvents array") from None
-        try:
-            loose = _LOOSE_OBJECT_DECODER.decode(text[:key] + b'"traceEvents":[]' + text[end:])
-        except RecursionError:
-            raise TraceError(source, f"JSON nested deeper than {sys.getrecursionlimit()} levels "
-                                     "outside traceEvents") from None
+        loose = _loose_top_level(text[:key] + b'"traceEvents":[]' + text[end:], meta)
     _meta_from(loose, meta)
     if raws is None:
         if not len(loose.traceEvents):
@@ -1244,13 +1264,10 @@ def _load_stream(stream, source: str, gzipped: bool, progress, limit: int) -> mo
                                                      f"{_MAX_HEADER_BYTES >> 20} MB")
                     header = bytes(buf[:key]) + b'"traceEvents":[]}'
                     try:
-                        _meta_from(_OBJECT_DECODER.decode(header), meta)
+                        _meta_from(_loose_top_level(header, meta), meta)
                     except (msgspec.DecodeError, UnicodeDecodeError):
                         chunk_failed = True
                         break
-                    except RecursionError:
-                        raise TraceError(source, f"JSON nested deeper than {sys.getrecursionlimit()} levels "
-                                                 "before traceEvents") from None
                     start = bracket + 1
                 else:
                     raise NotATraceError(source, "not JSON (does not start with '{' or '[')")

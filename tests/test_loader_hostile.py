@@ -233,11 +233,23 @@ def test_deeply_nested_event_in_a_streamed_chunk(tmp_path, monkeypatch):
     assert trace.meta.warnings == [f"1 events nested deeper than {sys.getrecursionlimit()} levels were skipped"]
 
 
-def test_deep_nesting_outside_the_events_is_a_clear_error(tmp_path):
-    data = b'{"meta": ' + b"[" * 5000 + b"]" * 5000 + b', "traceEvents": []}'
-    err = load_error(tmp_path, data)
-    assert type(err) is TraceError
-    assert err.problem == f"JSON nested deeper than {sys.getrecursionlimit()} levels before traceEvents"
+@pytest.mark.parametrize("where", ["header", "trailer"])
+def test_deep_nesting_outside_the_events_drops_that_key(tmp_path, where):
+    deep = b'"meta": ' + b"[" * 5000 + b"]" * 5000
+    data = trace_bytes(deviceProperties=[{"id": 0, "name": "GPU"}])
+    if where == "header":
+        data = b"{" + deep + b", " + data[1:]
+    else:
+        data = data[:-1] + b", " + deep + b"}"
+    trace = load(tmp_path, data)
+    assert kernels(trace) == N and trace.meta.device_properties == [{"id": 0, "name": "GPU"}]
+    assert trace.meta.warnings == [f'top-level key "meta" nested deeper than {sys.getrecursionlimit()} levels '
+                                   "(ignored)"]
+
+
+def test_deep_nesting_in_a_trace_that_is_only_deep(tmp_path):
+    err = load_error(tmp_path, b"[" * 5000 + b"]" * 5000)
+    assert type(err) is NotATraceError and err.problem == "the trace holds no events"
 
 
 # --------------------------------------------------------------------------- encodings, gzip
