@@ -19,6 +19,7 @@
 import {h, mount, clear} from "./static/dom.js";
 import {getRuns, getReport, getMemory, getKernels} from "./static/api.js";
 import {renderReport, renderLoading, renderError, renderEmpty, TRACE_HOWTO} from "./static/views.js";
+import {mountRanks} from "./static/ranks.js";
 import {fmtTimestamp, fmtPct, spanLabel} from "./static/format.js";
 
 const RUNS_POLL_MS = 10000;
@@ -444,4 +445,6 @@ async function loadView(run) {
     console.error(err); // eslint-disable-line no-console
     renderError(ui.view, {title: "Could not display this report", message: String(err && err.stack ? err.stack : err)});
   }
+  // Distributed runs: the Ranks panel (ranks.js) above the report; it fetches ranks?run= itself.
+  if (workersOf(run).length > 1) mountRanks(ui.view, {run: sel.run, worker: sel.worker, signal: ac.signal, onPick: (worker) => select({worker, span: null})});
 }

@@ -1,0 +1,420 @@
+// The Ranks panel of a distributed run (metrics §12, docs/report-schema.md `ranks`):
+// the straggler recommendation, a stacked bar per rank (compute only / overlapped /
+// exposed communication / other), a sortable rank table, the per-collective table and a
+// rank x step heatmap. Shown above the run's report when the run has more than one worker.
+//
+// Scale: a run may have 1,000+ ranks. The heatmap is ONE <canvas> (rows aggregated to at
+// most HEATMAP_MAX_ROWS, each row showing the slowest rank of its group so a straggler
+// stays visible); the bars are aggregated to at most BAR_MAX groups; the table shows
+// TABLE_LIMIT rows of the current order until asked for all. No DOM element per cell.
+//
+// Every verdict (flagged, severity, the recommendation's words) comes from the server:
+// no thresholds here. Strings from traces (worker names) are inserted as text only.
+
+import {h, mount, clear} from "./dom.js";
+import {pollJson} from "./api.js";
+import {isNum, fmtPct, fmtUs, fmtUsTick, fmtBytes, fmtCount} from "./format.js";
+import {responsive, stackedBarChart, showTooltip, hideTooltip} from "./charts.js";
+
+const SPLIT = ["compute_only_us", "overlapped_us", "exposed_comm_us", "other_us"];
+const SPLIT_NAMES = {compute_only_us: "compute only", overlapped_us: "overlapped (compute ∩ communication)",
+  exposed_comm_us: "exposed communication", other_us: "other"};
+const SPLIT_COLORS = {compute_only_us: "var(--c-kernel)", overlapped_us: "var(--c-runtime)",
+  exposed_comm_us: "var(--c-communication)", other_us: "var(--c-other)"};
+const BAR_MAX = 100; // beyond this many ranks, one bar per group of ranks (mean of the group)
+const HEATMAP_MAX_ROWS = 256; // beyond this, one canvas row per group of ranks (the group's max)
+const HEATMAP_HEIGHT = 360; // px available to the rows
+const TABLE_LIMIT = 100; // rows shown before "Show all"
+// A sequential colour ramp (viridis stops), readable on light and dark backgrounds.
+const RAMP = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
+
+/**
+ * Fetches ranks?run=RUN and shows the panel at the top of container (above the report).
+ * Loading (202) shows a progress line; an error shows a short note, never replacing the report.
+ */
+export async function mountRanks(container, {run, worker, signal, onPick}) {
+  const slot = h("div", {class: "ranks-slot", id: "bn-ranks-slot"});
+  container.insertBefore(slot, container.firstChild);
+  const status = h("p", {class: "note muted"}, "Ranks: loading…");
+  mount(slot, status);
+  const r = await pollJson("ranks", {run}, {signal, onProgress: (p) => {
+    status.textContent = `Ranks: analysing${isNum(p) ? ` ${fmtPct(100 * p, 0)}` : ""}…`;
+  }});
+  if ((signal && signal.aborted) || r.kind === "aborted") return;
+  if (r.kind === "error" || !r.data || typeof r.data !== "object") {
+    mount(slot, h("div", {class: "banner banner-warn", role: "status"},
+      "Could not load the Ranks view: ", r.message || "unexpected answer from the ranks route"));
+    return;
+  }
+  try {
+    mount(slot, renderRanksPanel(r.data, {selectedWorker: worker, onPick}));
+  } catch (err) {
+    console.error(err); // eslint-disable-line no-console
+    mount(slot, h("div", {class: "banner banner-warn", role: "status"}, "Could not display the Ranks view: ", String(err)));
+  }
+}
+
+function panel(title, subtitle, ...children) {
+  return h("section", {class: ["panel", "ranks-panel"], id: "bn-ranks"},
+    h("header", {class: "panel-head"}, h("h2", {}, title),
+      h("span", {class: "info", tabindex: "0",
+        title: "One row per worker (rank) of this run: where each rank's step time goes, who waits for whom "
+          + "in the collectives, and which rank holds the others back. Click a rank to open its own report.",
+        "aria-label": "About the Ranks view"}, "?"),
+      subtitle ? h("span", {class: "panel-sub"}, subtitle) : null),
+    h("div", {class: "panel-body"}, ...children));
+}
+
+function sub(title, ...children) {
+  return h("div", {class: "ranks-sub", style: {margin: "14px 0 4px"}},
+    h("h3", {style: {margin: "0 0 6px", "font-size": "13px"}}, title), ...children);
+}
+
+/** The panel for one `ranks` route body. */
+export function renderRanksPanel(view, {selectedWorker = null, onPick = null} = {}) {
+  const rows = Array.isArray(view.ranks) ? view.ranks : [];
+  const bits = [`${fmtCount(view.rank_count)} ranks`];
+  if (view.backend) bits.push(`backend ${view.backend}`);
+  if (isNum(view.world_size)) bits.push(`world size ${view.world_size}`);
+  if (isNum(view.imbalance_pct)) bits.push(`load imbalance ${fmtPct(view.imbalance_pct)}`);
+  const children = [renderVerdict(view)];
+  if (view.available && rows.length) {
+    children.push(
+      sub("Where each rank's step goes (average per step)", renderBars(rows, onPick)),
+      sub(`Step time per rank and step`, renderHeatmap(view, rows, onPick)),
+      sub("Ranks", renderRankTable(rows, {selectedWorker, onPick, straggler: view.straggler})),
+      sub("Collectives", renderCollectives(view.collectives || [])));
+  }
+  children.push(renderNotAvailable(view));
+  return panel("Ranks", bits.join(" · "), ...children);
+}
+
+function renderVerdict(view) {
+  const rec = view.recommendation;
+  if (view.flagged && rec) {
+    const sev = String(rec.severity || "medium");
+    const cause = rec.cause && rec.cause.title ? h("p", {class: "rec-cause muted", style: {margin: "4px 0"}},
+      "Its own top finding: ", String(rec.cause.title)) : null;
+    return h("div", {class: ["rec", "ranks-rec", `sev-${sev}`], role: "alert"},
+      h("div", {class: "rec-head"}, h("span", {class: ["badge", `sev-${sev}`]}, sev),
+        h("span", {class: "rec-title"}, String(rec.title || "")),
+        rec.rule ? h("span", {class: "rec-rule", title: "rule name"}, String(rec.rule)) : null),
+      h("p", {class: "rec-action"}, String(rec.action || "")),
+      cause,
+      Array.isArray(rec.evidence) && rec.evidence.length
+        ? h("ul", {class: "evidence"}, rec.evidence.map((e) => h("li", {}, String(e)))) : null);
+  }
+  const st = view.straggler;
+  const words = ["No rank holds the others back beyond the thresholds."];
+  if (st) {
+    words.push(` Rank ${st.rank} waited least in ${st.steps} of ${st.of_steps} steps`
+      + `${isNum(st.wait_caused_pct) ? ` (the others waited ${fmtPct(st.wait_caused_pct)} of a typical step)` : ""}.`);
+  }
+  if (!view.available) words[0] = "Ranks cannot be compared for this run.";
+  return h("div", {class: ["rec", "ranks-rec", view.available ? "sev-ok" : "sev-low"], role: "status"},
+    h("div", {class: "rec-head"}, h("span", {class: ["badge", view.available ? "sev-ok" : "sev-low"]},
+      view.available ? "ok" : "n/a"), h("span", {class: "rec-title"}, words.join(""))));
+}
+
+function renderNotAvailable(view) {
+  const na = view.not_available && typeof view.not_available === "object" ? Object.entries(view.not_available) : [];
+  const errs = Array.isArray(view.file_errors) ? view.file_errors : [];
+  if (!na.length && !errs.length) return null;
+  return h("div", {class: "ranks-na note"},
+    na.length ? h("ul", {class: "na-list"}, na.map(([k, why]) => h("li", {}, h("code", {}, String(k)), " — ", String(why)))) : null,
+    errs.length ? h("ul", {class: "err-list"}, errs.map((e) => h("li", {},
+      `worker ${e.worker}, span ${e.span}: `, String(e.error)))) : null);
+}
+
+// ------------------------------------------------------------ stacked bars
+
+function perStep(row, key) {
+  return isNum(row[key]) && row.steps > 0 ? row[key] / row.steps : null;
+}
+
+function renderBars(rows, onPick) {
+  const groups = groupRanks(rows, BAR_MAX);
+  const bars = groups.map((g) => {
+    const parts = {};
+    for (const k of SPLIT) {
+      const vals = g.map((r) => perStep(r, k)).filter(isNum);
+      parts[k] = vals.length ? vals.reduce((a, b) => a + b, 0) / vals.length : null;
+    }
+    const single = g.length === 1;
+    const first = g[0];
+    const last = g[g.length - 1];
+    return {label: single ? String(first.rank) : `${first.rank}–${last.rank}`, parts,
+      title: single ? `rank ${first.rank} (worker ${first.worker})` : `ranks ${first.rank}–${last.rank} (mean of ${g.length})`};
+  });
+  const note = groups.length < rows.length
+    ? h("p", {class: "note muted"}, `${rows.length} ranks: each bar is the mean of ${groups[0].length} consecutive ranks; `
+      + "the heatmap and the table show every rank.") : null;
+  const legend = h("div", {class: "legend", style: {display: "flex", gap: "12px", "flex-wrap": "wrap", "font-size": "12px"}},
+    SPLIT.map((k) => h("span", {}, h("span", {class: "swatch", style: {background: SPLIT_COLORS[k], display: "inline-block",
+      width: "10px", height: "10px", "margin-right": "4px"}}), SPLIT_NAMES[k])));
+  const box = responsive(h("div", {class: "chart-box ranks-bars"}), (w) => stackedBarChart({
+    width: w, height: 240, bars, keys: SPLIT, colors: SPLIT_COLORS, names: SPLIT_NAMES, fmt: fmtUs, axisFmt: fmtUsTick,
+    yLabel: "per step", maxLabels: 32}));
+  if (onPick && groups.length === rows.length) {
+    box.addEventListener("click", (e) => {
+      const g = e.target && e.target.closest ? e.target.closest("g.bar") : null;
+      if (!g || !g.parentNode) return;
+      const i = [...g.parentNode.querySelectorAll("g.bar")].indexOf(g);
+      if (i >= 0 && rows[i]) onPick(rows[i].worker);
+    });
+  }
+  return h("div", {}, legend, box, note);
+}
+
+/** Consecutive groups (rank order) so that there are at most max groups. */
+function groupRanks(rows, max) {
+  const size = Math.max(1, Math.ceil(rows.length / max));
+  const out = [];
+  for (let i = 0; i < rows.length; i += size) out.push(rows.slice(i, i + size));
+  return out;
+}
+
+// ------------------------------------------------------------ heatmap (one canvas)
+
+function rampColor(t) {
+  const x = Math.min(1, Math.max(0, t)) * (RAMP.length - 1);
+  const i = Math.min(RAMP.length - 2, Math.floor(x));
+  const f = x - i;
+  const c = RAMP[i].map((v, j) => Math.round(v + (RAMP[i + 1][j] - v) * f));
+  return `rgb(${c[0]},${c[1]},${c[2]})`;
+}
+
+function heatmapData(view, rows, metric) {
+  const steps = Array.isArray(view.steps) && view.steps.length ? view.steps
+    : [...new Set(rows.flatMap((r) => (r.per_step && r.per_step.steps) || []))].sort((a, b) => a - b);
+  const col = new Map(steps.map((s, i) => [s, i]));
+  const key = metric === "wait" ? "wait_us" : "step_us";
+  // rank-level matrix, then grouped rows (max of the group: a slow rank stays visible)
+  const groups = groupRanks(rows, HEATMAP_MAX_ROWS);
+  const cells = new Float64Array(groups.length * steps.length).fill(NaN);
+  const who = new Int32Array(groups.length * steps.length).fill(-1); // row index of the group's max
+  let lo = Infinity;
+  let hi = -Infinity;
+  let base = 0;
+  groups.forEach((g, gi) => {
+    g.forEach((r, k) => {
+      const ps = r.per_step || {};
+      const ss = ps.steps || [];
+      const vs = ps[key] || [];
+      for (let i = 0; i < ss.length; i++) {
+        const c = col.get(ss[i]);
+        const v = vs[i];
+        if (c === undefined || !isNum(v)) continue;
+        const at = gi * steps.length + c;
+        if (!(cells[at] >= v)) { cells[at] = v; who[at] = base + k; }
+        if (v < lo) lo = v;
+        if (v > hi) hi = v;
+      }
+    });
+    base += g.length;
+  });
+  return {steps, groups, cells, who, lo, hi};
+}
+
+function renderHeatmap(view, rows, onPick) {
+  const hasWait = rows.some((r) => r.per_step && (r.per_step.wait_us || []).some(isNum));
+  const st = {metric: "step"};
+  const legend = h("div", {class: "heat-legend", style: {display: "flex", "align-items": "center", gap: "8px", "font-size": "12px", margin: "4px 0"}});
+  const box = h("div", {class: "chart-box ranks-heatmap"});
+  const buttons = [["step", "step time"], ["wait", "wait in collectives"]].map(([m, label]) =>
+    h("button", {type: "button", class: ["btn", "heat-metric"], "data-metric": m, disabled: m === "wait" && !hasWait,
+      title: m === "wait" ? (hasWait ? "Per step: the rank's collective time minus the fastest rank's (metrics §12)" : "no communication recorded") : "Per step: the rank's step time",
+      onclick: () => { st.metric = m; redraw(); }}, label));
+  let lastW = 0;
+  function redraw() {
+    for (const b of buttons) b.classList.toggle("sorted", b.getAttribute("data-metric") === st.metric);
+    if (lastW > 0) draw(lastW);
+  }
+  function draw(width) {
+    lastW = width;
+    const d = heatmapData(view, rows, st.metric);
+    clear(box);
+    box.appendChild(drawHeatCanvas(d, rows, width, onPick, st.metric));
+    const span = isNum(d.lo) && isNum(d.hi) && d.hi >= d.lo;
+    mount(legend, h("span", {}, span ? fmtUs(d.lo) : "n/a"),
+      h("span", {style: {display: "inline-block", width: "160px", height: "10px",
+        background: `linear-gradient(to right, ${[0, 0.25, 0.5, 0.75, 1].map(rampColor).join(", ")})`}}),
+      h("span", {}, span ? fmtUs(d.hi) : "n/a"),
+      h("span", {class: "muted"}, d.groups.length < rows.length
+        ? `· ${rows.length} ranks in ${d.groups.length} rows of ${d.groups[0].length} (each row shows its slowest rank)` : ""));
+    return box;
+  }
+  // responsive() replaces the container's children: give it a holder and draw into box.
+  const holder = responsive(h("div", {class: "chart-box"}), (w) => { draw(w); return box; });
+  redraw();
+  return h("div", {}, h("div", {style: {display: "flex", gap: "6px", "align-items": "center"}},
+    h("span", {class: "muted", style: {"font-size": "12px"}}, "Colour:"), buttons), legend, holder);
+}
+
+function drawHeatCanvas(d, rows, width, onPick, metric) {
+  const nRows = d.groups.length;
+  const nCols = d.steps.length;
+  const m = {l: 64, r: 8, t: 4, b: 22};
+  const rowH = Math.max(1, Math.min(22, Math.floor(HEATMAP_HEIGHT / Math.max(1, nRows))));
+  const height = m.t + m.b + rowH * nRows;
+  const pw = Math.max(10, width - m.l - m.r);
+  const colW = pw / Math.max(1, nCols);
+  const canvas = h("canvas", {class: "heatmap", role: "img", width: 1, height: 1,
+    "aria-label": `Heatmap of ${metric === "wait" ? "wait" : "step time"}: ${rows.length} ranks by ${nCols} steps`,
+    "data-rows": String(nRows), "data-cols": String(nCols), style: {display: "block", width: `${width}px`, height: `${height}px`, cursor: onPick ? "pointer" : "default"}});
+  const dpr = window.devicePixelRatio || 1;
+  canvas.width = Math.round(width * dpr);
+  canvas.height = Math.round(height * dpr);
+  const ctx = canvas.getContext("2d");
+  if (!ctx) return canvas;
+  ctx.scale(dpr, dpr);
+  const styles = getComputedStyle(document.body);
+  const muted = (styles.getPropertyValue("--muted") || "#888").trim() || "#888";
+  const range = d.hi > d.lo ? d.hi - d.lo : 1;
+  let drawn = 0;
+  for (let r = 0; r < nRows; r++) {
+    for (let c = 0; c < nCols; c++) {
+      const v = d.cells[r * nCols + c];
+      const x = m.l + c * colW;
+      const y = m.t + r * rowH;
+      if (Number.isNaN(v)) {
+        ctx.fillStyle = "rgba(128,128,128,0.25)";
+      } else {
+        ctx.fillStyle = rampColor(d.hi > d.lo ? (v - d.lo) / range : 0.5);
+        drawn++;
+      }
+      ctx.fillRect(x, y, Math.max(1, colW - (colW > 4 ? 1 : 0)), Math.max(1, rowH - (rowH > 4 ? 1 : 0)));
+    }
+  }
+  canvas.setAttribute("data-cells", String(drawn));
+  ctx.fillStyle = muted;
+  ctx.font = "11px sans-serif";
+  ctx.textAlign = "right";
+  ctx.textBaseline = "middle";
+  const labelEvery = Math.max(1, Math.ceil(14 / rowH));
+  for (let r = 0; r < nRows; r += labelEvery) {
+    const g = d.groups[r];
+    ctx.fillText(g.length === 1 ? `rank ${g[0].rank}` : `${g[0].rank}–${g[g.length - 1].rank}`, m.l - 6, m.t + r * rowH + rowH / 2);
+  }
+  ctx.textAlign = "center";
+  ctx.textBaseline = "top";
+  const stepEvery = Math.max(1, Math.ceil(36 / colW));
+  for (let c = 0; c < nCols; c += stepEvery) ctx.fillText(`step ${d.steps[c]}`, m.l + c * colW + colW / 2, m.t + nRows * rowH + 5);
+
+  const cellAt = (e) => {
+    const rect = canvas.getBoundingClientRect();
+    const x = e.clientX - rect.left - m.l;
+    const y = e.clientY - rect.top - m.t;
+    const r = Math.floor(y / rowH);
+    const c = Math.floor(x / colW);
+    if (x < 0 || r < 0 || r >= nRows || c < 0 || c >= nCols) return null;
+    return {r, c, v: d.cells[r * nCols + c], row: rows[d.who[r * nCols + c]] || (d.groups[r].length === 1 ? d.groups[r][0] : null)};
+  };
+  canvas.addEventListener("mousemove", (e) => {
+    const cell = cellAt(e);
+    if (!cell) { hideTooltip(); return; }
+    const g = d.groups[cell.r];
+    showTooltip([
+      {text: g.length === 1 ? `rank ${g[0].rank} (worker ${g[0].worker})` : `ranks ${g[0].rank}–${g[g.length - 1].rank}`, bold: true},
+      `step ${d.steps[cell.c]}`,
+      `${metric === "wait" ? "wait" : "step time"}: ${fmtUs(cell.v)}${g.length > 1 && cell.row ? ` (slowest: rank ${cell.row.rank})` : ""}`,
+      onPick && cell.row ? "click: open this rank's report" : null,
+    ], e.clientX, e.clientY);
+  });
+  canvas.addEventListener("mouseleave", hideTooltip);
+  if (onPick) {
+    canvas.addEventListener("click", (e) => {
+      const cell = cellAt(e);
+      if (cell && cell.row) onPick(cell.row.worker);
+    });
+  }
+  return canvas;
+}
+
+// ------------------------------------------------------------ tables
+
+const RANK_COLS = [
+  {key: "rank", label: "Rank", fmt: (v) => String(v)},
+  {key: "worker", label: "Worker", text: true, fmt: (v) => String(v ?? "")},
+  {key: "steps", label: "Steps", fmt: fmtCount},
+  {key: "avg_step_us", label: "Avg step", fmt: fmtUs},
+  {key: "compute_only_pct", label: "Compute only", fmt: (v) => fmtPct(v)},
+  {key: "overlapped_pct", label: "Overlapped", fmt: (v) => fmtPct(v)},
+  {key: "exposed_comm_pct", label: "Exposed comm.", fmt: (v) => fmtPct(v)},
+  {key: "other_pct", label: "Other", fmt: (v) => fmtPct(v)},
+  {key: "input_bound_pct", label: "Input-bound", fmt: (v) => fmtPct(v)},
+  {key: "gpu_utilization_pct", label: "GPU util.", fmt: (v) => fmtPct(v)},
+  {key: "straggler_steps", label: "Straggler in", fmt: fmtCount},
+  {key: "wait_us", label: "Wait", fmt: fmtUs},
+  {key: "transfer_us", label: "Transfer", fmt: fmtUs},
+];
+
+function renderRankTable(rows, {selectedWorker, onPick, straggler}) {
+  const st = {key: "rank", dir: 1, all: rows.length <= TABLE_LIMIT};
+  const thead = h("thead");
+  const tbody = h("tbody");
+  const more = h("p", {class: "note muted"});
+  const table = h("table", {class: "grid-table rank-table"}, thead, tbody);
+  function head() {
+    mount(thead, h("tr", {}, RANK_COLS.map((c) => {
+      const active = st.key === c.key;
+      return h("th", {class: [c.text ? null : "num", "sortable", active ? "sorted" : null], "data-key": c.key, tabindex: "0",
+        "aria-sort": active ? (st.dir > 0 ? "ascending" : "descending") : "none",
+        onclick: () => sortBy(c), onkeydown: (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); sortBy(c); } }},
+      c.label, h("span", {class: "sort-ind"}, active ? (st.dir > 0 ? " ▲" : " ▼") : ""));
+    })));
+  }
+  function sortBy(c) {
+    if (st.key === c.key) st.dir = -st.dir;
+    else { st.key = c.key; st.dir = c.text || c.key === "rank" ? 1 : -1; }
+    head();
+    body();
+  }
+  function body() {
+    const sorted = rows.slice().sort((a, b) => {
+      const va = a[st.key];
+      const vb = b[st.key];
+      const na = va === null || va === undefined;
+      const nb = vb === null || vb === undefined;
+      if (na || nb) return na === nb ? a.rank - b.rank : na ? 1 : -1; // n/a last in both directions
+      if (va < vb) return -st.dir;
+      if (va > vb) return st.dir;
+      return a.rank - b.rank;
+    });
+    const shown = st.all ? sorted : sorted.slice(0, TABLE_LIMIT);
+    mount(tbody, shown.map((r) => {
+      const isStraggler = straggler && straggler.worker === r.worker;
+      return h("tr", {class: ["rank-row", r.worker === selectedWorker ? "selected" : null, isStraggler ? "straggler" : null],
+        "data-worker": String(r.worker), tabindex: onPick ? "0" : null,
+        title: onPick ? `Open the report of worker ${r.worker}` : null,
+        style: {cursor: onPick ? "pointer" : null, "font-weight": r.worker === selectedWorker ? "600" : null,
+          background: isStraggler ? "var(--red-bg)" : null},
+        onclick: onPick ? () => onPick(r.worker) : null,
+        onkeydown: onPick ? (e) => { if (e.key === "Enter") onPick(r.worker); } : null},
+      RANK_COLS.map((c) => h("td", {class: [c.text ? null : "num", `col-${c.key}`]}, c.fmt(r[c.key]))));
+    }));
+    mount(more, st.all ? null : [`Showing ${TABLE_LIMIT} of ${rows.length} ranks in this order. `,
+      h("button", {type: "button", class: "btn", onclick: () => { st.all = true; body(); }}, `Show all ${rows.length}`)]);
+  }
+  head();
+  body();
+  return h("div", {}, h("div", {style: {overflow: "auto", "max-height": "480px"}}, table), more);
+}
+
+const COLL_COLS = [
+  {key: "kind", label: "Collective", text: true, fmt: (v) => String(v ?? "")},
+  {key: "calls", label: "Calls", fmt: fmtCount},
+  {key: "matched_calls", label: "Matched", fmt: fmtCount},
+  {key: "bytes", label: "Bytes", fmt: fmtBytes},
+  {key: "total_us", label: "Total", fmt: fmtUs},
+  {key: "transfer_us", label: "Transfer", fmt: fmtUs},
+  {key: "wait_us", label: "Wait", fmt: fmtUs},
+];
+
+function renderCollectives(colls) {
+  if (!colls.length) return h("p", {class: "note muted"}, "No collectives in the ranks' steps.");
+  return h("table", {class: "grid-table collectives-table"},
+    h("thead", {}, h("tr", {}, COLL_COLS.map((c) => h("th", {class: c.text ? null : "num"}, c.label)))),
+    h("tbody", {}, colls.map((row) => h("tr", {}, COLL_COLS.map((c) => h("td", {class: [c.text ? null : "num", `col-${c.key}`]},
+      c.fmt(row[c.key])))))));
+}
