@@ -218,6 +218,123 @@ def test_real_tensorboard_serves_the_tab(tmp_path):
         assert status == 200
 
 
+# ---------------------------------------------------------------------------- no orphans
+
+
+def _big_trace(path: Path, times: int) -> Path:
+    """CPU_NW0's events repeated ``times`` times: seconds of decode and analysis, built
+    in well under a second (a text join, not a re-encode per copy)."""
+    obj = json.loads(CPU_NW0.read_text())
+    events = json.dumps(obj.pop("traceEvents"))[1:-1]
+    head = json.dumps(obj)[1:-1]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        f.write("{" + head + ', "traceEvents": [')
+        for i in range(times):
+            f.write(events if i == 0 else "," + events)
+        f.write("]}")
+    return path
+
+
+def _proc_table() -> Dict[int, Tuple[int, int, str]]:
+    """{pid: (ppid, pgid, state)} from /proc."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        table[int(entry)] = (int(fields[1]), int(fields[2]), fields[0])
+    return table
+
+
+def _descendants(root: int) -> Dict[int, Tuple[int, int, str]]:
+    table = _proc_table()
+    found, todo = {}, [root]
+    while todo:
+        parent = todo.pop()
+        for pid, info in table.items():
+            if info[0] == parent and pid not in found:
+                found[pid] = info
+                todo.append(pid)
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _ours(tb_pid: int) -> Dict[int, Tuple[int, int, str]]:
+    """The processes this project started under TensorBoard: the analysis children and
+    everything below them (the loader's decode pool, its forkserver and resource
+    tracker). Other plugins' processes are left out: torch-tb-profiler, when installed,
+    starts multiprocessing workers of its own, which outlive a SIGKILLed TensorBoard."""
+    out: Dict[int, Tuple[int, int, str]] = {}
+    for pid, info in _descendants(tb_pid).items():
+        if info[0] == tb_pid and "tb_bottleneck_plugin.service import _child_entry" in _cmdline(pid):
+            out[pid] = info
+            out.update(_descendants(pid))
+    return out
+
+
+def _describe(pids, infos) -> str:
+    out = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")[:160]
+        except OSError:
+            cmd = "?"
+        out.append(f"{pid} (ppid {infos.get(pid, ('?',))[0]} then {_proc_table().get(pid, ('?',))[0]}): {cmd}")
+    return "; ".join(out)
+
+
+def _living(pids) -> list:
+    table = _proc_table()
+    return [pid for pid in pids if pid in table and table[pid][2] != "Z"]  # zombies are dead
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc (Linux)")
+def test_no_child_survives_a_killed_tensorboard(tmp_path):
+    """SIGKILL TensorBoard while a large trace is being analysed (with the loader's decode
+    pool on too): every process it started (analysis children, their decode workers, the
+    multiprocessing helpers) is gone within seconds."""
+    logdir = tmp_path / "logs"
+    _big_trace(logdir / "big" / "worker0.1700000000000.pt.trace.json", 150)  # ~80 MB
+    with tensorboard(str(logdir), tmp_path, env={"TB_BOTTLENECKS_DECODE_PROCESSES": "2"}) as tb:
+        tb.get(f"{PREFIX}/runs")
+        deadline = time.monotonic() + 60
+        children: Dict[int, Tuple[int, int, str]] = {}
+        while True:  # mid-analysis: the span is loading and the children are there
+            children = _ours(tb.process.pid)
+            view = tb.json(f"{PREFIX}/runs")
+            loading = view["runs"] and view["runs"][0]["state"] == "loading"
+            if loading and len(children) >= 3:  # the analysis child and its decode workers
+                break
+            assert time.monotonic() < deadline, f"never saw the analysis running: {view} {children}"
+            time.sleep(0.05)
+        time.sleep(0.3)
+        children.update(_ours(tb.process.pid))
+        t_kill = time.monotonic()
+        os.kill(tb.process.pid, signal.SIGKILL)
+        tb.process.wait(timeout=10)
+        survivors = _living(children)
+        while survivors and time.monotonic() - t_kill < 5:
+            time.sleep(0.05)
+            survivors = _living(children)
+        gone_s = time.monotonic() - t_kill
+        print(f"\nSIGKILLed TensorBoard mid-analysis with {len(children)} descendants "
+              f"({sorted(children)}); all gone after {gone_s:.2f} s")
+        assert survivors == [], f"still alive {gone_s:.1f} s after the kill: {_describe(survivors, children)}"
+
+
 # ---------------------------------------------------------------------------- gs://
 
 
