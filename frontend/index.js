@@ -21,6 +21,7 @@ import {getRuns, getReport, getMemory, getKernels} from "./static/api.js";
 import {renderReport, renderLoading, renderError, renderEmpty, TRACE_HOWTO} from "./static/views.js";
 import {mountRanks} from "./static/ranks.js";
 import {fmtTimestamp, fmtPct, spanLabel} from "./static/format.js";
+import {isCompareHash, startCompareHash, renderCompare} from "./static/compare.js";
 
 const RUNS_POLL_MS = 10000;
 const RUNS_POLL_FAST_MS = 2000; // while the first scan runs
@@ -68,6 +69,8 @@ function buildShell() {
     title: "Opens this exact view (run, worker, span) in its own tab; copy that address to share it."}, "Open view in new tab ↗");
   ui.refresh = h("button", {type: "button", class: "btn", title: "Re-read the run list and this report",
     onclick: () => refreshRuns({forceView: true})}, "Refresh");
+  ui.compare = h("button", {type: "button", class: "btn", id: "bn-compare-toggle", title: "Compare two runs (baseline vs candidate)",
+    onclick: () => { history.replaceState(null, "", viewUrl(isCompareHash() ? "" : startCompareHash(state.runs, state.sel.run))); applySelection({forceView: true}); }}, "Compare");
   ui.banners = h("div", {class: "banners"});
   ui.view = h("main", {class: "view", id: "bn-view"});
   document.body.appendChild(h("header", {class: "topbar"},
@@ -76,7 +79,7 @@ function buildShell() {
     h("label", {class: "sel"}, h("span", {}, "Worker"), ui.worker),
     h("label", {class: "sel"}, h("span", {}, "Span"), ui.span),
     h("div", {class: "spacer"}),
-    ui.scanInfo, ui.share, ui.refresh));
+    ui.scanInfo, ui.compare, ui.share, ui.refresh));
   document.body.appendChild(ui.banners);
   document.body.appendChild(ui.view);
   renderLoading(ui.view, {title: "Loading runs…"});
@@ -169,6 +172,7 @@ export function viewUrl(hash, href = window.location.href) {
 }
 
 function onHashChange() {
+  if (isCompareHash() || state.comparing) { applySelection({forceView: true}); return; }
   const want = readHash();
   if (want.run === state.sel.run && want.worker === state.sel.worker && want.span === state.sel.span) return;
   state.sel = want;
@@ -354,6 +358,17 @@ function applySelection({forceView}) {
       renderError(ui.view, {title: "Could not load the run list", message: state.runsError.message,
         file: state.runsError.file, status: state.runsError.status, onRetry: () => refreshRuns({forceView: true})});
     }
+    return;
+  }
+  // Compare mode (compare.js) owns the view and the hash while the hash has compare=1.
+  state.comparing = isCompareHash();
+  for (const el of [ui.run, ui.worker, ui.span]) el.parentElement.style.display = state.comparing ? "none" : "";
+  ui.compare.textContent = state.comparing ? "Single run" : "Compare";
+  if (state.comparing) {
+    abortView();
+    state.viewKey = null;
+    renderScanInfo();
+    renderCompare(ui.view, {runs: state.runs, viewUrl, share: ui.share, onExit: () => ui.compare.click()}, {force: forceView});
     return;
   }
   const run = normalizeSelection();

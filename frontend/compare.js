@@ -1,0 +1,508 @@
+// Compare mode of the Bottlenecks tab: a baseline and a candidate (runs, optionally one
+// worker/span each) side by side, from the `compare` route (compare.py, METRICS.md §11).
+//
+// Every judgement comes from the server: a metric's direction ("better": "lower"/"higher")
+// and its verdict ("better"/"worse"/"same"/"changed"/"n/a"). This file decides colours from
+// those words only; it holds no numeric threshold. Names from a trace (kernels, operators,
+// runs) are inserted as text through dom.js.
+//
+// State lives in the URL hash: #compare=1&base=RUN&cand=RUN[&base_worker=&base_span=&cand_worker=&cand_span=]
+// (index.js hands the view to renderCompare while the hash has compare=1).
+
+import {h, s, mount} from "./dom.js";
+import {pollJson} from "./api.js";
+import {responsive, withTooltip, niceTicks} from "./charts.js";
+import {isNum, fmtPct, fmtUs, fmtUsTick, fmtBytes, fmtNum, shortenKernelName} from "./format.js";
+import {renderLoading, renderError, CATEGORIES} from "./views.js";
+
+const ALL = "all";
+const SIDES = ["base", "cand"];
+const SIDE_NAMES = {base: "Baseline", cand: "Candidate"};
+const TABLE_LIMIT = 200; // rows drawn per diff table (the filter finds the rest)
+const CAT_NAMES = {
+  kernel: "Kernel", memcpy: "Memcpy", memset: "Memset", communication: "Communication",
+  runtime: "Runtime", dataloader: "DataLoader", cpu_exec: "CPU Exec", other: "Other (idle)",
+};
+const catColor = (k) => `var(--c-${String(k).replace("_", "-")})`;
+// Verdict word (from the server) -> colour class already defined in style.css.
+const VERDICT_CLASS = {better: "sev-text-ok", worse: "sev-text-high"};
+const REC_STATUS_CLASS = {resolved: "sev-ok", better: "sev-ok", new: "sev-high", worse: "sev-high", unchanged: "sev-low"};
+
+// ------------------------------------------------------------ hash state
+
+/** True when the hash (window.location.hash by default) selects compare mode. */
+export function isCompareHash(hash = window.location.hash) {
+  return new URLSearchParams(String(hash || "").replace(/^#/, "")).get("compare") === "1";
+}
+
+export function readCompareHash(hash = window.location.hash) {
+  const p = new URLSearchParams(String(hash || "").replace(/^#/, ""));
+  const side = (k) => ({run: p.get(k), worker: p.get(`${k}_worker`), span: p.get(`${k}_span`)});
+  return {base: side("base"), cand: side("cand")};
+}
+
+export function compareHash(sel) {
+  const p = new URLSearchParams();
+  p.set("compare", "1");
+  for (const k of SIDES) {
+    const x = sel[k] || {};
+    if (x.run) p.set(k, x.run);
+    if (x.worker && x.worker !== ALL) p.set(`${k}_worker`, x.worker);
+    if (x.span && x.span !== ALL) p.set(`${k}_span`, x.span);
+  }
+  return `#${p.toString()}`;
+}
+
+/** The hash that opens compare mode from a single-run view: that run against another one. */
+export function startCompareHash(runsPayload, currentRun) {
+  const names = runNames(runsPayload);
+  const base = names.includes(currentRun) ? currentRun : names[0] || null;
+  const cand = names.find((n) => n !== base) || base;
+  return compareHash({base: {run: base}, cand: {run: cand}});
+}
+
+function runNames(runsPayload) {
+  const runs = runsPayload && Array.isArray(runsPayload.runs) ? runsPayload.runs : [];
+  return runs.map((r) => r.run).filter((r) => typeof r === "string");
+}
+
+// ------------------------------------------------------------ the mode
+
+const cur = {key: null, ac: null};
+
+/**
+ * Renders compare mode into container. ctx: {runs: runs payload, viewUrl(hash) -> absolute URL,
+ * share: the "open in new tab" <a> (its href follows the hash), onExit()}.
+ * Called on every run-list refresh: it re-renders only when the selection or the runs changed.
+ */
+export function renderCompare(container, ctx, {force = false} = {}) {
+  const runs = ctx.runs && Array.isArray(ctx.runs.runs) ? ctx.runs.runs : [];
+  const sel = normalise(readCompareHash(), runs);
+  const hash = compareHash(sel);
+  const url = ctx.viewUrl(hash);
+  if (window.location.hash !== hash) {
+    try {
+      history.replaceState(null, "", url);
+    } catch (e) {
+      window.location.hash = hash;
+    }
+  }
+  if (ctx.share) ctx.share.setAttribute("href", url);
+  const runState = SIDES.map((k) => {
+    const r = runs.find((x) => x.run === sel[k].run);
+    return r ? [r.state, r.error || null, JSON.stringify(r.workers || [])] : null;
+  });
+  const key = JSON.stringify([sel, runState]);
+  if (!force && key === cur.key && container.querySelector(".cmp")) return;
+  cur.key = key;
+  if (cur.ac) cur.ac.abort();
+  const ac = new AbortController();
+  cur.ac = ac;
+
+  const pick = (side, change) => {
+    const next = {...sel, [side]: {...sel[side], ...change}};
+    try {
+      history.replaceState(null, "", ctx.viewUrl(compareHash(next)));
+    } catch (e) {
+      window.location.hash = compareHash(next);
+    }
+    renderCompare(container, ctx);
+  };
+  const controls = h("div", {class: "cmp-controls table-tools", style: {"flex-wrap": "wrap", gap: "14px", margin: "0 0 10px"}},
+    sidePicker("base", sel.base, runs, pick),
+    h("button", {type: "button", class: "btn", id: "bn-cmp-swap", title: "Swap baseline and candidate",
+      onclick: () => {
+        try {
+          history.replaceState(null, "", ctx.viewUrl(compareHash({base: sel.cand, cand: sel.base})));
+        } catch (e) { /* keep */ }
+        renderCompare(container, ctx);
+      }}, "⇄ Swap"),
+    sidePicker("cand", sel.cand, runs, pick),
+    h("button", {type: "button", class: "btn", id: "bn-cmp-exit", onclick: () => ctx.onExit && ctx.onExit()}, "Back to single run"));
+  const body = h("div", {class: "cmp-body"});
+  mount(container, h("div", {class: "cmp", id: "bn-compare"}, controls, body));
+  if (!sel.base.run || !sel.cand.run) {
+    renderError(body, {title: "Nothing to compare", message: "Compare mode needs at least one run in the logdir."});
+    return;
+  }
+  loadCompare(body, sel, ac.signal, () => renderCompare(container, ctx, {force: true}));
+}
+
+function normalise(sel, runs) {
+  const names = runs.map((r) => r.run);
+  const out = {};
+  for (const k of SIDES) {
+    const x = sel[k] || {};
+    const run = names.includes(x.run) ? x.run : (k === "base" ? names[0] : names.find((n) => n !== out.base.run) || names[0]) || null;
+    const r = runs.find((y) => y.run === run);
+    const workers = r && Array.isArray(r.workers) ? r.workers : [];
+    const w = workers.find((y) => y.worker === x.worker);
+    const spans = w && Array.isArray(w.spans) ? w.spans : [];
+    out[k] = {run, worker: w ? w.worker : null, span: w && spans.some((sp) => sp.span === x.span) ? x.span : null};
+  }
+  return out;
+}
+
+function sidePicker(side, sel, runs, pick) {
+  const opt = (value, label, selected, title) => h("option", {value, selected: selected || false, title: title || null}, label);
+  const run = runs.find((r) => r.run === sel.run);
+  const runSel = h("select", {id: `bn-cmp-${side}-run`, "aria-label": `${SIDE_NAMES[side]} run`,
+    onchange: () => pick(side, {run: runSel.value, worker: null, span: null})},
+  runs.map((r) => opt(r.run, r.state === "ready" || !r.state ? r.run : `${r.run} (${r.state})`, r.run === sel.run, r.run)));
+  const workers = run && Array.isArray(run.workers) ? run.workers : [];
+  const workerSel = h("select", {id: `bn-cmp-${side}-worker`, "aria-label": `${SIDE_NAMES[side]} worker`,
+    disabled: workers.length <= 1, onchange: () => pick(side, {worker: workerSel.value === ALL ? null : workerSel.value, span: null})},
+  opt(ALL, workers.length > 1 ? "all workers" : (workers[0] ? workers[0].worker : "(none)"), !sel.worker),
+  workers.length > 1 ? workers.map((w) => opt(w.worker, w.worker, w.worker === sel.worker, w.worker)) : null);
+  const w = workers.find((x) => x.worker === sel.worker) || (workers.length === 1 ? workers[0] : null);
+  const spans = w && Array.isArray(w.spans) ? w.spans : [];
+  const spanSel = h("select", {id: `bn-cmp-${side}-span`, "aria-label": `${SIDE_NAMES[side]} span`,
+    disabled: !sel.worker || spans.length <= 1, onchange: () => pick(side, {span: spanSel.value === ALL ? null : spanSel.value})},
+  opt(ALL, spans.length > 1 ? `all ${spans.length} spans` : "whole run", !sel.span),
+  sel.worker && spans.length > 1 ? spans.map((sp, i) => opt(sp.span, `span ${i + 1}`, sp.span === sel.span, [sp.span, sp.file].filter(Boolean).join("\n"))) : null);
+  return h("div", {class: ["cmp-side", `cmp-side-${side}`], style: {display: "flex", gap: "6px", "align-items": "center"}},
+    h("strong", {}, SIDE_NAMES[side]), runSel, workerSel, spanSel);
+}
+
+async function loadCompare(body, sel, signal, retry) {
+  const params = {};
+  for (const k of SIDES) {
+    params[`${k}_run`] = sel[k].run;
+    params[`${k}_worker`] = sel[k].worker;
+    params[`${k}_span`] = sel[k].span;
+  }
+  const loader = renderLoading(body, {title: "Comparing…", detail: "Each side is analysed once and cached; large traces take a while the first time."});
+  const r = await pollJson("compare", params, {signal, onProgress: (p, msg) => loader.set(p, msg)});
+  if (signal.aborted || r.kind === "aborted") return;
+  if (r.kind === "error") {
+    renderError(body, {title: r.status === 404 ? "Not found" : "Could not compare", message: r.message, file: r.file,
+      status: r.status, errors: r.errors, onRetry: retry});
+    return;
+  }
+  if (!r.data || typeof r.data !== "object" || !Array.isArray(r.data.metrics)) {
+    renderError(body, {title: "Unexpected answer from the compare route", message: JSON.stringify(r.data).slice(0, 500), onRetry: retry});
+    return;
+  }
+  try {
+    mount(body, compareView(r.data));
+  } catch (err) {
+    console.error(err); // eslint-disable-line no-console
+    renderError(body, {title: "Could not display this comparison", message: String(err && err.stack ? err.stack : err)});
+  }
+}
+
+// ------------------------------------------------------------ formatting
+
+/** A metric value by the unit the server gives ("us", "%", "bytes", "samples/s", ""). */
+export function fmtValue(v, unit) {
+  if (!isNum(v)) return "n/a";
+  if (unit === "us") return fmtUs(v);
+  if (unit === "%") return fmtPct(v, 1);
+  if (unit === "bytes") return fmtBytes(v);
+  if (unit === "samples/s") return `${fmtNum(v, 1)}/s`;
+  return fmtNum(v, 2);
+}
+
+/** A signed change: "−46.6 pp" for percentages (percentage points), "−334.9 ms", "+2.01 MiB". */
+export function fmtDelta(v, unit) {
+  if (!isNum(v)) return "";
+  const sign = v > 0 ? "+" : v < 0 ? "−" : "±";
+  if (unit === "%") return `${sign}${Math.abs(v).toFixed(1)} pp`;
+  return `${sign}${fmtValue(Math.abs(v), unit)}`;
+}
+
+function fmtRel(v) {
+  return isNum(v) ? `${v > 0 ? "+" : v < 0 ? "−" : "±"}${Math.abs(v).toFixed(1)}%` : "";
+}
+
+function panel(title, {subtitle, cls, id} = {}, ...children) {
+  return h("section", {class: ["panel", cls], id},
+    h("header", {class: "panel-head"}, h("h2", {}, title), subtitle ? h("span", {class: "panel-sub"}, subtitle) : null),
+    h("div", {class: "panel-body"}, ...children));
+}
+
+function sideText(x) {
+  if (!x) return "?";
+  const bits = [x.label || x.run];
+  if (x.worker) bits.push(`worker ${x.worker}`);
+  if (x.span) bits.push(`span ${x.span}`);
+  const steps = isNum(x.steps) ? ` (${fmtNum(x.steps)} steps${isNum(x.spans) && x.spans > 1 ? ` in ${x.spans} spans` : ""})` : "";
+  return `${bits.join(", ")}${steps}`;
+}
+
+// ------------------------------------------------------------ the view
+
+export function compareView(cmp) {
+  const na = cmp.not_available && typeof cmp.not_available === "object" ? cmp.not_available : {};
+  return h("div", {class: "cmp-view"},
+    summary(cmp),
+    panel("Headline numbers", {id: "bn-cmp-metrics", subtitle: "baseline → candidate; the colour says whether the change is an improvement for that metric"},
+      metricCards(cmp.metrics)),
+    stepTimePanel(cmp.step_time, na.step_time),
+    recommendationsPanel(cmp.recommendations || []),
+    diffPanel("Kernel diff", "kernels", cmp.kernels, na.kernels),
+    diffPanel("CPU operator diff", "ops", cmp.ops, na.ops),
+    notAvailablePanel(cmp.metrics, na));
+}
+
+function summary(cmp) {
+  const st = cmp.step_time;
+  const lines = [
+    h("div", {}, h("strong", {}, "Baseline: "), sideText(cmp.base), fileErrNote(cmp.base)),
+    h("div", {}, h("strong", {}, "Candidate: "), sideText(cmp.cand), fileErrNote(cmp.cand)),
+  ];
+  if (st && isNum(st.delta_us)) {
+    const largest = (st.categories || []).find((c) => c.category === st.largest_change);
+    lines.push(h("div", {class: "cmp-headline", style: {"margin-top": "6px", "font-size": "15px"}},
+      "Avg step time ", fmtUs(st.base_avg_step_us), " → ", fmtUs(st.cand_avg_step_us), " ",
+      h("span", {class: VERDICT_CLASS[st.verdict] || null}, `${fmtDelta(st.delta_us, "us")} (${fmtRel(st.rel_pct)})`),
+      largest ? ` — largest change: ${CAT_NAMES[largest.category] || largest.category} ${fmtDelta(largest.delta_us, "us")} per step` : ""));
+  }
+  return h("section", {class: "panel cmp-summary"}, h("div", {class: "panel-body"}, lines));
+}
+
+function fileErrNote(x) {
+  return x && isNum(x.file_errors) && x.file_errors > 0
+    ? h("span", {class: "sev-text-medium"}, ` · ${x.file_errors} file(s) could not be read (see the single-run view)`) : null;
+}
+
+function metricCards(metrics) {
+  const shown = (metrics || []).filter((m) => m && (isNum(m.base) || isNum(m.cand)));
+  if (!shown.length) return h("p", {class: "note"}, "No headline number is available on either side.");
+  return h("div", {class: "cards"}, shown.map((m) => {
+    const cls = VERDICT_CLASS[m.verdict] || "muted";
+    const dir = m.better === "lower" ? "lower is better" : m.better === "higher" ? "higher is better" : "no better/worse direction";
+    return h("div", {class: "card cmp-card", "data-key": m.key, "data-verdict": m.verdict, tabindex: "0"},
+      h("div", {class: "card-label"}, m.label, h("span", {class: "card-sublabel"}, dir)),
+      h("div", {class: "cmp-values", style: {"font-size": "18px", "margin-top": "4px"}},
+        h("span", {class: "cmp-base"}, fmtValue(m.base, m.unit)), " → ",
+        h("span", {class: "cmp-cand", style: {"font-weight": "600"}}, fmtValue(m.cand, m.unit))),
+      h("div", {class: ["card-verdict", "cmp-delta", cls]},
+        isNum(m.delta) ? h("span", {class: "cmp-delta-value"}, fmtDelta(m.delta, m.unit)) : "n/a on one side",
+        isNum(m.rel_pct) && m.unit !== "%" ? ` (${fmtRel(m.rel_pct)})` : "",
+        " ", h("span", {class: "cmp-verdict"}, m.verdict)));
+  }));
+}
+
+// ------------------------------------------------------------ step time waterfall
+
+function stepTimePanel(st, why) {
+  if (!st) return panel("Step-time change by category", {id: "bn-cmp-steptime"}, h("p", {class: "note"}, `n/a: ${why || "not available"}`));
+  const cats = (st.categories || []).filter((c) => c && isNum(c.delta_us));
+  const chart = h("div", {class: "chart-box cmp-waterfall"});
+  responsive(chart, (w) => waterfall(w, st, cats));
+  const moved = cats.filter((c) => c.delta_us !== 0 || c.base_us || c.cand_us);
+  const table = h("table", {class: "grid-table compact cmp-cats"},
+    h("thead", {}, h("tr", {}, ["Category", "Baseline /step", "Candidate /step", "Change /step", "Share of change"]
+      .map((t, i) => h("th", {class: i ? "num" : null}, t)))),
+    h("tbody", {}, moved.map((c) => h("tr", {},
+      h("td", {}, h("span", {class: "swatch", style: {background: catColor(c.category)}}), " ", CAT_NAMES[c.category] || c.category),
+      h("td", {class: "num"}, fmtUs(c.base_us)), h("td", {class: "num"}, fmtUs(c.cand_us)),
+      h("td", {class: ["num", VERDICT_CLASS[c.verdict]]}, fmtDelta(c.delta_us, "us") || "±0"),
+      h("td", {class: "num"}, isNum(c.share_of_change_pct) ? fmtPct(c.share_of_change_pct, 1) : "n/a")))));
+  const residual = isNum(st.residual_us) && st.residual_us !== 0 ? h("p", {class: "note"}, `Rounding residual: ${fmtUs(st.residual_us)}`) : null;
+  return panel("Step-time change by category", {id: "bn-cmp-steptime",
+    subtitle: "average step time of the baseline, each category's change per step, the candidate's average step time"},
+  chart, table, residual);
+}
+
+function waterfall(width, st, cats) {
+  const rows = [{label: "Baseline", kind: "total", from: 0, to: st.base_avg_step_us}];
+  let run = st.base_avg_step_us;
+  const order = CATEGORIES.filter((k) => cats.some((c) => c.category === k && c.delta_us !== 0));
+  for (const k of order) {
+    const c = cats.find((x) => x.category === k);
+    rows.push({label: CAT_NAMES[k] || k, kind: "delta", cat: c, from: run, to: run + c.delta_us});
+    run += c.delta_us;
+  }
+  rows.push({label: "Candidate", kind: "total", from: 0, to: st.cand_avg_step_us});
+  const m = {l: 110, r: 90, t: 8, b: 26};
+  const rowH = 26;
+  const height = m.t + m.b + rows.length * rowH;
+  const pw = Math.max(10, width - m.l - m.r);
+  const maxV = Math.max(...rows.map((r) => Math.max(r.from, r.to)), 1);
+  const minV = Math.min(0, ...rows.map((r) => Math.min(r.from, r.to)));
+  const ticks = niceTicks(minV, maxV, 5);
+  const lo = ticks[0];
+  const hi = ticks[ticks.length - 1];
+  const x = (v) => m.l + ((v - lo) / (hi - lo || 1)) * pw;
+  const svg = s("svg", {width, height, viewBox: `0 0 ${width} ${height}`, class: "chart", role: "img",
+    "aria-label": `Waterfall of the step-time change: ${fmtUs(st.base_avg_step_us)} to ${fmtUs(st.cand_avg_step_us)}`});
+  const axis = s("g", {class: "axis"});
+  for (const t of ticks) {
+    axis.appendChild(s("line", {x1: x(t), x2: x(t), y1: m.t, y2: height - m.b, class: "grid"}));
+    axis.appendChild(s("text", {x: x(t), y: height - m.b + 16, class: "axis-label", "text-anchor": "middle"}, fmtUsTick(t)));
+  }
+  svg.appendChild(axis);
+  rows.forEach((r, i) => {
+    const y = m.t + i * rowH;
+    const x0 = x(Math.min(r.from, r.to));
+    const x1 = x(Math.max(r.from, r.to));
+    const fill = r.kind === "total" ? "var(--c-accent)"
+      : r.cat.verdict === "better" ? "var(--green)" : r.cat.verdict === "worse" ? "var(--red)" : "var(--muted)";
+    svg.appendChild(s("text", {x: m.l - 8, y: y + rowH / 2 + 4, class: "axis-label", "text-anchor": "end"}, r.label));
+    const bar = s("rect", {x: x0, y: y + 4, width: Math.max(1.5, x1 - x0), height: rowH - 8, fill, rx: 2,
+      class: ["cmp-wf-bar", r.kind === "delta" ? `cmp-wf-${r.cat.category}` : "cmp-wf-total"].join(" ")});
+    const tipLines = r.kind === "total"
+      ? [{text: r.label, bold: true}, `avg step time ${fmtUs(r.to)}`]
+      : [{text: r.label, bold: true, color: catColor(r.cat.category)}, `${fmtUs(r.cat.base_us)} → ${fmtUs(r.cat.cand_us)} per step`,
+        `change ${fmtDelta(r.cat.delta_us, "us")}${isNum(r.cat.share_of_change_pct) ? ` (${fmtPct(r.cat.share_of_change_pct, 1)} of the change)` : ""}`];
+    svg.appendChild(withTooltip(bar, tipLines));
+    if (r.kind === "delta") {
+      svg.appendChild(s("rect", {x: m.l - 104, y: y + 9, width: 8, height: 8, fill: catColor(r.cat.category)}));
+      if (i + 1 < rows.length) {
+        const yy = y + rowH - 4;
+        svg.appendChild(s("line", {x1: x(r.to), x2: x(r.to), y1: yy, y2: yy + 8, class: "grid", "stroke-dasharray": "2 2"}));
+      }
+    }
+    svg.appendChild(s("text", {x: x1 + 6, y: y + rowH / 2 + 4, class: "axis-label", "text-anchor": "start"},
+      r.kind === "total" ? fmtUs(r.to) : fmtDelta(r.cat.delta_us, "us")));
+  });
+  return svg;
+}
+
+// ------------------------------------------------------------ recommendations
+
+function recommendationsPanel(recs) {
+  const moved = recs.filter((r) => r && r.status !== "unchanged");
+  const same = recs.filter((r) => r && r.status === "unchanged");
+  const item = (r) => h("div", {class: ["rec", "cmp-rec", REC_STATUS_CLASS[r.status]], "data-rule": r.rule, "data-status": r.status},
+    h("div", {class: "rec-head"},
+      h("span", {class: ["badge", REC_STATUS_CLASS[r.status]]}, r.status),
+      " ", h("strong", {}, String(r.title ?? r.rule)),
+      h("span", {class: "muted"}, ` · severity ${r.base_severity || "—"} → ${r.cand_severity || "—"}`)),
+    r.status !== "resolved" && r.action ? h("div", {class: "rec-action"}, String(r.action)) : null);
+  return panel("Recommendations", {id: "bn-cmp-recs", subtitle: "resolved, new and changed between baseline and candidate"},
+    moved.length ? moved.map(item) : h("p", {class: "note"}, recs.length ? "No recommendation appeared, disappeared or changed severity." : "Neither side has a recommendation."),
+    same.length ? h("details", {}, h("summary", {}, `${same.length} unchanged`), same.map(item)) : null);
+}
+
+// ------------------------------------------------------------ diff tables
+
+const DIFF_COLS = {
+  kernels: [
+    {key: "name", label: "Kernel", text: true},
+    {key: "status", label: "Status", text: true},
+    {key: "base_total_us_per_step", label: "Baseline /step", fmt: fmtUs},
+    {key: "cand_total_us_per_step", label: "Candidate /step", fmt: fmtUs},
+    {key: "delta_total_us_per_step", label: "Change /step", fmt: (v) => fmtDelta(v, "us"), delta: true},
+    {key: "base_calls_per_step", label: "Calls /step (base)", fmt: (v) => fmtNum(v, 2)},
+    {key: "cand_calls_per_step", label: "Calls /step (cand)", fmt: (v) => fmtNum(v, 2)},
+  ],
+  ops: [
+    {key: "name", label: "Operator", text: true},
+    {key: "status", label: "Status", text: true},
+    {key: "base_self_us_per_step", label: "Self /step (base)", fmt: fmtUs},
+    {key: "cand_self_us_per_step", label: "Self /step (cand)", fmt: fmtUs},
+    {key: "delta_self_us_per_step", label: "Self change", fmt: (v) => fmtDelta(v, "us"), delta: true},
+    {key: "base_total_us_per_step", label: "Total /step (base)", fmt: fmtUs},
+    {key: "cand_total_us_per_step", label: "Total /step (cand)", fmt: fmtUs},
+    {key: "delta_total_us_per_step", label: "Total change", fmt: (v) => fmtDelta(v, "us"), delta: true},
+    {key: "base_calls_per_step", label: "Calls (base)", fmt: (v) => fmtNum(v, 2)},
+    {key: "cand_calls_per_step", label: "Calls (cand)", fmt: (v) => fmtNum(v, 2)},
+  ],
+};
+const DEFAULT_SORT = {kernels: "delta_total_us_per_step", ops: "delta_self_us_per_step"};
+
+function diffPanel(title, kind, table, why) {
+  const id = `bn-cmp-${kind}`;
+  if (!table) return panel(title, {id}, h("p", {class: "note"}, `n/a: ${why || "not available"}`));
+  const rows = Array.isArray(table.rows) ? table.rows.filter((r) => r && typeof r === "object") : [];
+  const sub = `${fmtNum(table.new)} new · ${fmtNum(table.vanished)} vanished · ${fmtNum(table.changed)} changed`
+    + (table.unknown ? ` · ${fmtNum(table.unknown)} unknown (a side's table was truncated)` : "");
+  if (!rows.length) {
+    return panel(title, {id, subtitle: sub}, h("p", {class: "note"},
+      kind === "kernels" ? "Neither side ran a GPU kernel (CPU-only traces)." : "Neither side has CPU operators."));
+  }
+  const cols = DIFF_COLS[kind];
+  const state = {sortKey: DEFAULT_SORT[kind], dir: -1, abs: true, filter: ""};
+  const filterBox = h("input", {type: "search", class: "filter", placeholder: `Filter by name or status…`, "aria-label": `Filter ${title} by name`});
+  const count = h("span", {class: "muted count"});
+  const thead = h("thead");
+  const tbody = h("tbody");
+  const tableEl = h("table", {class: ["grid-table", "cmp-diff", `cmp-diff-${kind}`]}, thead, tbody);
+
+  function drawHead() {
+    mount(thead, h("tr", {}, cols.map((c) => {
+      const active = state.sortKey === c.key;
+      const ind = active ? (state.abs ? " ▼|Δ|" : state.dir > 0 ? " ▲" : " ▼") : "";
+      return h("th", {class: [c.text ? null : "num", "sortable", active ? "sorted" : null], tabindex: "0", "data-col": c.key,
+        "aria-sort": active && !state.abs ? (state.dir > 0 ? "ascending" : "descending") : "none",
+        onclick: () => sortBy(c), onkeydown: (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); sortBy(c); } }},
+      c.label, h("span", {class: "sort-ind"}, ind));
+    })));
+  }
+  function sortBy(c) {
+    if (state.sortKey === c.key) {
+      // numeric columns: descending, ascending, (deltas) by size of the change
+      if (c.delta && !state.abs && state.dir > 0) state.abs = true;
+      else { state.dir = state.abs ? -1 : -state.dir; state.abs = false; }
+    } else {
+      state.sortKey = c.key; state.dir = c.text ? 1 : -1; state.abs = false;
+    }
+    drawHead();
+    drawBody();
+  }
+  function drawBody() {
+    const f = state.filter.trim().toLowerCase();
+    const col = cols.find((c) => c.key === state.sortKey) || cols[0];
+    const shownRows = rows.filter((r) => !f || String(r.name ?? "").toLowerCase().includes(f) || String(r.status ?? "") === f
+      || (Array.isArray(r.raw_names) && r.raw_names.some((n) => String(n).toLowerCase().includes(f))));
+    shownRows.sort((a, b) => {
+      const va = a[col.key];
+      const vb = b[col.key];
+      if (col.text) return state.dir * String(va ?? "").localeCompare(String(vb ?? ""));
+      const na = isNum(va) ? (state.abs ? Math.abs(va) : va) : -Infinity;
+      const nb = isNum(vb) ? (state.abs ? Math.abs(vb) : vb) : -Infinity;
+      return (state.abs ? -1 : state.dir) * (na - nb);
+    });
+    const shown = shownRows.slice(0, TABLE_LIMIT);
+    mount(tbody, shown.map((r) => h("tr", {"data-status": r.status}, cols.map((c) => {
+      if (c.key === "name") {
+        const full = String(r.name ?? "");
+        const raw = Array.isArray(r.raw_names) ? r.raw_names.map(String) : [];
+        const title = [full, ...raw.filter((n) => n !== full).map((n) => `as: ${n}`)].join("\n");
+        return h("td", {class: "kname cmp-name", title}, kind === "kernels" ? shortenKernelName(full) : full,
+          kind === "ops" && r.top_level ? h("span", {class: "badge", title: "top-level operator (called by the step itself)"}, "top") : null);
+      }
+      if (c.key === "status") {
+        const cls = r.status === "new" || r.status === "vanished" ? "badge" : "muted";
+        return h("td", {}, h("span", {class: cls}, String(r.status ?? "")));
+      }
+      const v = r[c.key];
+      // a delta's colour: lower time per step is better (METRICS.md §11: every table field is a cost)
+      const vcls = c.delta && isNum(v) && v !== 0 ? (v < 0 ? "sev-text-ok" : "sev-text-high") : null;
+      return h("td", {class: ["num", vcls]}, isNum(v) ? c.fmt(v) : "n/a");
+    }))));
+    if (!shown.length) tbody.appendChild(h("tr", {}, h("td", {colspan: String(cols.length), class: "empty-row"}, "No row matches the filter.")));
+    count.textContent = shownRows.length > TABLE_LIMIT
+      ? `showing ${TABLE_LIMIT} of ${shownRows.length} matching (${rows.length} total); refine the filter`
+      : `${shownRows.length} of ${rows.length}`;
+  }
+  filterBox.addEventListener("input", () => { state.filter = filterBox.value; drawBody(); });
+  drawHead();
+  drawBody();
+  return panel(title, {id, subtitle: sub},
+    h("div", {class: "table-tools"}, filterBox, count),
+    h("div", {class: "table-scroll"}, tableEl));
+}
+
+// ------------------------------------------------------------ not available
+
+function notAvailablePanel(metrics, na) {
+  const items = [];
+  for (const m of metrics || []) {
+    const b = na[`metrics.${m.key}.base`];
+    const c = na[`metrics.${m.key}.cand`];
+    if (!b && !c) continue;
+    if (b && c && b === c) items.push([m.label, `both: ${b}`]);
+    else {
+      if (b) items.push([m.label, `baseline: ${b}`]);
+      if (c) items.push([m.label, `candidate: ${c}`]);
+    }
+  }
+  if (!items.length) return null;
+  return panel("Not available", {id: "bn-cmp-na"},
+    h("ul", {class: "na-list"}, items.map(([label, why]) => h("li", {}, h("strong", {}, label), ": ", why))));
+}
+

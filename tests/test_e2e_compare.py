@@ -1,0 +1,228 @@
+"""End to end, Compare mode: a real `tensorboard --logdir` (the demo pair input_bound_nw0 /
+input_fixed_nw4, plus two small traces whose kernel and operator carry HTML-looking names)
+and a real headless Chromium (Debian's, driven by Playwright).
+
+Checks that the shareable hash URL opens the comparison; that the Input-bound card shows
+the compare route's baseline, candidate and delta (formatted as compare.js formats them)
+and is marked "better"; that the step-time waterfall draws SVG marks; that the diff tables
+have rows, sort on a header click and filter; that the input_bound recommendation is listed
+as resolved; that the Compare toggle inside TensorBoard's iframe reaches the same view;
+and that trace names stay text. The route's body is validated against docs/route-schema.json.
+Screenshots go to test-artifacts/ (git-ignored).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+from pathlib import Path
+
+import pytest
+
+from test_e2e_browser import CHROMIUM, Watched, _browser_or_skip, _free_port, _get
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO = REPO / "demo_logs"
+ARTIFACTS = REPO / "test-artifacts"
+SCHEMA = json.loads((REPO / "docs" / "route-schema.json").read_text())
+BASE_RUN, CAND_RUN = "input_bound_nw0", "input_fixed_nw4"
+XSS_KERNEL = "<img src=x onerror=alert(1)>"
+XSS_OP = "<b id=injected>op</b>"
+
+
+def _xss_trace(path: Path, kernel_dur: int):
+    """Three steps; one kernel and one CPU operator, both named like HTML."""
+    events = []
+    for step in range(3):
+        t0 = 1000 + step * 1000
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1,
+                       "ts": t0, "dur": 900})
+        events.append({"ph": "X", "cat": "cpu_op", "name": XSS_OP, "pid": 1, "tid": 1, "ts": t0 + 50, "dur": 200})
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                       "ts": t0 + 100, "dur": 10, "args": {"correlation": step + 1}})
+        events.append({"ph": "X", "cat": "kernel", "name": XSS_KERNEL, "pid": 0, "tid": 7, "ts": t0 + 120,
+                       "dur": kernel_dur, "args": {"device": 0, "stream": 7, "correlation": step + 1,
+                                                   "grid": [1, 1, 1], "block": [128, 1, 1]}})
+    path.write_text(json.dumps({"schemaVersion": 1, "deviceProperties": [], "traceEvents": events}))
+
+
+@pytest.fixture(scope="module")
+def tensorboard(tmp_path_factory):
+    _browser_or_skip()
+    logdir = tmp_path_factory.mktemp("logdir")
+    for run in (BASE_RUN, CAND_RUN):
+        shutil.copytree(DEMO / run, logdir / run)
+    for run, dur in (("xss_a", 500), ("xss_b", 300)):
+        (logdir / run).mkdir()
+        _xss_trace(logdir / run / "worker0.1700000000000.pt.trace.json", dur)
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1",
+         "--port", str(port), "--bottlenecks_cache_dir", "none"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 90
+        while True:
+            try:
+                _get(base + "/data/plugins_listing")
+                break
+            except (urllib.error.URLError, ConnectionError):
+                if time.time() > deadline or proc.poll() is not None:
+                    raise RuntimeError("tensorboard did not start: " + proc.stderr.read(4000).decode())
+                time.sleep(0.3)
+        yield base
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def _compare(base, base_run, cand_run):
+    """The compare route's 200 body (after any 202 while the sides load), schema-checked."""
+    import jsonschema
+
+    url = f"{base}/data/plugin/bottlenecks/compare?base_run={base_run}&cand_run={cand_run}"
+    deadline = time.time() + 120
+    while True:
+        status, body = _get(url)
+        if status == 200:
+            break
+        assert status == 202, status
+        validator(jsonschema, "loading").validate(json.loads(body))
+        assert time.time() < deadline, "compare route kept answering 202"
+        time.sleep(0.5)
+    data = json.loads(body)
+    assert SCHEMA["x-routes"]["compare"]["200"] == "compare"
+    errors = list(validator(jsonschema, "compare").iter_errors(data))
+    assert not errors, [f"{'/'.join(map(str, e.path))}: {e.message[:200]}" for e in errors[:8]]
+    return data
+
+
+def validator(jsonschema, name):
+    return jsonschema.Draft202012Validator({"$schema": SCHEMA["$schema"], "$defs": SCHEMA["$defs"],
+                                            "$ref": f"#/$defs/{name}"})
+
+
+@pytest.fixture(scope="module")
+def browser():
+    _browser_or_skip()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run", "--disable-quic"])
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def _pct(v):  # format.js fmtPct(v, 1)
+    return f"{v:.1f}%"
+
+
+def _pp_delta(v):  # compare.js fmtDelta(v, "%")
+    return ("+" if v > 0 else "\u2212" if v < 0 else "\u00b1") + f"{abs(v):.1f} pp"
+
+
+CARD_JS = """(key) => { const c = document.querySelector(`.cmp-card[data-key="${key}"]`); if (!c) return null;
+  return {base: c.querySelector('.cmp-base').textContent, cand: c.querySelector('.cmp-cand').textContent,
+          delta: (c.querySelector('.cmp-delta-value') || {}).textContent || '',
+          verdict: c.getAttribute('data-verdict'), deltaClass: c.querySelector('.cmp-delta').className}; }"""
+
+MARKS_JS = """(sel) => { let n = 0; for (const el of document.querySelectorAll(sel + ' svg rect')) {
+  const b = el.getBBox(); if (b.width > 0 && b.height > 0) n++; } return n; }"""
+
+
+def test_shared_link_shows_the_demo_comparison(tensorboard, browser):
+    base = tensorboard
+    cmp = _compare(base, BASE_RUN, CAND_RUN)
+    ib = next(m for m in cmp["metrics"] if m["key"] == "input_bound_pct")
+    assert ib["better"] == "lower" and ib["verdict"] == "better" and ib["delta"] < 0
+    ARTIFACTS.mkdir(exist_ok=True)
+    w = Watched(browser, base)
+    page = w.page
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.goto(f"{base}/data/plugin_entry.html?name=bottlenecks#compare=1&base={BASE_RUN}&cand={CAND_RUN}",
+              wait_until="domcontentloaded")
+    page.locator(".cmp-card").first.wait_for(timeout=60_000)
+    page.wait_for_function("() => document.querySelector('.cmp-waterfall svg')", timeout=20_000)
+    assert page.locator("#bn-cmp-base-run").input_value() == BASE_RUN
+    assert page.locator("#bn-cmp-cand-run").input_value() == CAND_RUN
+
+    card = page.evaluate(CARD_JS, "input_bound_pct")
+    assert card["base"] == _pct(ib["base"]) and card["cand"] == _pct(ib["cand"]), (card, ib)
+    assert card["delta"] == _pp_delta(ib["delta"]), (card, ib)
+    assert card["verdict"] == "better" and "sev-text-ok" in card["deltaClass"], card
+    # a metric that got worse is coloured as such (peak CPU memory grows by 2 MiB in this pair)
+    for m in cmp["metrics"]:
+        if m["verdict"] == "worse":
+            assert "sev-text-high" in page.evaluate(CARD_JS, m["key"])["deltaClass"], m
+    # the headline line: step time and its largest cause
+    head = page.locator(".cmp-headline").text_content()
+    assert cmp["step_time"]["largest_change"] == "dataloader" and "largest change: DataLoader" in head, head
+
+    # waterfall: baseline, the categories that moved, candidate -> one bar each
+    moved = [c for c in cmp["step_time"]["categories"] if c["delta_us"] != 0]
+    assert page.evaluate(MARKS_JS, ".cmp-waterfall") >= len(moved) + 2
+    assert page.locator(".cmp-waterfall rect.cmp-wf-dataloader").count() == 1
+
+    # operator diff: rows, sorted by size of the change; the DataLoader row first
+    ops = page.locator("table.cmp-diff-ops tbody tr")
+    assert ops.count() == min(len(cmp["ops"]["rows"]), 200) > 5
+    assert ops.first.locator("td.cmp-name").text_content().startswith("enumerate(DataLoader)#<iterator>.__next__")
+    # click a header: sorted by that column (names ascending)
+    page.locator("table.cmp-diff-ops th[data-col=name]").click()
+    names = page.eval_on_selector_all("table.cmp-diff-ops tbody td.cmp-name", "els => els.map(e => e.firstChild.textContent)")
+    assert names == sorted(names, key=lambda s: s.lower()) or names[0] <= names[-1], names[:5]
+    # filter
+    page.locator("#bn-cmp-ops input.filter").fill("convolution_backward")
+    assert ops.count() >= 1 and all("convolution_backward" in t for t in
+                                    page.eval_on_selector_all("table.cmp-diff-ops tbody td.cmp-name",
+                                                              "els => els.map(e => e.textContent)"))
+    # kernels: CPU-only pair, the panel says so rather than showing an empty table
+    assert "CPU-only" in page.locator("#bn-cmp-kernels").text_content()
+
+    # recommendations: input_bound resolved
+    rec = page.locator('.cmp-rec[data-rule="input_bound"]')
+    assert rec.get_attribute("data-status") == "resolved"
+    assert "resolved" in rec.locator(".badge").text_content()
+    page.screenshot(path=str(ARTIFACTS / "bottlenecks_compare_demo.png"), full_page=True)
+    page.close()
+    w.check_clean()
+
+
+def test_compare_toggle_inside_tensorboard_and_names_stay_text(tensorboard, browser):
+    base = tensorboard
+    cmp = _compare(base, "xss_a", "xss_b")
+    # the kernel is matched by its normalised name (template-like <...> collapsed), the raw name kept
+    krow = next(r for r in cmp["kernels"]["rows"] if XSS_KERNEL in r["raw_names"])
+    assert krow["status"] == "changed" and krow["delta_total_us_per_step"] == pytest.approx(-200)
+    w = Watched(browser, base)
+    page = w.page
+    page.goto(base + "/#bottlenecks", wait_until="domcontentloaded")
+    frame = page.frame_locator("iframe")
+    frame.locator("#bn-compare-toggle").wait_for(timeout=60_000)
+    frame.locator("#bn-compare-toggle").click()
+    frame.locator("#bn-cmp-base-run").select_option("xss_a")
+    frame.locator("#bn-cmp-cand-run").select_option("xss_b")
+    iframe = next(f for f in page.frames if "plugin" in f.url)
+    iframe.wait_for_function("() => document.querySelector('table.cmp-diff-kernels tbody td.cmp-name')", timeout=60_000)
+    assert "compare=1" in iframe.url and "base=xss_a" in iframe.url and "cand=xss_b" in iframe.url, iframe.url
+    kname = iframe.eval_on_selector("table.cmp-diff-kernels tbody td.cmp-name", "e => [e.textContent, e.title]")
+    assert XSS_KERNEL in kname[0] + kname[1], kname
+    assert iframe.evaluate("(name) => [...document.querySelectorAll('table.cmp-diff-ops td.cmp-name')]"
+                           ".some(e => e.textContent.includes(name))", XSS_OP)
+    assert iframe.evaluate("document.querySelectorAll('img[src=\"x\"], #injected').length") == 0
+    # the kernel's change per step as the route says (fmtUs: -200 µs)
+    delta = iframe.eval_on_selector("table.cmp-diff-kernels tbody tr td.num:nth-of-type(5)", "e => e.textContent")
+    assert delta == "\u2212200 µs", delta
+    # back to a single run
+    frame.locator("#bn-compare-toggle").click()
+    frame.locator("#bn-run").wait_for(state="visible", timeout=20_000)
+    page.close()
+    w.check_clean()
