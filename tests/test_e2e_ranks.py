@@ -1,0 +1,318 @@
+"""End to end: the Ranks panel (frontend/ranks.js) of a distributed run in a real
+`tensorboard --logdir` and a real headless Chromium (Debian's, driven by Playwright).
+
+- ddp_straggler_2rank (rank 1 slow by construction): the panel names rank 1 at the top with
+  the route's recommendation title and its cause; the stacked bars draw marks; the rank
+  table has two rows whose every cell is the route's number as formatted; the heatmap
+  canvas has painted pixels; clicking a rank row opens that worker's report; headers sort.
+- ddp_balanced_2rank: not flagged.  input_bound_nw0 (one worker): no Ranks panel, no error.
+- The ranks route's real answers follow docs/route-schema.json.
+- A synthetic 1,024-rank view (the real answer tiled, route intercepted): the render time
+  is printed (not asserted: the machine is shared).
+Screenshots go to test-artifacts/ (git-ignored).
+"""
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from test_e2e_browser import CHROMIUM, _browser_or_skip
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO = REPO / "demo_logs"
+ARTIFACTS = REPO / "test-artifacts"
+STRAGGLER, BALANCED, SINGLE = "ddp_straggler_2rank", "ddp_balanced_2rank", "input_bound_nw0"
+SCHEMA = json.loads((REPO / "docs" / "route-schema.json").read_text())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def tensorboard(tmp_path_factory):
+    _browser_or_skip()
+    logdir = tmp_path_factory.mktemp("logdir")
+    for name in (STRAGGLER, BALANCED, SINGLE):
+        shutil.copytree(DEMO / name, logdir / name)  # copies: symlinks leaving the logdir are skipped
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1",
+         "--port", str(port), "--bottlenecks_cache_dir", "none"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 90
+        while True:
+            try:
+                urllib.request.urlopen(base + "/data/plugins_listing", timeout=5).read()
+                break
+            except (urllib.error.URLError, ConnectionError):
+                if time.time() > deadline or proc.poll() is not None:
+                    raise RuntimeError("tensorboard did not start: " + proc.stderr.read(4000).decode())
+                time.sleep(0.3)
+        yield base
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def _ranks(base, run):
+    """The ranks route's 200 answer (202 while the spans load), checked against the schema."""
+    import jsonschema
+
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(f"{base}/data/plugin/bottlenecks/ranks?run={run}", timeout=10) as r:
+                status, body = r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            status, body = e.code, json.loads(e.read())
+        name = SCHEMA["x-routes"]["ranks"][str(status)]
+        validator = jsonschema.Draft202012Validator(
+            {"$schema": SCHEMA["$schema"], "$defs": SCHEMA["$defs"], "$ref": f"#/$defs/{name}"})
+        errors = [f"{'/'.join(map(str, e.path))}: {e.message[:200]}" for e in validator.iter_errors(body)]
+        assert not errors, (run, status, errors)
+        if status == 200:
+            return body
+        assert status == 202, (run, status, body)
+        time.sleep(0.5)
+    raise TimeoutError(run)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    _browser_or_skip()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run", "--disable-quic"])
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+# ---------------------------------------------------------------- the dashboard's formatting (format.js)
+
+def fmt_pct(v):
+    return "n/a" if v is None else f"{v:.1f}%"
+
+
+def fmt_us(us):
+    if us is None:
+        return "n/a"
+    a = abs(us)
+    if a >= 1e6:
+        return f"{us / 1e6:.2f} s"
+    if a >= 1e3:
+        return f"{us / 1e3:.1f} ms"
+    return f"{us:.0f} µs" if a >= 100 or float(us).is_integer() else f"{us:.1f} µs"
+
+
+def fmt_count(n):
+    return "n/a" if n is None else f"{n:,}"
+
+
+EXPECTED_COLS = [("rank", str), ("worker", str), ("steps", fmt_count), ("avg_step_us", fmt_us),
+                 ("compute_only_pct", fmt_pct), ("overlapped_pct", fmt_pct), ("exposed_comm_pct", fmt_pct),
+                 ("other_pct", fmt_pct), ("input_bound_pct", fmt_pct), ("gpu_utilization_pct", fmt_pct),
+                 ("straggler_steps", fmt_count), ("wait_us", fmt_us), ("transfer_us", fmt_us)]
+
+PANEL_JS = """() => {
+  const sec = document.querySelector('#bn-ranks');
+  if (!sec) return null;
+  let marks = 0;
+  for (const el of sec.querySelectorAll('.ranks-bars svg rect')) {
+    const b = el.getBBox();
+    if (b.width > 0 && b.height > 0) marks++;
+  }
+  const cv = sec.querySelector('canvas.heatmap');
+  let painted = 0;
+  if (cv) {
+    const d = cv.getContext('2d').getImageData(0, 0, cv.width, cv.height).data;
+    for (let i = 3; i < d.length; i += 4) if (d[i] > 0) painted++;
+  }
+  const first = sec.querySelector('.panel-body > .ranks-rec');
+  return {
+    top: first ? {cls: first.className, title: (first.querySelector('.rec-title') || {}).textContent,
+                  text: first.textContent} : null,
+    marks, painted,
+    cells: cv ? Number(cv.getAttribute('data-cells')) : 0,
+    rows: [...sec.querySelectorAll('table.rank-table tbody tr')].map(tr => [...tr.children].map(td => td.textContent)),
+    heads: [...sec.querySelectorAll('table.rank-table thead th')].map(th => th.getAttribute('data-key')),
+    colls: [...sec.querySelectorAll('table.collectives-table tbody tr')].map(tr => [...tr.children].map(td => td.textContent)),
+  };
+}"""
+
+
+def _open(browser, base, errors):
+    page = browser.new_page(viewport={"width": 1280, "height": 1500})
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(base + "/#bottlenecks", wait_until="domcontentloaded")
+    frame = page.frame_locator("iframe")
+    frame.locator("#bn-run").wait_for(timeout=60_000)
+    return page, frame
+
+
+def _iframe(page):
+    return next(f for f in page.frames if "plugin" in f.url)
+
+
+def test_straggler_pair_in_the_ranks_panel(tensorboard, browser):
+    base = tensorboard
+    view = _ranks(base, STRAGGLER)
+    balanced = _ranks(base, BALANCED)
+    single = _ranks(base, SINGLE)
+    assert view["flagged"] and view["recommendation"]["rank"] == 1  # the injected straggler
+    assert not balanced["flagged"] and not single["available"]
+    ARTIFACTS.mkdir(exist_ok=True)
+    errors = []
+    page, frame = _open(browser, base, errors)
+    frame.locator("#bn-run").select_option(STRAGGLER)
+    iframe = _iframe(page)
+    iframe.wait_for_function("() => document.querySelector('#bn-ranks canvas.heatmap') && "
+                             "document.querySelector('#bn-ranks .ranks-bars svg')", timeout=60_000)
+    got = iframe.evaluate(PANEL_JS)
+    # rank 1 named at the top, with its cause
+    rec = view["recommendation"]
+    assert got["top"]["title"] == rec["title"] and "rank 1" in got["top"]["title"], got["top"]
+    assert "sev-" + rec["severity"] in got["top"]["cls"]
+    assert rec["cause"] and rec["cause"]["title"] in got["top"]["text"]
+    assert rec["action"] in got["top"]["text"]
+    # bars: 2 ranks x up to 4 parts drawn (rank 0's overlapped part is tiny but drawn)
+    assert got["marks"] >= 2 * 3, got["marks"]
+    # heatmap: every (rank, step) cell painted
+    assert got["cells"] == sum(len(r["per_step"]["step_us"]) for r in view["ranks"]) == 12
+    assert got["painted"] > 1000, got["painted"]
+    # the table: 2 rows, every cell the route's number as formatted
+    assert got["heads"] == [k for k, _ in EXPECTED_COLS]
+    expected = [[f(r[k]) for k, f in EXPECTED_COLS] for r in view["ranks"]]
+    assert got["rows"] == expected, (got["rows"], expected)
+    assert got["colls"] == [[c["kind"], fmt_count(c["calls"]), fmt_count(c["matched_calls"]),
+                             f"{c['bytes'] / 2**20:.2f} MiB", fmt_us(c["total_us"]), fmt_us(c["transfer_us"]),
+                             fmt_us(c["wait_us"])] for c in view["collectives"]]
+    page.screenshot(path=str(ARTIFACTS / f"ranks_{STRAGGLER}.png"), full_page=True)
+
+    # sorting: Avg step descending puts the slower-stepping rank first; again: ascending
+    by_step = sorted(view["ranks"], key=lambda r: -r["avg_step_us"])
+    iframe.click("#bn-ranks th[data-key=avg_step_us]")
+    assert [r[0] for r in iframe.evaluate(PANEL_JS)["rows"]] == [str(r["rank"]) for r in by_step]
+    iframe.click("#bn-ranks th[data-key=avg_step_us]")
+    assert [r[0] for r in iframe.evaluate(PANEL_JS)["rows"]] == [str(r["rank"]) for r in by_step[::-1]]
+
+    # clicking a rank row opens that worker's report (worker in the selector and the URL hash)
+    iframe.click("#bn-ranks tr.rank-row[data-worker=rank1]")
+    iframe.wait_for_function("() => document.querySelector('#bn-worker').value === 'rank1' && "
+                             "location.hash.includes('worker=rank1')", timeout=30_000)
+    iframe.wait_for_function("() => document.querySelector('#bn-ranks tr.rank-row.selected[data-worker=rank1]')",
+                             timeout=60_000)
+
+    # the balanced twin: panel shown, nothing flagged
+    frame.locator("#bn-run").select_option(BALANCED)
+    iframe.wait_for_function("() => document.querySelector('#bn-ranks canvas.heatmap') && "
+                             "!document.querySelector('#bn-ranks .ranks-rec.sev-high, #bn-ranks .ranks-rec.sev-medium')"
+                             " && document.querySelector('#bn-run').value === '%s'" % BALANCED, timeout=60_000)
+    got = iframe.evaluate(PANEL_JS)
+    assert "sev-ok" in got["top"]["cls"] and got["top"]["title"].startswith("No rank holds the others back"), got["top"]
+    assert "(worker rank" not in got["top"]["text"], got["top"]  # no recommendation naming a rank
+    assert len(got["rows"]) == 2
+    page.screenshot(path=str(ARTIFACTS / f"ranks_{BALANCED}.png"), full_page=True)
+
+    # one worker: no Ranks panel and no error
+    frame.locator("#bn-run").select_option(SINGLE)
+    frame.locator(".card").first.wait_for(timeout=60_000)
+    time.sleep(1.0)  # a late panel would have had time to appear
+    assert iframe.evaluate("() => !document.querySelector('#bn-ranks, #bn-ranks-slot')")
+    assert iframe.evaluate("() => !document.querySelector('.banner-warn, .banner-error')")
+    page.close()
+    assert not errors, errors
+
+
+def synthetic_view(view: dict, n: int) -> dict:
+    """The real straggler answer tiled to n ranks (deterministic per-rank jitter of the step
+    times; the last rank slow), the shape the route answers for an n-rank run."""
+    out = copy.deepcopy(view)
+    base_rows = view["ranks"]
+    rows = []
+    for i in range(n):
+        r = copy.deepcopy(base_rows[i % len(base_rows)])
+        f = 1.0 + 0.05 * (((i * 7919) % 101) / 100.0 - 0.5) + (0.3 if i == n - 1 else 0.0)
+        r.update(rank=i, worker=f"rank{i}", straggler_steps=6 if i == n - 1 else 0)
+        for k in ("step_us", "avg_step_us", "compute_only_us"):
+            r[k] = r[k] * f
+        r["per_step"]["step_us"] = [v * f for v in r["per_step"]["step_us"]]
+        rows.append(r)
+    out.update(ranks=rows, rank_count=n, world_size=n)
+    out["straggler"] = dict(view["straggler"], rank=n - 1, worker=f"rank{n - 1}")
+    out["recommendation"] = dict(view["recommendation"], rank=n - 1, worker=f"rank{n - 1}",
+                                 title=view["recommendation"]["title"].replace("rank 1 (worker rank1)",
+                                                                               f"rank {n - 1} (worker rank{n - 1})"))
+    return out
+
+
+RENDER_JS = """async (view) => {
+  const m = await import(new URL('./static/ranks.js', document.baseURI).href);
+  const t0 = performance.now();
+  const host = document.createElement('div');
+  host.style.width = '1200px';
+  document.body.appendChild(host);
+  host.appendChild(m.renderRanksPanel(view, {onPick: () => {}}));
+  await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
+  const cv = host.querySelector('canvas.heatmap');
+  const ms = performance.now() - t0;
+  const out = {ms, rows: cv ? Number(cv.dataset.rows) : 0, cells: cv ? Number(cv.dataset.cells) : 0,
+               bars: host.querySelectorAll('.ranks-bars svg g.bar').length,
+               tableRows: host.querySelectorAll('table.rank-table tbody tr').length,
+               elements: host.querySelectorAll('*').length};
+  host.remove();
+  return out;
+}"""
+
+
+def test_ranks_panel_render_time_at_1024_ranks(tensorboard, browser):
+    """1,024 ranks x 6 steps: one canvas (rows grouped), at most 100 bars, 100 table rows
+    until "Show all". Prints the render time in the page and through the intercepted route."""
+    base = tensorboard
+    view = synthetic_view(_ranks(base, STRAGGLER), 1024)
+    body = json.dumps(view)
+    errors = []
+    page, frame = _open(browser, base, errors)
+    iframe = _iframe(page)
+    iframe.wait_for_function("() => document.querySelector('.card')", timeout=60_000)
+    times = [iframe.evaluate(RENDER_JS, view) for _ in range(3)]
+    last = times[-1]
+    # rows grouped (each shows its slowest rank), every grouped cell painted
+    assert last["rows"] < 1024 and last["cells"] == last["rows"] * 6 and last["bars"] <= 100, last
+    assert last["tableRows"] == 100 and last["elements"] < 3000, last  # nothing per cell
+    # through the dashboard: the ranks route intercepted with the 1,024-rank answer
+    page.route("**/ranks?*", lambda route: route.fulfill(status=200, content_type="application/json", body=body))
+    t0 = time.perf_counter()
+    frame.locator("#bn-run").select_option(STRAGGLER)
+    iframe.wait_for_function("() => { const c = document.querySelector('#bn-ranks canvas.heatmap');"
+                             " return c && c.dataset.cells === String(Number(c.dataset.rows) * 6); }", timeout=60_000)
+    e2e = time.perf_counter() - t0
+    got = iframe.evaluate(PANEL_JS)
+    assert "rank 1023" in got["top"]["title"]
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "ranks_1024_synthetic.png"), full_page=True)
+    print(f"\nRanks panel at 1,024 ranks: render {', '.join('%.0f' % t['ms'] for t in times)} ms "
+          f"(renderRanksPanel + 2 frames, in page); JSON {len(body) / 1024:.0f} KB; "
+          f"run select -> heatmap drawn (report + intercepted ranks route) {e2e * 1000:.0f} ms; "
+          f"{last['elements']} elements, heatmap {last['rows']} rows")
+    page.close()
+    assert not errors, errors
