@@ -154,12 +154,14 @@ function sidePicker(side, sel, runs, pick) {
     disabled: workers.length <= 1, onchange: () => pick(side, {worker: workerSel.value === ALL ? null : workerSel.value, span: null})},
   opt(ALL, workers.length > 1 ? "all workers" : (workers[0] ? workers[0].worker : "(none)"), !sel.worker),
   workers.length > 1 ? workers.map((w) => opt(w.worker, w.worker, w.worker === sel.worker, w.worker)) : null);
+  // one worker: its spans can be picked without choosing the worker first
   const w = workers.find((x) => x.worker === sel.worker) || (workers.length === 1 ? workers[0] : null);
   const spans = w && Array.isArray(w.spans) ? w.spans : [];
   const spanSel = h("select", {id: `bn-cmp-${side}-span`, "aria-label": `${SIDE_NAMES[side]} span`,
-    disabled: !sel.worker || spans.length <= 1, onchange: () => pick(side, {span: spanSel.value === ALL ? null : spanSel.value})},
+    disabled: !w || spans.length <= 1,
+    onchange: () => pick(side, spanSel.value === ALL ? {span: null} : {worker: w.worker, span: spanSel.value})},
   opt(ALL, spans.length > 1 ? `all ${spans.length} spans` : "whole run", !sel.span),
-  sel.worker && spans.length > 1 ? spans.map((sp, i) => opt(sp.span, `span ${i + 1}`, sp.span === sel.span, [sp.span, sp.file].filter(Boolean).join("\n"))) : null);
+  w && spans.length > 1 ? spans.map((sp, i) => opt(sp.span, `span ${i + 1}`, sp.span === sel.span, [sp.span, sp.file].filter(Boolean).join("\n"))) : null);
   return h("div", {class: ["cmp-side", `cmp-side-${side}`], style: {display: "flex", gap: "6px", "align-items": "center"}},
     h("strong", {}, SIDE_NAMES[side]), runSel, workerSel, spanSel);
 }

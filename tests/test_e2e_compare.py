@@ -188,6 +188,14 @@ def test_shared_link_shows_the_demo_comparison(tensorboard, browser):
     assert "CPU-only" in page.locator("#bn-cmp-kernels").text_content()
 
     # recommendations: input_bound resolved
+    # one worker with two spans: a single span of each side can be picked
+    page.locator("#bn-cmp-base-span").select_option(index=1)
+    page.wait_for_function("() => /base_span=/.test(location.hash) && document.querySelector('.cmp-card')", timeout=60_000)
+    assert "base_worker=" in page.url, page.url
+    base_line = page.locator(".cmp-summary .panel-body > div").first.text_content()
+    assert base_line.startswith("Baseline: ") and "in 2 spans" not in base_line, base_line
+    page.locator("#bn-cmp-base-span").select_option(index=0)
+    page.wait_for_function("() => !/base_span=/.test(location.hash) && document.querySelector('.cmp-rec')", timeout=60_000)
     rec = page.locator('.cmp-rec[data-rule="input_bound"]')
     assert rec.get_attribute("data-status") == "resolved"
     assert "resolved" in rec.locator(".badge").text_content()
@@ -221,6 +229,7 @@ def test_compare_toggle_inside_tensorboard_and_names_stay_text(tensorboard, brow
     # the kernel's change per step as the route says (fmtUs: -200 µs)
     delta = iframe.eval_on_selector("table.cmp-diff-kernels tbody tr td.num:nth-of-type(5)", "e => e.textContent")
     assert delta == "\u2212200 µs", delta
+    page.screenshot(path=str(ARTIFACTS / "bottlenecks_compare_xss.png"), full_page=True)
     # back to a single run
     frame.locator("#bn-compare-toggle").click()
     frame.locator("#bn-run").wait_for(state="visible", timeout=20_000)
