@@ -15,14 +15,18 @@ shown (with the reason), 503 when the service itself fails; never a 500.
 """
 from __future__ import annotations
 
+import gzip
+import json
 import logging
 import posixpath
 import re
+import threading
+from collections import OrderedDict
 from importlib import resources
 from pathlib import Path
 from typing import Optional
 
-from tensorboard.backend import http_util
+from tensorboard.backend import http_util, json_util
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
@@ -56,6 +60,38 @@ def _frontend_dir() -> Optional[Path]:
         return None
 
 
+class _EncodedBodies:
+    """JSON bodies of the data routes, encoded once (and gzipped once) per result: a
+    span's report is hundreds of KB that TensorBoard would otherwise walk, encode and
+    compress again on every request. Keyed by route and query; an entry is used only
+    while the result object it was made from is still the current one."""
+
+    def __init__(self, size: int = 128):
+        self.size = size
+        self._entries: "OrderedDict[tuple, tuple]" = OrderedDict()
+        self._lock = threading.Lock()
+
+    def respond(self, request, key: tuple, source, extra, build):
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None and entry[0] is source and entry[1] == extra:
+                self._entries.move_to_end(key)
+        if entry is None or entry[0] is not source or entry[1] != extra:
+            # exactly what http_util.Respond would send for the dict
+            text = json.dumps(json_util.Cleanse(build(), "utf-8"), ensure_ascii=True).encode("utf-8")
+            entry = (source, extra, text, [None])
+            with self._lock:
+                self._entries[key] = entry
+                while len(self._entries) > self.size:
+                    self._entries.popitem(last=False)
+        text, gz = entry[2], entry[3]
+        if "gzip" in request.headers.get("Accept-Encoding", ""):
+            if gz[0] is None:
+                gz[0] = gzip.compress(text, compresslevel=3, mtime=0)
+            return http_util.Respond(request, gz[0], "application/json", content_encoding="gzip")
+        return http_util.Respond(request, text, "application/json")
+
+
 class BottlenecksPlugin(base_plugin.TBPlugin):
     plugin_name = PLUGIN_NAME
 
@@ -76,6 +112,7 @@ class BottlenecksPlugin(base_plugin.TBPlugin):
         follow = bool(getattr(flags, "bottlenecks_follow_symlinks", False)) if flags else False
         self.analyzer = Analyzer(self._logdir, cache_dir=cache_dir, rescan_seconds=rescan or 30.0,
                                  follow_symlinks=follow) if self._logdir else None
+        self._bodies = _EncodedBodies()
 
     # ------------------------------------------------------------------ TBPlugin
     def get_plugin_apps(self):
@@ -151,6 +188,9 @@ class BottlenecksPlugin(base_plugin.TBPlugin):
             self.analyzer.rescan()
         return http_util.Respond(request, self.analyzer.runs_view(), "application/json")
 
+    def _key(self, request, route: str) -> tuple:
+        return (route, request.args.get("run"), request.args.get("worker") or None, request.args.get("span") or None)
+
     def _result(self, request):
         """(result, None) or (None, error response) for the run/worker/span of a request."""
         if self.analyzer is None:
@@ -187,20 +227,27 @@ class BottlenecksPlugin(base_plugin.TBPlugin):
         result, failure = self._result(request)
         if failure is not None:
             return failure
-        body = dict(result["report"])
-        if result.get("errors"):
-            body["file_errors"] = result["errors"]
-        return http_util.Respond(request, body, "application/json")
+        errors = result.get("errors") or []
+
+        def build():
+            body = dict(result["report"])
+            if errors:
+                body["file_errors"] = errors
+            return body
+
+        return self._bodies.respond(request, self._key(request, "report"), result["report"], errors, build)
 
     @wrappers.Request.application
     def _serve_memory(self, request):
         result, failure = self._result(request)
-        return failure or http_util.Respond(request, result["memory"], "application/json")
+        return failure or self._bodies.respond(request, self._key(request, "memory"), result["memory"], None,
+                                               lambda: result["memory"])
 
     @wrappers.Request.application
     def _serve_kernels(self, request):
         result, failure = self._result(request)
-        return failure or http_util.Respond(request, {"kernels": result["kernels"]}, "application/json")
+        return failure or self._bodies.respond(request, self._key(request, "kernels"), result["kernels"], None,
+                                               lambda: {"kernels": result["kernels"]})
 
     @wrappers.Request.application
     def _serve_compare(self, request):

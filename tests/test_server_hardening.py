@@ -359,3 +359,27 @@ def test_stop_kills_busy_children(tmp_path):
     pids = a.children.pids()
     a.stop()
     until(lambda: not any(_alive(p) for p in pids), timeout=10, what="children gone")
+
+
+# ---------------------------------------------------------------------------- encoded bodies
+
+
+def test_encoded_bodies_equal_fresh_ones_and_follow_changes(harnesses, tmp_path):
+    root = tmp_path / "logs"
+    target = root / "cpu" / CPU_NW0.name
+    target.parent.mkdir(parents=True)
+    target.write_bytes(CPU_NW0.read_bytes())
+    h = harnesses(root)
+    assert h.plugin.analyzer.wait_idle(60)
+    plain = h.json("report", run="cpu")
+    zipped = h.client.get(f"{PREFIX}/report", query_string={"run": "cpu"}, headers={"Accept-Encoding": "gzip"})
+    assert zipped.headers["Content-Encoding"] == "gzip"
+    import gzip as _gzip
+    assert json.loads(_gzip.decompress(zipped.get_data())) == plain
+    assert h.json("report", run="cpu") == plain  # served again from the encoded copy
+    # the file is replaced by another trace: the next answer is the new report
+    target.unlink()
+    target.write_bytes(CPU_NW2.read_bytes())
+    assert h.plugin.analyzer.wait_scan(30) and h.plugin.analyzer.wait_idle(60)
+    fresh = h.json("report", run="cpu")
+    assert fresh != plain and fresh["trace"]["events"] != plain["trace"]["events"]
