@@ -22,7 +22,7 @@ const SPLIT_NAMES = {compute_only_us: "compute only", overlapped_us: "overlapped
 const SPLIT_COLORS = {compute_only_us: "var(--c-kernel)", overlapped_us: "var(--c-runtime)",
   exposed_comm_us: "var(--c-communication)", other_us: "var(--c-other)"};
 const BAR_MAX = 100; // beyond this many ranks, one bar per group of ranks (mean of the group)
-const HEATMAP_MAX_ROWS = 256; // beyond this, one canvas row per group of ranks (the group's max)
+const HEATMAP_MAX_ROWS = 120; // beyond this, one canvas row per group of ranks (the group's max): rows >= 3 px
 const HEATMAP_HEIGHT = 360; // px available to the rows
 const TABLE_LIMIT = 100; // rows shown before "Show all"
 // A sequential colour ramp (viridis stops), readable on light and dark backgrounds.
@@ -154,7 +154,7 @@ function renderBars(rows, onPick) {
       width: "10px", height: "10px", "margin-right": "4px"}}), SPLIT_NAMES[k])));
   const box = responsive(h("div", {class: "chart-box ranks-bars"}), (w) => stackedBarChart({
     width: w, height: 240, bars, keys: SPLIT, colors: SPLIT_COLORS, names: SPLIT_NAMES, fmt: fmtUs, axisFmt: fmtUsTick,
-    yLabel: "per step", maxLabels: 32}));
+    yLabel: "per step", maxLabels: groups.length < rows.length ? 10 : 32}));
   if (onPick && groups.length === rows.length) {
     box.addEventListener("click", (e) => {
       const g = e.target && e.target.closest ? e.target.closest("g.bar") : null;
@@ -227,7 +227,12 @@ function renderHeatmap(view, rows, onPick) {
       onclick: () => { st.metric = m; redraw(); }}, label));
   let lastW = 0;
   function redraw() {
-    for (const b of buttons) b.classList.toggle("sorted", b.getAttribute("data-metric") === st.metric);
+    for (const b of buttons) {
+      const on = b.getAttribute("data-metric") === st.metric;
+      b.setAttribute("aria-pressed", on ? "true" : "false");
+      b.style.setProperty("font-weight", on ? "700" : "400");
+      b.style.setProperty("border-color", on ? "var(--c-accent)" : "");
+    }
     if (lastW > 0) draw(lastW);
   }
   function draw(width) {

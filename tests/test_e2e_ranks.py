@@ -17,6 +17,7 @@ import copy
 import json
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -294,8 +295,9 @@ def test_ranks_panel_render_time_at_1024_ranks(tensorboard, browser):
     page, frame = _open(browser, base, errors)
     iframe = _iframe(page)
     iframe.wait_for_function("() => document.querySelector('.card')", timeout=60_000)
-    times = [iframe.evaluate(RENDER_JS, view) for _ in range(3)]
+    times = [iframe.evaluate(RENDER_JS, view) for _ in range(5)]
     last = times[-1]
+    ms = [t["ms"] for t in times]
     # rows grouped (each shows its slowest rank), every grouped cell painted
     assert last["rows"] < 1024 and last["cells"] == last["rows"] * 6 and last["bars"] <= 100, last
     assert last["tableRows"] == 100 and last["elements"] < 3000, last  # nothing per cell
@@ -310,8 +312,8 @@ def test_ranks_panel_render_time_at_1024_ranks(tensorboard, browser):
     assert "rank 1023" in got["top"]["title"]
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "ranks_1024_synthetic.png"), full_page=True)
-    print(f"\nRanks panel at 1,024 ranks: render {', '.join('%.0f' % t['ms'] for t in times)} ms "
-          f"(renderRanksPanel + 2 frames, in page); JSON {len(body) / 1024:.0f} KB; "
+    print(f"\nRanks panel at 1,024 ranks: render min {min(ms):.0f} ms, median {statistics.median(ms):.0f} ms "
+          f"of {len(ms)} (renderRanksPanel + 2 frames, in page); JSON {len(body) / 1024:.0f} KB; "
           f"run select -> heatmap drawn (report + intercepted ranks route) {e2e * 1000:.0f} ms; "
           f"{last['elements']} elements, heatmap {last['rows']} rows")
     page.close()
