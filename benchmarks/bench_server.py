@@ -171,15 +171,18 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     big = make_big(args.big, args.times)
     print(f"big trace: {big} ({big.stat().st_size / 1e6:.0f} MB); small: {SMALL.name}; "
-          f"{args.clients} clients, {args.seconds:.0f} s per mode")
+          f"{args.clients} clients, {args.seconds:.0f} s per mode; {os.cpu_count()} CPUs, "
+          f"load average {os.getloadavg()[0]:.1f} before")
     results = []
     with tempfile.TemporaryDirectory(prefix="bench_server-") as tmp:
         for mode in args.modes.split(","):
             r = run_mode(mode, big, Path(tmp), args.clients, args.seconds, args.max_requests)
+            r["load_average_1min_after"] = round(os.getloadavg()[0], 1)
             results.append(r)
             print(f"{mode:>9}: p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms  max {r['max_ms']} ms  "
                   f"{r['req_per_s']:6.1f} req/s  ({r['requests']} ok, {r['errors']} errors, "
-                  f"big loading throughout: {r['big_loading_throughout']})", flush=True)
+                  f"big loading throughout: {r['big_loading_throughout']}; load average "
+                  f"{r['load_average_1min_after']})", flush=True)
     if args.out:
         args.out.write_text(json.dumps(results, indent=2))
     return 0

@@ -176,6 +176,9 @@ class DiskCache:
 _PROGRESS_INTERVAL_S = 0.1
 IDLE_CHILD_SECONDS = 60.0
 RECYCLE_AFTER_BYTES = 64 << 20  # a child that analysed a file this large is not reused
+# Analyses are background work: when the CPU is contended, TensorBoard's request threads
+# go first (a lower priority only slows an analysis while something else needs the CPU).
+ANALYSIS_NICE = 10
 _CHILD_CODE = ("import sys; from tb_bottleneck_plugin.service import _child_entry; "
                "_child_entry(int(sys.argv[1]), int(sys.argv[2]))")
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
@@ -193,6 +196,10 @@ def _child_entry(fd: int, owner_pid: int) -> None:
     procguard.die_with_parent(owner_pid)
     from multiprocessing.connection import Connection
 
+    try:
+        os.nice(ANALYSIS_NICE)
+    except (OSError, AttributeError):
+        pass
     conn = Connection(fd)
     last = [0.0]
 
