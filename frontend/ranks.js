@@ -82,7 +82,9 @@ export function renderRanksPanel(view, {selectedWorker = null, onPick = null} = 
     children.push(
       sub("Where each rank's step goes (average per step)", renderBars(rows, onPick)),
       sub(`Step time per rank and step`, renderHeatmap(view, rows, onPick)),
-      sub("Ranks", renderRankTable(rows, {selectedWorker, onPick, straggler: view.straggler})),
+      // the highlighted row is the rank the server flagged (not merely the one that waited least)
+      sub("Ranks", renderRankTable(rows, {selectedWorker, onPick,
+        flaggedWorker: view.flagged && view.recommendation ? view.recommendation.worker : null})),
       sub("Collectives", renderCollectives(view.collectives || [])));
   }
   children.push(renderNotAvailable(view));
@@ -354,7 +356,7 @@ const RANK_COLS = [
   {key: "transfer_us", label: "Transfer", fmt: fmtUs},
 ];
 
-function renderRankTable(rows, {selectedWorker, onPick, straggler}) {
+function renderRankTable(rows, {selectedWorker, onPick, flaggedWorker}) {
   const st = {key: "rank", dir: 1, all: rows.length <= TABLE_LIMIT};
   const thead = h("thead");
   const tbody = h("tbody");
@@ -388,7 +390,7 @@ function renderRankTable(rows, {selectedWorker, onPick, straggler}) {
     });
     const shown = st.all ? sorted : sorted.slice(0, TABLE_LIMIT);
     mount(tbody, shown.map((r) => {
-      const isStraggler = straggler && straggler.worker === r.worker;
+      const isStraggler = flaggedWorker !== null && flaggedWorker === r.worker;
       return h("tr", {class: ["rank-row", r.worker === selectedWorker ? "selected" : null, isStraggler ? "straggler" : null],
         "data-worker": String(r.worker), tabindex: onPick ? "0" : null,
         title: onPick ? `Open the report of worker ${r.worker}` : null,

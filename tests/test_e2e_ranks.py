@@ -207,7 +207,17 @@ def test_straggler_pair_in_the_ranks_panel(tensorboard, browser):
     assert got["colls"] == [[c["kind"], fmt_count(c["calls"]), fmt_count(c["matched_calls"]),
                              f"{c['bytes'] / 2**20:.2f} MiB", fmt_us(c["total_us"]), fmt_us(c["transfer_us"]),
                              fmt_us(c["wait_us"])] for c in view["collectives"]]
+    assert iframe.evaluate("() => [...document.querySelectorAll('#bn-ranks tr.rank-row.straggler')]"
+                           ".map(tr => tr.dataset.worker)") == [rec["worker"]]
     page.screenshot(path=str(ARTIFACTS / f"ranks_{STRAGGLER}.png"), full_page=True)
+
+    # the heatmap's other colour: wait in collectives (rank 1 never waits: 0 on its row)
+    iframe.click("#bn-ranks button.heat-metric[data-metric=wait]")
+    assert iframe.evaluate("() => document.querySelector('#bn-ranks button.heat-metric[data-metric=wait]')"
+                           ".getAttribute('aria-pressed')") == "true"
+    assert iframe.evaluate("() => document.querySelector('#bn-ranks canvas.heatmap').getAttribute('aria-label')"
+                           ".startsWith('Heatmap of wait')")
+    assert iframe.evaluate(PANEL_JS)["cells"] == 12
 
     # sorting: Avg step descending puts the slower-stepping rank first; again: ascending
     by_step = sorted(view["ranks"], key=lambda r: -r["avg_step_us"])
@@ -232,6 +242,7 @@ def test_straggler_pair_in_the_ranks_panel(tensorboard, browser):
     assert "sev-ok" in got["top"]["cls"] and got["top"]["title"].startswith("No rank holds the others back"), got["top"]
     assert "(worker rank" not in got["top"]["text"], got["top"]  # no recommendation naming a rank
     assert len(got["rows"]) == 2
+    assert iframe.evaluate("() => document.querySelectorAll('#bn-ranks tr.rank-row.straggler').length") == 0
     page.screenshot(path=str(ARTIFACTS / f"ranks_{BALANCED}.png"), full_page=True)
 
     # one worker: no Ranks panel and no error
