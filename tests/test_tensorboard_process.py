@@ -316,22 +316,25 @@ def test_no_child_survives_a_killed_tensorboard(tmp_path):
             children = _ours(tb.process.pid)
             view = tb.json(f"{PREFIX}/runs")
             loading = view["runs"] and view["runs"][0]["state"] == "loading"
-            if loading and len(children) >= 3:  # the analysis child and its decode workers
+            # the analysis child, the decode pool's forkserver and resource tracker, 2 workers
+            if loading and len(children) >= 5:
                 break
             assert time.monotonic() < deadline, f"never saw the analysis running: {view} {children}"
             time.sleep(0.05)
         time.sleep(0.3)
         children.update(_ours(tb.process.pid))
+        names = ", ".join(f"{pid}: {_cmdline(pid)[-60:]}" for pid in sorted(children))
         t_kill = time.monotonic()
         os.kill(tb.process.pid, signal.SIGKILL)
         tb.process.wait(timeout=10)
+        tb_gone_s = time.monotonic() - t_kill
         survivors = _living(children)
-        while survivors and time.monotonic() - t_kill < 5:
+        while survivors and time.monotonic() - t_kill < 8:
             time.sleep(0.05)
             survivors = _living(children)
         gone_s = time.monotonic() - t_kill
         print(f"\nSIGKILLed TensorBoard mid-analysis with {len(children)} descendants "
-              f"({sorted(children)}); all gone after {gone_s:.2f} s")
+              f"({names}); TensorBoard reaped after {tb_gone_s:.2f} s, all gone after {gone_s:.2f} s")
         assert survivors == [], f"still alive {gone_s:.1f} s after the kill: {_describe(survivors, children)}"
 
 
@@ -356,9 +359,9 @@ def test_real_tensorboard_on_a_gcs_logdir(gcs, tmp_path):
         assert view["logdir"] == f"gs://{bucket}/exp"
         assert [r["run"] for r in view["runs"]] == ["nw0", "nw2_gzip"]
         files = [s["file"] for r in view["runs"] for w in r["workers"] for s in w["spans"]]
-        assert all(f.startswith(f"gs://{bucket}/exp/") for f in files)
+        assert files == [f"nw0/{CPU_NW0.name}", f"nw2_gzip/{CPU_NW2.name}"]  # relative to the logdir
         rep = tb.poll(f"{PREFIX}/report?run=nw2_gzip&worker=worker0&span=1795274789574029385")
-        assert rep["source"] == f"gs://{bucket}/exp/nw2_gzip/{CPU_NW2.name}"
+        assert rep["source"] == f"nw2_gzip/{CPU_NW2.name}"
 
 
 # ---------------------------------------------------------------------------- start-up cost
