@@ -383,3 +383,28 @@ def test_encoded_bodies_equal_fresh_ones_and_follow_changes(harnesses, tmp_path)
     assert h.plugin.analyzer.wait_scan(30) and h.plugin.analyzer.wait_idle(60)
     fresh = h.json("report", run="cpu")
     assert fresh != plain and fresh["trace"]["events"] != plain["trace"]["events"]
+
+
+def test_children_end_at_interpreter_exit(tmp_path):
+    """A process that exits without stopping its Analyzer (no stop(), no shutdown) leaves
+    no analysis child behind."""
+    import subprocess
+    import sys
+
+    root = tmp_path / "logs"
+    link(root / "cpu" / CPU_NW0.name, CPU_NW0)
+    code = (
+        "import sys, time\n"
+        "from tb_bottleneck_plugin.service import Analyzer\n"
+        f"a = Analyzer({str(root)!r}, rescan_seconds=60, processes=True)\n"
+        "a.start()\n"
+        "deadline = time.monotonic() + 60\n"
+        "while not a.children.pids() and time.monotonic() < deadline:\n"
+        "    time.sleep(0.01)\n"
+        "print(' '.join(map(str, a.children.pids())), flush=True)\n"
+        "sys.exit(0)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    pids = [int(p) for p in out.stdout.split()]
+    assert pids
+    until(lambda: not any(_alive(p) for p in pids), timeout=5, what="children gone after exit")
