@@ -8,14 +8,16 @@ environment does not change, then run this script with that interpreter:
     /tmp/htavenv/bin/pip install -q HolisticTraceAnalysis==0.5.0 "pandas<3"
     /tmp/htavenv/bin/python benchmarks/hta_overlap_oracle.py [SHARED_TRACES_DIR]
 
-HTA reads a directory of rank files (the rank from each file's distributedInfo.rank), so
 (HTA 0.5.0 with pandas 3 fails in transform_correlation_to_index: "Invalid value ...
-for dtype int16"; pandas 2.3.3 works.) Each trace is symlinked alone into its own temporary directory. Prints JSON:
+for dtype int16"; pandas 2.3.3 works.) HTA reads a directory of rank files (the rank
+from each file's distributedInfo.rank), so each trace is symlinked alone into its own
+temporary directory. Prints JSON:
 ``{"hta_version", "traces": {relative path: {"rank", "comp_comm_overlap_pctg"}}}``
 (HTA returns only the percentage, rounded to 2 decimals).
 
 HTA 0.5.0's ``get_comm_comp_overlap`` (hta/analyzers/communication_analysis.py) is, per
-rank, over the WHOLE trace (no iterations): |merged compute kernels ∩ merged
+rank, over one window (no iterations): the GPU kernels launched before the last
+ProfilerStep starts (include_last_profiler_step=False), |merged compute kernels ∩ merged
 communication kernels| / |merged communication kernels|, where communication kernels
 are GPU events (stream != -1) whose name matches ``^nccl.*Kernel``, memory kernels are
 ``^Memcpy|^Memset|^dma``, and every other GPU event on a stream is compute.
