@@ -159,8 +159,7 @@ def _raw_twin(struct, name: str, keep=()):
 
 _LooseEvent = _raw_twin(Event, "_LooseEvent")
 _LooseArgs = _raw_twin(Args, "_LooseArgs")
-_LooseTraceObject = _raw_twin(TraceObject, "_LooseTraceObject",
-                              keep=[f.name for f in msgspec.structs.fields(TraceObject) if f.name != "traceEvents"])
+_LooseTraceObject = _raw_twin(TraceObject, "_LooseTraceObject")
 _EVENT_DECODER = msgspec.json.Decoder(Event)
 _RAW_LIST_DECODER = msgspec.json.Decoder(List[msgspec.Raw])
 _LOOSE_EVENT_DECODER = msgspec.json.Decoder(_LooseEvent)
@@ -999,6 +998,46 @@ def _loose_top_level(text: bytes, meta: model.TraceMeta):
     return _LOOSE_OBJECT_DECODER.decode(b"{" + b",".join(kept) + b"}")
 
 
+_RAW_DICT_DECODER = msgspec.json.Decoder(Dict[str, msgspec.Raw])
+
+
+def _lenient_any(raw, dropped: list):
+    """A JSON value as Python objects; numbers msgspec cannot represent (1e400) are
+    None (in lists) or left out (in objects), counted in ``dropped[0]``."""
+    try:
+        return msgspec.json.decode(raw)
+    except msgspec.ValidationError:
+        pass
+    head = bytes(raw[:1]) if isinstance(raw, bytes) else bytes(raw)[:1]
+    if head == b"{":
+        out = {}
+        for k, v in _RAW_DICT_DECODER.decode(raw).items():
+            value = _lenient_any(v, dropped)
+            if value is not None or bytes(v) == b"null":
+                out[k] = value
+        return out
+    if head == b"[":
+        return [_lenient_any(v, dropped) for v in _RAW_LIST_DECODER.decode(raw)]
+    dropped[0] += 1
+    return None
+
+
+def _top_level_values(loose, meta: model.TraceMeta):
+    """The top-level keys of a loose object decoded one by one: a value msgspec cannot
+    hold even as Any (a number beyond float range somewhere inside) is ignored."""
+    values = {}
+    for f in msgspec.structs.fields(TraceObject):
+        raw = getattr(loose, f.name)
+        if f.name == "traceEvents" or not len(raw):
+            values[f.name] = raw if f.name == "traceEvents" else None
+            continue
+        dropped = [0]
+        values[f.name] = _lenient_any(raw, dropped)
+        if dropped[0]:
+            meta.warnings.append(f"`{f.encode_name}`: {dropped[0]} values beyond the float range were ignored")
+    return TraceObject(**{k: v for k, v in values.items() if k != "traceEvents"}), values["traceEvents"]
+
+
 def _decode_object(text: bytes, builder: _Builder, meta: model.TraceMeta, source: str) -> Optional[List[Event]]:
     """The events and top-level keys of a trace object, leniently; None when it has
     no traceEvents key."""
@@ -1022,11 +1061,12 @@ def _decode_object(text: bytes, builder: _Builder, meta: model.TraceMeta, source
         if end is None:
             raise msgspec.DecodeError("unterminated traceEvents array") from None
         loose = _loose_top_level(text[:key] + b'"traceEvents":[]' + text[end:], meta)
-    _meta_from(loose, meta)
+    top, events_raw = _top_level_values(loose, meta)
+    _meta_from(top, meta)
     if raws is None:
-        if not len(loose.traceEvents):
+        if not len(events_raw):
             return None
-        events_text = bytes(loose.traceEvents)
+        events_text = bytes(events_raw)
         if events_text[:1] != b"[":
             raise NotATraceError(source, "JSON but not a PyTorch profiler trace ('traceEvents' is not an array)")
         return _decode_events(events_text, builder)
@@ -1264,7 +1304,7 @@ def _load_stream(stream, source: str, gzipped: bool, progress, limit: int) -> mo
                                                      f"{_MAX_HEADER_BYTES >> 20} MB")
                     header = bytes(buf[:key]) + b'"traceEvents":[]}'
                     try:
-                        _meta_from(_loose_top_level(header, meta), meta)
+                        _meta_from(_top_level_values(_loose_top_level(header, meta), meta)[0], meta)
                     except (msgspec.DecodeError, UnicodeDecodeError):
                         chunk_failed = True
                         break

@@ -463,3 +463,14 @@ def test_clean_trace_has_no_warnings_and_all_events(tmp_path):
     trace = load(tmp_path, trace_bytes())
     assert kernels(trace) == N and len(trace.cpu) == 1 and trace.meta.warnings == []
     assert np.isfinite(trace.gpu.ts).all()
+
+
+def test_device_properties_with_ids_that_are_not_integers(tmp_path):
+    props = [{"id": "gpu0", "name": "A"}, {"id": 1e300 * 1e300, "name": "B"}, {"name": "C"}, {"id": "7", "name": "D"}]
+    trace = load(tmp_path, json.dumps({"traceEvents": [kernel(i) for i in range(N)],
+                                       "deviceProperties": props}).replace("Infinity", "1e400").encode())
+    assert kernels(trace) == N
+    assert trace.meta.warnings == ["`deviceProperties`: 1 values beyond the float range were ignored"]
+    by_id = trace.device_properties_by_id  # "gpu0" -> its position; 1e400 (beyond float) -> its position
+    assert {k: p["name"] for k, p in by_id.items()} == {0: "A", 1: "B", 2: "C", 7: "D"}
+    report_of(trace)
