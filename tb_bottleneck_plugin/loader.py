@@ -102,6 +102,10 @@ class Args(msgspec.Struct, omit_defaults=True):
     total_allocated: Num = msgspec.field(default=None, name="Total Allocated")
     total_reserved: Num = msgspec.field(default=None, name="Total Reserved")
     addr: Num = msgspec.field(default=None, name="Addr")
+    # Collective metadata copied onto NCCL kernels (2023-10+): elements and their dtype
+    # ("Float", "Long", ...); the rank view's collective bytes (metrics §12).
+    msg_in_nelems: Num = msgspec.field(default=None, name="In msg nelems")
+    msg_dtype: Optional[str] = msgspec.field(default=None, name="dtype")
     # Raw: left undecoded (a view, no objects) unless the op is one SHAPE_OP_MARKERS names.
     input_dims: msgspec.Raw = msgspec.field(default=_EMPTY_RAW, name="Input Dims")
     input_dims_2020: msgspec.Raw = msgspec.field(default=_EMPTY_RAW, name="Input dims")
@@ -635,6 +639,9 @@ class _Builder:
                                       for x in limits], dtype=np.int32),
             bytes=self._ints([a.bytes if a.bytes is not None else a.size for a in args], "", "bytes", kind,
                              min_value=-1),
+            msg_nelems=self._ints([a.msg_in_nelems for a in args], "", "In msg nelems", kind, min_value=-1),
+            msg_dtype=np.array([-1 if a.msg_dtype is None else self.strings.setdefault(a.msg_dtype, len(self.strings))
+                                for a in args], dtype=np.int32),
         )
         if keep is not None:
             table = table.take(keep)

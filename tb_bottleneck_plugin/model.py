@@ -86,6 +86,8 @@ class GpuTable(_Table):
     # Nested 2026 `occupancy` object: index into strings of its limitingFactors, -1 if none.
     occupancy_limit: np.ndarray = _col(np.int32)
     bytes: np.ndarray = _col(np.int64)  # memcpy/memset size
+    msg_nelems: np.ndarray = _col(np.int64)  # collective kernels: "In msg nelems", -1 if none
+    msg_dtype: np.ndarray = _col(np.int32)  # its "dtype", index into strings, -1 if none
 
 
 @dataclass

@@ -43,7 +43,8 @@ def make_trace(cpu=(), runtime=(), gpu=(), annotations=(), first_last=None):
         block_z=neg.copy(), registers_per_thread=neg.copy(), shared_memory=neg.copy(),
         blocks_per_sm=np.array([g[7] for g in gpu], float), warps_per_sm=np.full(n, np.nan),
         achieved_occupancy_pct=np.array([g[8] for g in gpu], float),
-        occupancy_limit=np.full(n, -1, np.int32), bytes=neg.copy())
+        occupancy_limit=np.full(n, -1, np.int32), bytes=neg.copy(), msg_nelems=neg.copy(),
+        msg_dtype=np.full(n, -1, np.int32))
     cpu_t = M.CpuTable(
         kind=np.array([c[3] for c in cpu], np.int8), category=np.array([sid("cpu_op") for c in cpu], np.int32),
         name=np.array([sid(c[0]) for c in cpu], np.int32), pid=np.array([c[4] for c in cpu], np.int64),

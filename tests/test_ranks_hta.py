@@ -138,3 +138,55 @@ def test_partial_overlap_vs_hta(rel):
     ov_all = sum(s["overlapped_us"] for s in steps)
     ex_all = sum(s["exposed_comm_us"] for s in steps)
     assert 100 * ov_all / (ov_all + ex_all) == pytest.approx(hta, abs=tol + 2.0)
+
+
+def test_all_reduce_bytes_from_kernel_collective_metadata():
+    """Collective bytes from the kernels' own metadata (2023-10+ `In msg nelems` x size of
+    `dtype`): nccl_data's all_reduce bytes per step equal an independent stdlib-json count
+    over the file (kernels launched in each ProfilerStep host span, by correlation)."""
+    import gzip
+    import json
+
+    rel = "hta/nccl_parser_config/nccl_data.json.gz"
+    trace = _load(rel)
+    with gzip.open(TRACES / rel, "rt") as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    size = {"Float": 4, "Long": 8}
+    steps = sorted((e["ts"], e["ts"] + e["dur"], int(e["name"].split("#")[1])) for e in events
+                   if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#"))
+    launch_ts = {e["args"]["correlation"]: e["ts"] for e in events if e.get("cat") == "cuda_runtime"}
+    expected = {n: [] for _, _, n in steps}
+    for e in sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"]):
+        a = e["args"]
+        if a.get("Collective name") != "allreduce":
+            continue
+        t = launch_ts[a["correlation"]]
+        n = next(n for lo, hi, n in steps if lo <= t < hi)
+        expected[n].append(float(a["In msg nelems"] * size[a["dtype"]]))
+    got = {s["step"]: [b for k, b in zip(s["collectives"]["kind"], s["collectives"]["bytes"]) if k == "all_reduce"]
+           for s in _partial(trace)["steps"]}
+    assert got == expected
+    assert sum(map(len, expected.values())) == 15 and all(expected.values())
+
+
+def test_wrongly_typed_collective_metadata_is_absent_not_fatal(tmp_path):
+    """Lenient reading: a numeric `dtype` or a text `In msg nelems` leaves that kernel's
+    metadata absent (bytes null) and is counted in the trace's warnings; a good kernel
+    in the same file keeps its bytes (4 x 1000)."""
+    import json
+
+    def kern(ts, args):
+        return {"ph": "X", "cat": "kernel", "name": "ncclKernel_AllReduce_RING_LL_Sum_float(x)", "pid": 0,
+                "tid": 7, "ts": ts, "dur": 10, "args": dict({"device": 0, "stream": 7}, **args)}
+    events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 100},
+              kern(10, {"In msg nelems": 1000, "dtype": "Float"}),
+              kern(30, {"In msg nelems": 1000, "dtype": 5}),
+              kern(50, {"In msg nelems": "abc", "dtype": "Float"})]
+    path = tmp_path / "w.pt.trace.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    trace = loader.load_trace(str(path))
+    assert trace.gpu.msg_nelems.tolist() == [1000, 1000, -1]
+    assert [trace.strings[i] if i >= 0 else None for i in trace.gpu.msg_dtype.tolist()] == ["Float", None, "Float"]
+    assert any("`dtype` not a string" in w for w in trace.meta.warnings)
+    (step,) = _partial(trace)["steps"]
+    assert step["collectives"]["bytes"] == [4000.0, None, None]

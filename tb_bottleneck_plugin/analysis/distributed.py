@@ -86,6 +86,18 @@ def _bytes_of(trace: TraceData, cpu_row: int) -> Optional[float]:
     return float(int(np.prod(first, dtype=np.int64)) * size) if first else float(size)
 
 
+def _kernel_msg_bytes(trace: TraceData, rows: np.ndarray) -> List[Optional[float]]:
+    """Per communication kernel row: ``In msg nelems`` x the size of its ``dtype``
+    (collective metadata on the kernel, 2023-10+); None when either is missing or the
+    dtype is unknown."""
+    g = trace.gpu
+    out: List[Optional[float]] = []
+    for nelems, dtype in zip(g.msg_nelems[rows].tolist(), g.msg_dtype[rows].tolist()):
+        size = _DTYPE_BYTES.get(trace.strings[dtype].lower()) if dtype >= 0 else None
+        out.append(float(nelems * size) if nelems >= 0 and size is not None else None)
+    return out
+
+
 def _host_span_mask(trace: TraceData) -> np.ndarray:
     return (trace.cpu.kind == CPU_OP) | (trace.cpu.kind == CPU_USER_ANNOTATION)
 
@@ -186,14 +198,17 @@ def span_partial(trace: TraceData, steps: Optional[Steps]) -> dict:
             linked = rt >= 0
             if linked.any():
                 cpu_of[linked] = innermost_enclosing(trace, coll_rows, rt[linked])
+        # Bytes: the kernel's own collective metadata (2023-10+: "In msg nelems" x size of
+        # "dtype") first, else the launching CPU span's recorded input.
+        kernel_bytes = _kernel_msg_bytes(trace, rows)
         byts: List[Optional[float]] = []
         for j, row in enumerate(cpu_of.tolist()):
-            if row >= 0:
-                if kinds[j] == "other":
-                    kinds[j] = collective_kind(trace.strings[c.name[row]])
-                byts.append(_bytes_of(trace, row))
+            if row >= 0 and kinds[j] == "other":
+                kinds[j] = collective_kind(trace.strings[c.name[row]])
+            if kernel_bytes[j] is not None:
+                byts.append(kernel_bytes[j])
             else:
-                byts.append(None)
+                byts.append(_bytes_of(trace, row) if row >= 0 else None)
     elif len(coll_rows):
         out["comm_source"] = "cpu_spans"
         rows = coll_rows
