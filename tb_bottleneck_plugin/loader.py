@@ -759,6 +759,7 @@ class _Builder:
             t.name = ids(t.name)
             t.occupancy_limit = np.where(t.occupancy_limit >= 0, remap[np.maximum(t.occupancy_limit, 0)], -1) \
                 .astype(np.int32)
+            t.msg_dtype = np.where(t.msg_dtype >= 0, remap[np.maximum(t.msg_dtype, 0)], -1).astype(np.int32)
             self.gpu.append(t)
         for t in other.cpu:
             t.name, t.category = ids(t.name), ids(t.category)
