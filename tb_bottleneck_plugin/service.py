@@ -40,7 +40,7 @@ from .errors import BottleneckError, TruncatedTraceError
 log = logging.getLogger(__name__)
 
 # Bump when a metric definition or the report layout changes: old disk caches are ignored.
-ANALYSIS_VERSION = f"{report.SCHEMA_VERSION}.1"
+ANALYSIS_VERSION = f"{report.SCHEMA_VERSION}.2"  # .2: context, operators, distributed partial, occupancy_source
 
 DEFAULT_CACHE_BYTES = 512 << 20
 # A truncated file whose fingerprint does not change is analysed again this many times
