@@ -96,21 +96,6 @@ function severityClass(sev) {
   return "none";
 }
 
-/** Severity from input-bound % (XProf thresholds). */
-export function inputSeverity(pct) {
-  if (!isNum(pct)) return "none";
-  if (pct >= 20) return "high";
-  if (pct >= 5) return "medium";
-  return "ok";
-}
-
-function inputVerdict(pct) {
-  if (!isNum(pct)) return "";
-  if (pct >= 20) return "highly input-bound";
-  if (pct >= 5) return "moderately input-bound";
-  return "not input-bound";
-}
-
 /** The reason a metric is not available, looked up by several possible keys. */
 export function naReason(report, ...keys) {
   const na = (report && report.not_available) || {};
@@ -370,12 +355,12 @@ function cards(report, cpuOnly) {
   // Input-bound %
   {
     const pct = inp.input_bound_pct;
-    const sev = inputSeverity(pct);
+    const sev = isNum(pct) ? (inp.severity || "none") : "none";  // verdicts come from the server (thresholds.py)
     const st = inp.stats || {};
     out.appendChild(card({
       label: "Input-bound",
       value: fmtPct(pct),
-      verdict: isNum(pct) ? (inp.verdict || inputVerdict(pct)) : (naReason(report, "input_bound_pct", "input") || "not available"),
+      verdict: isNum(pct) ? (inp.verdict || "") : (naReason(report, "input_bound_pct", "input") || "not available"),
       severity: sev,
       explain: "Share of step time spent only waiting for the DataLoader.",
       details: [
@@ -590,8 +575,8 @@ function inputPanel(report) {
   const st = inp.stats || {};
   const its = Array.isArray(ev.dataloader_iterators) ? ev.dataloader_iterators : [];
   const rows = [
-    ["Input-bound (DataLoader wait)", h("span", {class: `sev-text-${inputSeverity(inp.input_bound_pct)}`},
-      `${fmtPct(inp.input_bound_pct)}${isNum(inp.input_bound_pct) ? ` · ${inp.verdict || inputVerdict(inp.input_bound_pct)}` : ""}`), DEFS.input],
+    ["Input-bound (DataLoader wait)", h("span", {class: `sev-text-${isNum(inp.input_bound_pct) ? (inp.severity || "none") : "none"}`},
+      `${fmtPct(inp.input_bound_pct)}${isNum(inp.input_bound_pct) && inp.verdict ? ` · ${inp.verdict}` : ""}`), DEFS.input],
     ["Input transfer (H2D not under kernels)", fmtPct(inp.input_transfer_pct), DEFS.transfer],
     isNum(inp.xprof_input_pct) ? ["XProf-compatible input %", `${fmtPct(inp.xprof_input_pct)} (input-bound + input transfer)`] : null,
     isNum(st.mean) ? ["Per step", `mean ${fmtPct(st.mean)} · min ${fmtPct(st.min)} · max ${fmtPct(st.max)} · std ${fmtNum(st.std)} pp`] : null,
