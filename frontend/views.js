@@ -96,6 +96,13 @@ function severityClass(sev) {
   return "none";
 }
 
+/** The severity the server gave a recommendation rule ("ok" when it did not fire):
+ * colours come from thresholds.py through the report, never from literals here. */
+function ruleSeverity(report, rule) {
+  const rec = (report.recommendations || []).find((r) => r.rule === rule);
+  return rec ? rec.severity : "ok";
+}
+
 /** The reason a metric is not available, looked up by several possible keys. */
 export function naReason(report, ...keys) {
   const na = (report && report.not_available) || {};
@@ -468,7 +475,7 @@ function cards(report, cpuOnly) {
       out.appendChild(card({label: "Peak memory", sublabel: memDeviceLabel(report, key),
         value: fmtBytes(m.peak_allocated_bytes),
         verdict: isNum(capPct) ? `${fmtPct(capPct)} of ${fmtBytes(m.capacity_bytes)}` : null,
-        severity: leak ? "medium" : (isNum(capPct) && capPct >= 90 ? "medium" : "none"),
+        severity: leak ? "medium" : "none",  // the leak flag is the server's (thresholds.py)
         explain: "Peak memory allocated by tensors.", details, def: DEFS.memory}));
 
       const slack = m.slack_fragmentation_pct;
@@ -879,7 +886,7 @@ function tensorCorePanel(report, cpuOnly) {
     ["Tensor Core kernel time", fmtPct(tc.tensor_core_pct), DEFS.tc],
     per.length > 1 ? ["Per device", per.map(([d, v]) => `GPU ${d}: ${fmtPct(v)}`).join(" · ")] : null,
     ["Eligible but not using", isNum(tc.eligible_not_using_pct)
-      ? h("span", {class: `sev-text-${tc.eligible_not_using_pct >= 30 ? "high" : tc.eligible_not_using_pct >= 10 ? "medium" : "ok"}`},
+      ? h("span", {class: `sev-text-${ruleSeverity(report, "tensor_cores_unused")}`},
         `${fmtPct(tc.eligible_not_using_pct)} of kernel time`)
       : (naReason(report, "eligible_not_using_pct") || "n/a"), DEFS.eligible],
   ];
