@@ -1,9 +1,7 @@
 """Packaging for tb_bottleneck_plugin (the Bottlenecks tab for TensorBoard).
 
-The dashboard lives in the top-level ``frontend/`` folder (plain ES modules, no
-build step); it is shipped inside the package as ``tb_bottleneck_plugin.frontend``
-through ``package_dir`` so that ``pip install .`` and ``pip install -e .`` both
-serve it from the plugin's own routes.
+The dashboard lives in ``tb_bottleneck_plugin/static/`` (plain ES modules, no build
+step), shipped as package data and found by the plugin next to its own module.
 """
 from setuptools import setup
 
@@ -15,14 +13,9 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
-    packages=["tb_bottleneck_plugin", "tb_bottleneck_plugin.analysis", "tb_bottleneck_plugin.frontend"],
-    package_dir={
-        "tb_bottleneck_plugin": "tb_bottleneck_plugin",
-        "tb_bottleneck_plugin.frontend": "frontend",
-    },
+    packages=["tb_bottleneck_plugin", "tb_bottleneck_plugin.analysis"],
     package_data={
-        "tb_bottleneck_plugin": ["METRICS.md"],
-        "tb_bottleneck_plugin.frontend": ["*.js", "*.css", "*.html", "*.svg"],
+        "tb_bottleneck_plugin": ["METRICS.md", "static/*.js", "static/*.css", "static/*.html", "static/*.svg"],
     },
     include_package_data=False,
     install_requires=[

@@ -7,7 +7,7 @@ Data flows one way (each stage is one module):
     loader.py    streaming, typed decoding of one trace file into model.TraceData
     analysis/    pure, vectorised metric functions over TraceData
     report.py    assembles one report object (schema in METRICS.md / metrics §10)
-    plugin.py    TensorBoard routes serving reports to frontend/ (plugin_loader.py is the
+    plugin.py    TensorBoard routes serving reports to static/ (plugin_loader.py is the
                  tiny entry point TensorBoard imports)
     cli.py       `tb-bottlenecks report|demo`
 

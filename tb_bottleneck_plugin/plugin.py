@@ -1,7 +1,7 @@
 """The Bottlenecks tab's backend: TensorBoard routes over a service.Analyzer.
 
 Routes (GET or HEAD only, under data/plugin/bottlenecks/; see docs/DEVELOPMENT.md):
-  index.js, static/<file>   the dashboard in frontend/ (ES modules, no build step)
+  index.js, static/<file>   the dashboard in static/ (ES modules, no build step)
   runs                      runs -> workers -> spans with loading state and progress
   report?run=&worker=&span= the report object (docs/report-schema.md)
   memory?run=&worker=&span= down-sampled allocated/reserved curves per device
@@ -22,7 +22,6 @@ import posixpath
 import re
 import threading
 from collections import OrderedDict
-from importlib import resources
 from pathlib import Path
 from typing import Optional
 
@@ -30,7 +29,6 @@ from tensorboard.backend import http_util, json_util
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
-from .plugin_loader import PLUGIN_NAME
 from .service import Analyzer, default_cache_dir
 
 log = logging.getLogger(__name__)
@@ -40,24 +38,16 @@ _STATIC_TYPES = {".js": "text/javascript", ".css": "text/css", ".svg": "image/sv
 _STATIC_NAME_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$")  # one plain file name
 _STATIC_ROUTE_RE = re.compile(r"^.*?/static/(.*)$", re.S)  # the FIRST /static/ of the path
 _ALLOWED_METHODS = ("GET", "HEAD")
+PLUGIN_NAME = "bottlenecks"  # the tab's name in TensorBoard and in its /data/plugin/<name>/ URLs
 MAX_NAME_CHARS = 255  # worker, span and static names are file names: longer is never valid
 MAX_RUN_CHARS = 4096  # a run is a relative directory path (PATH_MAX)
 
 
 def _frontend_dir() -> Optional[Path]:
-    """The dashboard's folder: ``tb_bottleneck_plugin/frontend`` in an installed wheel,
-    ``<checkout>/frontend`` in a source checkout or an editable install (where
-    ``tb_bottleneck_plugin.frontend``, a folder without ``__init__.py`` mapped by
-    ``package_dir``, is not importable, so importlib.resources cannot find it)."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "frontend", here.parent / "frontend"):
-        if (candidate / "index.js").is_file():
-            return candidate
-    try:
-        found = resources.files("tb_bottleneck_plugin.frontend")
-        return Path(str(found)) if (found / "index.js").is_file() else None
-    except (ImportError, TypeError, ValueError):
-        return None
+    """The dashboard's folder, ``tb_bottleneck_plugin/static`` next to this module (in a
+    wheel, a source checkout and an editable install alike)."""
+    folder = Path(__file__).resolve().parent / "static"
+    return folder if (folder / "index.js").is_file() else None
 
 
 class _EncodedBodies:

@@ -7,8 +7,6 @@ plugin, and a failure there only disables this tab (TensorBoard logs it and goes
 """
 from tensorboard.plugins import base_plugin
 
-PLUGIN_NAME = "bottlenecks"
-
 
 class BottlenecksLoader(base_plugin.TBLoader):
     def define_flags(self, parser):

@@ -1,4 +1,4 @@
-"""End to end: the Ranks panel (frontend/ranks.js) of a distributed run in a real
+"""End to end: the Ranks panel (static/ranks.js) of a distributed run in a real
 `tensorboard --logdir` and a real headless Chromium (Debian's, driven by Playwright).
 
 - ddp_straggler_2rank (rank 1 slow by construction): the panel names rank 1 at the top with

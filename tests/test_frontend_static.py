@@ -1,4 +1,4 @@
-"""Fast static checks of the dashboard (frontend/) and of its mock server.
+"""Fast static checks of the dashboard (tb_bottleneck_plugin/static/) and of its mock server.
 
 No browser here: these read the source files and call the mock server's
 routes over HTTP. They guard the rules TensorBoard's iframe imposes (CSP,
@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FRONTEND = os.path.join(REPO, "frontend")
+FRONTEND = os.path.join(REPO, "tb_bottleneck_plugin", "static")
 FIXTURES = os.path.join(REPO, "tests", "fixtures")
 
 SVG_NS = "http://www.w3.org/2000/svg"  # an XML namespace name, never fetched

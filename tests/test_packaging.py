@@ -17,9 +17,9 @@ def test_wheel_contains_every_module_and_the_frontend(tmp_path):
     package = REPO / "tb_bottleneck_plugin"
     for module in package.rglob("*.py"):
         assert module.relative_to(REPO).as_posix() in names, module
-    for asset in (REPO / "frontend").iterdir():
+    for asset in (REPO / "tb_bottleneck_plugin" / "static").iterdir():
         if asset.suffix in (".js", ".css"):
-            assert f"tb_bottleneck_plugin/frontend/{asset.name}" in names, asset
+            assert f"tb_bottleneck_plugin/static/{asset.name}" in names, asset
     assert "tb_bottleneck_plugin/METRICS.md" in names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()

@@ -4,7 +4,7 @@
 // HOW URLS RESOLVE HERE (read before adding an import or a fetch):
 // - The plugin serves this file at  data/plugin/bottlenecks/index.js
 //   and every other frontend file at data/plugin/bottlenecks/static/<file>
-//   (on disk they all sit side by side in frontend/).
+//   (on disk they all sit side by side in tb_bottleneck_plugin/static/).
 // - ES module imports resolve against the URL of the importing module. So
 //   in index.js we write  import ... from "./static/api.js",  while the
 //   modules under static/ import each other as "./views.js" (no "static/").
