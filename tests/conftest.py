@@ -1,12 +1,57 @@
-"""Shared pytest fixtures. Add yours below; keep heavy setup in helper modules."""
+"""Shared pytest fixtures and constants. Keep heavy setup in helper modules.
+
+Constants (import them: ``from conftest import TRACES``; tests/ is on sys.path):
+  REPO, SHARED, TRACES, ORACLES, DEMO_LOGS, ARTIFACTS, ROUTE_SCHEMA_PATH, CHROMIUM
+The synthetic trace builder (tests/trace_builder.py) is re-exported here:
+  ``from conftest import TraceBuilder, V100`` (or the ``trace_builder`` fixture).
+
+End-to-end helpers (a real ``tensorboard --logdir`` and a real headless Chromium):
+  - ``tensorboard_server`` (module-scoped factory): ``base = tensorboard_server(logdir)``
+    starts ``python -m tensorboard.main --logdir LOGDIR`` on a free port with the disk cache
+    off, waits until it answers, returns ``http://127.0.0.1:PORT``; killed at module end.
+  - ``chromium`` (module-scoped): a Playwright Browser on Debian's /usr/bin/chromium.
+  - ``browser_page`` (function-scoped factory): ``w = browser_page(base)`` is a
+    :class:`Watched` page recording requests, dialogs and page errors; call
+    ``w.check_clean()`` at the end; closed after the test.
+  - ``wait_route(base, "report", run=...)``: the route's 200 JSON body (polls while 202).
+  - ``route_validator("report")``: a jsonschema validator for one docs/route-schema.json $def.
+Both fixtures skip when Playwright/Chromium are missing, and fail instead when
+BOTTLENECKS_REQUIRE_BROWSER=1 (CI).
+"""
 # The GCS emulator (fake-gcs-server): `gcs_emulator` (session) and `gcs` (per test).
 # Importing gcs_emulator also sets GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false before any
 # test module can import gcsfs.
 from gcs_emulator import gcs, gcs_emulator  # noqa: F401
 
+import contextlib  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+import urllib.error  # noqa: E402
+import urllib.parse  # noqa: E402
+import urllib.request  # noqa: E402
+from pathlib import Path  # noqa: E402
+
 import pytest  # noqa: E402
 
 from tb_bottleneck_plugin import discovery  # noqa: E402
+from trace_builder import (  # noqa: E402,F401  (re-exported: one trace builder for every test)
+    A100, B200, H100, MI250, MI300, V100, TraceBuilder, occupancy_args)
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"          # read-only data beside the checkout
+TRACES = SHARED / "traces"
+ORACLES = SHARED / "oracles"
+DEMO_LOGS = REPO / "demo_logs"
+ARTIFACTS = REPO / "test-artifacts"      # screenshots (git-ignored)
+ROUTE_SCHEMA_PATH = REPO / "docs" / "route-schema.json"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ("--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic")
 
 
 @pytest.fixture(autouse=True)
@@ -15,3 +60,170 @@ def _fresh_sniff_cache():
     discovery.clear_sniff_cache()
     yield
     discovery.clear_sniff_cache()
+
+
+@pytest.fixture
+def trace_builder():
+    """The synthetic-trace builder class (tests/trace_builder.py): ``trace_builder(props=(A100,))``."""
+    return TraceBuilder
+
+
+# ---------------------------------------------------------------- end to end: TensorBoard + Chromium
+
+def browser_or_skip():
+    """Skip (or fail, with BOTTLENECKS_REQUIRE_BROWSER=1) when Playwright or Chromium is missing."""
+    required = os.environ.get("BOTTLENECKS_REQUIRE_BROWSER") == "1"
+    try:
+        from playwright.sync_api import sync_playwright  # noqa: F401
+    except ImportError:
+        if required:
+            pytest.fail("playwright is not installed (pip install -e '.[test]')")
+        pytest.skip("playwright is not installed")
+    if not os.path.exists(CHROMIUM):
+        if required:
+            pytest.fail(f"{CHROMIUM} missing: apt-get install chromium")
+        pytest.skip(f"{CHROMIUM} missing (apt-get install chromium)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(url, timeout=10):
+    """(status, body bytes); 4xx/5xx answers are returned, not raised."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def wait_route(base, route, timeout=120, **params):
+    """The plugin route's 200 JSON body, polling while it answers 202 (analysis running)."""
+    url = f"{base}/data/plugin/bottlenecks/{route}"
+    if params:
+        url += "?" + urllib.parse.urlencode(params)
+    deadline = time.time() + timeout
+    while True:
+        status, body = http_get(url)
+        if status == 200:
+            return json.loads(body)
+        if status != 202:
+            raise AssertionError(f"{url} answered {status}: {body[:500]!r}")
+        if time.time() > deadline:
+            raise TimeoutError(f"{url} kept answering 202")
+        time.sleep(0.5)
+
+
+def route_validator(name):
+    """A Draft 2020-12 validator for ``$defs/<name>`` of docs/route-schema.json."""
+    import jsonschema
+
+    schema = json.loads(ROUTE_SCHEMA_PATH.read_text())
+    return jsonschema.Draft202012Validator({"$schema": schema["$schema"], "$defs": schema["$defs"],
+                                            "$ref": f"#/$defs/{name}"})
+
+
+@contextlib.contextmanager
+def start_tensorboard(logdir, extra_args=(), startup_timeout=90):
+    """A real ``tensorboard --logdir`` subprocess (disk cache off unless extra_args set it);
+    yields its base URL; killed (with its process group) on exit."""
+    args = list(extra_args)
+    if not any(a.startswith("--bottlenecks_cache_dir") for a in args):
+        args += ["--bottlenecks_cache_dir", "none"]
+    port = free_port()
+    with tempfile.TemporaryFile() as err:  # a file, not a pipe: a chatty server never blocks
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1",
+             "--port", str(port), *args],
+            stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.time() + startup_timeout
+            while True:
+                try:
+                    with urllib.request.urlopen(base + "/data/plugins_listing", timeout=5) as r:
+                        r.read()
+                    break
+                except (urllib.error.URLError, ConnectionError, socket.timeout):
+                    if time.time() > deadline or proc.poll() is not None:
+                        err.seek(0)
+                        raise RuntimeError("tensorboard did not start: " + err.read()[-4000:].decode(errors="replace"))
+                    time.sleep(0.3)
+            yield base
+        finally:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, 9)
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def tensorboard_server():
+    """Factory: ``base = tensorboard_server(logdir, extra_args=())``; servers end with the module."""
+    browser_or_skip()  # every user of a real TensorBoard here drives it with the browser
+    with contextlib.ExitStack() as stack:
+        yield lambda logdir, extra_args=(): stack.enter_context(start_tensorboard(logdir, extra_args))
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    """A headless Debian Chromium driven by Playwright, shared by the tests of one module."""
+    browser_or_skip()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=list(CHROMIUM_ARGS))
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+class Watched:
+    """A page with every request, dialog and page error recorded."""
+
+    def __init__(self, browser, base, viewport=(1280, 800)):
+        self.base = base
+        self.requests, self.dialogs, self.errors = [], [], []
+        self.page = browser.new_page(viewport={"width": viewport[0], "height": viewport[1]})
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.page.on("dialog", lambda d: (self.dialogs.append(d.message), d.dismiss()))
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+
+    def open_tab(self, timeout=60_000):
+        """TensorBoard's page on the Bottlenecks tab; returns the plugin iframe's FrameLocator
+        once its run selector exists."""
+        self.page.goto(self.base + "/#bottlenecks", wait_until="domcontentloaded")
+        frame = self.page.frame_locator("iframe")
+        frame.locator("#bn-run").wait_for(timeout=timeout)
+        return frame
+
+    def plugin_frame(self):
+        """The plugin iframe as a Frame (for evaluate / wait_for_function)."""
+        return next(f for f in self.page.frames if "plugin" in f.url)
+
+    def check_clean(self):
+        assert not self.dialogs, self.dialogs
+        assert not self.errors, self.errors
+        foreign = [u for u in self.requests if not u.startswith(self.base)
+                   and not u.startswith(("data:", "blob:", "about:"))]
+        assert not foreign, foreign
+
+
+@pytest.fixture
+def browser_page(chromium):
+    """Factory: ``w = browser_page(base, viewport=(1280, 800))`` -> :class:`Watched`; closed after the test."""
+    pages = []
+
+    def make(base, viewport=(1280, 800)):
+        w = Watched(chromium, base, viewport)
+        pages.append(w)
+        return w
+
+    yield make
+    for w in pages:
+        with contextlib.suppress(Exception):
+            w.page.close()
