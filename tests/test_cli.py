@@ -13,7 +13,7 @@ import pytest
 
 from tb_bottleneck_plugin import cli
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+from conftest import TRACES  # noqa: E402  (the one definition, tests/conftest.py)
 RESNET0 = TRACES / "kineto-tb-samples/resnet50_num_workers_0"
 CPU_NW0 = TRACES / "generated-cpu-torch2.13/nw0/worker0.1795274786665165565.pt.trace.json"
 

@@ -23,8 +23,7 @@ from tb_bottleneck_plugin.plugin import BottlenecksPlugin
 from tb_bottleneck_plugin.service import Analyzer
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
-TRACES = SHARED / "traces"
+from conftest import SHARED, TRACES  # noqa: E402  (the one definition, tests/conftest.py)
 RESNET0 = TRACES / "kineto-tb-samples/resnet50_num_workers_0"
 RESNET4 = TRACES / "kineto-tb-samples/resnet50_num_workers_4"
 DEMO_NW0 = REPO / "demo_logs" / "input_bound_nw0"

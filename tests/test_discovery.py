@@ -13,7 +13,7 @@ from tb_bottleneck_plugin import discovery, storage
 from tb_bottleneck_plugin.discovery import ROOT_RUN, classify_head
 from tb_bottleneck_plugin.errors import StorageError
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+from conftest import TRACES  # noqa: E402  (the one definition, tests/conftest.py)
 NW0 = TRACES / "generated-cpu-torch2.13/nw0/worker0.1795274786665165565.pt.trace.json"
 NW2 = TRACES / "generated-cpu-torch2.13/nw2_gzip/worker0.1795274789574029385.pt.trace.json.gz"
 KINETO_MS = TRACES / "kineto-tb-samples/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz"

@@ -18,8 +18,7 @@ import pytest
 from tb_bottleneck_plugin import loader, model
 from tb_bottleneck_plugin.errors import NotATraceError, TraceError, TruncatedTraceError
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-TRACES = SHARED / "traces"
+from conftest import SHARED, TRACES  # noqa: E402  (the one definition, tests/conftest.py)
 ALL_TRACES = sorted(p for p in TRACES.rglob("*") if p.name.endswith((".json", ".json.gz")))
 REFERENCE = json.loads((SHARED / "oracles" / "reference.json").read_text())["traces"]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from functools import lru_cache
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,8 +15,7 @@ from tb_bottleneck_plugin.analysis.steps import find_steps
 from tb_bottleneck_plugin.analysis.tensor_cores import tensor_core_usage
 from tb_bottleneck_plugin.loader import load_trace
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-TRACES = SHARED / "traces"
+from conftest import SHARED, TRACES  # noqa: E402  (the one definition, tests/conftest.py)
 REF = json.loads((SHARED / "oracles" / "reference.json").read_text())["traces"]
 
 RESNET = [

@@ -15,7 +15,6 @@ source and HTA 0.5.0), field by field.
 """
 import json
 from functools import lru_cache
-from pathlib import Path
 
 import pytest
 
@@ -25,8 +24,7 @@ from tb_bottleneck_plugin.analysis.input_bound import input_bound
 from tb_bottleneck_plugin.analysis.steps import find_steps
 from tb_bottleneck_plugin.loader import load_trace
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-TRACES = SHARED / "traces"
+from conftest import SHARED, TRACES  # noqa: E402  (the one definition, tests/conftest.py)
 REFERENCE = SHARED / "oracles" / "reference.json"
 
 pytestmark = pytest.mark.skipif(not REFERENCE.exists(), reason="../shared/oracles not present")

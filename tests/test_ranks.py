@@ -16,7 +16,7 @@ from tb_bottleneck_plugin import discovery, loader, ranks, report
 from tb_bottleneck_plugin.analysis import distributed
 from tb_bottleneck_plugin.analysis import steps as steps_mod
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+from conftest import TRACES  # noqa: E402  (the one definition, tests/conftest.py)
 
 
 def _x(name, ts, dur, cat="cpu_op", tid=1, args=None, pid=100):

@@ -31,7 +31,6 @@ rounding to HTA's number (within 0.01 pct point where the kernel sets are identi
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -43,7 +42,7 @@ from tb_bottleneck_plugin.analysis.breakdown import comm_kernel_mask
 from tb_bottleneck_plugin.analysis.linking import gpu_runtime_index
 from tb_bottleneck_plugin.model import GPU_KERNEL
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+from conftest import TRACES  # noqa: E402  (the one definition, tests/conftest.py)
 
 # HTA 0.5.0 get_comm_comp_overlap()["comp_comm_overlap_pctg"], from benchmarks/hta_overlap_oracle.py.
 HTA_PCTG = {

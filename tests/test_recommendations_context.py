@@ -15,7 +15,7 @@ from tb_bottleneck_plugin.analysis import context
 from tb_bottleneck_plugin.loader import load_trace
 from trace_builder import A100, B200, H100, MI250, MI300, V100, TraceBuilder, occupancy_args
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+from conftest import TRACES  # noqa: E402  (the one definition, tests/conftest.py)
 H100_BERT = "tracelens/h100/gaunernst_bert-small-uncased__1016001.json.gz"
 V100_NW0 = "kineto-tb-samples/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz"
 MI300_DDP = "tracelens/mi300/resnet_act_checkpoint.json.gz"

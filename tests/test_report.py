@@ -10,8 +10,7 @@ import pytest
 
 from tb_bottleneck_plugin import discovery, report
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-TRACES = SHARED / "traces"
+from conftest import SHARED, TRACES  # noqa: E402  (the one definition, tests/conftest.py)
 ALL_TRACES = sorted(p for p in TRACES.rglob("*") if p.name.endswith((".json", ".json.gz")))
 REFERENCE = json.loads((SHARED / "oracles" / "reference.json").read_text())["traces"]
 RESNET0 = TRACES / "kineto-tb-samples/resnet50_num_workers_0"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-from pathlib import Path
 
 import pytest
 
@@ -14,7 +13,7 @@ from tb_bottleneck_plugin import loader, recommendations, report
 from tb_bottleneck_plugin.analysis import (breakdown, context, distributed, gpu, input_bound, memory, occupancy,
                                            operators, signals, steps, tensor_cores)
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+from conftest import TRACES  # noqa: E402  (the one definition, tests/conftest.py)
 # A GPU trace with memory events, kernels, steps and recommendations; small enough to analyse often.
 H100 = TRACES / "tracelens/h100/gaunernst_bert-small-uncased__1016001.json.gz"
 RESNET0 = TRACES / "kineto-tb-samples/resnet50_num_workers_0"

@@ -23,7 +23,7 @@ jsonschema = pytest.importorskip("jsonschema")
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-TRACES = REPO.parent / "shared" / "traces"
+from conftest import TRACES  # noqa: E402  (the one definition, tests/conftest.py)
 sys.path.insert(0, str(HERE / "fixtures"))
 
 import record_route_fixtures as rec  # noqa: E402

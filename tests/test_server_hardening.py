@@ -21,7 +21,7 @@ from tb_bottleneck_plugin import report, service
 from tb_bottleneck_plugin.plugin import BottlenecksPlugin
 from tb_bottleneck_plugin.service import Analyzer, DiskCache
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+from conftest import TRACES  # noqa: E402  (the one definition, tests/conftest.py)
 CPU_NW0 = TRACES / "generated-cpu-torch2.13" / "nw0" / "worker0.1795274786665165565.pt.trace.json"
 CPU_NW2 = TRACES / "generated-cpu-torch2.13" / "nw2_gzip" / "worker0.1795274789574029385.pt.trace.json.gz"
 PREFIX = "/data/plugin/bottlenecks"
