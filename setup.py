@@ -13,7 +13,9 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
-    packages=["tb_bottleneck_plugin", "tb_bottleneck_plugin.analysis"],
+    # tb_bottleneck_demo: the demo generator (torch training loops), outside the runtime
+    # package's import path; only `tb-bottlenecks demo` imports it (torch: the demo extra).
+    packages=["tb_bottleneck_plugin", "tb_bottleneck_plugin.analysis", "tb_bottleneck_demo"],
     package_data={
         "tb_bottleneck_plugin": ["METRICS.md", "static/*.js", "static/*.css", "static/*.html", "static/*.svg"],
     },

@@ -41,7 +41,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.command in ("diff", "check"):
         return gate.run(args)
     if args.command == "demo":
-        from . import demo as demo_module
+        # The generator lives outside the runtime package (torch only in the demo extra);
+        # without torch it prints one line with the pip command and returns 1.
+        from tb_bottleneck_demo import generator as demo_module
 
         return demo_module.main([args.outdir] + (["--quick"] if args.quick else []))
     debug = args.debug

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from tb_bottleneck_plugin import demo
+from tb_bottleneck_demo import generator as demo
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRACE_FILE = re.compile(r"^worker0\.\d{19}\.pt\.trace\.json\.gz$")
@@ -142,7 +142,7 @@ def test_demo_module_imports_without_torch_and_says_how_to_install(tmp_path):
     script = (
         "import sys\n"
         "sys.modules['torch'] = None  # make `import torch` fail\n"
-        "import tb_bottleneck_plugin.demo as demo\n"
+        "import tb_bottleneck_demo.generator as demo\n"
         "try:\n"
         f"    demo.generate({str(tmp_path)!r}, quick=True)\n"
         "except demo.MissingTorchError as exc:\n"
@@ -157,6 +157,24 @@ def test_demo_module_imports_without_torch_and_says_how_to_install(tmp_path):
     assert done.returncode == 0, done.stderr
     assert 'pip install "tb_bottleneck_plugin[demo]"' in done.stdout
     assert not os.listdir(tmp_path)
+
+
+def test_cli_demo_without_torch_is_one_line_with_the_install_command(tmp_path):
+    """`tb-bottlenecks demo` imports the generator only when asked; without torch it exits 1
+    with one line on stderr naming the extra (no traceback) and writes nothing."""
+    script = (
+        "import sys\n"
+        "sys.modules['torch'] = None  # make `import torch` fail\n"
+        "from tb_bottleneck_plugin import cli\n"
+        f"sys.exit(cli.main(['demo', {str(tmp_path / 'logs')!r}, '--quick']))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")])))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tb-bottlenecks demo: error:"), done.stderr
+    assert 'pip install "tb_bottleneck_plugin[demo]"' in lines[0]
+    assert not (tmp_path / "logs").exists() or not os.listdir(tmp_path / "logs")
 
 
 def test_main_reports_a_missing_gpu(tmp_path, capsys):

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from tb_bottleneck_plugin import demo, discovery, ranks, report
+from tb_bottleneck_demo import generator as demo
+from tb_bottleneck_plugin import discovery, ranks, report
 from tb_bottleneck_plugin import thresholds as T
 
 REPO = Path(__file__).resolve().parents[1]

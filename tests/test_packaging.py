@@ -14,12 +14,16 @@ def test_wheel_contains_every_module_and_the_frontend(tmp_path):
                     "-w", str(tmp_path), str(REPO)], check=True, timeout=300)
     wheel, = tmp_path.glob("tb_bottleneck_plugin-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    package = REPO / "tb_bottleneck_plugin"
-    for module in package.rglob("*.py"):
-        assert module.relative_to(REPO).as_posix() in names, module
-    for asset in (REPO / "tb_bottleneck_plugin" / "static").iterdir():
-        if asset.suffix in (".js", ".css"):
-            assert f"tb_bottleneck_plugin/static/{asset.name}" in names, asset
+    for package in (REPO / "tb_bottleneck_plugin", REPO / "tb_bottleneck_demo"):
+        modules = list(package.rglob("*.py"))
+        assert modules, package
+        for module in modules:
+            assert module.relative_to(REPO).as_posix() in names, module
+    assets = [a for a in (REPO / "tb_bottleneck_plugin" / "static").iterdir()
+              if a.suffix in (".js", ".css", ".html", ".svg")]
+    assert any(a.name == "index.js" for a in assets), assets
+    for asset in assets:
+        assert f"tb_bottleneck_plugin/static/{asset.name}" in names, asset
     assert "tb_bottleneck_plugin/METRICS.md" in names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()

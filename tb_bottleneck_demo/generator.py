@@ -22,9 +22,10 @@ sized to the model's measured step time, so the same story comes out on a 2-core
 and on a workstation: with ``num_workers=0`` the DataLoader takes a large share of each
 step, with workers it takes next to none.
 
-torch is imported lazily: the package imports without it, and the demo raises
+torch is imported lazily: this module imports without it, and the demo raises
 :class:`MissingTorchError` (``pip install "tb_bottleneck_plugin[demo]"``) when it is
-missing.
+missing. The module lives outside the runtime package (``tb_bottleneck_plugin``), which
+never imports it; ``tb-bottlenecks demo`` imports it only when that subcommand runs.
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
-from .errors import BottleneckError
+from tb_bottleneck_plugin.errors import BottleneckError
 
 __all__ = ["MissingTorchError", "AugmentedImageDataset", "generate", "main"]
 
@@ -51,7 +52,6 @@ INPUT_PAIR = ("input_bound_nw0", "input_fixed_nw4")
 PRECISION_PAIR = ("fp32_matmul", "bf16_autocast")
 FUSION_PAIR = ("many_small_kernels", "compiled")
 DDP_PAIR = ("ddp_straggler_2rank", "ddp_balanced_2rank")
-ALL_RUNS = INPUT_PAIR + PRECISION_PAIR + FUSION_PAIR + DDP_PAIR
 
 # Profiler schedule shared by every run: one waiting step, one warm-up step, two
 # recorded steps; ``repeat`` cycles write one trace file ("span") each.
@@ -870,5 +870,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-if __name__ == "__main__":  # pragma: no cover
+if __name__ == "__main__":  # pragma: no cover  (python -m tb_bottleneck_demo is the usual spelling)
     sys.exit(main())
