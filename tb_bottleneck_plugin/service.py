@@ -1,26 +1,28 @@
-"""Keeps the analysed state of one logdir, off TensorBoard's request path.
+"""Keeps the analysed state of one logdir, off TensorBoard's request path: the view-model.
 
-- A background thread rescans the logdir (one flat listing) every `rescan_seconds`
-  and on demand; new or changed spans are analysed in a bounded thread pool
-  (`max_workers` threads), and nothing is loaded twice.
-- Scheduling is fair across runs: the next free worker takes a span of the run the
-  tab asked for last, else of the run with the fewest loads in flight (round-robin
-  among equals), and one run never holds more than ``max_workers - 1`` workers, so a
-  huge run with many spans never keeps a new or small run waiting.
-- Each span's result (report, memory curves, kernel table) is kept in memory and on
-  disk (`DiskCache`), keyed by the file's URL, its fingerprint (size + mtime or GCS
-  generation) and ANALYSIS_VERSION. Cache hits are served by the scan thread itself,
-  so a TensorBoard restart shows analysed runs right after the first listing.
-- A file that ends early (still being written) is retried when it changes (and up
-  to `SAME_FILE_RETRIES` times on later scans even if it does not) instead of being
-  reported broken for ever; a run whose files disappear disappears.
-Requests only read this state; they never touch storage.
+Three parts, three modules:
+- **scheduler** (`scheduler.Scheduler`): which span is analysed next and how many at
+  once: the run the tab asked for last first, else the run with the fewest analyses in
+  flight (round-robin among equals); one slot per core plus one kept for other runs (one
+  run never holds more than ``max_workers - 1``, so a run of 1,000 ranks never keeps a
+  new or small run waiting); and a memory budget (each analysis reserves its estimated
+  peak, from the file's uncompressed size).
+- **backends**: child processes on this machine (`ChildPool`, below), threads (tests),
+  or an existing Dask cluster (`dask_backend`, only with ``dask_scheduler``).
+- **disk cache** (`cache.DiskCache`): each span's result, keyed by the file's URL, its
+  fingerprint (size + mtime or GCS generation) and ANALYSIS_VERSION.
+
+The Analyzer (this module) ties them: a background thread rescans the logdir (one flat
+listing) every `rescan_seconds` and on demand; new or changed spans are served from the
+disk cache by the scan thread itself (a TensorBoard restart shows analysed runs right
+after the first listing) or queued; nothing is loaded twice. A file that ends early
+(still being written) is retried when it changes (and up to `SAME_FILE_RETRIES` times on
+later scans even if it does not) instead of being reported broken for ever; a run whose
+files disappear disappears. Requests only read this state; they never touch storage.
 """
 from __future__ import annotations
 
 import atexit
-import hashlib
-import json
 import logging
 import os
 import signal
@@ -28,133 +30,24 @@ import threading
 import time
 import traceback
 import weakref
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Deque, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from . import discovery, procguard, report
+from .cache import DEFAULT_CACHE_BYTES, DiskCache, default_cache_dir, valid_result  # noqa: F401 (re-exported)
 from .errors import BottleneckError, TruncatedTraceError
+from .scheduler import Scheduler, default_memory_budget, default_slots, estimate_peak_bytes
 
 log = logging.getLogger(__name__)
 
 # Bump when a metric definition or the report layout changes: old disk caches are ignored.
-ANALYSIS_VERSION = f"{report.SCHEMA_VERSION}.2"  # .2: context, operators, distributed partial, occupancy_source
+ANALYSIS_VERSION = f"{report.SCHEMA_VERSION}.3"  # .3: verdicts; .2: context, operators, distributed partial, occupancy_source
 
-DEFAULT_CACHE_BYTES = 512 << 20
 # A truncated file whose fingerprint does not change is analysed again this many times
 # (on later scans) before it is left alone; any change of the file retries it again.
 SAME_FILE_RETRIES = 2
-
-
-def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "tb_bottleneck_plugin"
-
-
-class DiskCache:
-    """Analysed span results as JSON files, bounded in total size (oldest evicted).
-
-    An entry is ``{"version": ANALYSIS_VERSION, "key": <its key>, "result": {...}}`` and
-    is used only when it has exactly that shape (`valid_result`); anything else (an old
-    layout, ``[]``, ``{}``, garbage bytes, a truncated or forged file) is deleted and the
-    span analysed again. Writes go to ``<key>.json.tmp<pid>.<thread>`` and are renamed;
-    temporary files left by a killed process are removed when the cache is opened.
-    """
-
-    STALE_TMP_SECONDS = 600.0  # a write takes milliseconds: an older .tmp was abandoned
-
-    def __init__(self, directory, max_bytes: int = DEFAULT_CACHE_BYTES):
-        self.directory = Path(directory)
-        self.max_bytes = max_bytes
-        self._lock = threading.Lock()
-        self.discarded = 0  # invalid entries deleted (tests, stats)
-        self._clean_stale_tmp()
-
-    @staticmethod
-    def key(url: str, fingerprint: str) -> str:
-        return hashlib.sha256(f"{ANALYSIS_VERSION}\0{url}\0{fingerprint}".encode()).hexdigest()
-
-    def _clean_stale_tmp(self) -> None:
-        now = time.time()
-        try:
-            candidates = list(self.directory.glob("*.json.tmp*"))
-        except OSError:
-            return
-        for path in candidates:
-            try:
-                if now - path.stat().st_mtime >= self.STALE_TMP_SECONDS:
-                    path.unlink()
-            except OSError:
-                continue
-
-    def get(self, key: str) -> Optional[dict]:
-        path = self.directory / f"{key}.json"
-        try:
-            with open(path, "rb") as f:
-                raw = f.read()
-        except OSError:
-            return None
-        try:
-            entry = json.loads(raw)
-        except (ValueError, RecursionError):
-            entry = None
-        if not (isinstance(entry, dict) and entry.get("version") == ANALYSIS_VERSION
-                and entry.get("key") == key and valid_result(entry.get("result"))):
-            log.warning("bottlenecks: discarding an invalid report cache entry %s", path)
-            self.discarded += 1
-            try:
-                path.unlink()
-            except OSError:
-                pass
-            return None
-        try:
-            os.utime(path)  # recently used: evicted last
-        except OSError:
-            pass
-        return entry["result"]
-
-    def put(self, key: str, value: dict) -> None:
-        tmp = self.directory / f"{key}.json.tmp{os.getpid()}.{threading.get_ident()}"
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            # pid + thread: two TensorBoards may share one cache directory
-            entry = {"version": ANALYSIS_VERSION, "key": key, "result": value}
-            tmp.write_text(json.dumps(entry, allow_nan=True))
-            os.replace(tmp, self.directory / f"{key}.json")
-            self._prune(keep=key)
-        except (OSError, TypeError, ValueError) as exc:  # a read-only or full disk must not break the tab
-            log.warning("bottlenecks: cannot write the report cache in %s: %s", self.directory, exc)
-            try:
-                tmp.unlink()
-            except OSError:
-                pass
-
-    def _prune(self, keep: Optional[str] = None) -> None:
-        """Evict least recently used entries until the total fits in ``max_bytes``
-        (the entry just written is kept even if it alone is larger)."""
-        with self._lock:
-            files = []
-            for path in self.directory.glob("*.json"):
-                try:
-                    st = path.stat()
-                except OSError:  # removed meanwhile (another process pruned it)
-                    continue
-                files.append((st.st_mtime, st.st_size, path))
-            total = sum(size for _, size, _ in files)
-            for _, size, path in sorted(files, key=lambda f: f[0]):
-                if total <= self.max_bytes:
-                    break
-                if path.stem == keep:
-                    continue
-                try:
-                    path.unlink()
-                except FileNotFoundError:
-                    pass
-                except OSError:
-                    continue
-                total -= size
 
 
 # ---------------------------------------------------------------------------- analysis children
@@ -415,14 +308,6 @@ def _outcome_in_thread(analyze_span: Callable, logdir: str, run, span, progress)
         return "internal", f"{type(exc).__name__}: {exc}"
 
 
-def valid_result(value) -> bool:
-    """Whether ``value`` has the shape of a span result: {"report": dict with this
-    schema_version, "memory": dict, "kernels": list}."""
-    return (isinstance(value, dict) and isinstance(value.get("report"), dict)
-            and value["report"].get("schema_version") == report.SCHEMA_VERSION
-            and isinstance(value.get("memory"), dict) and isinstance(value.get("kernels"), list))
-
-
 class BrowserPaths:
     """Paths as the browser sees them: relative to the logdir. Server paths (the logdir's
     absolute location, a bucket's prefix) are not sent to the browser; the span results
@@ -481,20 +366,33 @@ class _Summary:
 class Analyzer:
     """The analysed state of one logdir (local path or fsspec URL)."""
 
-    def __init__(self, logdir: str, *, cache_dir=None, max_workers: int = 2,
+    def __init__(self, logdir: str, *, cache_dir=None, max_workers: Optional[int] = None,
                  rescan_seconds: float = 30.0, analyze_span: Optional[Callable] = None,
                  cache_max_bytes: int = DEFAULT_CACHE_BYTES, processes: Optional[bool] = None,
-                 follow_symlinks: bool = False):
+                 follow_symlinks: bool = False, memory_budget: Optional[int] = None,
+                 dask_scheduler: Optional[str] = None):
         """``processes``: analyse each span in a child process (default), or in this
         process's threads (False; the default when ``analyze_span`` is injected, as tests
         do, or when TB_BOTTLENECKS_ANALYSIS_PROCESSES=0). ``follow_symlinks``: follow
-        directory symlinks that point outside the logdir too."""
+        directory symlinks that point outside the logdir too. ``max_workers``: analyses
+        at a time (default: the cores plus one slot kept for other runs, so one run uses
+        every core). ``memory_budget``: bytes the analyses in flight may reserve (default
+        `scheduler.default_memory_budget`, half the machine). ``dask_scheduler``: the
+        address of an existing Dask scheduler (``tcp://host:8786``): spans are analysed on
+        its workers (`dask_backend`), or here with a note when it cannot be reached."""
         self.logdir = logdir
         self.rescan_seconds = rescan_seconds
-        self.max_workers = max(1, int(max_workers))
-        # one run holds at most this many workers, so another run always finds one free
-        self.per_run_limit = max(1, self.max_workers - 1)
+        self.max_workers = max(1, int(max_workers)) if max_workers else default_slots() + 1
+        # one run holds at most max_workers - 1 slots, so another run always finds one free
+        self._sched = Scheduler(self.max_workers, memory_budget if memory_budget is not None
+                                else default_memory_budget())
+        self.per_run_limit = self._sched.per_run_limit
+        self.dask_scheduler = dask_scheduler or None
+        self._dask = None  # dask_backend.DaskBackend once connected (in the scan thread)
+        self._dask_tried = False
+        self._notes: List[str] = []  # service notes for the runs listing (the Dask fallback)
         self._analyze_span = analyze_span or report.analyze_span
+        self._injected = analyze_span
         if processes is None:
             processes = (analyze_span is None and processes_supported()
                          and os.environ.get("TB_BOTTLENECKS_ANALYSIS_PROCESSES", "1") != "0")
@@ -502,7 +400,8 @@ class Analyzer:
         self.follow_symlinks = bool(follow_symlinks)
         self.children = ChildPool(max_idle=self.max_workers) if self.processes else None
         self._cache = DiskCache(cache_dir, max_bytes=cache_max_bytes) if cache_dir else None
-        self._pool = ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="bottlenecks-load")
+        # threads only wait (on a child or a Dask future); the scheduler bounds how many
+        self._pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix="bottlenecks-load")
         self._lock = threading.RLock()
         self._logdir_obj: Optional[discovery.Logdir] = None
         self._spans: Dict[str, SpanState] = {}  # by span URL
@@ -514,12 +413,6 @@ class Analyzer:
         self._wake = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._stopped = False
-        # scheduler: queued loads per run, loads in flight per run, busy pool workers
-        self._queues: Dict[str, Deque[tuple]] = {}
-        self._inflight: Dict[str, int] = {}
-        self._rr: Deque[str] = deque()  # round-robin order of runs
-        self._wanted: Optional[str] = None  # the run the tab asked for last
-        self._workers_busy = 0
         self.parse_count = 0  # trace files actually parsed (not served from a cache)
         self.cache_hits = 0  # spans served from the disk cache
         self.scan_count = 0  # finished scans (ok or error)
@@ -536,12 +429,13 @@ class Analyzer:
     def stop(self) -> None:
         with self._lock:
             self._stopped = True
-            self._queues.clear()
-            self._rr.clear()
+            self._sched.clear()
         self._wake.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
         if self.children is not None:
             self.children.close()
+        if self._dask is not None:
+            self._dask.close()
 
     def rescan(self) -> None:
         """Ask for a scan now (the tab's reload button)."""
@@ -584,6 +478,7 @@ class Analyzer:
             self._scan_state = "scanning"
         if self.children is not None:
             self.children.reap_idle()
+        self._connect_dask()
         try:
             found = discovery.scan_logdir(self.logdir, follow_symlinks=self.follow_symlinks)
         except BottleneckError as exc:
@@ -607,7 +502,8 @@ class Analyzer:
                             todo.append((run, span, state))
         # Disk-cache hits are served here, before the run is listed, so a restarted
         # TensorBoard shows analysed runs as ready from its first answer.
-        misses = [(run, span, state) for run, span, state in todo if not self._from_cache(span, state)]
+        misses = [(run, span, state, self._cost(span)) for run, span, state in todo
+                  if not self._from_cache(span, state)]
         with self._lock:
             for url in list(self._spans):
                 if url not in alive:
@@ -618,11 +514,44 @@ class Analyzer:
             self._scan_state, self._scan_error = "ok", None
             self._scanned_at = time.time()
             self.scan_count += 1
-            for run, span, state in misses:
-                self._queues.setdefault(run.name, deque()).append((run, span, state))
-                if run.name not in self._rr:
-                    self._rr.append(run.name)
+            for run, span, state, cost in misses:
+                self._sched.push(run.name, (run, span, state), cost)
             self._kick()
+
+    def _cost(self, span) -> int:
+        """Memory an analysis of ``span`` reserves (0 on Dask: workers have their own limits)."""
+        if self.dask_scheduler and self._dask is not None:
+            return 0
+        try:
+            return estimate_peak_bytes(span)
+        except Exception:  # noqa: BLE001 - an estimate must not stop a scan
+            return 0
+
+    def _connect_dask(self) -> None:
+        """Connect to the Dask scheduler once (scan thread); on failure analyse here, with a note."""
+        if not self.dask_scheduler or self._dask_tried:
+            if self._dask is not None:
+                slots = self._dask.slots() + 1
+                with self._lock:
+                    self._sched.slots = slots
+                    self._sched.per_run_limit = max(1, slots - 1)
+            return
+        self._dask_tried = True
+        from . import dask_backend  # imported only with --bottlenecks_dask_scheduler
+
+        try:
+            backend = dask_backend.DaskBackend.connect(self.dask_scheduler, analyze_span=self._injected)
+        except dask_backend.DaskUnavailable as exc:
+            log.warning("bottlenecks: %s; analysing on this machine", exc)
+            with self._lock:
+                self._notes.append(f"{exc}; analysing on this machine instead")
+            return
+        slots = backend.slots() + 1
+        with self._lock:
+            self._dask = backend
+            self._sched.slots = slots
+            self._sched.per_run_limit = max(1, slots - 1)
+            self._sched.memory_budget = None
 
     def _scan_failed(self, message: str) -> None:
         with self._lock:
@@ -651,7 +580,7 @@ class Analyzer:
     def _from_cache(self, span, state: SpanState) -> bool:
         if self._cache is None:
             return False
-        cached = self._cache.get(DiskCache.key(span.url, span.fingerprint))
+        cached = self._cache.get(self._cache.key_for(span.url, span.fingerprint))
         if cached is None:
             return False
         with self._lock:
@@ -661,67 +590,32 @@ class Analyzer:
 
     # ------------------------------------------------------------------ scheduling
     def _kick(self) -> None:
-        """Start pool workers while some are free and a load may start (lock held)."""
-        while (not self._stopped and self._workers_busy < self.max_workers
-               and self._has_startable()):
-            self._workers_busy += 1
-            try:
-                self._pool.submit(self._work)
-            except RuntimeError:  # the pool was shut down (stop())
-                self._workers_busy -= 1
+        """Start every load the scheduler allows now (lock held): the run the tab asked
+        for last first, within the slots and the memory budget (`scheduler.Scheduler`)."""
+        while not self._stopped:
+            nxt = self._sched.next()
+            if nxt is None:
                 return
-
-    def _startable(self, name: str) -> bool:
-        return bool(self._queues.get(name)) and self._inflight.get(name, 0) < self.per_run_limit
-
-    def _has_startable(self) -> bool:
-        return any(self._startable(name) for name in self._rr)
-
-    def _next_job(self) -> Optional[tuple]:
-        """The next load (lock held): the run the tab asked for last first; otherwise
-        the run with the fewest loads in flight, round-robin among equals; never more
-        than ``per_run_limit`` loads of one run at a time."""
-        while True:
-            candidates = [name for name in self._rr if self._startable(name)]
-            if not candidates:
-                return None
-            if self._wanted in candidates:
-                name = self._wanted
-            else:
-                name = min(candidates, key=lambda n: self._inflight.get(n, 0))  # min: first in rr order
-            self._rr.remove(name)
-            queue = self._queues[name]
-            job = queue.popleft()
-            if queue:
-                self._rr.append(name)  # to the back: round-robin
-            else:
-                del self._queues[name]
+            name, job, cost = nxt
             run, span, state = job
             if self._spans.get(span.url) is not state or state.state != "queued":
-                continue  # superseded (file changed or deleted) while queued
-            self._inflight[name] = self._inflight.get(name, 0) + 1
+                self._sched.done(name, cost)  # superseded (file changed or deleted) while queued
+                continue
             state.state = "loading"
-            return job
-
-    def _work(self) -> None:
-        """One pool worker: load spans until nothing may start, then give the slot back."""
-        while True:
-            with self._lock:
-                job = None if self._stopped else self._next_job()
-                if job is None:
-                    self._workers_busy -= 1
-                    return
-            run, span, state = job
             try:
-                self._load(run, span, state)
-            finally:
-                with self._lock:
-                    left = self._inflight.get(run.name, 1) - 1
-                    if left > 0:
-                        self._inflight[run.name] = left
-                    else:
-                        self._inflight.pop(run.name, None)
-                    self._kick()  # a capped run's next span may start now
+                self._pool.submit(self._work, name, job, cost)
+            except RuntimeError:  # the pool was shut down (stop())
+                self._sched.done(name, cost)
+                return
+
+    def _work(self, name: str, job: tuple, cost: int) -> None:
+        run, span, state = job
+        try:
+            self._load(run, span, state)
+        finally:
+            with self._lock:
+                self._sched.done(name, cost)
+                self._kick()
 
     def _load(self, run, span, state: SpanState) -> None:
         def progress(fraction: float) -> None:
@@ -729,12 +623,14 @@ class Analyzer:
 
         with self._lock:
             self.parse_count += 1
-        if self.processes:
+        if self._dask is not None:
+            kind, value = self._dask.analyze(self.logdir, run, span, progress)
+        elif self.processes:
             kind, value = self.children.analyze(self.logdir, run, span, progress)
         else:
             kind, value = _outcome_in_thread(self._analyze_span, self.logdir, run, span, progress)
         if kind == "internal":
-            if self.processes:
+            if self.processes or self._dask is not None:
                 log.error("bottlenecks: analysing %s failed: %s", span.url, value)
             value = f"{span.url}: internal error while analysing ({value.splitlines()[0] if value else ''})"
         if kind != "ok":
@@ -748,7 +644,7 @@ class Analyzer:
             return
         result = value
         if self._cache:
-            self._cache.put(DiskCache.key(span.url, span.fingerprint), result)
+            self._cache.put(self._cache.key_for(span.url, span.fingerprint), result)
         with self._lock:
             state.result, state.state, state.progress = self._paths.view(result), "ready", 1.0
 
@@ -777,7 +673,7 @@ class Analyzer:
             return {
                 "logdir": self.logdir,
                 "scan": {"state": self._scan_state, "error": rel(self._scan_error), "scanned_at": self._scanned_at,
-                         "notes": list(self._logdir_obj.notes) if self._logdir_obj else []},
+                         "notes": (list(self._logdir_obj.notes) if self._logdir_obj else []) + self._notes},
                 "runs": runs,
             }
 
@@ -815,7 +711,7 @@ class Analyzer:
         states = [st for _, _, st in selected]
         if any(st.state in ("loading", "queued") for st in states):
             with self._lock:
-                self._wanted = run
+                self._sched.want(run)
             return {"state": "loading", "progress": round(sum(st.progress for st in states) / max(1, len(states)), 3)}
         ready = [(w, s, st) for w, s, st in selected if st.state == "ready"]
         rel = self._paths.relative

@@ -294,7 +294,7 @@ def test_an_unexpected_exception_in_a_route_is_not_500(ready, monkeypatch, route
 
 
 def test_child_process_results_equal_in_process(tmp_path, logdir):
-    procs = Analyzer(str(logdir), rescan_seconds=60, processes=True)
+    procs = Analyzer(str(logdir), rescan_seconds=60, processes=True, max_workers=2)
     threads = Analyzer(str(logdir), rescan_seconds=60, processes=False)
     try:
         assert procs.wait_idle(120) and threads.wait_idle(120)

@@ -1,0 +1,152 @@
+"""The disk cache of analysed span results (one JSON file per span, bounded in size).
+
+Separate from the scheduler (`scheduler.py`: which span is analysed next, and how many
+at once) and from the view-model (`service.Analyzer`: what the tab is shown). The
+service keys an entry by the span's URL, its fingerprint (size + mtime, or the GCS
+generation) and ``service.ANALYSIS_VERSION``; the CLI does not use the cache.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+from . import report
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CACHE_BYTES = 512 << 20
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tb_bottleneck_plugin"
+
+
+def _current_version() -> str:
+    from . import service  # the one place the analysis version is defined
+
+    return service.ANALYSIS_VERSION
+
+
+def valid_result(value) -> bool:
+    """Whether ``value`` has the shape of a span result: {"report": dict with this
+    schema_version, "memory": dict, "kernels": list}."""
+    return (isinstance(value, dict) and isinstance(value.get("report"), dict)
+            and value["report"].get("schema_version") == report.SCHEMA_VERSION
+            and isinstance(value.get("memory"), dict) and isinstance(value.get("kernels"), list))
+
+
+class DiskCache:
+    """Analysed span results as JSON files, bounded in total size (oldest evicted).
+
+    An entry is ``{"version": <version>, "key": <its key>, "result": {...}}`` and is used
+    only when it has exactly that shape (`valid_result`); anything else (an old layout,
+    ``[]``, ``{}``, garbage bytes, a truncated or forged file) is deleted and the span
+    analysed again. Writes go to ``<key>.json.tmp<pid>.<thread>`` and are renamed;
+    temporary files left by a killed process are removed when the cache is opened.
+    ``version`` defaults to ``service.ANALYSIS_VERSION`` at construction.
+    """
+
+    STALE_TMP_SECONDS = 600.0  # a write takes milliseconds: an older .tmp was abandoned
+
+    def __init__(self, directory, max_bytes: int = DEFAULT_CACHE_BYTES, version: Optional[str] = None):
+        self.directory = Path(directory)
+        self.max_bytes = max_bytes
+        self.version = version if version is not None else _current_version()
+        self._lock = threading.Lock()
+        self.discarded = 0  # invalid entries deleted (tests, stats)
+        self._clean_stale_tmp()
+
+    def key_for(self, url: str, fingerprint: str) -> str:
+        return hashlib.sha256(f"{self.version}\0{url}\0{fingerprint}".encode()).hexdigest()
+
+    @staticmethod
+    def key(url: str, fingerprint: str) -> str:
+        """The key under the current ``service.ANALYSIS_VERSION``."""
+        return hashlib.sha256(f"{_current_version()}\0{url}\0{fingerprint}".encode()).hexdigest()
+
+    def _clean_stale_tmp(self) -> None:
+        now = time.time()
+        try:
+            candidates = list(self.directory.glob("*.json.tmp*"))
+        except OSError:
+            return
+        for path in candidates:
+            try:
+                if now - path.stat().st_mtime >= self.STALE_TMP_SECONDS:
+                    path.unlink()
+            except OSError:
+                continue
+
+    def get(self, key: str) -> Optional[dict]:
+        path = self.directory / f"{key}.json"
+        try:
+            with open(path, "rb") as f:
+                raw = f.read()
+        except OSError:
+            return None
+        try:
+            entry = json.loads(raw)
+        except (ValueError, RecursionError):
+            entry = None
+        if not (isinstance(entry, dict) and entry.get("version") == self.version
+                and entry.get("key") == key and valid_result(entry.get("result"))):
+            log.warning("bottlenecks: discarding an invalid report cache entry %s", path)
+            self.discarded += 1
+            try:
+                path.unlink()
+            except OSError:
+                pass
+            return None
+        try:
+            os.utime(path)  # recently used: evicted last
+        except OSError:
+            pass
+        return entry["result"]
+
+    def put(self, key: str, value: dict) -> None:
+        tmp = self.directory / f"{key}.json.tmp{os.getpid()}.{threading.get_ident()}"
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            # pid + thread: two TensorBoards may share one cache directory
+            entry = {"version": self.version, "key": key, "result": value}
+            tmp.write_text(json.dumps(entry, allow_nan=True))
+            os.replace(tmp, self.directory / f"{key}.json")
+            self._prune(keep=key)
+        except (OSError, TypeError, ValueError) as exc:  # a read-only or full disk must not break the tab
+            log.warning("bottlenecks: cannot write the report cache in %s: %s", self.directory, exc)
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
+
+    def _prune(self, keep: Optional[str] = None) -> None:
+        """Evict least recently used entries until the total fits in ``max_bytes``
+        (the entry just written is kept even if it alone is larger)."""
+        with self._lock:
+            files = []
+            for path in self.directory.glob("*.json"):
+                try:
+                    st = path.stat()
+                except OSError:  # removed meanwhile (another process pruned it)
+                    continue
+                files.append((st.st_mtime, st.st_size, path))
+            total = sum(size for _, size, _ in files)
+            for _, size, path in sorted(files, key=lambda f: f[0]):
+                if total <= self.max_bytes:
+                    break
+                if path.stem == keep:
+                    continue
+                try:
+                    path.unlink()
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    continue
+                total -= size

@@ -1,0 +1,119 @@
+"""Analysis tasks on an existing Dask cluster (``--dask`` / ``--bottlenecks_dask_scheduler``).
+
+One task per span: ``_analyze_task(logdir, run, span)`` runs on a Dask worker, which reads
+the trace itself through the same storage layer as here (a local path the worker can
+see, or ``gs://...`` with the worker's own credentials) and returns only the span's
+result (the report, memory curves and kernel table: KBs), which the service caches
+like a local one. Errors come back as the same outcome tuples as from an analysis child
+(`service.ChildPool.analyze`): ("ok", result) | ("truncated" | "error" | "internal" |
+"died", message). A worker that dies mid-task (out of memory, preempted) is the
+scheduler's business: it reruns the task on another worker, up to its
+``distributed.scheduler.allowed-failures`` (default 3); after that the span is
+"died" and retried on a later scan.
+
+Imported only when a Dask scheduler is configured: nothing here is imported by the
+plugin's entry point, the CLI without ``--dask`` or the service without it.
+"""
+from __future__ import annotations
+
+import logging
+import traceback
+from typing import Callable, Optional
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 10.0
+
+
+class DaskUnavailable(Exception):
+    """The Dask scheduler cannot be used (not installed, unreachable): one line, for people."""
+
+
+def _analyze_task(analyze_span: Optional[Callable], logdir: str, run, span) -> tuple:
+    """Runs on a Dask worker: one span analysed, its outcome tuple."""
+    from . import report
+    from .errors import BottleneckError, TruncatedTraceError
+
+    fn = analyze_span or report.analyze_span
+    try:
+        return "ok", fn(logdir, run, span)
+    except TruncatedTraceError as exc:
+        return "truncated", str(exc)
+    except BottleneckError as exc:
+        return "error", str(exc)
+    except Exception as exc:  # noqa: BLE001 - reported to the service, which logs it
+        return "internal", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+
+
+class DaskBackend:
+    """A `distributed.Client` connected to an existing scheduler."""
+
+    def __init__(self, client, address: str, analyze_span: Optional[Callable] = None):
+        self.client = client
+        self.address = address
+        self._analyze_span = analyze_span  # tests inject one; None: report.analyze_span
+
+    @classmethod
+    def connect(cls, address: str, *, timeout: float = CONNECT_TIMEOUT_S,
+                analyze_span: Optional[Callable] = None) -> "DaskBackend":
+        try:
+            from distributed import Client
+        except ImportError as exc:
+            raise DaskUnavailable(f"Dask scheduler {address}: dask[distributed] is not installed "
+                                  f"(pip install 'tb_bottleneck_plugin[dask]'): {exc}") from None
+        try:
+            client = Client(address, timeout=timeout, set_as_default=False)
+        except Exception as exc:  # noqa: BLE001 - OSError, TimeoutError, CommClosedError, bad addresses
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise DaskUnavailable(f"Dask scheduler {address} is unreachable ({reason[:300]})") from None
+        return cls(client, address, analyze_span)
+
+    def slots(self) -> int:
+        """Worker threads in the cluster now (at least 1)."""
+        try:
+            return max(1, sum(self.client.nthreads().values()))
+        except Exception:  # noqa: BLE001 - the scheduler went away: the next task will say so
+            return 1
+
+    def analyze(self, logdir: str, run, span, progress: Optional[Callable[[float], None]] = None) -> tuple:
+        """Analyse one span on the cluster (blocks this thread until done)."""
+        try:
+            future = self.client.submit(_analyze_task, self._analyze_span, logdir, run, span, pure=False)
+            if progress is not None:
+                progress(0.0)
+            outcome = future.result()
+        except Exception as exc:  # noqa: BLE001 - KilledWorker, a lost scheduler, cancellation
+            name = type(exc).__name__
+            detail = str(exc).splitlines()[0][:300] if str(exc) else ""
+            return "died", (f"{span.url}: the Dask analysis failed ({name}{': ' + detail if detail else ''}); "
+                            "it is tried again on a later scan")
+        if not (isinstance(outcome, tuple) and len(outcome) == 2):
+            return "internal", f"unexpected answer from a Dask worker: {type(outcome).__name__}"
+        return outcome
+
+    def analyze_many(self, logdir: str, jobs, on_result: Callable[[object, tuple], None]) -> None:
+        """Submit every (run, span) of ``jobs`` at once and call ``on_result(job, outcome)``
+        as they finish (the CLI: the scheduler spreads them over all workers)."""
+        from distributed import as_completed
+
+        futures = {}
+        for job in jobs:
+            run, span = job
+            fut = self.client.submit(_analyze_task, self._analyze_span, logdir, run, span, pure=False)
+            futures[fut] = job
+        for fut in as_completed(list(futures)):
+            job = futures[fut]
+            try:
+                outcome = fut.result()
+            except Exception as exc:  # noqa: BLE001
+                name = type(exc).__name__
+                detail = str(exc).splitlines()[0][:300] if str(exc) else ""
+                outcome = ("died", f"{job[1].url}: the Dask analysis failed ({name}"
+                                   f"{': ' + detail if detail else ''})")
+            on_result(job, outcome)
+
+    def close(self) -> None:
+        try:
+            self.client.close(timeout=5)
+        except Exception:  # noqa: BLE001 - closing a client whose scheduler is gone
+            pass

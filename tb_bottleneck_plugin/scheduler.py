@@ -1,0 +1,227 @@
+"""Which span is analysed next, and how many at once: the service's scheduler.
+
+Separate from the disk cache (`cache.py`) and from the view-model (`service.Analyzer`),
+and used by the CLI too (`run_all`). Pure bookkeeping, no I/O, no threads of its own:
+
+- **Slots**: at most ``slots`` analyses at a time (one child process each; by default
+  the machine's cores, plus one slot kept for the other runs, see below).
+- **Memory budget**: an analysis reserves its estimated peak (`estimate_peak_bytes`:
+  the file's uncompressed size x ``PEAK_FACTOR`` + ``PEAK_BASE_BYTES``); a span starts
+  only while the reservations in flight plus its own fit in ``memory_budget`` (default:
+  half the machine's memory, `default_memory_budget`; ``--bottlenecks_analysis_memory`` /
+  ``TB_BOTTLENECKS_ANALYSIS_MEMORY``), except when nothing is in flight (a span larger
+  than the whole budget still runs, alone).
+- **The requested run first**: the run the tab asked for last (`want`) takes the next
+  free slot; otherwise the run with the fewest analyses in flight, round-robin among
+  equals. One run never holds more than ``per_run_limit`` slots (default ``slots - 1``),
+  so a run of 1,000 ranks never keeps a new or small run waiting.
+
+Not thread-safe: the owner calls it under its own lock.
+"""
+from __future__ import annotations
+
+import os
+import re
+from collections import deque
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
+
+# Peak memory of one analysis (its whole child process) ~ PEAK_BASE_BYTES + PEAK_FACTOR x
+# the uncompressed JSON size. Measured with `tb-bottlenecks report FILE --json` (a fresh
+# process each, peak RSS): 252-270 MB on the 315 MB scale trace (issue 14 and
+# benchmarks/README.md), 118 MB on the 35 MB resnet50 trace (benchmarks/bench_many_spans.py
+# --measure-peak): about 0.7 x the JSON plus ~60 MB of interpreter and libraries. The
+# factor is rounded up so that the budget errs on the safe side.
+PEAK_FACTOR = 0.8
+PEAK_BASE_BYTES = 64 << 20
+# gzip ratio assumed when the uncompressed size cannot be read (a gzip trailer holds it
+# modulo 4 GiB); Kineto JSON compresses 15-30x (../shared/traces/INDEX.md), 30 errs high.
+ASSUMED_GZIP_RATIO = 30
+MEMORY_ENV = "TB_BOTTLENECKS_ANALYSIS_MEMORY"
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_bytes(text) -> int:
+    """``"4G"``, ``"512MiB"``, ``"1.5g"``, ``"1000000"`` -> bytes; ValueError otherwise."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value = int(text)
+    else:
+        m = _SIZE_RE.match(str(text))
+        if not m:
+            raise ValueError(f"not a size: {text!r} (examples: 8G, 512M, 1000000)")
+        value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if value <= 0:
+        raise ValueError(f"a memory budget must be positive, not {text!r}")
+    return value
+
+
+def machine_memory() -> Optional[int]:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def default_memory_budget() -> int:
+    """``TB_BOTTLENECKS_ANALYSIS_MEMORY`` if set, else half the machine's memory (4 GiB
+    when it cannot be read)."""
+    env = os.environ.get(MEMORY_ENV)
+    if env:
+        return parse_bytes(env)
+    total = machine_memory()
+    return total // 2 if total else 4 << 30
+
+
+def default_slots() -> int:
+    """Analyses at a time by default: one per core this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def uncompressed_size(span, read_tail: Optional[Callable[[Any, int], bytes]] = None) -> int:
+    """The JSON size of a span's file: its size, or for ``.gz`` the gzip trailer's ISIZE
+    (``read_tail(span, 4)``; local files only by default) when plausible, else size x
+    ``ASSUMED_GZIP_RATIO``."""
+    size = int(getattr(span, "size", 0) or 0)
+    if not str(getattr(span, "url", "")).endswith(".gz"):
+        return size
+    tail = None
+    if read_tail is None and "://" not in str(span.url):
+        read_tail = _local_tail
+    if read_tail is not None and size >= 18:
+        try:
+            tail = read_tail(span, 4)
+        except (OSError, ValueError):
+            tail = None
+    if tail is not None and len(tail) == 4:
+        isize = int.from_bytes(tail, "little")
+        if isize >= size:  # ISIZE is modulo 4 GiB: smaller than the gzip is not the truth
+            return isize
+    return size * ASSUMED_GZIP_RATIO
+
+
+def _local_tail(span, n: int) -> bytes:
+    with open(span.path, "rb") as f:
+        f.seek(-n, os.SEEK_END)
+        return f.read(n)
+
+
+def estimate_peak_bytes(span, read_tail=None) -> int:
+    return int(PEAK_BASE_BYTES + PEAK_FACTOR * uncompressed_size(span, read_tail))
+
+
+class Scheduler:
+    """Queues of jobs per run; `next` gives the job to start now (or None)."""
+
+    def __init__(self, slots: int, memory_budget: Optional[int] = None, per_run_limit: Optional[int] = None):
+        self.slots = max(1, int(slots))
+        self.memory_budget = memory_budget  # None: unbounded
+        self.per_run_limit = max(1, int(per_run_limit if per_run_limit is not None else self.slots - 1))
+        self._queues: Dict[str, Deque[Tuple[Any, int]]] = {}
+        self._inflight: Dict[str, int] = {}
+        self._rr: Deque[str] = deque()  # round-robin order of runs
+        self.wanted: Optional[str] = None  # the run asked for last
+        self.running = 0
+        self.reserved = 0  # bytes reserved by the analyses in flight
+        self.peak_running = 0  # most analyses at once (tests, stats)
+        self.peak_reserved = 0
+
+    # ------------------------------------------------------------------ queue
+    def push(self, run: str, job: Any, cost: int = 0) -> None:
+        self._queues.setdefault(run, deque()).append((job, max(0, int(cost))))
+        if run not in self._rr:
+            self._rr.append(run)
+
+    def want(self, run: Optional[str]) -> None:
+        self.wanted = run
+
+    def clear(self) -> None:
+        self._queues.clear()
+        self._rr.clear()
+
+    def queued(self) -> int:
+        return sum(len(q) for q in self._queues.values())
+
+    # ------------------------------------------------------------------ decisions
+    def _fits(self, cost: int) -> bool:
+        if self.memory_budget is None or self.running == 0:
+            return True  # nothing in flight: even a span larger than the budget runs (alone)
+        return self.reserved + cost <= self.memory_budget
+
+    def _startable(self, run: str) -> bool:
+        queue = self._queues.get(run)
+        return bool(queue) and self._inflight.get(run, 0) < self.per_run_limit and self._fits(queue[0][1])
+
+    def can_start(self) -> bool:
+        return self.running < self.slots and any(self._startable(r) for r in self._rr)
+
+    def next(self) -> Optional[Tuple[str, Any, int]]:
+        """(run, job, cost) to start now, counted as in flight until `done`; or None."""
+        if self.running >= self.slots:
+            return None
+        candidates = [r for r in self._rr if self._startable(r)]
+        if not candidates:
+            return None
+        if self.wanted in candidates:
+            run = self.wanted
+        else:
+            run = min(candidates, key=lambda r: self._inflight.get(r, 0))  # min: first in rr order
+        self._rr.remove(run)
+        queue = self._queues[run]
+        job, cost = queue.popleft()
+        if queue:
+            self._rr.append(run)  # to the back: round-robin
+        else:
+            del self._queues[run]
+        self._inflight[run] = self._inflight.get(run, 0) + 1
+        self.running += 1
+        self.reserved += cost
+        self.peak_running = max(self.peak_running, self.running)
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+        return run, job, cost
+
+    def done(self, run: str, cost: int) -> None:
+        left = self._inflight.get(run, 1) - 1
+        if left > 0:
+            self._inflight[run] = left
+        else:
+            self._inflight.pop(run, None)
+        self.running = max(0, self.running - 1)
+        self.reserved = max(0, self.reserved - cost)
+
+
+def run_all(jobs: Iterable[Tuple[str, Any, int]], work: Callable[[Any], Any], *, slots: int,
+            memory_budget: Optional[int] = None) -> List[Tuple[Any, Any]]:
+    """Run ``work(job)`` for every (run, job, cost) with at most ``slots`` at a time
+    in threads (each typically waits on a child process or a Dask future) within the
+    memory budget; [(job, work's value)] in completion order. All runs are equal here
+    (the CLI): no slot is kept back for another run."""
+    import threading
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+    sched = Scheduler(slots, memory_budget, per_run_limit=slots)
+    for run, job, cost in jobs:
+        sched.push(run, job, cost)
+    results: List[Tuple[Any, Any]] = []
+    lock = threading.Lock()
+    with ThreadPoolExecutor(max_workers=sched.slots, thread_name_prefix="bottlenecks-run") as pool:
+        futures: Dict[Any, Tuple[str, Any, int]] = {}
+        while True:
+            with lock:
+                while True:
+                    nxt = sched.next()
+                    if nxt is None:
+                        break
+                    futures[pool.submit(work, nxt[1])] = nxt
+            if not futures:
+                break
+            finished, _ = wait(list(futures), return_when=FIRST_COMPLETED)
+            for fut in finished:
+                run, job, cost = futures.pop(fut)
+                with lock:
+                    sched.done(run, cost)
+                results.append((job, fut.result()))
+    return results
