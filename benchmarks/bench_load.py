@@ -1,29 +1,39 @@
 #!/usr/bin/env python3
-"""Load-time and memory benchmark: our loader against the decode floor and torch-tb-profiler.
+"""What users wait for, side by side: the decode floor, our loader, our whole report,
+torch-tb-profiler and Holistic Trace Analysis, on the same big trace.
 
-    python benchmarks/bench_load.py [--runs 3] [--skip-tbp] [--json OUT]
+    python benchmarks/bench_load.py [--runs 3] [--skip-tbp] [--skip-hta] [--json OUT]
 
-1. Builds (once, then cached under --out-dir) a ~300 MB gzip-compressed trace by
-   repeating a real resnet50 Kineto trace K times with ../shared/bench/scale_trace.py.
-2. Runs every measurement in a fresh child interpreter (so peak RSS belongs to that
-   measurement alone), best wall time of N runs:
-     floor         gunzip the whole file (zlib, one thread) + one msgspec.json.decode
-                   into the loader's own typed schema (loader.TraceObject); nothing else
-     floor-isal    the same with isal's gunzip (information only: a faster gunzip)
-     ours          tb_bottleneck_plugin.loader.load_trace(path), as shipped (it may fork
-                   decode worker processes for large files)
+1. Builds (once, then cached under --out-dir) a big gzip-compressed trace by repeating a
+   real resnet50 Kineto trace K times with ../shared/bench/scale_trace.py (default K = 9,
+   ~292 MB of JSON, the issue-14 file).
+2. Runs every line in a fresh process, interleaved (floor, ours, report, tbp, hta, floor,
+   ...), N runs each, best time kept:
+     floor         ../shared/bench/decode_floor.py FILE, as shipped: read + gunzip (zlib,
+                   one thread) + one typed msgspec decode of the fields the analyses read.
+                   THE REFERENCE LINE: every "x floor" ratio divides by its time.
+     floor-loader  the same gunzip + one msgspec decode into the loader's own (wider)
+                   schema, loader.TraceObject (information: the floor of the old benchmark)
+     floor-isal    floor-loader with isal's gunzip (information only)
+     ours          tb_bottleneck_plugin.loader.load_trace(path), as shipped
      ours-1proc    the same with TB_BOTTLENECKS_DECODE_PROCESSES=0 (no worker processes)
-     ours+report   load_trace + report.analyze_trace(trace): the whole report, exactly
-                   what the CLI and the tab compute for one span
+     report        `tb-bottlenecks report FILE --json` end to end (python -m
+                   tb_bottleneck_plugin.cli): discovery + report.analyze_span (load +
+                   every analysis) + JSON to a file. What the CLI and the tab compute
+                   for one span; what a user waits for.
      tbp           torch-tb-profiler 0.4.3: RunProfileData.parse(...) then
                    RunGenerator(...).generate_run_profile(), what its RunLoader runs per file
-   Time is the operation only (child's interpreter start and imports excluded); CPU
-   time counts the child and its (reaped) worker processes. Memory: "main" is
-   ru_maxrss of the child at the end; "imports" is its ru_maxrss just before the
-   operation; "peak" is the largest sum of RSS over the child and all its descendants
-   (sampled every 20 ms by the parent; never below "main"), "pss" the same as PSS;
-   "added" = peak - imports.
-3. Prints a table with ratios and the targets, and optionally writes JSON (--json).
+     hta           Holistic Trace Analysis 0.5.0: TraceAnalysis(trace_dir) (parse) then
+                   get_temporal_breakdown(); run with the interpreter of a separate venv
+                   (--hta-venv, created with `pip install HolisticTraceAnalysis==0.5.0
+                   "pandas<3"` if missing; the line is skipped with a message if that fails)
+   "time s" is the whole process, interpreter start to exit, as a user sees it (the
+   issue's numbers are whole-process too); "op s" is the operation alone where the
+   process can report it. Memory: "peak" is the largest sum of RSS over the process and
+   all its descendants (sampled every 20 ms from /proc, and never below the ru_maxrss
+   that wait4 returns for the process tree), "pss" the same as PSS.
+3. Prints a table with ratios to the floor and the issue-14 targets (met / MISSED), and
+   optionally writes JSON (--json) with os.getloadavg() before and after.
 """
 from __future__ import annotations
 
@@ -46,14 +56,19 @@ SHARED = Path(__file__).resolve().parents[2] / "shared"
 DEFAULT_SOURCE = SHARED / "traces/kineto-tb-samples/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz"
 SCALE_SCRIPT = SHARED / "bench/scale_trace.py"
 DEFAULT_OUT = REPO / "benchmarks" / "out"
-# 10 copies of the resnet50 span: ~325 MB (310 MiB) of JSON, ~12 MB gzip. scale_trace.py
-# re-serialises compactly and widens ids, so one copy is ~32.5 MB (the source is 35 MB).
-DEFAULT_TIMES = 10
+FLOOR_SCRIPT = SHARED / "bench/decode_floor.py"
+# 9 copies of the resnet50 span (issue 14's file, `--times 9 --gzip`): ~292 MB of JSON.
+# scale_trace.py re-serialises compactly and widens ids, so one copy is ~32.5 MB.
+DEFAULT_TIMES = 9
+HTA_VENV = Path.home() / ".cache" / "tb_bottlenecks_bench" / "htavenv"
+HTA_REQUIREMENTS = ["HolisticTraceAnalysis==0.5.0", "pandas<3"]  # HTA 0.5.0 fails with pandas 3
 
 MB = 1_000_000  # sizes and RSS are reported in decimal MB throughout
 
-TARGET_FLOOR_RATIO = 1.5  # ours within 1.5x of the decode floor
-TARGET_TBP_RATIO = 10.0  # tbp / ours >= 10x (stretch)
+# issue 14's targets, for the full report (the `report` line)
+TARGET_FLOOR_RATIO = 1.0  # report <= 1.0x the single-thread decode floor
+TARGET_MEMORY_RATIO = 0.75  # peak memory of all processes <= 0.75x the uncompressed size
+TARGET_TBP_RATIO = 15.0  # torch-tb-profiler / report >= 15x
 
 
 # --------------------------------------------------------------------------- child side
@@ -85,7 +100,7 @@ def _child(mode: str, path: str, result_path: str, cache_dir: str) -> None:
     """Run one measurement in this (fresh) interpreter and write the numbers as JSON."""
     sys.path.insert(0, str(REPO))
     info: dict = {}
-    if mode in ("floor", "floor-isal"):
+    if mode in ("floor-loader", "floor-isal"):
         from typing import List
 
         import msgspec
@@ -110,22 +125,33 @@ def _child(mode: str, path: str, result_path: str, cache_dir: str) -> None:
             info["uncompressed_bytes"] = len(data)
             return events
 
-    elif mode in ("ours", "ours-1proc", "ours+report"):
+    elif mode in ("ours", "ours-1proc"):
         from tb_bottleneck_plugin import loader
-
-        analyze_trace = None
-        if mode == "ours+report":
-            from tb_bottleneck_plugin.report import analyze_trace
 
         def op():
             trace = loader.load_trace(path)
             info["events"] = trace.meta.event_count
             info["rows"] = {"cpu": len(trace.cpu), "gpu": len(trace.gpu), "runtime": len(trace.runtime),
                             "memory": len(trace.memory)}
-            if analyze_trace is not None:
-                result = analyze_trace(trace)  # report + memory curves + kernel table
-                info["recommendations"] = len(result["report"].get("recommendations") or [])
             return trace
+
+    elif mode == "hta":
+        import logging
+
+        from hta.trace_analysis import TraceAnalysis
+
+        logging.disable(logging.WARNING)
+        # HTA reads a directory of rank files: the trace alone in a directory of its own.
+        trace_dir = Path(cache_dir) / "hta_trace"
+        trace_dir.mkdir()
+        (trace_dir / os.path.basename(path)).symlink_to(os.path.abspath(path))
+
+        def op():
+            analyzer = TraceAnalysis(trace_dir=str(trace_dir))
+            breakdown = analyzer.get_temporal_breakdown(visualize=False)
+            info["ranks"] = len(analyzer.t.traces)
+            info["breakdown_rows"] = len(breakdown)
+            return analyzer, breakdown
 
     elif mode == "tbp":
         import logging
@@ -266,28 +292,47 @@ def _tree_memory(pid: int, with_pss: bool):
     return rss, pss
 
 
-def run_child(mode: str, path: str, out_dir: Path, timeout: float) -> dict:
-    """One fresh child interpreter measuring `mode`. Returns its numbers, or {'error': ...}.
+def _command(mode: str, path: str, result_path: Path, tmp: str, hta_python) -> list:
+    if mode == "floor":
+        return [sys.executable, str(FLOOR_SCRIPT), path]
+    if mode == "report":
+        return [sys.executable, "-m", "tb_bottleneck_plugin.cli", "report", path, "--json"]
+    python = str(hta_python) if mode == "hta" else sys.executable
+    return [python, str(Path(__file__).resolve()), "--child", mode, path, "--result", str(result_path),
+            "--cache-dir", tmp]
 
-    While it runs, this process samples the memory of the child's whole process tree
-    (the loader may fork decode workers, whose memory ru_maxrss of the child omits):
-    the sum of RSS every 20 ms (counts pages shared after fork once per process) and
-    the sum of PSS every 100 ms (shares them out; the fair total).
-    """
+
+def run_child(mode: str, path: str, out_dir: Path, timeout: float, hta_python=None) -> dict:
+    """One fresh process measuring `mode`. Returns its numbers, or {'error': ...}.
+
+    "seconds" is the whole process (start to exit, as a user waits). While it runs, this
+    process samples the memory of its whole process tree (decode workers, analysis
+    children, HTA's pool): the sum of RSS every 20 ms and the sum of PSS every 100 ms.
+    The tree's peak is never reported below the ru_maxrss that wait4 returns (the largest
+    single process of the tree, children reaped by it included)."""
     log_path = out_dir / f"child-{mode.replace('+', '_')}.log"
     env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     if mode == "ours-1proc":
         env["TB_BOTTLENECKS_DECODE_PROCESSES"] = "0"
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         result_path = Path(tmp) / "result.json"
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", mode, path,
-               "--result", str(result_path), "--cache-dir", tmp]
+        stdout_path = Path(tmp) / "stdout"
+        cmd = _command(mode, path, result_path, tmp, hta_python)
         tree_rss = tree_pss = 0
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen(cmd, cwd=str(REPO), stdout=log, stderr=subprocess.STDOUT, env=env)
+        with open(log_path, "w") as log, open(stdout_path, "wb") as out:
+            t0 = time.perf_counter()
+            proc = subprocess.Popen(cmd, cwd=str(REPO), stdout=out, stderr=log, env=env)
             deadline = time.monotonic() + timeout
             tick = 0
-            while proc.poll() is None:
+            status = usage = None
+            while True:
+                pid, st, ru = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    seconds = time.perf_counter() - t0
+                    status, usage = st, ru
+                    proc.returncode = os.waitstatus_to_exitcode(st)
+                    break
                 if time.monotonic() > deadline:
                     for p in reversed(_tree(proc.pid)):  # only processes this benchmark started
                         try:
@@ -301,42 +346,56 @@ def run_child(mode: str, path: str, out_dir: Path, timeout: float) -> dict:
                 tree_pss = max(tree_pss, pss or 0)
                 tick += 1
                 time.sleep(0.02)
-        if proc.returncode != 0 or not result_path.exists():
+        del status
+        maxrss = usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+        if proc.returncode != 0:
             tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
             return {"error": f"exit {proc.returncode}: " + " | ".join(tail)}
-        r = json.loads(result_path.read_text())
-        if "peak_rss_bytes" in r:
-            # Sampling can miss a short peak of a single process: never report less than ru_maxrss.
-            r["tree_rss_bytes"] = max(tree_rss, r["peak_rss_bytes"])
-            r["tree_pss_bytes"] = tree_pss or None
+        r = {"mode": mode, "info": {}}
+        if mode == "floor":  # decode_floor.py prints "<n> events <t>s"
+            words = stdout_path.read_text().split()
+            r["op_seconds"] = float(words[2].rstrip("s"))
+            r["info"]["events"] = int(words[0])
+        elif mode == "report":
+            rep = json.loads(stdout_path.read_bytes())
+            r["info"] = {"recommendations": len(rep.get("recommendations") or []), "errors": len(rep.get("errors") or []),
+                         "avg_step_us": rep.get("avg_step_us"), "json_bytes": stdout_path.stat().st_size}
+        else:
+            if not result_path.exists():
+                return {"error": "no result written"}
+            child = json.loads(result_path.read_text())
+            r.update({"op_seconds": child["seconds"], "info": child["info"],
+                      "imports_rss_bytes": child["baseline_rss_bytes"]})
+        r["seconds"] = seconds
+        r["cpu_seconds"] = usage.ru_utime + usage.ru_stime  # the process and every descendant it reaped
+        r["main_rss_bytes"] = maxrss
+        r["tree_rss_bytes"] = max(tree_rss, maxrss)
+        r["tree_pss_bytes"] = tree_pss or None
         return r
 
 
 def summarize(results: list) -> dict:
-    """Best time of the runs; peak RSS is the max over runs (the conservative number)."""
+    """Best time of the runs; memory is the max over runs (the conservative number)."""
     best = min(results, key=lambda r: r["seconds"])
-    main_peak = max(r["peak_rss_bytes"] for r in results)
-    tree_rss = max(r.get("tree_rss_bytes") or r["peak_rss_bytes"] for r in results)
+    tree_rss = max(r["tree_rss_bytes"] for r in results)
     pss = [r["tree_pss_bytes"] for r in results if r.get("tree_pss_bytes")]
-    baseline = max(r["baseline_rss_bytes"] for r in results)
-    hwm = [r["vm_hwm_bytes"] for r in results if r.get("vm_hwm_bytes")]
+    imports = [r["imports_rss_bytes"] for r in results if r.get("imports_rss_bytes")]
+    ops = [r["op_seconds"] for r in results if r.get("op_seconds") is not None]
     return {
         "runs_s": [round(r["seconds"], 3) for r in results],
-        "best_s": round(best["seconds"], 3),
-        "cpu_s_of_best": round(best["cpu_seconds"], 3),  # this process + its reaped workers
-        "cpu_workers_s_of_best": round(best.get("cpu_children_seconds", 0.0), 3),
+        "best_s": round(best["seconds"], 3),  # whole process
+        "op_best_s": round(min(ops), 3) if ops else None,  # the operation alone, where known
+        "cpu_s_of_best": round(best["cpu_seconds"], 3),  # the process tree
         "peak_rss_mb": round(tree_rss / MB, 1),  # all processes of the measurement, max over runs
         "peak_pss_mb": round(max(pss) / MB, 1) if pss else None,
-        "main_ru_maxrss_mb": round(main_peak / MB, 1),  # ru_maxrss at the end of the child
-        "imports_rss_mb": round(baseline / MB, 1),  # ru_maxrss just before the operation
-        "added_rss_mb": round((tree_rss - baseline) / MB, 1),
-        "vm_hwm_mb": round(max(hwm) / MB, 1) if hwm else None,  # cross-check of main_ru_maxrss
+        "main_ru_maxrss_mb": round(max(r["main_rss_bytes"] for r in results) / MB, 1),
+        "imports_rss_mb": round(max(imports) / MB, 1) if imports else None,
         "info": best["info"],
     }
 
 
-def measure_all(modes: list, path: str, runs: dict, out_dir: Path, timeout: float) -> dict:
-    """Round-robin over the lines (floor, ours, tbp, floor, ours, tbp, ...) so that load
+def measure_all(modes: list, path: str, runs: dict, out_dir: Path, timeout: float, hta_python=None) -> dict:
+    """Round-robin over the lines (floor, ours, report, tbp, hta, floor, ...) so that load
     from other processes on the machine hits every line alike; best of each line's runs."""
     raw = {m: [] for m in modes}
     failed = {}
@@ -344,20 +403,17 @@ def measure_all(modes: list, path: str, runs: dict, out_dir: Path, timeout: floa
         for mode in modes:
             if i >= runs[mode] or mode in failed:
                 continue
-            r = run_child(mode, path, out_dir, timeout)
-            if "error" in r or "unavailable" in r:
+            r = run_child(mode, path, out_dir, timeout, hta_python)
+            if "error" in r:
                 failed[mode] = r
-                if "unavailable" in r:
-                    print(f"report: not available yet ({r['unavailable']})", flush=True)
+                print(f"  {mode:<12} run {i + 1}/{runs[mode]}: FAILED {r['error']}", flush=True)
                 continue
             raw[mode].append(r)
-            print(f"  {mode:<12} run {i + 1}/{runs[mode]}: {r['seconds']:7.2f} s, cpu {r['cpu_seconds']:6.2f} s, "
-                  f"peak {r['tree_rss_bytes'] / MB:5.0f} MB (main process {r['peak_rss_bytes'] / MB:5.0f} MB)",
-                  flush=True)
+            op = f" (op {r['op_seconds']:.2f} s)" if r.get("op_seconds") is not None else ""
+            print(f"  {mode:<12} run {i + 1}/{runs[mode]}: {r['seconds']:7.2f} s{op}, cpu {r['cpu_seconds']:6.2f} s, "
+                  f"peak {r['tree_rss_bytes'] / MB:5.0f} MB, load {os.getloadavg()[0]:.1f}", flush=True)
     out = {}
     for mode in modes:
-        if mode in failed and "unavailable" in failed[mode]:
-            continue
         if mode in failed:
             out[mode] = {"error": failed[mode]["error"], "partial_runs_s": [round(r["seconds"], 3) for r in raw[mode]]}
         else:
@@ -366,20 +422,23 @@ def measure_all(modes: list, path: str, runs: dict, out_dir: Path, timeout: floa
 
 
 LABELS = {
-    "floor": "decode floor (zlib gunzip + msgspec typed, 1 thread)",
-    "floor-isal": "decode floor, isal gunzip (info only)",
+    "floor": "decode floor: shared decode_floor.py (REFERENCE)",
+    "floor-loader": "floor, loader's schema (info)",
+    "floor-isal": "floor, loader's schema, isal gunzip (info)",
     "ours": "ours: loader.load_trace",
-    "ours-1proc": "ours, in-process (DECODE_PROCESSES=0)",
-    "ours+report": "ours: load_trace + report.analyze_trace (full report)",
-    "tbp": "torch-tb-profiler 0.4.3 parse + generate_run_profile",
+    "ours-1proc": "ours: load_trace, DECODE_PROCESSES=0",
+    "report": "ours: tb-bottlenecks report FILE --json",
+    "tbp": "torch-tb-profiler 0.4.3 parse + run profile",
+    "hta": "HTA 0.5.0 parse + temporal breakdown",
 }
+ORDER = ("floor", "floor-loader", "floor-isal", "ours", "ours-1proc", "report", "tbp", "hta")
 
 
 def _fmt(x, spec):
     return "-" if x is None else format(x, spec)
 
 
-def print_table(res: dict, trace: dict, runs: int) -> dict:
+def print_table(res: dict, trace: dict, runs: dict, skipped: dict) -> dict:
     size_mb = trace["json_bytes"] / MB
     floor = res.get("floor", {}).get("best_s")
     tbp = res.get("tbp", {}).get("best_s")
@@ -387,57 +446,74 @@ def print_table(res: dict, trace: dict, runs: int) -> dict:
     print(f"trace: {trace['path']}")
     what = f"{trace['times']} x {Path(trace['source']).name}" if trace.get("source") else "as given"
     gz = f"gzip {trace['gzip_bytes'] / MB:.1f} MB" if trace.get("gzip_bytes") else "not compressed"
-    print(f"  {what}; uncompressed {size_mb:.1f} MB ({trace['json_bytes'] / 2**20:.1f} MiB), {gz}; "
-          f"events: {res.get('ours', res.get('floor', {})).get('info', {}).get('events', '?')}")
-    print(f"  best of {runs} fresh processes. cpu = CPU seconds of all its processes. Memory in MB (10^6 B):")
-    print("  peak = sum of RSS over the measurement's processes (worker processes included),")
-    print("  pss = the same as PSS (pages shared after fork counted once), main = ru_maxrss of the")
-    print("  measuring process, imports = its ru_maxrss after interpreter + imports, added = peak - imports")
-    head = (f"{'line':<54} {'time s':>7} {'cpu s':>6} {'peak':>6} {'pss':>5} {'main':>5} {'imports':>7} {'added':>6}"
-            f" {'x floor':>7} {'tbp/x':>6}")
+    print(f"  {what}; uncompressed {size_mb:.1f} MB ({trace['json_bytes'] / 2**20:.1f} MiB), {gz}")
+    print(f"  fresh process per run, interleaved, best of {max(runs.values())} (tbp/hta: {runs.get('tbp', '-')}/"
+          f"{runs.get('hta', '-')}). time = whole process; op = the operation alone; cpu = CPU s of the")
+    print("  process tree. peak = max sum of RSS over the process and all its descendants, pss = the same as")
+    print("  PSS, main = ru_maxrss (largest single process), imports = RSS after imports; MB = 10^6 B")
+    head = (f"{'line':<50} {'time s':>7} {'op s':>6} {'cpu s':>6} {'peak MB':>7} {'pss':>5} {'main':>5} "
+            f"{'imports':>7} {'x floor':>7} {'peak/size':>9} {'tbp/x':>6}")
     print(head)
     print("-" * len(head))
-    for mode in ("floor", "floor-isal", "ours", "ours-1proc", "ours+report", "tbp"):
+    for mode in ORDER:
         r = res.get(mode)
         if r is None:
+            if mode in skipped:
+                print(f"{LABELS[mode]:<50} skipped: {skipped[mode]}")
             continue
         if "error" in r:
-            print(f"{LABELS[mode]:<54} {r['error']}")
+            print(f"{LABELS[mode]:<50} FAILED: {r['error']}")
             continue
         t = r["best_s"]
         r["ratio_to_floor"] = round(t / floor, 2) if floor else None
         r["tbp_over_this"] = round(tbp / t, 1) if tbp else None
-        print(f"{LABELS[mode]:<54} {t:7.2f} {r['cpu_s_of_best']:6.2f} {r['peak_rss_mb']:6.0f} "
-              f"{_fmt(r['peak_pss_mb'], '5.0f')} {r['main_ru_maxrss_mb']:5.0f} "
-              f"{r['imports_rss_mb']:7.0f} {r['added_rss_mb']:6.0f} {_fmt(r['ratio_to_floor'], '7.2f')} "
-              f"{_fmt(r['tbp_over_this'], '6.1f')}")
+        r["peak_over_size"] = round(r["peak_rss_mb"] / size_mb, 2)
+        print(f"{LABELS[mode]:<50} {t:7.2f} {_fmt(r['op_best_s'], '6.2f')} {r['cpu_s_of_best']:6.2f} "
+              f"{r['peak_rss_mb']:7.0f} {_fmt(r['peak_pss_mb'], '5.0f')} {r['main_ru_maxrss_mb']:5.0f} "
+              f"{_fmt(r['imports_rss_mb'], '7.0f')} {_fmt(r['ratio_to_floor'], '7.2f')} "
+              f"{r['peak_over_size']:9.2f} {_fmt(r['tbp_over_this'], '6.1f')}")
     print()
     targets = []
-    ours = res.get("ours", {})
-    if "best_s" in ours and floor:
-        v = ours["best_s"] / floor
-        targets.append({"target": f"ours within {TARGET_FLOOR_RATIO}x of the decode floor", "value": round(v, 2),
+    rep = res.get("report", {})
+    if "best_s" in rep and floor:
+        v = rep["best_s"] / floor
+        targets.append({"target": f"full report <= {TARGET_FLOOR_RATIO}x the decode floor", "value": round(v, 2),
                         "threshold": TARGET_FLOOR_RATIO, "met": v <= TARGET_FLOOR_RATIO})
-    if "peak_rss_mb" in ours:
-        v = ours["peak_rss_mb"]
-        targets.append({"target": f"ours peak RSS (all its processes) below the uncompressed size ({size_mb:.0f} MB)",
-                        "value": v, "threshold": round(size_mb, 1), "met": v < size_mb})
-        if ours.get("peak_pss_mb"):
-            v = ours["peak_pss_mb"]
-            targets.append({"target": f"ours peak PSS (all its processes) below the uncompressed size ({size_mb:.0f} MB)",
-                            "value": v, "threshold": round(size_mb, 1), "met": v < size_mb})
-    if "best_s" in ours and tbp:
-        v = tbp / ours["best_s"]
-        targets.append({"target": f"tbp / ours >= {TARGET_TBP_RATIO:.0f}x (stretch)", "value": round(v, 1),
-                        "threshold": TARGET_TBP_RATIO, "met": v >= TARGET_TBP_RATIO})
-    rep = res.get("ours+report", {})
+    if "peak_rss_mb" in rep:
+        v = rep["peak_rss_mb"] / size_mb
+        targets.append({"target": f"full report peak RSS of all processes <= {TARGET_MEMORY_RATIO}x the "
+                                  f"uncompressed size ({TARGET_MEMORY_RATIO * size_mb:.0f} MB)",
+                        "value": round(v, 2), "threshold": TARGET_MEMORY_RATIO, "met": v <= TARGET_MEMORY_RATIO})
     if "best_s" in rep and tbp:
         v = tbp / rep["best_s"]
-        targets.append({"target": f"tbp / (ours + report) >= {TARGET_TBP_RATIO:.0f}x (stretch)", "value": round(v, 1),
+        targets.append({"target": f"torch-tb-profiler / full report >= {TARGET_TBP_RATIO:.0f}x", "value": round(v, 1),
                         "threshold": TARGET_TBP_RATIO, "met": v >= TARGET_TBP_RATIO})
     for t in targets:
-        print(f"  [{'met ' if t['met'] else 'MISS'}] {t['target']}: {t['value']} (threshold {t['threshold']})")
+        print(f"  [{'met   ' if t['met'] else 'MISSED'}] {t['target']}: {t['value']} (threshold {t['threshold']})")
     return {"targets": targets}
+
+
+def hta_python(venv: Path, install: bool):
+    """The venv's interpreter with HTA importable, created if missing; (python or None, why not)."""
+    python = venv / "bin" / "python"
+    check = [str(python), "-c", "import hta, pandas; from hta.trace_analysis import TraceAnalysis"]
+    if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
+        return python, None
+    if not install:
+        return None, f"no HTA in {venv} (run without --no-hta-install to create it)"
+    print(f"installing {' '.join(HTA_REQUIREMENTS)} into {venv} ...", flush=True)
+    try:
+        if not python.exists():
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *HTA_REQUIREMENTS], check=True,
+                       capture_output=True, timeout=1200)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
+        err = getattr(exc, "stderr", b"") or b""
+        lines = [x for x in err.decode(errors="replace").splitlines() if "WARNING" not in x][-2:]
+        return None, f"could not install HTA into {venv}: {exc} {' | '.join(lines)}"
+    if subprocess.run(check, capture_output=True).returncode != 0:
+        return None, f"HTA installed into {venv} but does not import"
+    return python, None
 
 
 def main(argv=None) -> int:
@@ -445,13 +521,18 @@ def main(argv=None) -> int:
     p.add_argument("--source", type=Path, default=DEFAULT_SOURCE, help="real trace to scale (default: %(default)s)")
     p.add_argument("--out-dir", type=Path, default=DEFAULT_OUT, help="cache for the scaled trace (default: %(default)s)")
     p.add_argument("--times", type=int, default=DEFAULT_TIMES,
-                   help="copies of the source in the scaled trace (default %(default)s: ~325 MB of JSON)")
+                   help="copies of the source in the scaled trace (default %(default)s: ~292 MB of JSON)")
     p.add_argument("--trace", type=Path, help="benchmark this file as is instead of building one")
     p.add_argument("--rebuild", action="store_true", help="rebuild the scaled trace even if cached")
     p.add_argument("--runs", type=int, default=3, help="fresh processes per line; the best time counts (default 3)")
-    p.add_argument("--tbp-runs", type=int, help="runs for torch-tb-profiler (default: --runs)")
-    p.add_argument("--skip-tbp", action="store_true", help="skip torch-tb-profiler (~25 s and ~1.5 GB per run)")
-    p.add_argument("--skip-isal", action="store_true", help="skip the informational isal floor")
+    p.add_argument("--tbp-runs", type=int, help="runs for torch-tb-profiler and HTA (default: --runs)")
+    p.add_argument("--lines", help="comma-separated subset of: " + ",".join(ORDER))
+    p.add_argument("--skip-tbp", action="store_true", help="skip torch-tb-profiler (~40 s and ~1.5 GB per run)")
+    p.add_argument("--skip-hta", action="store_true", help="skip Holistic Trace Analysis (~35 s and ~1.3 GB per run)")
+    p.add_argument("--hta-venv", type=Path, default=HTA_VENV, help="venv with HTA 0.5.0 (default: %(default)s)")
+    p.add_argument("--no-hta-install", action="store_true", help="do not create the HTA venv if it is missing")
+    p.add_argument("--with-info-floors", action="store_true",
+                   help="also the loader-schema floors (floor-loader, floor-isal), information only")
     p.add_argument("--timeout", type=float, default=900, help="seconds per child process (default %(default)s)")
     p.add_argument("--json", type=Path, metavar="OUT", help="also write the numbers as JSON to OUT")
     # internal: one measurement in a fresh interpreter
@@ -480,21 +561,41 @@ def main(argv=None) -> int:
         while f.read(8 << 20):
             pass
 
+    skipped = {}
     modes = ["floor"]
-    try:
-        import isal  # noqa: F401
-        if not a.skip_isal:
+    if a.with_info_floors:
+        modes.append("floor-loader")
+        try:
+            import isal  # noqa: F401
             modes.append("floor-isal")
-    except ImportError:
-        pass
-    modes += ["ours", "ours-1proc", "ours+report"]  # the full report: what a user waits for
-    if not a.skip_tbp:
+        except ImportError:
+            skipped["floor-isal"] = "isal is not installed"
+    modes += ["ours", "report"]  # the full report: what a user waits for
+    if os.environ.get("TB_BOTTLENECKS_DECODE_PROCESSES", "0") not in ("", "0"):
+        modes.append("ours-1proc")
+    if a.skip_tbp:
+        skipped["tbp"] = "--skip-tbp"
+    else:
         modes.append("tbp")
-    runs = {m: ((a.tbp_runs or a.runs) if m == "tbp" else a.runs) for m in modes}
+    hta_py = None
+    if a.skip_hta:
+        skipped["hta"] = "--skip-hta"
+    else:
+        hta_py, why = hta_python(a.hta_venv, not a.no_hta_install)
+        if hta_py is None:
+            skipped["hta"] = why
+            print(f"HTA skipped: {why}", flush=True)
+        else:
+            modes.append("hta")
+    if a.lines:
+        wanted = a.lines.split(",")
+        modes = [m for m in ORDER if m in wanted and (m in modes or m in ("floor-loader", "floor-isal", "ours-1proc"))]
+    runs = {m: ((a.tbp_runs or a.runs) if m in ("tbp", "hta") else a.runs) for m in modes}
     load_before = os.getloadavg()
-    res = measure_all(modes, path, runs, a.out_dir, a.timeout)
+    print(f"load average before: {_load(load_before)} on {os.cpu_count()} CPUs", flush=True)
+    res = measure_all(modes, path, runs, a.out_dir, a.timeout, hta_py)
     load_after = os.getloadavg()
-    summary = print_table(res, trace, a.runs)
+    summary = print_table(res, trace, runs, skipped)
     print(f"  load average (1/5/15 min) before {_load(load_before)}, after {_load(load_after)} on {os.cpu_count()} CPUs"
           " (other processes on the machine make the times noisy; compare ratios)")
 
@@ -503,12 +604,12 @@ def main(argv=None) -> int:
             "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
             "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version(),
                      "platform": platform.platform()},
-            "versions": _versions(),
+            "versions": _versions(hta_py),
             "trace": trace,
             "uncompressed_mb": round(trace["json_bytes"] / MB, 1),
             "runs": runs,
             "load_average_before": load_before, "load_average_after": load_after,
-            "results": res,
+            "results": res, "skipped": skipped,
             **summary,
         }
         a.json.parent.mkdir(parents=True, exist_ok=True)
@@ -521,13 +622,19 @@ def _load(avg) -> str:
     return "/".join(f"{x:.1f}" for x in avg)
 
 
-def _versions() -> dict:
+def _versions(hta_py=None) -> dict:
     out = {}
     for name in ("msgspec", "numpy", "isal", "torch_tb_profiler", "pandas"):
         try:
             out[name] = __import__(name).__version__
         except Exception:  # noqa: BLE001 (informational only)
             out[name] = None
+    if hta_py is not None:
+        r = subprocess.run([str(hta_py), "-c", "import importlib.metadata as m, pandas; "
+                            "print(m.version('HolisticTraceAnalysis'), pandas.__version__)"],
+                           capture_output=True, text=True)
+        if r.returncode == 0 and r.stdout.split():
+            out["hta"], out["hta_pandas"] = r.stdout.split()[:2]
     return out
 
 
