@@ -16,7 +16,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from . import loader, model, recommendations, storage
+from . import loader, model, recommendations, storage, verdicts
 from .analysis import breakdown, context, gpu, input_bound, memory, occupancy, operators, signals, steps, tensor_cores
 from .analysis import distributed  # metrics §12: the rank view's per-span part
 from .errors import BottleneckError
@@ -181,6 +181,7 @@ def analyze_trace(trace: model.TraceData, *, run=None, worker=None, span=None, s
     rep["context"] = sec.run("context", context.detect, trace)
     rep["not_available"] = not_available
     rep["recommendations"] = sec.run("recommendations", recommendations.recommend, rep)
+    rep["verdicts"] = sec.run("verdicts", verdicts.card_verdicts, rep)  # card colours (thresholds.py)
     kernels = []
     if rep["occupancy"] is not None:
         kernels = sec.run("kernels", _kernel_table_section, rep["occupancy"])
@@ -303,7 +304,7 @@ _SECTION_LABELS = {
     "memory_snapshot": "CUDA memory snapshot", "sync": "Host-GPU synchronization",
     "communication": "Communication", "launch": "Kernel launches", "recommendations": "Recommendations",
     "kernels": "Kernel table", "memory_curves": "Memory over time", "operators": "Operator tables",
-    "context": "Workload context", "distributed": "Distributed run",
+    "context": "Workload context", "distributed": "Distributed run", "verdicts": "Card verdicts",
 }
 _METRIC_LABELS = {
     "utilization_pct": "utilization", "est_sm_efficiency_pct": "estimated SM efficiency",
@@ -410,6 +411,7 @@ def combine_results(results: List[dict], *, run=None, worker=None) -> dict:
     out["not_available"] = not_available
     out["context"] = sec.run("context", context.combine, [r.get("context") for r in reports])
     out["recommendations"] = sec.run("recommendations", recommendations.recommend, out)
+    out["verdicts"] = sec.run("verdicts", verdicts.card_verdicts, out)
     curves = sec.run("memory_curves", _combine_curves, results) or {"devices": {}}
     if out["memory"] is None:
         curves["not_available"] = not_available.get("memory")

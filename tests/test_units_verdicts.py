@@ -1,0 +1,142 @@
+"""Issue 11 item 2: every card's colour (severity) comes from the server and follows from
+the card's value and the named thresholds.py constants. This test re-derives each
+severity independently (from the report's own numbers and thresholds.py, not through
+verdicts.py or recommendations.py) for every span report and every worker/run summary
+of ../shared/traces and demo_logs."""
+import importlib.util
+import os
+
+import pytest
+
+from tb_bottleneck_plugin import thresholds as T
+from tb_bottleneck_plugin import verdicts
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+_spec = importlib.util.spec_from_file_location("before_after_record_v",
+                                               os.path.join(HERE, "fixtures", "before_after", "record.py"))
+rec = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(rec)
+
+CARDS = {"input_bound", "gpu_utilization", "tensor_cores", "occupancy", "peak_memory", "allocator_slack",
+         "sync", "communication", "short_kernels"}
+
+
+@pytest.fixture(scope="module")
+def reports():
+    if not os.path.isdir(rec.LOGDIRS["shared"]):
+        pytest.skip("../shared/traces not present")
+    data = rec.record()
+    out = []
+    for key in ("shared", "demo"):
+        out += [(f"{key} span {k}", v["report"]) for k, v in data[key]["spans"].items()]
+        out += [(f"{key} summary {k}", v["report"]) for k, v in data[key]["summaries"].items()]
+    out.append(("all shared spans", data["all_shared_summary"]["report"]))
+    return out
+
+
+def _level(v, medium, high):
+    return "high" if v >= high else "medium" if v >= medium else "ok"
+
+
+def _small_kernel_reasons(r):
+    occ = r.get("occupancy") or {}
+    short = occ.get("short_kernels") or {}
+    reasons = set()
+    if short.get("count") and (short.get("time_pct") or 0) >= T.SHORT_KERNEL_TIME_PCT:
+        reasons.add("short")
+    if occ.get("est_achieved_occupancy_pct") is not None and occ["est_achieved_occupancy_pct"] < T.LOW_OCCUPANCY_PCT:
+        reasons.add("occupancy")
+    utils = [g["utilization_pct"] for g in (r.get("gpu") or {}).values() if g.get("utilization_pct") is not None]
+    ctx = r.get("context") or {}
+    capture_only = bool(ctx.get("cuda_graph_capture")) and not (ctx.get("evidence") or {}).get("graph_kernels")
+    if utils and sum(utils) / len(utils) < T.LOW_GPU_UTILIZATION_PCT and not capture_only \
+            and ((r.get("input") or {}).get("input_bound_pct") or 0) < T.INPUT_BOUND_MODERATE_PCT:
+        reasons.add("gpu")
+    severity = "medium" if len(reasons) > 1 or "gpu" in reasons else "low"
+    return reasons, severity
+
+
+def expected(card, r, v):
+    value = v["value"]
+    reasons, sk_severity = _small_kernel_reasons(r)
+    if card == "input_bound":
+        return _level(value, T.INPUT_BOUND_MODERATE_PCT, T.INPUT_BOUND_HIGH_PCT)
+    if card == "gpu_utilization":
+        return sk_severity if "gpu" in reasons else "ok"
+    if card == "occupancy":
+        return sk_severity if "occupancy" in reasons else "ok"
+    if card == "short_kernels":
+        return sk_severity if "short" in reasons else "ok"
+    if card == "tensor_cores":
+        return _level(r["tensor_cores"]["eligible_not_using_pct"] or 0, T.TC_ELIGIBLE_NOT_USING_PCT,
+                      T.TC_ELIGIBLE_NOT_USING_HIGH_PCT)
+    if card == "peak_memory":
+        leak = any((m.get("growth") or {}).get("possible_leak") for m in (r.get("memory") or {}).values())
+        return "medium" if leak else "ok"
+    if card == "allocator_slack":
+        judged = [m["slack_fragmentation_pct"] for m in (r.get("memory") or {}).values()
+                  if m.get("slack_fragmentation_pct") is not None
+                  and (m.get("peak_reserved_bytes") or 0) >= T.SLACK_MIN_RESERVED_BYTES]
+        return _level(max(judged), T.SLACK_FRAGMENTATION_PCT, T.SLACK_FRAGMENTATION_HIGH_PCT) if judged else "ok"
+    if card == "sync":
+        busy = (r.get("sync") or {}).get("gpu_busy_during_sync_pct")
+        if busy is not None and busy >= T.SYNC_GPU_BUSY_OK_PCT:
+            return "ok"
+        return _level(value, T.SYNC_PCT, T.SYNC_HIGH_PCT)
+    if card == "communication":
+        overlap = r["communication"].get("overlap_pct")
+        if value < T.COMM_SHARE_PCT or (overlap is not None and overlap >= T.COMM_OVERLAP_OK_PCT) \
+                or (r.get("context") or {}).get("distributed") is False:
+            return "ok"
+        return "high" if value * (1 - (overlap or 0) / 100) >= T.COMM_EXPOSED_HIGH_PCT else "medium"
+    raise AssertionError(card)
+
+
+def test_every_card_colour_follows_from_value_and_thresholds(reports):
+    seen = {}
+    for where, r in reports:
+        assert set(r["verdicts"]) >= CARDS, where
+        for card, v in r["verdicts"].items():
+            # The thresholds it names are thresholds.py's constants, with their values.
+            assert v["thresholds"], (where, card)
+            for name, number in v["thresholds"].items():
+                assert getattr(T, name) == number, (where, card, name)
+            assert isinstance(v["verdict"], str) and v["verdict"], (where, card)
+            if v["value"] is None:
+                assert v["severity"] == "na", (where, card)
+                continue
+            want = expected(card, r, v)
+            assert v["severity"] == want, (where, card, v, want)
+            seen.setdefault(card, set()).add(v["severity"])
+            if v["severity"] not in ("ok", "na") and card != "input_bound":
+                fired = [x for x in r["recommendations"] if x["rule"] == v["rule"]]
+                assert fired and fired[0]["severity"] == v["severity"], (where, card)
+    # The traces exercise both colours of every card that has data, and n/a.
+    for card in ("input_bound", "gpu_utilization", "tensor_cores", "occupancy", "short_kernels",
+                 "allocator_slack", "communication"):
+        assert seen[card] - {"ok"} and "ok" in seen[card], (card, seen[card])
+
+
+def test_card_values_are_the_numbers_the_report_shows(reports):
+    for where, r in reports:
+        v = r["verdicts"]
+        assert v["input_bound"]["value"] == (r.get("input") or {}).get("input_bound_pct"), where
+        assert v["tensor_cores"]["value"] == (r.get("tensor_cores") or {}).get("tensor_core_pct"), where
+        assert v["occupancy"]["value"] == (r.get("occupancy") or {}).get("est_achieved_occupancy_pct"), where
+        assert v["communication"]["value"] == (r.get("communication") or {}).get("comm_pct_of_kernel_time"), where
+        utils = [g["utilization_pct"] for g in (r.get("gpu") or {}).values() if g.get("utilization_pct") is not None]
+        if utils:
+            assert v["gpu_utilization"]["value"] == pytest.approx(sum(utils) / len(utils)), where
+        dev = v["peak_memory"]["device"]
+        if dev is not None:
+            assert dev.startswith("cuda:") or not any(k.startswith("cuda:") for k in r["memory"]), where
+            assert v["peak_memory"]["value"] == r["memory"][dev]["peak_allocated_bytes"], where
+
+
+def test_na_verdict_is_the_reason():
+    """A null value: severity na and the not_available reason as the words."""
+    rep = {"input": None, "not_available": {"input": "needs steps, which failed (boom)"}, "recommendations": []}
+    v = verdicts.card_verdicts(rep)
+    assert v["input_bound"]["severity"] == "na"
+    assert v["input_bound"]["verdict"] == "needs steps, which failed (boom)"
+    assert all(c["severity"] == "na" for c in v.values())
