@@ -90,7 +90,6 @@ HEADLINE: List[tuple] = [
 METRIC_NAMES = tuple(h[0] for h in HEADLINE)
 DIRECTION = {h[0]: h[3] for h in HEADLINE}
 UNITS = {h[0]: h[2] for h in HEADLINE}
-LABELS = {h[0]: h[1] for h in HEADLINE}
 
 
 def headline_value(result: dict, key: str, batch_size: Optional[float] = None):
@@ -395,9 +394,6 @@ def compare(base_result: dict, cand_result: dict, *, base_batch_size: Optional[f
 
 
 # ---------------------------------------------------------------------------- route
-
-SIDE_PARAMS = ("run", "worker", "span")
-
 
 def compare_route(analyzer, args, problem: Optional[str] = None) -> Tuple[dict, int]:
     """(body, HTTP status) of ``compare?base_run=&base_worker=&base_span=&cand_run=&...``:

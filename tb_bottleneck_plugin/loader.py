@@ -450,10 +450,6 @@ def _checked_int(v) -> Tuple[int, Optional[str]]:
     return -1, "not a number"
 
 
-def _to_int(v) -> int:
-    return _checked_int(v)[0]
-
-
 class _Builder:
     """Accumulates per-chunk column blocks and the string table."""
 

@@ -196,9 +196,6 @@ class TraceData:
         ``np.isin(table.name, trace.string_ids(lambda s: s.startswith("nccl")))``)."""
         return np.fromiter((i for i, s in enumerate(self.strings) if predicate(s)), dtype=np.int32)
 
-    def names_of(self, ids: np.ndarray) -> List[str]:
-        return [self.strings[i] for i in ids]
-
     @property
     def devices(self) -> List[int]:
         """GPU device ids that ran any GPU activity, sorted."""
