@@ -2,6 +2,10 @@
 
     tb-bottlenecks report PATH [--json]   PATH: a trace file, a run directory or a logdir
                                           (local path or URL such as gs://bucket/prefix)
+        [--jobs N] [--memory SIZE]        spans analysed at once, one process each (default:
+                                          the cores), within a memory budget (default: half
+                                          the machine; each reserves ~0.8x its JSON size)
+        [--dask tcp://host:8786]          analyse the spans on an existing Dask cluster
     tb-bottlenecks demo OUTDIR [--quick]  write demo runs made with real PyTorch training
     tb-bottlenecks diff BASE CAND [--json]  compare two runs; `check PATH --max M=V ...` is a
                                           CI gate (gate.py: exit 1 on a violated bound)
@@ -33,6 +37,14 @@ def main(argv: Optional[List[str]] = None) -> int:
                      help="print JSON: the report object for a single file, else {runs: [...]}")
     rep.add_argument("--debug", action="store_true",
                      help="print the Python traceback of internal errors (default: one line each)")
+    rep.add_argument("--jobs", "-j", type=int, default=None, metavar="N",
+                     help="spans analysed at once, one process each (default: the number of cores)")
+    rep.add_argument("--memory", default=None, metavar="SIZE",
+                     help="memory budget of the concurrent analyses, e.g. 8G (default: "
+                     "$TB_BOTTLENECKS_ANALYSIS_MEMORY, else half the machine's memory)")
+    rep.add_argument("--dask", default=None, metavar="ADDRESS",
+                     help="analyse the spans on an existing Dask cluster, e.g. tcp://scheduler:8786 "
+                     "(needs dask[distributed]; its workers must see PATH: a shared path or gs://)")
     demo = sub.add_parser("demo", help="generate demo runs with real PyTorch training (needs torch)")
     demo.add_argument("outdir")
     demo.add_argument("--quick", action="store_true", help="smaller, faster runs (for tests)")
@@ -54,8 +66,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     handler = logging.StreamHandler(sys.stderr) if debug else logging.NullHandler()
     handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
     pkg_log.addHandler(handler)
+    if args.jobs is not None and args.jobs <= 0:
+        return _fail("--jobs must be positive")
+    budget = None
+    if args.memory:
+        from .scheduler import parse_bytes
+
+        try:
+            budget = parse_bytes(args.memory)
+        except ValueError as exc:
+            return _fail(f"--memory: {exc}")
     try:
-        return _report(args.path, as_json=args.json, debug=debug)
+        return _report(args.path, as_json=args.json, debug=debug, jobs=args.jobs, memory_budget=budget,
+                       dask_address=args.dask)
     except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, exit 2
         if debug:
             traceback.print_exc()
@@ -74,7 +97,65 @@ def _fail(message: str) -> int:
     return 2
 
 
-def _report(path: str, *, as_json: bool, debug: bool = False) -> int:
+def _analyze_all(logdir, spans, *, debug: bool, jobs: Optional[int], memory_budget: Optional[int],
+                 dask_address: Optional[str]):
+    """{span url: result} and [error line] in span order: on a Dask cluster, in child
+    processes (``jobs`` at a time within the memory budget, `scheduler.run_all`), or in
+    this process (one span, or ``--jobs 1``)."""
+    from . import report, scheduler
+    from .errors import BottleneckError
+
+    outcomes = {}
+    if dask_address:
+        from . import dask_backend  # only with --dask
+
+        backend = dask_backend.DaskBackend.connect(dask_address)  # DaskUnavailable: one line, exit 2
+        try:
+            backend.analyze_many(logdir.url, [(run, span) for run, _, span in spans],
+                                 lambda job, outcome: outcomes.__setitem__(job[1].url, outcome))
+        finally:
+            backend.close()
+    else:
+        from . import service
+
+        jobs = jobs or scheduler.default_slots()
+        if jobs > 1 and len(spans) > 1 and service.processes_supported():
+            pool = service.ChildPool(max_idle=jobs)
+            try:
+                budget = memory_budget if memory_budget is not None else scheduler.default_memory_budget()
+                done = scheduler.run_all(
+                    [(run.name, (run, span), scheduler.estimate_peak_bytes(span)) for run, _, span in spans],
+                    lambda job: pool.analyze(logdir.url, job[0], job[1]), slots=jobs, memory_budget=budget)
+            finally:
+                pool.close()
+            outcomes = {job[1].url: outcome for job, outcome in done}
+        else:
+            for run, _, span in spans:
+                try:
+                    outcomes[span.url] = ("ok", report.analyze_span(logdir.url, run, span))
+                except BottleneckError as exc:
+                    outcomes[span.url] = ("error", str(exc))
+                except Exception as exc:  # noqa: BLE001 - a bug on one file must not cost the others
+                    if debug:
+                        traceback.print_exc()
+                    outcomes[span.url] = ("internal", _describe(exc))
+    results, errors = {}, []
+    for _, _, span in spans:
+        kind, value = outcomes.get(span.url, ("died", f"{span.url}: no answer"))
+        if kind == "ok":
+            results[span.url] = value
+        elif kind == "internal":
+            first, _, rest = (value or "").partition("\n")
+            if debug and rest:
+                print(rest, file=sys.stderr)
+            errors.append(f"{span.url}: internal error: {first}" + ("" if debug else " (run with --debug for the traceback)"))
+        else:  # the service's "tried again on a later scan" does not apply here
+            errors.append(str(value).replace("; it is tried again on a later scan", ""))
+    return results, errors
+
+
+def _report(path: str, *, as_json: bool, debug: bool = False, jobs: Optional[int] = None,
+            memory_budget: Optional[int] = None, dask_address: Optional[str] = None) -> int:
     from . import discovery, ranks, report, text_report
     from .errors import BottleneckError
 
@@ -86,17 +167,13 @@ def _report(path: str, *, as_json: bool, debug: bool = False) -> int:
     if not spans:
         return _fail(f"{path}: no PyTorch profiler trace files found "
                      "(expected *.pt.trace.json[.gz] or Kineto *.json[.gz] files)")
-    results, errors = {}, []
-    for run, worker, span in spans:
-        try:
-            results[span.url] = report.analyze_span(logdir.url, run, span)
-        except BottleneckError as exc:
-            errors.append(str(exc))
-        except Exception as exc:  # noqa: BLE001 - a bug on one file must not cost the others
-            if debug:
-                traceback.print_exc()
-            errors.append(f"{span.url}: internal error: {_describe(exc)}"
-                          + ("" if debug else " (run with --debug for the traceback)"))
+    try:
+        results, errors = _analyze_all(logdir, spans, debug=debug, jobs=jobs, memory_budget=memory_budget,
+                                       dask_address=dask_address)
+    except Exception as exc:  # noqa: BLE001 - dask_backend.DaskUnavailable: one line, exit 2
+        if type(exc).__name__ == "DaskUnavailable":
+            return _fail(str(exc))
+        raise
     if not results:
         for e in errors:
             print(f"tb-bottlenecks: {e}", file=sys.stderr)

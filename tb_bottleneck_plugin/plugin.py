@@ -29,6 +29,7 @@ from tensorboard.backend import http_util, json_util
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
+from .scheduler import parse_bytes
 from .service import Analyzer, default_cache_dir
 
 log = logging.getLogger(__name__)
@@ -100,8 +101,16 @@ class BottlenecksPlugin(base_plugin.TBPlugin):
             cache_dir = cache_flag or default_cache_dir()
         rescan = getattr(flags, "bottlenecks_rescan_seconds", None) if flags else None
         follow = bool(getattr(flags, "bottlenecks_follow_symlinks", False)) if flags else False
+        jobs = getattr(flags, "bottlenecks_analysis_jobs", None) if flags else None
+        jobs = jobs if isinstance(jobs, int) and jobs > 0 else None
+        memory = getattr(flags, "bottlenecks_analysis_memory", None) if flags else None
+        memory = memory if isinstance(memory, str) and memory else None
+        dask_address = getattr(flags, "bottlenecks_dask_scheduler", None) if flags else None
+        dask_address = dask_address if isinstance(dask_address, str) and dask_address else None
         self.analyzer = Analyzer(self._logdir, cache_dir=cache_dir, rescan_seconds=rescan or 30.0,
-                                 follow_symlinks=follow) if self._logdir else None
+                                 follow_symlinks=follow, max_workers=jobs + 1 if jobs else None,
+                                 memory_budget=parse_bytes(memory) if memory else None,
+                                 dask_scheduler=dask_address or None) if self._logdir else None
         self._bodies = _EncodedBodies()
 
     # ------------------------------------------------------------------ TBPlugin

@@ -34,10 +34,46 @@ class BottlenecksLoader(base_plugin.TBLoader):
             "they are skipped, with a note in the runs listing).",
         )
 
+        group.add_argument(
+            "--bottlenecks_analysis_jobs",
+            metavar="N",
+            type=int,
+            default=None,
+            help="Spans the Bottlenecks tab analyses at once, one process each (default: the "
+            "number of cores, plus one kept free for the run you open).",
+        )
+        group.add_argument(
+            "--bottlenecks_analysis_memory",
+            metavar="SIZE",
+            default=None,
+            help="Memory the concurrent analyses may use together, e.g. 8G or 512M (default: "
+            "$TB_BOTTLENECKS_ANALYSIS_MEMORY, else half the machine's memory). Each analysis "
+            "reserves about 0.8x its trace's uncompressed JSON size.",
+        )
+        group.add_argument(
+            "--bottlenecks_dask_scheduler",
+            metavar="ADDRESS",
+            default=None,
+            help="Analyse spans on an existing Dask cluster (e.g. tcp://scheduler:8786; needs "
+            "dask[distributed]). Workers read the traces themselves. If it cannot be reached, "
+            "spans are analysed locally and the runs listing says so.",
+        )
+
     def fix_flags(self, flags):
         seconds = getattr(flags, "bottlenecks_rescan_seconds", 30.0)
         if seconds is not None and seconds <= 0:
             raise base_plugin.FlagsError("--bottlenecks_rescan_seconds must be positive")
+        jobs = getattr(flags, "bottlenecks_analysis_jobs", None)
+        if jobs is not None and jobs <= 0:
+            raise base_plugin.FlagsError("--bottlenecks_analysis_jobs must be positive")
+        memory = getattr(flags, "bottlenecks_analysis_memory", None)
+        if memory:
+            from .scheduler import parse_bytes  # stdlib only
+
+            try:
+                parse_bytes(memory)
+            except ValueError as exc:
+                raise base_plugin.FlagsError(f"--bottlenecks_analysis_memory: {exc}")
 
     def load(self, context):
         from .plugin import BottlenecksPlugin  # heavy imports happen here, not at start-up

@@ -156,7 +156,8 @@ def test_a_crash_on_one_file_costs_that_file_only(monkeypatch, tmp_path, capsys)
         return real(path, *args, **kwargs)
 
     monkeypatch.setattr(loader, "load_trace", flaky)
-    code, out, err = run_cli(capsys, "report", str(tmp_path / "logs"))
+    # --jobs 1: in this process, where the monkeypatch applies (child processes: test_scheduler.py)
+    code, out, err = run_cli(capsys, "report", str(tmp_path / "logs"), "--jobs", "1")
     assert code == 1
     assert err.splitlines() == [f"tb-bottlenecks: {bad}: internal error: ValueError: cannot cope "
                                 "(run with --debug for the traceback)"]
