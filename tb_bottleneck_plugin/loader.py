@@ -517,6 +517,13 @@ class _Builder:
         return np.array([table.setdefault(n if isinstance(n, str) else str(n), len(table)) for n in names],
                         dtype=np.int32)
 
+    def _raw_ids(self, raws: list) -> np.ndarray:
+        """String ids of undecoded JSON values (kept as their text, never parsed here); -1
+        for an absent one. The operator view groups by them (metrics: Operator view)."""
+        table = self.strings
+        return np.array([table.setdefault(str(r, "utf-8", "replace"), len(table)) if len(r) else -1 for r in raws],
+                        dtype=np.int32)
+
     def add(self, events: List[Event]) -> None:
         self.event_count += len(events)
         by_cat: Dict[Any, List[Event]] = {}
@@ -676,6 +683,9 @@ class _Builder:
             tid=self._ints([e.tid for e in evs], "CPU events", "tid"),
             ts=ts, dur=dur,
             external_id=self._ints([(e.args or _NO_ARGS).external_id for e in evs], "CPU events", "External id"),
+            input_dims=self._raw_ids([(a.input_dims if len(a.input_dims) else a.input_dims_2020) if a else _EMPTY_RAW
+                                      for a in (e.args for e in evs)]),
+            input_types=self._raw_ids([e.args.input_type if e.args else _EMPTY_RAW for e in evs]),
         )
         rows = np.arange(len(evs))
         if keep is not None:
@@ -759,6 +769,9 @@ class _Builder:
             self.gpu.append(t)
         for t in other.cpu:
             t.name, t.category = ids(t.name), ids(t.category)
+            for col in ("input_dims", "input_types"):
+                v = getattr(t, col)
+                setattr(t, col, np.where(v >= 0, remap[np.maximum(v, 0)], -1).astype(np.int32))
             self.cpu.append(t)
         for t in other.runtime:
             t.name = ids(t.name)

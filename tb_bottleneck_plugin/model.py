@@ -106,6 +106,16 @@ class CpuTable(_Table):
     ts: np.ndarray = _col(np.float64)
     dur: np.ndarray = _col(np.float64)
     external_id: np.ndarray = _col(np.int64)
+    # Recorded inputs (record_shapes=True): index into strings of the raw JSON text of
+    # args "Input Dims" (or 2020 "Input dims") and "Input type"; -1 when absent (also
+    # when a table is built without them).
+    input_dims: np.ndarray = field(default=None, metadata={"dtype": np.int32})
+    input_types: np.ndarray = field(default=None, metadata={"dtype": np.int32})
+
+    def __post_init__(self):
+        for name in ("input_dims", "input_types"):
+            if getattr(self, name) is None:
+                setattr(self, name, np.full(len(self.ts), -1, np.int32))
 
 
 @dataclass

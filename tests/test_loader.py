@@ -136,7 +136,7 @@ def _rows(trace: model.TraceData, table: str) -> list:
     cols = []
     for f in t.__dataclass_fields__:
         col = getattr(t, f).tolist()
-        if f in ("name", "category", "occupancy_limit"):
+        if f in ("name", "category", "occupancy_limit", "input_dims", "input_types"):
             col = [trace.strings[i] if i >= 0 else None for i in col]
         cols.append([repr(v) for v in col])
     return sorted(zip(*cols))

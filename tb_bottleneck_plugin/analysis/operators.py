@@ -12,7 +12,7 @@ Raw names are kept; the comparison normalises them (compare.normalise_kernel_nam
 """
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -186,4 +186,294 @@ def combine_tables(tables: List[dict]) -> dict:
                         if field_name != "name":
                             m[field_name] = (m.get(field_name) or 0) + (value or 0)
         out[key] = sorted(merged.values(), key=lambda r: -r["total_us"])
+    return out
+
+
+# --------------------------------------------------------------------------- operator view
+#
+# The Operator view (METRICS.md "Operator view"): per included step and per (op name,
+# recorded inputs), the calls, total and self CPU time, the GPU time the op launched
+# (itself and through its descendants, through the correlation id) and the Tensor Core
+# part of that GPU time. Computed once per span; the /operators route only sums rows.
+
+# (step, name, inputs) rows kept per span, largest total CPU time first; the inputs of
+# rows beyond are merged into "other inputs" (OTHER_INPUTS) of their (step, name).
+MAX_VIEW_ROWS = 20000
+OTHER_INPUTS = -2
+VIEW_FIELDS = ("calls", "total_us", "self_us", "gpu_us", "gpu_self_us", "tc_us")
+
+
+def _op_instances(trace: TraceData):
+    """Every CPU op / user annotation except ProfilerStep#N, with its nesting and times.
+
+    Returns a dict of arrays over those rows: ``rows`` (into trace.cpu), ``total``,
+    ``self`` (duration minus direct child ops minus runtime calls made directly), ``gpu``
+    (GPU activities launched by the op or any descendant), ``gpu_self`` (launched by its
+    own runtime calls), ``tc`` (Tensor Core kernels among ``gpu``)."""
+    from . import linking, tensor_cores
+
+    cpu = trace.cpu
+    step_ids = trace.string_ids(lambda s: s.startswith("ProfilerStep#"))
+    rows = np.flatnonzero(((cpu.kind == CPU_OP) | (cpu.kind == CPU_USER_ANNOTATION))
+                          & ~np.isin(cpu.name, step_ids))
+    n = len(rows)
+    ts = cpu.ts[rows]
+    dur = np.maximum(np.nan_to_num(cpu.dur[rows], nan=0.0), 0.0)
+    end = ts + dur
+    depth, parent = _nesting(cpu.pid[rows], cpu.tid[rows], ts, end) if n else (np.zeros(0, np.int64),) * 2
+    alias = _merged_into(parent, cpu.name[rows], cpu.kind[rows])
+    merged = alias != np.arange(n)
+    parent = np.where(parent >= 0, alias[np.maximum(parent, 0)], -1)
+    child = np.flatnonzero((parent >= 0) & ~merged)
+    self_t = dur - np.bincount(parent[child], weights=dur[child], minlength=n) if n else dur.copy()
+    gpu = np.zeros(n)
+    gpu_self = np.zeros(n)
+    tc = np.zeros(n)
+    if n and len(trace.runtime):
+        local = np.full(len(cpu), -1, np.int64)
+        local[rows] = np.arange(n)
+        op, call = linking.calls_inside(trace, rows)
+        op = local[op]
+        # the innermost op around each call (the deepest of its enclosing ops; a merged
+        # op's calls belong to the op it was merged into)
+        order = np.lexsort((-depth[op], call))
+        op_s, call_s = op[order], call[order]
+        first = np.ones(len(call_s), bool)
+        first[1:] = call_s[1:] != call_s[:-1]
+        inner_op, inner_call = alias[op_s[first]], call_s[first]
+        op, call = op[~merged[op]], call[~merged[op]]
+        rt_dur = np.maximum(np.nan_to_num(trace.runtime.dur, nan=0.0), 0.0)
+        self_t -= np.bincount(inner_op, weights=rt_dur[inner_call], minlength=n)
+        gpu_rt = linking.gpu_runtime_index(trace)
+        linked = np.flatnonzero(gpu_rt >= 0)
+        if len(linked) and len(call):
+            g_dur = np.maximum(np.nan_to_num(trace.gpu.dur, nan=0.0), 0.0)
+            tc_mask = tensor_cores.tensor_core_kernel_mask(trace)
+            per_call = np.bincount(gpu_rt[linked], weights=g_dur[linked], minlength=len(trace.runtime))
+            per_call_tc = np.bincount(gpu_rt[linked], weights=np.where(tc_mask[linked], g_dur[linked], 0.0),
+                                      minlength=len(trace.runtime))
+            gpu = np.bincount(op, weights=per_call[call], minlength=n)
+            tc = np.bincount(op, weights=per_call_tc[call], minlength=n)
+            gpu_self = np.bincount(inner_op, weights=per_call[inner_call], minlength=n)
+    keep = ~merged
+    return {"rows": rows[keep], "ts": ts[keep], "total": dur[keep], "self": np.maximum(self_t, 0.0)[keep],
+            "gpu": gpu[keep], "gpu_self": gpu_self[keep], "tc": tc[keep], "depth": depth[keep]}
+
+
+def _merged_into(parent, name, kind) -> np.ndarray:
+    """For each op, the op it is merged into (itself when not merged): an op that is the
+    only child of an op of the same name (both CPU ops, not annotations) is one call of
+    that op, as torch.profiler's EventList._remove_dup_nodes and torch-tb-profiler count
+    it (``aten::div`` calling ``aten::div``). Chains merge into their outermost op."""
+    n = len(parent)
+    alias = np.arange(n)
+    has = np.flatnonzero(parent >= 0)
+    if len(has) == 0:
+        return alias
+    n_children = np.bincount(parent[has], minlength=n)
+    p = parent[has]
+    dup = has[(n_children[p] == 1) & (name[has] == name[p]) & (kind[has] == CPU_OP) & (kind[p] == CPU_OP)]
+    if len(dup) == 0:
+        return alias
+    alias[dup] = parent[dup]
+    for _ in range(64):  # chains: follow to the outermost op
+        nxt = alias[alias]
+        if np.array_equal(nxt, alias):
+            break
+        alias = nxt
+    return alias
+
+
+def operator_view(trace: TraceData, steps: Steps) -> dict:
+    """The span's operator view: one row per (included step, op name, recorded inputs).
+
+    An op instance belongs to the included step whose host span (ProfilerStep#N on the
+    CPU) contains its start, on any thread; ops outside every included step are left out.
+    Columnar, with names and inputs as indices into the ``names`` / ``inputs`` lists::
+
+        {"steps": [N...], "names": [str], "inputs": [[dims_text, types_text]],
+         "record_shapes": bool, "rows": {"step", "name", "input", *VIEW_FIELDS: [..]},
+         "rows_merged": k}
+    """
+    out = {"steps": [], "names": [], "inputs": [], "record_shapes": False,
+           "rows": {k: [] for k in ("step", "name", "input") + VIEW_FIELDS}, "rows_merged": 0}
+    if steps.count == 0:
+        return out
+    out["steps"] = [int(x) for x in steps.inc_numbers]
+    inst = _op_instances(trace)
+    rows = inst["rows"]
+    if len(rows) == 0:
+        return out
+    h_lo = np.asarray(steps.inc_host_start, np.float64)
+    h_hi = np.asarray(steps.inc_host_end, np.float64)
+    if not steps.found:  # one window over the whole trace
+        h_lo, h_hi = np.array([-np.inf]), np.array([np.inf])
+    order = np.argsort(h_lo, kind="stable")
+    lo, hi = h_lo[order], h_hi[order]
+    ts = inst["ts"]
+    j = np.searchsorted(lo, ts, side="right") - 1
+    jc = np.maximum(j, 0)
+    inside = (j >= 0) & (ts < hi[jc])
+    keep = np.flatnonzero(inside)
+    step = order[jc[keep]]
+    cpu = trace.cpu
+    name = cpu.name[rows[keep]].astype(np.int64)
+    dims = cpu.input_dims[rows[keep]].astype(np.int64)
+    types = cpu.input_types[rows[keep]].astype(np.int64)
+    out["record_shapes"] = bool((dims >= 0).any())
+    key = np.stack([step, name, dims, types], 1)
+    if len(key) == 0:
+        return out
+    uniq, inv = np.unique(key, axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    k = len(uniq)
+    sums = {"calls": np.bincount(inv, minlength=k).astype(np.float64)}
+    for field_name, src in (("total_us", "total"), ("self_us", "self"), ("gpu_us", "gpu"),
+                            ("gpu_self_us", "gpu_self"), ("tc_us", "tc")):
+        sums[field_name] = np.bincount(inv, weights=inst[src][keep], minlength=k)
+    # inputs: one id per distinct (dims, types) pair
+    pairs, input_idx = np.unique(uniq[:, 2:], axis=0, return_inverse=True)
+    input_idx = input_idx.reshape(-1)
+    has_input = (pairs[:, 0] >= 0) | (pairs[:, 1] >= 0)
+    input_idx = np.where(has_input[input_idx], input_idx, -1)
+    merged = 0
+    if k > MAX_VIEW_ROWS:
+        # keep the largest rows' inputs; merge the others per (step, name)
+        rank = np.argsort(-sums["total_us"], kind="stable")
+        small = np.zeros(k, bool)
+        small[rank[MAX_VIEW_ROWS // 2:]] = True
+        input_idx = np.where(small & (input_idx >= 0), OTHER_INPUTS, input_idx)
+        key2 = np.stack([uniq[:, 0], uniq[:, 1], input_idx], 1)
+        uniq2, inv2 = np.unique(key2, axis=0, return_inverse=True)
+        inv2 = inv2.reshape(-1)
+        merged = k - len(uniq2)
+        sums = {f: np.bincount(inv2, weights=v, minlength=len(uniq2)) for f, v in sums.items()}
+        uniq = np.concatenate([uniq2[:, :2], np.zeros((len(uniq2), 2), np.int64)], 1)
+        input_idx = uniq2[:, 2]
+    # compact name table
+    name_ids, name_idx = np.unique(uniq[:, 1], return_inverse=True)
+    strings = trace.strings
+
+    def text(i):
+        return strings[int(i)] if i >= 0 else None
+
+    out["names"] = [strings[int(i)] for i in name_ids]
+    out["inputs"] = [[text(d), text(t)] for d, t in pairs]
+    out["rows"] = {"step": uniq[:, 0].astype(int).tolist(), "name": name_idx.reshape(-1).astype(int).tolist(),
+                   "input": np.asarray(input_idx).astype(int).tolist(),
+                   "calls": sums["calls"].astype(int).tolist()}
+    for f in VIEW_FIELDS[1:]:
+        out["rows"][f] = [round(float(v), 3) for v in sums[f]]
+    out["rows_merged"] = int(merged)
+    return out
+
+
+ROUTE_ROWS = 2000  # rows one /operators answer carries (largest self CPU time first)
+TOP_INPUTS = 3  # recorded inputs listed per op in the by-name grouping
+
+
+def view_table(view: dict, step=None, group: str = "op") -> dict:
+    """The table the /operators route answers: the span (or combined) view summed over
+    one step (``step`` = its number) or all included steps (None), grouped by op name
+    (``group="op"``, with each op's top recorded inputs) or by op name and recorded
+    inputs (``"op_shape"``). Raises KeyError for a step the view does not hold."""
+    view = view or {}
+    steps_list = list(view.get("steps") or [])
+    rows = view.get("rows") or {}
+    names = view.get("names") or []
+    inputs = view.get("inputs") or []
+    n = len(rows.get("name") or [])
+    sel = np.ones(n, bool)
+    if step is not None:
+        if step not in steps_list:
+            raise KeyError(step)
+        sel = np.asarray(rows.get("step"), np.int64) == steps_list.index(step) if n else sel
+    cols = {f: np.asarray(rows.get(f) or [], np.float64)[sel] for f in VIEW_FIELDS}
+    name_col = np.asarray(rows.get("name") or [], np.int64)[sel]
+    input_col = np.asarray(rows.get("input") or [], np.int64)[sel]
+    by_shape = group == "op_shape"
+    key = np.stack([name_col, input_col if by_shape else np.zeros_like(input_col)], 1)
+    out = {"steps": steps_list, "step": "all" if step is None else step, "group": "op_shape" if by_shape else "op",
+           "record_shapes": bool(view.get("record_shapes")), "rows": [], "rows_left_out": 0,
+           "inputs_merged": bool(view.get("rows_merged"))}
+    if len(key) == 0:
+        return out
+    uniq, inv = np.unique(key, axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    k = len(uniq)
+    sums = {f: np.bincount(inv, weights=cols[f], minlength=k) for f in VIEW_FIELDS}
+    order = np.argsort(-sums["self_us"], kind="stable")
+    out["rows_left_out"] = max(0, k - ROUTE_ROWS)
+    order = order[:ROUTE_ROWS]
+    top_inputs = {}
+    if not by_shape and out["record_shapes"]:
+        # per op: its recorded inputs by total CPU time
+        pair = np.stack([name_col, input_col], 1)
+        pu, pinv = np.unique(pair, axis=0, return_inverse=True)
+        pinv = pinv.reshape(-1)
+        p_total = np.bincount(pinv, weights=cols["total_us"], minlength=len(pu))
+        p_calls = np.bincount(pinv, weights=cols["calls"], minlength=len(pu))
+        for i in np.lexsort((-p_total, pu[:, 0])):
+            lst = top_inputs.setdefault(int(pu[i, 0]), [])
+            if len(lst) < TOP_INPUTS:
+                lst.append(_input_entry(inputs, int(pu[i, 1]), calls=int(p_calls[i]),
+                                        total_us=round(float(p_total[i]), 3)))
+    for g in order:
+        gpu = float(sums["gpu_us"][g])
+        row = {"name": names[int(uniq[g, 0])], "calls": int(sums["calls"][g]),
+               "total_us": round(float(sums["total_us"][g]), 3), "self_us": round(float(sums["self_us"][g]), 3),
+               "gpu_us": round(gpu, 3), "gpu_self_us": round(float(sums["gpu_self_us"][g]), 3),
+               "tc_pct": round(100.0 * float(sums["tc_us"][g]) / gpu, 3) if gpu > 0 else None}
+        if by_shape:
+            row.update(_input_entry(inputs, int(uniq[g, 1])))
+        elif out["record_shapes"]:
+            row["top_inputs"] = top_inputs.get(int(uniq[g, 0]), [])
+        out["rows"].append(row)
+    return out
+
+
+def _input_entry(inputs: list, idx: int, **extra) -> dict:
+    """{dims, types} texts of an inputs index (None when not recorded; "other" for the
+    inputs merged away in a very long table)."""
+    if idx == OTHER_INPUTS:
+        return dict(extra, dims="other", types="other")
+    if 0 <= idx < len(inputs):
+        dims, types = inputs[idx]
+        return dict(extra, dims=dims, types=types)
+    return dict(extra, dims=None, types=None)
+
+
+def combine_views(views: List[dict]) -> Optional[dict]:
+    """A worker/run view from span views: all steps together (step numbers of different
+    files are not the same steps, so the combined view has no per-step rows: ``steps``
+    is empty and only step=all can be asked). None when a span has no view."""
+    if not views or any(not isinstance(v, dict) for v in views):
+        return None
+    names: Dict[str, int] = {}
+    inputs: Dict[tuple, int] = {}
+    acc: Dict[tuple, np.ndarray] = {}
+    record = False
+    merged = 0
+    for v in views:
+        record = record or bool(v.get("record_shapes"))
+        merged += int(v.get("rows_merged") or 0)
+        rows = v.get("rows") or {}
+        v_names, v_inputs = v.get("names") or [], v.get("inputs") or []
+        for i in range(len(rows.get("name") or [])):
+            nm = names.setdefault(v_names[rows["name"][i]], len(names))
+            inp = rows["input"][i]
+            if inp >= 0:
+                inp = inputs.setdefault(tuple(v_inputs[inp]), len(inputs))
+            key = (nm, inp)
+            vals = np.array([rows[f][i] for f in VIEW_FIELDS], np.float64)
+            if key in acc:
+                acc[key] += vals
+            else:
+                acc[key] = vals
+    keys = list(acc)
+    out = {"steps": [], "names": list(names), "inputs": [list(k) for k in inputs], "record_shapes": record,
+           "rows": {"step": [0] * len(keys), "name": [k[0] for k in keys], "input": [k[1] for k in keys]},
+           "rows_merged": merged}
+    for j, f in enumerate(VIEW_FIELDS):
+        out["rows"][f] = [int(acc[k][j]) if f == "calls" else round(float(acc[k][j]), 3) for k in keys]
     return out
