@@ -190,13 +190,11 @@ def analyze_trace(trace: model.TraceData, *, run=None, worker=None, span=None, s
             rep["occupancy"]["kernels"] = []
     ops_table = sec.run("operators", operators.operator_table, trace, found) if found is not None else None
     op_view = sec.run("operator_view", operators.operator_view, trace, found) if found is not None else None
-    op_view = sec.run("operator_view", operators.operator_view, trace, found) if found is not None else None
     dist_part = sec.run("distributed", distributed.span_partial, trace, found)  # ranks.rank_view input
     rep["errors"] = sec.errors
     rep["not_available_labels"] = not_available_labels(not_available)
     return {"report": _clean(rep), "memory": _clean(curves), "kernels": _clean(kernels),
             "operators": _clean(ops_table),  # compare.py's op and kernel diffs
-            "operator_view": op_view,  # the /operators route (METRICS.md: Operator view)
             "operator_view": op_view,  # the /operators route (METRICS.md: Operator view)
             "distributed": dist_part}
 
@@ -307,7 +305,7 @@ _SECTION_LABELS = {
     "tensor_cores": "Tensor Cores", "occupancy": "Occupancy", "memory": "Memory",
     "memory_snapshot": "CUDA memory snapshot", "sync": "Host-GPU synchronization",
     "communication": "Communication", "launch": "Kernel launches", "recommendations": "Recommendations",
-    "kernels": "Kernel table", "memory_curves": "Memory over time", "operators": "Operator tables", "operator_view": "Operator view", "operator_view": "Operator view",
+    "kernels": "Kernel table", "memory_curves": "Memory over time", "operators": "Operator tables", "operator_view": "Operator view",
     "context": "Workload context", "distributed": "Distributed run", "verdicts": "Card verdicts",
 }
 _METRIC_LABELS = {
@@ -425,7 +423,6 @@ def combine_results(results: List[dict], *, run=None, worker=None) -> dict:
     if out["occupancy"] is not None:
         out["occupancy"]["kernels"] = kernels[:KERNELS_IN_REPORT]
     ops_table = sec.run("operators", operators.combine_tables, [r.get("operators") for r in results])
-    op_view = sec.run("operator_view", operators.combine_views, [r.get("operator_view") for r in results])
     op_view = sec.run("operator_view", operators.combine_views, [r.get("operator_view") for r in results])
     out["errors"] = [dict(e, span=r.get("span")) for r in reports for e in (r.get("errors") or [])
                      if isinstance(e, dict)] + sec.errors
