@@ -419,7 +419,8 @@ def window(store, step: Optional[int] = None, t0: Optional[float] = None, t1: Op
     """One level-of-detail answer for step number ``step`` (None: the default step) in
     the window [t0, t1] µs from the step start (default: the whole step), drawn ``px``
     pixels wide: per row, rectangles (events, or merged busy blocks with their count and
-    busy time), at most ``cap`` rectangles in all. Raises KeyError for an unknown step."""
+    busy time), at most ``cap`` rectangles in all (or one per non-empty row when there
+    are more such rows than ``cap``). Raises KeyError for an unknown step."""
     i = step_index(store, step)
     if i is None or i < 0:
         raise KeyError(step)
@@ -458,6 +459,8 @@ def window(store, step: Optional[int] = None, t0: Optional[float] = None, t1: Op
             cs = ce = np.zeros(0)
         per_row.append((r, a + idx, cs, ce))
 
+    # one block per non-empty row is the coarsest answer that keeps every row's busy time
+    cap = max(cap, sum(1 for _, _, cs, _ in per_row if len(cs)))
     q = (w1 - w0) / px  # one pixel
     while True:
         groups = [lod(cs, ce, q) for _, _, cs, ce in per_row]

@@ -1,0 +1,214 @@
+"""Step timeline (analysis/timeline.py): lanes and idle-cause labels on a hand-built
+trace where every interval is known, the level-of-detail merge (exact busy time, never
+more than the cap; also on random data), and the Chrome-trace export of one step."""
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from tb_bottleneck_plugin import report
+from tb_bottleneck_plugin.analysis import timeline as tl
+from trace_builder import TraceBuilder
+
+HTML_NAME = "<img src=x onerror=alert(1)>"
+DL = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+
+
+def _step(b: TraceBuilder, n: int, off: float, host_dur: float, dl_dur: float, kernel3: str = "short2"):
+    """One step at ``off``; every interval written here is used by hand below."""
+    b.step(n, off + 0, host_dur)
+    b.cpu(DL, off + 10, dl_dur, cat="user_annotation")
+    b.cpu("aten::copy_", off + 320, 80)
+    corr = b.runtime("cudaMemcpyAsync", off + 330, 10)
+    b.events.append({"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "pid": 0,
+                     "tid": 7, "ts": off + 345, "dur": 50,
+                     "args": {"device": 0, "stream": 7, "correlation": corr, "bytes": 1024}})
+    b.cpu("aten::conv", off + 400, 200)
+    b.launch("conv_k", off + 410, off + 420, 100)
+    b.launch("short1", off + 500, off + 530, 5)
+    b.launch(kernel3, off + 510, off + 545, 5)
+    b.cpu("aten::item", off + 600, 100)
+    b.runtime("cudaStreamSynchronize", off + 610, 80)
+
+
+@pytest.fixture(scope="module")
+def hand(tmp_path_factory):
+    b = TraceBuilder()
+    _step(b, 1, 0, 1000, 300)
+    _step(b, 2, 1000, 800, 100, kernel3=HTML_NAME)
+    trace = b.load(tmp_path_factory.mktemp("tl"))
+    return trace, tl.build_store(trace)
+
+
+def _lane(w, label):
+    hits = [lane for lane in w["lanes"] if lane["label"] == label]
+    assert len(hits) == 1, [lane["label"] for lane in w["lanes"]]
+    return hits[0]
+
+
+def _events(w, lane):
+    return [(round(a, 3), round(b, 3), w["names"][n] if n is not None else None)
+            for a, b, n in zip(lane["t0"], lane["t1"], lane["name"])]
+
+
+def test_lanes_of_the_hand_built_step(hand):
+    _, store = hand
+    w = tl.window(store, 1, px=100000)  # every event wider than a pixel: no merging
+    assert w["step"] == 1 and w["step_us"] == 1000 and w["included"]
+    assert _events(w, _lane(w, "CPU main thread")) == [
+        (320, 400, "aten::copy_"), (400, 600, "aten::conv"), (600, 700, "aten::item")]
+    assert _events(w, _lane(w, "DataLoader")) == [(10, 310, DL)]
+    assert _events(w, _lane(w, "CUDA runtime (thread 1)")) == [
+        (330, 340, "cudaMemcpyAsync"), (410, 415, "cudaLaunchKernel"), (500, 505, "cudaLaunchKernel"),
+        (510, 515, "cudaLaunchKernel"), (610, 690, "cudaStreamSynchronize")]
+    gpu = _lane(w, "GPU 0 · stream 7")
+    assert _events(w, gpu) == [(345, 395, "Memcpy HtoD (Pageable -> Device)"), (420, 520, "conv_k"),
+                               (530, 535, "short1"), (545, 550, "short2")]
+    # hover: the CPU op that launched each GPU activity (through the correlation)
+    assert [w["names"][k] for k in gpu["link"]] == ["aten::copy_", "aten::conv", "aten::conv", "aten::conv"]
+    assert all(c is not None for c in gpu["corr"])
+    # the step span itself is the axis, not a lane event; no DataLoader on the CPU lane
+    assert all("ProfilerStep" not in n for n in w["names"])
+
+
+def test_idle_causes_of_the_hand_built_step(hand):
+    trace, store = hand
+    w = tl.window(store, 1, px=100000)
+    # kernels [420,520] [530,535] [545,550]: idle = [0,420] [520,530] [535,545] [550,1000]
+    want = {"h2d_copy": [(345, 395)],                      # the HtoD copy, no kernel under it
+            "input_wait": [(10, 310)],                     # DataLoader, nothing else busy
+            "sync": [(610, 690)],                          # cudaStreamSynchronize, GPU idle
+            "launch": [(535, 545)],                        # gap between two short kernels
+            # runtime calls while no kernel runs are not a cause of their own: "other"
+            "other": [(0, 10), (310, 345), (395, 420), (520, 530), (550, 610), (690, 1000)]}
+    for cause, spans in want.items():
+        lane = _lane(w, "GPU idle: " + tl.IDLE_LABELS[cause])
+        assert lane["cause"] == cause
+        assert [(a, b) for a, b, _ in _events(w, lane)] == spans, cause
+        assert w["idle_us"][cause] == sum(b - a for a, b in spans)
+    assert w["idle_us"] == {"h2d_copy": 50, "input_wait": 300, "sync": 80, "launch": 10, "other": 450}
+    assert sum(w["idle_us"].values()) == 1000 - 110  # the step minus Union(kernels)
+    # the shaded input wait is the report's input-bound % of that step, exactly
+    rep = report.analyze_trace(trace)["report"]
+    per = {p["step"]: p for p in rep["input"]["per_step"]}
+    assert w["idle_pct"]["input_wait"] == pytest.approx(per[1]["input_bound_pct"]) == pytest.approx(30.0)
+    w2 = tl.window(store, 2, px=100000)
+    assert w2["idle_us"]["input_wait"] == 100
+    assert w2["idle_pct"]["input_wait"] == pytest.approx(per[2]["input_bound_pct"])
+
+
+def test_default_step_is_the_slowest_included(hand):
+    _, store = hand
+    assert tl.window(store)["step"] == 1  # 1000 µs vs 800 µs
+    assert [s["step"] for s in tl.window(store)["steps"]] == [1, 2]
+    with pytest.raises(KeyError):
+        tl.window(store, 99)
+
+
+def test_lod_merges_subpixel_events_keeping_count_and_busy_time(hand):
+    _, store = hand
+    w = tl.window(store, 1, px=10)  # 100 µs per pixel
+    gpu = _lane(w, "GPU 0 · stream 7")
+    assert sum(gpu["count"]) == 4 and sum(gpu["busy_us"]) == pytest.approx(160)
+    # [345,395] is narrower than a pixel and 25 µs from the conv kernel: one block with it?
+    # conv_k (100 µs) is one pixel wide: kept as itself; the short ones merge into one block
+    assert (530, 550) in [(a, b) for a, b in zip(gpu["t0"], gpu["t1"])]
+    block = [i for i, (a, b) in enumerate(zip(gpu["t0"], gpu["t1"])) if (a, b) == (530, 550)][0]
+    assert gpu["count"][block] == 2 and gpu["busy_us"][block] == pytest.approx(10) and gpu["name"][block] is None
+    # zoom: the window [500, 600] at 100 px shows both short kernels on their own again
+    z = tl.window(store, 1, t0=500, t1=600, px=100)
+    gz = _lane(z, "GPU 0 · stream 7")
+    assert _events(z, gz) == [(500, 520, "conv_k"), (530, 535, "short1"), (545, 550, "short2")]
+    assert sum(gz["busy_us"]) == pytest.approx(30)  # conv_k clipped to the window
+
+
+def _random_trace(tmp_path, seed, n):
+    rnd = random.Random(seed)
+    b = TraceBuilder()
+    b.step(1, 0, 100000)
+    truth = {}
+    for stream in (7, 13):
+        t = 0.0
+        spans = []
+        for _ in range(n):
+            t += rnd.expovariate(1 / 20.0)
+            d = rnd.choice([0.0, rnd.uniform(0.1, 3), rnd.uniform(1, 50), rnd.uniform(50, 2000)])
+            if t + d > 99000:
+                break
+            b.launch(f"k{rnd.randrange(30)}", 10, t, d)
+            spans.append((t, t + d))
+            t += d
+        truth[stream] = spans
+        # launches live in one runtime row; kernels on stream `stream`
+        for ev in b.events:
+            if ev["cat"] == "kernel" and "done" not in ev["args"]:
+                ev["args"]["stream"] = stream
+                ev["tid"] = stream
+                ev["args"]["done"] = 1
+    return b.load(tmp_path), truth
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_lod_property_random(tmp_path, seed):
+    trace, truth = _random_trace(tmp_path, seed, 3000)
+    store = tl.build_store(trace)
+    rnd = random.Random(1000 + seed)
+    for _ in range(25):
+        a = rnd.uniform(-100, 100000)
+        b = rnd.uniform(a, 100500) if rnd.random() < 0.8 else a + rnd.uniform(0, 50)
+        px = rnd.choice([10, 100, 800, 1600, 5000])
+        cap = rnd.choice([5, 50, 400, 4000])
+        w = tl.window(store, 1, t0=a, t1=b, px=px, cap=cap)
+        nonempty = sum(1 for lane in w["lanes"] if lane["t0"])
+        assert w["rects"] <= max(cap, nonempty)
+        if cap < nonempty:
+            assert all(len(lane["t0"]) <= 1 for lane in w["lanes"])
+        lo, hi = w["t0"], w["t1"]
+        for stream, spans in truth.items():
+            lane = _lane(w, f"GPU 0 · stream {stream}")
+            want_busy = sum(max(0.0, min(e, hi) - max(s, lo)) for s, e in spans)
+            want_count = sum(1 for s, e in spans if s < hi and (e > lo or (e == s and s >= lo)))
+            assert sum(lane["busy_us"]) == pytest.approx(want_busy, abs=1e-6)
+            assert sum(lane["count"]) == want_count
+            # rectangle ends are rounded to 1 ns for the wire
+            assert all(lo - 1e-3 <= x <= y <= hi + 1e-3 for x, y in zip(lane["t0"], lane["t1"]))
+        total = sum(len(lane["t0"]) for lane in w["lanes"])
+        assert total == w["rects"]
+
+
+def test_lod_cap_smaller_than_rows_still_bounded(hand):
+    _, store = hand
+    w = tl.window(store, 1, px=100000, cap=3)
+    # more non-empty rows than the cap: each row one block at most, busy time kept
+    assert all(len(lane["t0"]) <= 1 for lane in w["lanes"])
+    assert w["rects"] == sum(1 for lane in w["lanes"] if lane["t0"]) > 3
+    assert sum(sum(lane["busy_us"]) for lane in w["lanes"] if lane["kind"] == "idle") == pytest.approx(890)
+
+
+def test_chrome_trace_export_has_only_that_step(hand):
+    _, store = hand
+    doc = json.loads(json.dumps(tl.chrome_trace(store, 2)))
+    xs = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert xs and all(1000 <= e["ts"] and e["ts"] + e["dur"] <= 1800 for e in xs)
+    names = {e["name"] for e in xs}
+    assert HTML_NAME in names and "short2" not in names  # step 2's own third kernel
+    assert {"conv_k", "aten::conv", DL, "cudaStreamSynchronize", "waiting for input"} <= names
+    conv = [e for e in xs if e["name"] == "conv_k"][0]
+    assert conv["args"]["cpu_op"] == "aten::conv" and isinstance(conv["args"]["correlation"], int)
+    # thread names name the lanes
+    meta = {e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M"}
+    assert {"DataLoader", "GPU 0 · stream 7", "CPU main thread"} <= meta
+    assert doc["otherData"]["step"] == 2
+
+
+def test_store_round_trips_through_npz(hand, tmp_path):
+    _, store = hand
+    path = tmp_path / "s.npz"
+    np.savez(path, **store)
+    with np.load(path, allow_pickle=False) as z:
+        back = {k: z[k] for k in z.files}
+    assert tl.window(back, 1) == tl.window(store, 1)
+    assert HTML_NAME in tl.store_names(back)
