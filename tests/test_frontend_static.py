@@ -45,7 +45,7 @@ CSS = _files(".css")
 
 def test_frontend_has_the_expected_modules():
     names = {os.path.basename(p) for p in JS + CSS}
-    assert {"index.js", "api.js", "views.js", "charts.js", "dom.js", "style.css"} <= names
+    assert {"index.js", "model.js", "panels.js", "views.js", "cards.js", "charts.js", "dom.js", "style.css"} <= names
 
 
 @pytest.mark.parametrize("path", JS + CSS, ids=os.path.basename)

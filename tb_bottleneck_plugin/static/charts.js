@@ -60,13 +60,15 @@ export function withTooltip(el, lines) {
  * Renders draw(width) into container now and again whenever its width changes.
  * draw returns a Node (normally an <svg>).
  */
+const REDRAW_MIN_PX = 2; // width changes smaller than this (px) do not redraw
+
 export function responsive(container, draw) {
   let lastW = -1;
   let raf = 0;
   const redraw = () => {
     raf = 0;
     const w = Math.floor(container.clientWidth);
-    if (w <= 0 || Math.abs(w - lastW) < 2) return;
+    if (w <= 0 || Math.abs(w - lastW) < REDRAW_MIN_PX) return;
     lastW = w;
     clear(container);
     container.appendChild(draw(w));
@@ -83,6 +85,9 @@ export function responsive(container, draw) {
   return container;
 }
 
+// [normalised raw step from, nice step multiplier]: the 1-2-5 ladder of tick steps.
+const NICE_STEPS = [[5, 10], [2, 5], [1, 2]];
+
 /** About n "nice" ticks covering [min, max]. */
 export function niceTicks(min, max, n = 5) {
   if (!isNum(min) || !isNum(max)) return [0];
@@ -91,7 +96,7 @@ export function niceTicks(min, max, n = 5) {
   const raw = span / Math.max(1, n);
   const mag = 10 ** Math.floor(Math.log10(raw));
   const norm = raw / mag;
-  const step = (norm >= 5 ? 10 : norm >= 2 ? 5 : norm >= 1 ? 2 : 1) * mag;
+  const step = (NICE_STEPS.find(([from]) => norm >= from) || [0, 1])[1] * mag;
   const lo = Math.floor(min / step) * step;
   const hi = Math.ceil(max / step) * step;
   const out = [];

@@ -10,19 +10,16 @@
 // (index.js hands the view to renderCompare while the hash has compare=1).
 
 import {h, s, mount} from "./dom.js";
-import {pollJson} from "./api.js";
+import {getCompare} from "./model.js";
 import {responsive, withTooltip, niceTicks} from "./charts.js";
 import {isNum, fmtPct, fmtUs, fmtUsTick, fmtBytes, fmtNum, shortenKernelName} from "./format.js";
-import {renderLoading, renderError, CATEGORIES} from "./views.js";
+import {CATEGORIES, CAT_NAMES} from "./defs.js";
+import {renderLoading, renderError} from "./states.js";
 
 const ALL = "all";
 const SIDES = ["base", "cand"];
 const SIDE_NAMES = {base: "Baseline", cand: "Candidate"};
 const TABLE_LIMIT = 200; // rows drawn per diff table (the filter finds the rest)
-const CAT_NAMES = {
-  kernel: "Kernel", memcpy: "Memcpy", memset: "Memset", communication: "Communication",
-  runtime: "Runtime", dataloader: "DataLoader", cpu_exec: "CPU Exec", other: "Other (idle)",
-};
 const catColor = (k) => `var(--c-${String(k).replace("_", "-")})`;
 // Verdict word (from the server) -> colour class already defined in style.css.
 const VERDICT_CLASS = {better: "sev-text-ok", worse: "sev-text-high"};
@@ -167,14 +164,8 @@ function sidePicker(side, sel, runs, pick) {
 }
 
 async function loadCompare(body, sel, signal, retry) {
-  const params = {};
-  for (const k of SIDES) {
-    params[`${k}_run`] = sel[k].run;
-    params[`${k}_worker`] = sel[k].worker;
-    params[`${k}_span`] = sel[k].span;
-  }
   const loader = renderLoading(body, {title: "Comparing…", detail: "Each side is analysed once and cached; large traces take a while the first time."});
-  const r = await pollJson("compare", params, {signal, onProgress: (p, msg) => loader.set(p, msg)});
+  const r = await getCompare(sel, {signal, onProgress: (p, msg) => loader.set(p, msg)});
   if (signal.aborted || r.kind === "aborted") return;
   if (r.kind === "error") {
     renderError(body, {title: r.status === 404 ? "Not found" : "Could not compare", message: r.message, file: r.file,

@@ -12,7 +12,7 @@ function applyAttrs(el, attrs) {
   if (!attrs) return;
   for (const [key, val] of Object.entries(attrs)) {
     if (val === undefined || val === null || val === false) continue;
-    if (key.startsWith("on") && key.length > 2) {
+    if (key.startsWith("on") && key.length > "on".length) {
       // Event handlers only as functions; a string handler would be code.
       if (typeof val === "function") el.addEventListener(key.slice(2).toLowerCase(), val);
       continue;

@@ -29,22 +29,30 @@ export function fmtUsTick(us) {
   return `${trim(us)} µs`;
 }
 
+/** Decimals that keep about `most` + 1 significant digits: x in [1, 10) -> most, [10, 100) -> most - 1, ... (never < 0). */
+function decimals(x, most) {
+  if (!(x > 0)) return most;
+  return Math.min(most, Math.max(0, most - Math.floor(Math.log10(x))));
+}
+
+/** Binary byte units, largest first (fmtBytes; memory_view.js picks axis ticks from them). */
+export const BINARY_UNITS = [["GiB", 2 ** 30], ["MiB", 2 ** 20], ["KiB", 2 ** 10]];
+
 /** Milliseconds for axis labels. */
 export function fmtMs(ms) {
   if (!isNum(ms)) return "n/a";
   const a = Math.abs(ms);
   if (a >= 1e4) return `${(ms / 1e3).toFixed(0)} s`;
   if (a >= 1e3) return `${(ms / 1e3).toFixed(1)} s`;
-  return `${ms.toFixed(a >= 10 || Number.isInteger(ms) ? 0 : 1)} ms`;
+  return `${ms.toFixed(Number.isInteger(ms) ? 0 : decimals(a, 1))} ms`;
 }
 
 /** Bytes in binary units: "4.76 GiB". */
 export function fmtBytes(b) {
   if (!isNum(b)) return "n/a";
   const a = Math.abs(b);
-  const units = [["GiB", 2 ** 30], ["MiB", 2 ** 20], ["KiB", 2 ** 10]];
-  for (const [u, f] of units) {
-    if (a >= f) return `${(b / f).toFixed(a / f >= 100 ? 0 : a / f >= 10 ? 1 : 2)} ${u}`;
+  for (const [u, f] of BINARY_UNITS) {
+    if (a >= f) return `${(b / f).toFixed(decimals(a / f, 2))} ${u}`;
   }
   return `${b} B`;
 }

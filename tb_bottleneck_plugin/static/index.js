@@ -6,7 +6,7 @@
 //   and every other frontend file at data/plugin/bottlenecks/static/<file>
 //   (on disk they all sit side by side in tb_bottleneck_plugin/static/).
 // - ES module imports resolve against the URL of the importing module. So
-//   in index.js we write  import ... from "./static/api.js",  while the
+//   in index.js we write  import ... from "./static/model.js",  while the
 //   modules under static/ import each other as "./views.js" (no "static/").
 // - fetch() and <link href> resolve against the document's base URL, which
 //   TensorBoard's iframe page sets with <base href="plugin/bottlenecks/">;
@@ -17,11 +17,18 @@
 // - No inline <script>: TensorBoard's CSP forbids it. Inline styles are fine.
 
 import {h, mount, clear} from "./static/dom.js";
-import {getRuns, getReport, getMemory, getKernels} from "./static/api.js";
-import {renderReport, renderLoading, renderError, renderEmpty, TRACE_HOWTO} from "./static/views.js";
+import * as model from "./static/model.js";
+import {renderReport} from "./static/views.js";
+import {renderLoading, renderError, renderEmpty, TRACE_HOWTO} from "./static/states.js";
 import {mountRanks} from "./static/ranks.js";
 import {fmtTimestamp, fmtPct, spanLabel} from "./static/format.js";
 import {isCompareHash, startCompareHash, renderCompare} from "./static/compare.js";
+import {registeredPanels} from "./static/panels.js";
+
+// ---- registered panels: each module below calls registerPanel() (static/panels.js) when
+// imported; index.js renders them under the report. Add a panel with ONE import line here.
+// (keep this block; add new lines at its end)
+// ---- end of registered panels
 
 const RUNS_POLL_MS = 10000;
 const RUNS_POLL_FAST_MS = 2000; // while the first scan runs
@@ -192,7 +199,7 @@ async function refreshRuns({forceView}) {
   if (state.refreshing) return;
   state.refreshing = true;
   try {
-    const r = await getRuns();
+    const r = await model.getRuns();
     if (r.kind === "ok" && r.data && typeof r.data === "object") {
       state.runs = r.data;
       state.runsError = null;
@@ -429,11 +436,11 @@ async function loadView(run) {
   }
 
   const sel = {...state.sel};
-  const params = {run: sel.run, worker: sel.worker === ALL ? null : sel.worker, span: sel.span === ALL ? null : sel.span};
   const title = run.state === "loading" ? `Analysing "${run.run}"…` : "Loading report…";
   const loader = renderLoading(ui.view, {title, progress: run.state === "loading" ? run.progress : null,
     detail: "Large traces take a while the first time; the result is cached."});
-  const r = await getReport(params, {signal: ac.signal, onProgress: (pr, msg) => loader.set(pr, msg)});
+  const data = model.selectionData(sel, {signal: ac.signal});
+  const r = await data.report({onProgress: (pr, msg) => loader.set(pr, msg)});
   if (ac.signal.aborted || r.kind === "aborted") return;
   if (r.kind === "error") {
     const spanFile = spansOf(run, sel.worker).find((x) => x.span === sel.span);
@@ -453,13 +460,58 @@ async function loadView(run) {
       sel,
       spans: spansOf(run, sel.worker),
       signal: ac.signal,
-      api: {getMemory, getKernels},
+      data,
       onPickSpan: (span) => select({span}),
     });
   } catch (err) {
     console.error(err); // eslint-disable-line no-console
     renderError(ui.view, {title: "Could not display this report", message: String(err && err.stack ? err.stack : err)});
+    return;
   }
-  // Distributed runs: the Ranks panel (ranks.js) above the report; it fetches ranks?run= itself.
-  if (workersOf(run).length > 1) mountRanks(ui.view, {run: sel.run, worker: sel.worker, signal: ac.signal, onPick: (worker) => select({worker, span: null})});
+  renderRegisteredPanels(ui.view, r.data, data, sel, ac.signal);
+  // Distributed runs: the Ranks panel (ranks.js) above the report, from the ranks route (model.js).
+  if (workersOf(run).length > 1) {
+    mountRanks(ui.view, {load: (onProgress) => data.ranks({onProgress}), worker: sel.worker, signal: ac.signal,
+      onPick: (worker) => select({worker, span: null})});
+  }
+}
+
+/**
+ * The panels registered through panels.js, in order, each in its own section under the report.
+ * One panel's failure (an exception in render) is shown in that panel and stops nothing else.
+ */
+function renderRegisteredPanels(container, report, data, sel, signal) {
+  const p = data.params;
+  const ctx = Object.freeze({
+    run: p.run, worker: p.worker, span: p.span, isSummary: p.span === null, report, data, signal,
+    get: (route, params, opts = {}) => model.get(route, params, {signal, ...opts}),
+    select: (change) => select(change),
+    states: {renderLoading, renderError},
+  });
+  for (const panel of registeredPanels()) {
+    try {
+      if (panel.when && !panel.when(ctx)) continue;
+    } catch (err) {
+      console.error(err); // eslint-disable-line no-console
+      continue;
+    }
+    const body = h("div", {class: "panel-body"});
+    container.appendChild(h("section", {class: ["panel", "bn-registered"], id: `bn-panel-${panel.id}`, "data-panel": panel.id},
+      h("header", {class: "panel-head"}, h("h2", {}, panel.label),
+        panel.info ? h("span", {class: "info", title: panel.info, tabindex: "0", "aria-label": panel.info}, "?") : null),
+      body));
+    try {
+      const done = panel.render(body, ctx);
+      if (done && typeof done.catch === "function") {
+        done.catch((err) => {
+          if (signal.aborted) return;
+          console.error(err); // eslint-disable-line no-console
+          renderError(body, {title: `Could not display ${panel.label}`, message: String(err && err.stack ? err.stack : err)});
+        });
+      }
+    } catch (err) {
+      console.error(err); // eslint-disable-line no-console
+      renderError(body, {title: `Could not display ${panel.label}`, message: String(err && err.stack ? err.stack : err)});
+    }
+  }
 }

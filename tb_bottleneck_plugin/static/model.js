@@ -1,4 +1,7 @@
-// Fetch wrappers for the plugin's routes.
+// The data module of the Bottlenecks tab (like TensorBoard's model.js): the ONLY place
+// that talks to the plugin's routes. View builders (views.js, cards.js, compare.js,
+// ranks.js, and the panels registered through panels.js) never fetch: they get the
+// results of these functions (or a promise of them) from index.js / the panel ctx.
 //
 // URLs are relative ("./runs"): fetch() resolves them against the document's
 // base URL, which TensorBoard's iframe page sets with <base href="plugin/bottlenecks/">,
@@ -7,11 +10,16 @@
 // Every call resolves (never rejects) to one of:
 //   {kind: "ok", data, status}
 //   {kind: "loading", progress (0..1 or null), message, status}   HTTP 202 or {state: "loading"}
+//                                                                  (only from getJson: the route
+//                                                                  helpers below poll until it ends)
 //   {kind: "error", status, message, file, errors}                 non-2xx, bad JSON, network error
 //                                                                  (errors: [{file, error}] when the body lists several)
 //   {kind: "aborted"}                                              the AbortSignal fired
+//
+// opts everywhere: {signal, onProgress(progress 0..1|null, message), intervalMs}.
 
-function buildUrl(route, params) {
+/** The relative URL of a route with its query (null/""/undefined parameters are left out). */
+export function routeUrl(route, params) {
   const qs = new URLSearchParams();
   for (const [k, v] of Object.entries(params || {})) {
     if (v !== undefined && v !== null && v !== "") qs.set(k, String(v));
@@ -21,12 +29,12 @@ function buildUrl(route, params) {
 }
 
 function isAbort(err) {
-  return err && (err.name === "AbortError" || err.code === 20);
+  return err && (err.name === "AbortError" || err.code === DOMException.ABORT_ERR);
 }
 
 /** One GET of a JSON route. */
 export async function getJson(route, params, {signal} = {}) {
-  const url = buildUrl(route, params);
+  const url = routeUrl(route, params);
   let res;
   try {
     res = await fetch(url, {signal, headers: {Accept: "application/json"}, cache: "no-store"});
@@ -93,7 +101,12 @@ export async function pollJson(route, params, {signal, onProgress, intervalMs = 
   }
 }
 
-/** {logdir, scan: {state, error, scanned_at}, runs: [...]} */
+/** Any JSON route, polled while it answers 202: the generic entry for new panels. */
+export function get(route, params, opts) {
+  return pollJson(route, params, opts);
+}
+
+/** {logdir, scan: {state, error, scanned_at}, runs: [...]} (one GET: the run list is itself re-polled by index.js) */
 export function getRuns(opts) {
   return getJson("runs", {}, opts);
 }
@@ -111,4 +124,53 @@ export function getMemory({run, worker, span}, opts) {
 /** {kernels: [per-kernel rows as occupancy.kernels]} */
 export function getKernels({run, worker, span}, opts) {
   return pollJson("kernels", {run, worker, span}, opts);
+}
+
+/** The ranks view of a distributed run (docs/route-schema.json `ranks`). */
+export function getRanks({run}, opts) {
+  return pollJson("ranks", {run}, opts);
+}
+
+/** The compare route: sides = {base: {run, worker, span}, cand: {...}}. */
+export function getCompare(sides, opts) {
+  const params = {};
+  for (const k of ["base", "cand"]) {
+    const x = sides[k] || {};
+    params[`${k}_run`] = x.run;
+    params[`${k}_worker`] = x.worker;
+    params[`${k}_span`] = x.span;
+  }
+  return pollJson("compare", params, opts);
+}
+
+/** The "all" of the dashboard's selectors is the route's summary: no worker / no span parameter. */
+export function routeSelection(sel) {
+  const all = (v) => (v === "all" || v === "" || v === undefined ? null : v);
+  return {run: sel.run, worker: all(sel.worker), span: all(sel.span)};
+}
+
+/**
+ * The data of one selection, fetched lazily and at most once each (a panel that asks
+ * for the kernels twice gets the same promise). This object is what view builders get
+ * as ctx.data: they call ctx.data.kernels() / ctx.data.memory() and render the result.
+ */
+export function selectionData(sel, {signal} = {}) {
+  const params = routeSelection(sel);
+  const memo = {};
+  const once = (key, fn) => (opts = {}) => {
+    if (!memo[key]) memo[key] = fn(params, {signal, ...opts});
+    else if (opts.onProgress) opts.onProgress(null);
+    return memo[key];
+  };
+  return {
+    params,
+    report: once("report", getReport),
+    kernels: once("kernels", getKernels),
+    memory: once("memory", getMemory),
+    ranks: once("ranks", getRanks),
+    /** Any other route for this selection: get(route, extra params) -> promise of a result. */
+    get: (route, extra = {}, opts = {}) => pollJson(route, {...params, ...extra}, {signal, ...opts}),
+    /** A relative URL of a route for this selection (for links: downloads, exports). */
+    url: (route, extra = {}) => routeUrl(route, {...params, ...extra}),
+  };
 }

@@ -12,7 +12,6 @@
 // no thresholds here. Strings from traces (worker names) are inserted as text only.
 
 import {h, mount, clear} from "./dom.js";
-import {pollJson} from "./api.js";
 import {isNum, fmtPct, fmtUs, fmtUsTick, fmtBytes, fmtCount} from "./format.js";
 import {responsive, stackedBarChart, showTooltip, hideTooltip} from "./charts.js";
 
@@ -29,17 +28,18 @@ const TABLE_LIMIT = 100; // rows shown before "Show all"
 const RAMP = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
 
 /**
- * Fetches ranks?run=RUN and shows the panel at the top of container (above the report).
+ * Shows the panel at the top of container (above the report). load(onProgress) is the
+ * data module's fetch of ranks?run=RUN (model.js; this file never fetches).
  * Loading (202) shows a progress line; an error shows a short note, never replacing the report.
  */
-export async function mountRanks(container, {run, worker, signal, onPick}) {
+export async function mountRanks(container, {load, worker, signal, onPick}) {
   const slot = h("div", {class: "ranks-slot", id: "bn-ranks-slot"});
   container.insertBefore(slot, container.firstChild);
   const status = h("p", {class: "note muted"}, "Ranks: loading…");
   mount(slot, status);
-  const r = await pollJson("ranks", {run}, {signal, onProgress: (p) => {
+  const r = await load((p) => {
     status.textContent = `Ranks: analysing${isNum(p) ? ` ${fmtPct(100 * p, 0)}` : ""}…`;
-  }});
+  });
   if ((signal && signal.aborted) || r.kind === "aborted") return;
   if (r.kind === "error" || !r.data || typeof r.data !== "object") {
     mount(slot, h("div", {class: "banner banner-warn", role: "status"},

@@ -1,0 +1,97 @@
+// Small helpers shared by the view modules: reading a report (devices, not-available
+// reasons) and the building blocks of a panel. No fetching, no thresholds.
+
+import {h} from "./dom.js";
+import {isNum} from "./format.js";
+
+const SEVERITIES = new Set(["high", "medium", "low", "ok", "na"]);
+
+/** The style.css class suffix of a severity word from the server (verdicts, recommendations):
+ * the word itself when known, else "none". A mapping of words, never a decision. */
+export function severityClass(sev) {
+  const s = String(sev || "").toLowerCase();
+  return SEVERITIES.has(s) ? s : "none";
+}
+
+/** The reason a metric is not available, looked up by several possible keys. */
+export function naReason(report, ...keys) {
+  const na = (report && report.not_available) || {};
+  for (const k of keys) if (k && typeof na[k] === "string") return na[k];
+  for (const k of keys) {
+    if (!k) continue;
+    for (const [nk, reason] of Object.entries(na)) {
+      if (nk.endsWith(`.${k}`) || nk.startsWith(`${k}.`)) return String(reason);
+    }
+  }
+  return null;
+}
+
+export function gpuEntries(report) {
+  const g = report && report.gpu && typeof report.gpu === "object" ? report.gpu : {};
+  return Object.entries(g).sort((a, b) => Number(a[0]) - Number(b[0]) || a[0].localeCompare(b[0]));
+}
+
+/** True when the report has no GPU metrics at all. */
+export function isCpuOnly(report) {
+  return gpuEntries(report).length === 0;
+}
+
+export function cpuOnlyReason(report) {
+  const na = report.not_available || {};
+  const hit = Object.values(na).find((r) => /cpu[- ]only/i.test(String(r)));
+  return hit || naReason(report, "gpu") || null;
+}
+
+export function deviceName(report, id) {
+  const names = report.device_names || {};
+  return names[id] || names[String(id)] || null;
+}
+
+export function memoryDevices(obj) {
+  // "cuda:N" first by N, then the rest ("cpu").
+  return Object.keys(obj || {}).sort((a, b) => {
+    const ca = /^cuda:(\d+)$/.exec(a);
+    const cb = /^cuda:(\d+)$/.exec(b);
+    if (ca && cb) return Number(ca[1]) - Number(cb[1]);
+    if (ca) return -1;
+    if (cb) return 1;
+    return a.localeCompare(b);
+  });
+}
+
+/** Reserved memory is a GPU caching-allocator figure: a CPU "reserved" of 0 means "not recorded". */
+export function reservedKnown(key, value) {
+  return isNum(value) && (String(key).startsWith("cuda:") || value > 0);
+}
+
+export function memDeviceLabel(report, key) {
+  const m = /^cuda:(\d+)$/.exec(key);
+  const name = m ? deviceName(report, m[1]) : null;
+  return name ? `${key} (${name})` : key;
+}
+
+export function panel(title, {info, subtitle, cls, id} = {}, ...children) {
+  return h("section", {class: ["panel", cls], id},
+    h("header", {class: "panel-head"},
+      h("h2", {}, title),
+      info ? h("span", {class: "info", title: info, tabindex: "0", "aria-label": info}, "?") : null,
+      subtitle ? h("span", {class: "panel-sub"}, subtitle) : null),
+    h("div", {class: "panel-body"}, ...children));
+}
+
+export function kv(rows) {
+  return h("table", {class: "kv"},
+    h("tbody", {}, rows.filter(Boolean).map(([k, v, title]) =>
+      h("tr", {title: title || null}, h("th", {scope: "row"}, k), h("td", {}, v)))));
+}
+
+export function note(text, cls = "") {
+  return h("p", {class: ["note", cls]}, text);
+}
+
+
+/** The severity class the server gave a card id (report.verdicts[id].severity), "none" without one. */
+export function verdictSeverity(report, id) {
+  const v = report && report.verdicts && typeof report.verdicts === "object" ? report.verdicts[id] : null;
+  return severityClass(v && v.severity);
+}

@@ -1,0 +1,157 @@
+// The kernel table: per-kernel launch statistics, sortable and filterable. Kernel names
+// come from traces: inserted as text only (dom.js), the full name in a title.
+
+import {h, clear, mount} from "./dom.js";
+import {isNum, fmtPct, fmtUs, fmtBytes, fmtCount, fmtNum, shortenKernelName} from "./format.js";
+import {KERNEL_COL_DEFS} from "./defs.js";
+import {panel, note, naReason} from "./common.js";
+import {renderLoading, renderError} from "./states.js";
+
+/** Launch dimensions, or null when the trace has none (null, or ROCm's -1). */
+function validDims(a) {
+  return Array.isArray(a) && a.length && a.every((x) => isNum(x) && x > 0) ? a : null;
+}
+
+function launchText(k) {
+  const grid = validDims(k.grid);
+  const block = validDims(k.block);
+  if (!grid && !block) return "n/a";
+  return `${grid ? grid.join("×") : "n/a"} · ${block ? block.join("×") : "n/a"}`;
+}
+
+function product(a) {
+  const d = validDims(a);
+  return d ? d.reduce((x, y) => x * y, 1) : 0;
+}
+
+/** The kernel table (kernels route via ctx.data.kernels(); the report's top kernels if it fails). */
+export function kernelPanel(report, ctx, cpuOnly) {
+  const body = h("div", {class: "kernel-body"});
+  const p = panel("Kernels", {info: "Per-kernel launch statistics grouped by name and launch configuration. Click a column header to sort."}, body);
+  if (cpuOnly) {
+    mount(body, note("CPU-only trace: no GPU metrics."));
+    return p;
+  }
+  const fallback = report.occupancy && Array.isArray(report.occupancy.kernels) ? report.occupancy.kernels : [];
+  if (!ctx || !ctx.data) {
+    kernelTable(body, fallback, report, null);
+    return p;
+  }
+  const loader = renderLoading(body, {title: "Loading kernels…"});
+  ctx.data.kernels({onProgress: (pr) => loader.set(pr)})
+    .then((r) => {
+      if (r.kind === "aborted") return;
+      if (r.kind === "ok" && r.data && Array.isArray(r.data.kernels)) {
+        kernelTable(body, r.data.kernels, report, null);
+      } else if (fallback.length) {
+        kernelTable(body, fallback, report,
+          `The kernels route failed (${r.kind === "error" ? r.message : "unexpected answer"}); showing the report's top kernels.`);
+      } else {
+        renderError(body, {title: "Could not load kernels", message: r.message || "unexpected answer", file: r.file, status: r.status});
+      }
+    });
+  return p;
+}
+
+function kernelTable(body, kernels, report, warning) {
+  clear(body);
+  if (!kernels.length) {
+    body.appendChild(note(naReason(report, "kernels", "occupancy") || "No kernels in this selection."));
+    return;
+  }
+  const multiDev = new Set(kernels.map((k) => k.device)).size > 1;
+  const cols = [
+    {key: "name", label: "Kernel", text: true},
+    multiDev ? {key: "device", label: "GPU", fmt: (v) => String(v ?? "")} : null,
+    {key: "calls", label: "Calls", fmt: fmtCount},
+    {key: "total_us", label: "Total", fmt: fmtUs},
+    {key: "mean_us", label: "Mean", fmt: fmtUs},
+    {key: "time_pct", label: "% time", fmt: (v) => fmtPct(v)},
+    {key: "est_achieved_occupancy_pct", label: "Est. occ.", fmt: (v) => fmtPct(v, 0)},
+    {key: "blocks_per_sm", label: "Blocks/SM", fmt: (v) => fmtNum(v, 2)},
+    {key: "registers_per_thread", label: "Regs", fmt: fmtCount},
+    {key: "shared_memory_bytes", label: "Shared", fmt: (v) => (v === 0 ? "0" : fmtBytes(v))},
+    {key: "launch", label: "Grid · Block", get: launchText, sortGet: (k) => product(k.grid) * product(k.block), cls: "mono"},
+    {key: "tensor_core", label: "TC", get: (k) => (k.tensor_core === true ? "yes" : k.tensor_core === false ? "no" : "?"),
+      sortGet: (k) => (k.tensor_core ? 1 : 0)},
+    {key: "limiting_factor", label: "Limited by", text: true},
+  ].filter(Boolean);
+  const state = {sortKey: "total_us", dir: -1, filter: ""};
+  const filterBox = h("input", {type: "search", class: "filter", placeholder: "Filter kernels by name…", "aria-label": "Filter kernels by name"});
+  const count = h("span", {class: "muted count"});
+  const thead = h("thead");
+  const tbody = h("tbody");
+  const table = h("table", {class: "grid-table kernels"}, thead, tbody);
+  const LIMIT = 200;
+
+  const value = (k, c) => (c.sortGet ? c.sortGet(k) : c.get ? c.get(k) : k[c.key]);
+
+  function drawHead() {
+    mount(thead, h("tr", {}, cols.map((c) => {
+      const active = state.sortKey === c.key;
+      return h("th", {class: [c.text ? null : "num", "sortable", active ? "sorted" : null], title: KERNEL_COL_DEFS[c.key] || null,
+        "aria-sort": active ? (state.dir > 0 ? "ascending" : "descending") : "none", tabindex: "0",
+        onclick: () => sortBy(c), onkeydown: (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); sortBy(c); } }},
+      c.label, h("span", {class: "sort-ind"}, active ? (state.dir > 0 ? " ▲" : " ▼") : ""));
+    })));
+  }
+
+  function sortBy(c) {
+    if (state.sortKey === c.key) state.dir = -state.dir;
+    else { state.sortKey = c.key; state.dir = c.text ? 1 : -1; }
+    drawHead();
+    drawBody();
+  }
+
+  function drawBody() {
+    const f = state.filter.trim().toLowerCase();
+    const col = cols.find((c) => c.key === state.sortKey) || cols[0];
+    const rows = kernels.filter((k) => !f || String(k.name ?? "").toLowerCase().includes(f)
+      || String(k.limiting_factor ?? "").toLowerCase().includes(f));
+    rows.sort((a, b) => {
+      const va = value(a, col);
+      const vb = value(b, col);
+      if (typeof va === "string" || typeof vb === "string") return state.dir * String(va ?? "").localeCompare(String(vb ?? ""));
+      const na = isNum(va) ? va : -Infinity;
+      const nb = isNum(vb) ? vb : -Infinity;
+      return state.dir * (na - nb);
+    });
+    const shown = rows.slice(0, LIMIT);
+    mount(tbody, shown.map((k) => h("tr", {}, cols.map((c) => {
+      if (c.key === "name") {
+        const full = String(k.name ?? "");
+        return h("td", {class: "kname", title: full}, shortenKernelName(full));
+      }
+      if (c.key === "tensor_core") {
+        return h("td", {class: ["num", k.tensor_core ? "tc-yes" : "tc-no"]}, c.get(k));
+      }
+      if (c.key === "limiting_factor") return h("td", {class: "lim"}, String(k.limiting_factor ?? "n/a"));
+      if (c.key === "est_achieved_occupancy_pct") return occupancyCell(k);
+      const v = c.get ? c.get(k) : k[c.key];
+      return h("td", {class: ["num", c.cls]}, c.get ? v : c.fmt(v));
+    }))));
+    if (!shown.length) tbody.appendChild(h("tr", {}, h("td", {colspan: String(cols.length), class: "empty-row"}, "No kernel matches the filter.")));
+    count.textContent = rows.length > LIMIT
+      ? `showing ${LIMIT} of ${rows.length} matching (${kernels.length} total); refine the filter`
+      : `${rows.length} of ${kernels.length} kernels`;
+  }
+
+  filterBox.addEventListener("input", () => { state.filter = filterBox.value; drawBody(); });
+  drawHead();
+  drawBody();
+  mount(body,
+    warning ? note(warning, "warn") : null,
+    h("div", {class: "table-tools"}, filterBox, count),
+    h("div", {class: "table-scroll"}, table));
+}
+
+function occupancyCell(k) {
+  const v = k.est_achieved_occupancy_pct;
+  if (k.occupancy_source === "calculator" && isNum(v)) {
+    return h("td", {class: "num", title: "Computed by this plugin's occupancy calculator: Kineto's value is missing or 0 for this kernel "
+      + "(common on Hopper and newer GPUs). Theoretical, not measured."},
+    fmtPct(v, 0), h("span", {class: "occ-src"}, "calc"));
+  }
+  const title = k.occupancy_source === "kineto" ? "Kineto's estimate (CUDA occupancy calculator): theoretical, not measured." : null;
+  return h("td", {class: "num", title}, fmtPct(v, 0));
+}
