@@ -1,0 +1,224 @@
+"""The layout rules of docs/ARCHITECTURE.md, checked on the code itself.
+
+- No import cycle among the runtime package's modules (a static graph of module-level
+  imports: what runs when a module is imported; imports inside functions are lazy and
+  do not count).
+- plugin_loader.py (TensorBoard imports it at start-up) pulls in nothing beyond
+  TensorBoard's base_plugin and the package's empty __init__.
+- The runtime package never imports torch or the demo generator (tb_bottleneck_demo), at
+  module level or lazily, except `tb-bottlenecks demo` in cli.py; the demo depends on the
+  runtime package, not the reverse.
+- The dashboard's files are found next to plugin.py via __file__, from any working directory.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO
+
+PKG = REPO / "tb_bottleneck_plugin"
+DEMO_PKG = REPO / "tb_bottleneck_demo"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules(package: Path):
+    return {_module_name(p): p for p in sorted(package.rglob("*.py"))}
+
+
+def _is_type_checking(node) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(path: Path, module_level_only: bool):
+    """(imported module name, line) for every import in the file; with module_level_only,
+    only those that run on import (not inside def/lambda bodies, not under TYPE_CHECKING)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = []
+
+    def visit(node):
+        for child in ast.iter_child_nodes(node):
+            if module_level_only and isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            if module_level_only and isinstance(child, ast.If) and _is_type_checking(child):
+                for sub in child.orelse:
+                    visit_stmt(sub)
+                continue
+            visit_stmt(child)
+
+    def visit_stmt(child):
+        if isinstance(child, ast.Import):
+            out.extend((a.name, child.lineno) for a in child.names)
+        elif isinstance(child, ast.ImportFrom):
+            if child.level:
+                base = package.split(".")
+                base = base[:len(base) - (child.level - 1)]
+                mod = ".".join(base + ([child.module] if child.module else []))
+            else:
+                mod = child.module
+            out.append((mod, child.lineno))
+            # `from pkg import submodule` imports pkg.submodule too
+            out.extend((f"{mod}.{a.name}", child.lineno) for a in child.names)
+        visit(child)
+
+    visit(tree)
+    return out
+
+
+def _graph(modules):
+    """module -> set of package modules it imports at module level (with the parents a
+    submodule import runs: importing a.b.c runs a/__init__ and a/b/__init__ first)."""
+    graph = {}
+    for name, path in modules.items():
+        edges = set()
+        for imported, _ in _imports(path, module_level_only=True):
+            parts = imported.split(".")
+            for i in range(1, len(parts) + 1):
+                target = ".".join(parts[:i])
+                if target in modules and target != name:
+                    edges.add(target)
+        graph[name] = edges
+    return graph
+
+
+def _find_cycle(graph):
+    WHITE, GREY, BLACK = 0, 1, 2
+    colour = dict.fromkeys(graph, WHITE)
+    stack = []
+
+    def dfs(node):
+        colour[node] = GREY
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            # A package's __init__ imported by its own submodule is no cycle of the
+            # interpreter's (the package is already in sys.modules): skip parent edges.
+            if node.startswith(nxt + "."):
+                continue
+            if colour[nxt] == GREY:
+                return stack[stack.index(nxt):] + [nxt]
+            if colour[nxt] == WHITE:
+                found = dfs(nxt)
+                if found:
+                    return found
+        stack.pop()
+        colour[node] = BLACK
+        return None
+
+    for node in sorted(graph):
+        if colour[node] == WHITE:
+            found = dfs(node)
+            if found:
+                return found
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    """The checker itself can fail: a -> b -> c -> a is reported, a DAG is not."""
+    assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_no_import_cycle_in_the_runtime_package():
+    modules = _modules(PKG)
+    assert "tb_bottleneck_plugin.plugin" in modules and "tb_bottleneck_plugin.analysis" in modules
+    graph = _graph(modules)
+    # The graph is real: plugin imports the service at module level, the loader the model.
+    assert "tb_bottleneck_plugin.model" in graph["tb_bottleneck_plugin.loader"]
+    cycle = _find_cycle(graph)
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_plugin_loader_imports_only_tensorboard_base_plugin_statically():
+    modules = _modules(PKG)
+    imported = {m for m, _ in _imports(modules["tb_bottleneck_plugin.plugin_loader"], module_level_only=True)}
+    assert imported <= {"tensorboard.plugins", "tensorboard.plugins.base_plugin", "__future__",
+                        "typing", "typing.Optional"}, imported
+    init_imports = _imports(modules["tb_bottleneck_plugin"], module_level_only=False)
+    assert init_imports == [], init_imports  # the package __init__ stays import-free
+
+
+def _new_modules_after(setup: str, statement: str):
+    """Modules that `statement` adds to sys.modules after `setup`, in a fresh interpreter."""
+    code = (f"import sys, json\n{setup}\nbefore = set(sys.modules)\n{statement}\n"
+            "print(json.dumps(sorted(set(sys.modules) - before)))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_plugin_loader_pulls_in_nothing_heavy_at_runtime():
+    """What TensorBoard imports at start-up: beyond base_plugin, only our two tiny modules."""
+    added = _new_modules_after("from tensorboard.plugins import base_plugin",
+                               "import tb_bottleneck_plugin.plugin_loader")
+    assert added == ["tb_bottleneck_plugin", "tb_bottleneck_plugin.plugin_loader"], added
+
+
+def test_runtime_package_never_imports_torch_or_the_demo():
+    offending = []
+    for name, path in _modules(PKG).items():
+        for imported, line in _imports(path, module_level_only=False):
+            top = imported.split(".")[0]
+            if top in ("torch", "tb_bottleneck_demo"):
+                # the one allowed place: `tb-bottlenecks demo` loads the generator on demand
+                if not (name == "tb_bottleneck_plugin.cli" and top == "tb_bottleneck_demo"):
+                    offending.append(f"{path.relative_to(REPO)}:{line} imports {imported}")
+    assert not offending, offending
+    # ... and the cli's import of the demo is a lazy one (inside a function).
+    cli_static = {m for m, _ in _imports(PKG / "cli.py", module_level_only=True)}
+    assert not any(m.startswith("tb_bottleneck_demo") for m in cli_static), cli_static
+
+
+def test_every_runtime_module_imports_without_torch():
+    """Every runtime module imports in an interpreter where `import torch` fails, and
+    importing all of them loads neither torch nor the demo generator."""
+    names = [n for n in _modules(PKG) if not n.endswith("__main__")]
+    code = ("import sys, importlib\nsys.modules['torch'] = None\n"
+            f"for n in {names!r}:\n    importlib.import_module(n)\n"
+            "bad = [m for m in sys.modules if m.startswith('tb_bottleneck_demo')]\n"
+            "assert not bad, bad\nprint('ok', len(sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("ok")
+
+
+def test_the_demo_depends_on_the_runtime_package_not_the_reverse():
+    demo_imports = {m.split(".")[0] for p in DEMO_PKG.rglob("*.py") for m, _ in _imports(p, False)}
+    assert "tb_bottleneck_plugin" in demo_imports and "torch" not in {
+        m for p in DEMO_PKG.rglob("*.py") for m, _ in _imports(p, module_level_only=True)}
+
+
+def test_static_files_are_found_next_to_plugin_py_from_any_directory(tmp_path):
+    code = ("import json, tb_bottleneck_plugin.plugin as p\n"
+            "d = p._frontend_dir()\nprint(json.dumps([str(d), p.__file__]))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    folder, plugin_file = json.loads(done.stdout)
+    assert Path(folder) == Path(plugin_file).resolve().parent / "static" == PKG / "static"
+    assert (Path(folder) / "index.js").is_file()
+    # One place for the dashboard: no second copy left where it used to live.
+    assert not (REPO / "frontend").exists()
+
+
+def test_static_folder_is_derived_from_dunder_file():
+    """The lookup is `Path(__file__)... / "static"` (no package_dir probing, no cwd, no sys.prefix)."""
+    source = (PKG / "plugin.py").read_text(encoding="utf-8")
+    fn = next(n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.FunctionDef) and n.name == "_frontend_dir")
+    names = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)}
+    constants = {n.value for n in ast.walk(fn) if isinstance(n, ast.Constant)}
+    assert "__file__" in names and "static" in constants, ast.unparse(fn)
+    for probe in ("getcwd", "sys.prefix", "package_dir", "site-packages"):
+        assert probe not in source, probe
