@@ -31,13 +31,20 @@ log = logging.getLogger(__name__)
 # ---------------------------------------------------------------------------- one file
 
 
-def analyze_span(logdir_url: str, run, span, progress=None) -> dict:
-    """Load one discovered span and analyse it: {"report", "memory", "kernels"}."""
+def analyze_span(logdir_url: str, run, span, progress=None, timeline: bool = False) -> dict:
+    """Load one discovered span and analyse it: {"report", "memory", "kernels"}.
+    ``timeline=True`` (the service) also leaves the span's step-timeline store (numpy
+    arrays, not JSON) under ``result["timeline_store"]`` (None when it failed)."""
     fs, _ = storage.get_fs(span.url)
     trace = loader.load_trace(span.path, fs=fs, source=span.url, progress=progress)
     snapshot = _find_snapshot(fs, posixpath.dirname(span.path), span.url)
-    return analyze_trace(trace, run=getattr(run, "name", None), worker=_worker_of(run, span),
-                         span=span.name, snapshot=snapshot)
+    result = analyze_trace(trace, run=getattr(run, "name", None), worker=_worker_of(run, span),
+                           span=span.name, snapshot=snapshot)
+    if timeline:
+        from .analysis import timeline as _timeline
+
+        result["timeline_store"] = _Sections({}, source=span.url).run("timeline", _timeline.build_store, trace)
+    return result
 
 
 def _worker_of(run, span) -> Optional[str]:

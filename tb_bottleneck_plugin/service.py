@@ -23,6 +23,7 @@ files disappear disappears. Requests only read this state; they never touch stor
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import signal
@@ -38,6 +39,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 from . import discovery, procguard, report
 from .cache import DEFAULT_CACHE_BYTES, DiskCache, default_cache_dir, valid_result  # noqa: F401 (re-exported)
 from .errors import BottleneckError, TruncatedTraceError
+from .timeline_store import TimelineStores, pop_store
 from .scheduler import Scheduler, default_memory_budget, default_slots, estimate_peak_bytes
 
 log = logging.getLogger(__name__)
@@ -109,7 +111,7 @@ def _child_entry(fd: int, owner_pid: int) -> None:
             except (EOFError, OSError):
                 return  # the parent is done with us (or gone)
             try:
-                outcome = ("ok", report.analyze_span(logdir, run, span, progress=progress))
+                outcome = ("ok", report.analyze_span(logdir, run, span, progress=progress, timeline=True))
             except TruncatedTraceError as exc:
                 outcome = ("truncated", str(exc))
             except BottleneckError as exc:
@@ -391,7 +393,7 @@ class Analyzer:
         self._dask = None  # dask_backend.DaskBackend once connected (in the scan thread)
         self._dask_tried = False
         self._notes: List[str] = []  # service notes for the runs listing (the Dask fallback)
-        self._analyze_span = analyze_span or report.analyze_span
+        self._analyze_span = analyze_span or functools.partial(report.analyze_span, timeline=True)
         self._injected = analyze_span
         if processes is None:
             processes = (analyze_span is None and processes_supported()
@@ -400,6 +402,8 @@ class Analyzer:
         self.follow_symlinks = bool(follow_symlinks)
         self.children = ChildPool(max_idle=self.max_workers) if self.processes else None
         self._cache = DiskCache(cache_dir, max_bytes=cache_max_bytes) if cache_dir else None
+        # step-timeline stores (timeline_store.py): beside the cached reports, out of the JSON
+        self.timelines = TimelineStores(cache_dir, self._cache.key_for if self._cache else None)
         # threads only wait (on a child or a Dask future); the scheduler bounds how many
         self._pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix="bottlenecks-load")
         self._lock = threading.RLock()
@@ -581,8 +585,9 @@ class Analyzer:
         if self._cache is None:
             return False
         cached = self._cache.get(self._cache.key_for(span.url, span.fingerprint))
-        if cached is None:
-            return False
+        if cached is None or (self._injected is None and not self.dask_scheduler
+                              and not self.timelines.has(span.url, span.fingerprint)):
+            return False  # no timeline store beside it (an older cache): analysed again
         with self._lock:
             state.result, state.state, state.progress = self._paths.view(cached), "ready", 1.0
             self.cache_hits += 1
@@ -643,6 +648,7 @@ class Analyzer:
                     state.attempts += 1
             return
         result = value
+        self.timelines.put(span.url, span.fingerprint, pop_store(result))
         if self._cache:
             self._cache.put(self._cache.key_for(span.url, span.fingerprint), result)
         with self._lock:
