@@ -3,7 +3,9 @@
 Constants (import them: ``from conftest import TRACES``; tests/ is on sys.path):
   REPO, SHARED, TRACES, ORACLES, DEMO_LOGS, ARTIFACTS, ROUTE_SCHEMA_PATH, CHROMIUM
 The synthetic trace builder (tests/trace_builder.py) is re-exported here:
-  ``from conftest import TraceBuilder, V100`` (or the ``trace_builder`` fixture).
+  ``from conftest import TraceBuilder, V100, write_trace`` (or the ``trace_builder`` fixture).
+  ``write_trace(path, events, props=(), distributed_info=None)`` writes any hand-made event
+  list as a Kineto file (.gz by name); use it instead of a per-file json.dumps wrapper.
 
 End-to-end helpers (a real ``tensorboard --logdir`` and a real headless Chromium):
   - ``tensorboard_server`` (module-scoped factory): ``base = tensorboard_server(logdir)``
@@ -40,7 +42,7 @@ import pytest  # noqa: E402
 
 from tb_bottleneck_plugin import discovery  # noqa: E402
 from trace_builder import (  # noqa: E402,F401  (re-exported: one trace builder for every test)
-    A100, B200, H100, MI250, MI300, V100, TraceBuilder, occupancy_args)
+    A100, B200, H100, MI250, MI300, V100, TraceBuilder, occupancy_args, write_trace)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"          # read-only data beside the checkout

@@ -13,7 +13,7 @@ from tb_bottleneck_plugin import recommendations as R
 from tb_bottleneck_plugin import report as report_mod
 from tb_bottleneck_plugin.analysis import context
 from tb_bottleneck_plugin.loader import load_trace
-from trace_builder import A100, B200, H100, MI250, MI300, V100, TraceBuilder, occupancy_args
+from conftest import A100, B200, H100, MI250, MI300, V100, TraceBuilder, occupancy_args
 
 from conftest import TRACES  # noqa: E402  (the one definition, tests/conftest.py)
 H100_BERT = "tracelens/h100/gaunernst_bert-small-uncased__1016001.json.gz"

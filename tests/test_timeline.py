@@ -11,7 +11,7 @@ import pytest
 
 from tb_bottleneck_plugin import report
 from tb_bottleneck_plugin.analysis import timeline as tl
-from trace_builder import TraceBuilder
+from conftest import TraceBuilder
 
 HTML_NAME = "<img src=x onerror=alert(1)>"
 DL = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"

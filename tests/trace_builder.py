@@ -3,7 +3,9 @@ to a file and loaded through the real loader, so every expected number can be ch
 by hand from the intervals written in the test."""
 from __future__ import annotations
 
+import gzip
 import json
+from pathlib import Path
 
 from tb_bottleneck_plugin.loader import load_trace
 
@@ -64,10 +66,30 @@ class TraceBuilder:
             doc["distributedInfo"] = self.distributed_info
         return doc
 
+    def write(self, path):
+        """Write the trace to ``path`` (gzipped when it ends in .gz); returns the path."""
+        return write_trace(path, self.events, props=self.props, distributed_info=self.distributed_info)
+
     def load(self, tmp_path, name="t.pt.trace.json"):
-        p = tmp_path / name
-        p.write_text(json.dumps(self.to_json()))
-        return load_trace(str(p))
+        return load_trace(str(self.write(tmp_path / name)))
+
+
+def write_trace(path, events, props=(), distributed_info=None, **top):
+    """A Kineto trace document around ``events`` (plus any extra top-level keys), written to
+    ``path`` (parents created; gzipped when the name ends in .gz). Returns the path. For a
+    run directory use a profiler-style name: ``<worker>.<ts>.pt.trace.json[.gz]``."""
+    path = Path(path)
+    doc = {"schemaVersion": 1, "deviceProperties": list(props), "traceEvents": list(events)}
+    if distributed_info is not None:
+        doc["distributedInfo"] = distributed_info
+    doc.update(top)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.name.endswith(".gz"):
+        with gzip.open(path, "wt", encoding="utf-8") as f:
+            json.dump(doc, f)
+    else:
+        path.write_text(json.dumps(doc), encoding="utf-8")
+    return path
 
 
 def occupancy_args(pct, bps, grid=(80, 1, 1), block=(256, 1, 1), regs=64, smem=0):
