@@ -7,6 +7,8 @@ Routes (GET or HEAD only, under data/plugin/bottlenecks/; see docs/DEVELOPMENT.m
   memory?run=&worker=&span= down-sampled allocated/reserved curves per device
   kernels?run=&worker=&span= the per-kernel table
   compare?base_run=&base_worker=&base_span=&cand_run=&... baseline vs candidate (compare.py)
+  timeline?run=&worker=&span=&step=&t0=&t1=&px=  one step's timeline, level of detail (timeline_store.py)
+  step_trace?run=&worker=&span=&step=  that step's events as a Chrome trace (a download)
 Run, worker and span names are accepted only from the discovered set; no request
 ever names a filesystem path, and no answer contains one (paths are relative to the
 logdir). Every error answer is JSON (with TensorBoard's ``X-Content-Type-Options:
@@ -126,6 +128,8 @@ class BottlenecksPlugin(base_plugin.TBPlugin):
             "/kernels": (self._serve_kernels, 422),
             "/compare": (self._serve_compare, 422),
             "/ranks": (self._serve_ranks, 422),
+            "/timeline": (self._serve_timeline, 422),
+            "/step_trace": (self._serve_step_trace, 422),
         }
         return {route: _guarded(app, route, code, self._relative) for route, (app, code) in apps.items()}
 
@@ -261,6 +265,21 @@ class BottlenecksPlugin(base_plugin.TBPlugin):
 
         body, code = ranks_route(self.analyzer, request.args, self._problem)
         return http_util.Respond(request, body, "application/json", code=code)
+
+    @wrappers.Request.application
+    def _serve_timeline(self, request):
+        from .timeline_store import timeline_route  # METRICS.md: Step timeline
+
+        body, code = timeline_route(self.analyzer, request.args, self._problem)
+        return http_util.Respond(request, body, "application/json", code=code)
+
+    @wrappers.Request.application
+    def _serve_step_trace(self, request):
+        from .timeline_store import step_trace_route
+
+        body, code, filename = step_trace_route(self.analyzer, request.args, self._problem)
+        headers = [("Content-Disposition", f'attachment; filename="{filename}"')] if filename else None
+        return http_util.Respond(request, body, "application/json", code=code, headers=headers)
 
 
 def _error(request, message: str, code: int):
