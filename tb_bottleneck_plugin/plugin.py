@@ -9,6 +9,7 @@ Routes (GET or HEAD only, under data/plugin/bottlenecks/; see docs/DEVELOPMENT.m
   compare?base_run=&base_worker=&base_span=&cand_run=&... baseline vs candidate (compare.py)
   timeline?run=&worker=&span=&step=&t0=&t1=&px=  one step's timeline, level of detail (timeline_store.py)
   step_trace?run=&worker=&span=&step=  that step's events as a Chrome trace (a download)
+  operators?run=&worker=&span=&step=all|N&group=op|op_shape  the operator view table
 Run, worker and span names are accepted only from the discovered set; no request
 ever names a filesystem path, and no answer contains one (paths are relative to the
 logdir). Every error answer is JSON (with TensorBoard's ``X-Content-Type-Options:
@@ -130,6 +131,7 @@ class BottlenecksPlugin(base_plugin.TBPlugin):
             "/ranks": (self._serve_ranks, 422),
             "/timeline": (self._serve_timeline, 422),
             "/step_trace": (self._serve_step_trace, 422),
+            "/operators": (self._serve_operators, 422),
         }
         return {route: _guarded(app, route, code, self._relative) for route, (app, code) in apps.items()}
 
@@ -280,6 +282,21 @@ class BottlenecksPlugin(base_plugin.TBPlugin):
         body, code, filename = step_trace_route(self.analyzer, request.args, self._problem)
         headers = [("Content-Disposition", f'attachment; filename="{filename}"')] if filename else None
         return http_util.Respond(request, body, "application/json", code=code, headers=headers)
+
+
+    @wrappers.Request.application
+    def _serve_operators(self, request):
+        from .analysis.operators import route_answer  # METRICS.md: Operator view
+
+        result, failure = self._result(request)
+        if failure is not None:
+            return failure
+        view = result.get("operator_view")
+        body, code = route_answer(view, request.args)
+        if code != 200:
+            return http_util.Respond(request, body, "application/json", code=code)
+        extra = (request.args.get("step") or "all", request.args.get("group") or "op")
+        return self._bodies.respond(request, self._key(request, "operators") + extra, view, None, lambda: body)
 
 
 def _error(request, message: str, code: int):
