@@ -143,3 +143,127 @@ class TimelineStores:
                 total -= size
             except OSError:
                 pass
+
+
+# ----------------------------------------------------------------------------- routes
+
+def _number(args, name: str, kind=float):
+    raw = args.get(name)
+    if raw is None or raw == "":
+        return None
+    value = kind(raw)  # ValueError -> 400
+    if kind is float and not np.isfinite(value):
+        raise ValueError(name)
+    return value
+
+
+def _pick(analyzer, args, problem):
+    """((worker, span, state, store, step) or None, error (body, code) or None)."""
+    from .plugin import MAX_NAME_CHARS, MAX_RUN_CHARS
+
+    if analyzer is None:
+        return None, ({"error": problem or "no logdir"}, 404)
+    run = args.get("run")
+    if not run:
+        return None, ({"error": "missing query parameter 'run'"}, 400)
+    worker = args.get("worker") or None
+    span = args.get("span") or None
+    if span == "all":
+        span = None
+    if (len(run) > MAX_RUN_CHARS or len(worker or "") > MAX_NAME_CHARS
+            or len(span or "") > MAX_NAME_CHARS or "\x00" in run + (worker or "") + (span or "")):
+        return None, ({"error": "unknown run, worker or span (name too long or not a name)"}, 404)
+    try:
+        step = _number(args, "step", int)
+    except ValueError:
+        return None, ({"error": f"step must be a step number, got {args.get('step')!r}"}, 400)
+    try:
+        selected = analyzer.span_states(run, worker, span)
+    except KeyError:
+        if analyzer.activity()[1] is None:
+            return None, ({"state": "loading", "progress": 0.0, "scan": "pending"}, 202)
+        what = f"run {run!r}" + (f", worker {worker!r}" if worker else "") + (f", span {span!r}" if span else "")
+        return None, ({"error": f"unknown {what} (not among the runs found in the logdir)"}, 404)
+    loading = [st for _, _, st in selected if st.state in ("queued", "loading")]
+    if loading:
+        progress = sum(st.progress for st in loading) / len(loading)
+        return None, ({"state": "loading", "progress": round(progress, 3)}, 202)
+    ready = [(w, s, st) for w, s, st in selected if st.state == "ready" and st.result]
+    if not ready:
+        errors = [st.error for _, _, st in selected if st.error]
+        return None, ({"state": "error", "error": analyzer.relative(errors[0]) if errors else "no trace files"}, 422)
+    # the span: the one holding the step asked for, else the slowest included step of all
+    best, best_us = None, -1.0
+    for w, s, st in ready:
+        per = ((st.result.get("report") or {}).get("input") or {}).get("per_step") or []
+        for p in per:
+            us = p.get("step_us")
+            num = p.get("step")
+            if step is not None:
+                if num == step:
+                    best, best_us = (w, s, st), 0.0
+            elif isinstance(us, (int, float)) and us > best_us:
+                best, best_us = (w, s, st), float(us)
+        if best is not None and step is not None:
+            break
+    if best is None and step is not None:  # an excluded step: only the stores know it
+        from .analysis import timeline as tl
+
+        for w, s, st in ready:
+            store = analyzer.timelines.get(s.url, st.fingerprint)
+            if store is not None and (tl.step_index(store, step) or -1) >= 0:
+                best = (w, s, st)
+                break
+    if best is None:
+        best = ready[0]
+    w, s, st = best
+    store = analyzer.timelines.get(s.url, st.fingerprint)
+    if store is None:
+        return None, ({"state": "error", "error": "the step timeline is not available for this span (it was "
+                       "analysed without one, e.g. on a Dask cluster); it is built when the span is analysed "
+                       "again"}, 422)
+    from .analysis import timeline as tl
+
+    if tl.step_index(store, step) is None:
+        return None, ({"state": "error", "error": "this span has no step"}, 422)
+    if step is not None and tl.step_index(store, step) < 0:
+        return None, ({"error": f"unknown step {step} in this span"}, 404)
+    return (w, s, st, store, step), None
+
+
+def timeline_route(analyzer, args, problem: Optional[str] = None):
+    """(body, HTTP status) of ``timeline?run=&worker=&span=&step=&t0=&t1=&px=``: 200 with
+    one level-of-detail window (analysis/timeline.window), 202 while loading, 400 for bad
+    numbers, 404 for unknown names or steps, 422 when the span has no timeline."""
+    from .analysis import timeline as tl
+
+    picked, failure = _pick(analyzer, args, problem)
+    if failure is not None:
+        return failure
+    w, s, st, store, step = picked
+    try:
+        t0, t1 = _number(args, "t0"), _number(args, "t1")
+        px = _number(args, "px", int)
+    except ValueError:
+        return {"error": "t0 and t1 must be numbers (µs from the step start), px a whole number"}, 400
+    body = tl.window(store, step, t0, t1, px=px or 1200, cap=tl.DEFAULT_CAP)
+    body["worker"], body["span"] = w.name, s.name
+    body["has_gpu"] = bool(np.any(store["row_kind"] == tl.ROW_GPU))
+    body["spans"] = [{"worker": ww.name, "span": ss.name} for ww, ss, _ in analyzer.span_states(
+        args.get("run"), args.get("worker") or None, None if args.get("span") in (None, "", "all") else args.get("span"))]
+    return body, 200
+
+
+def step_trace_route(analyzer, args, problem: Optional[str] = None):
+    """(body, status, filename) of ``step_trace?run=&worker=&span=&step=``: the step's
+    events as a Chrome trace to download (filename None on errors)."""
+    from .analysis import timeline as tl
+
+    picked, failure = _pick(analyzer, args, problem)
+    if failure is not None:
+        return failure[0], failure[1], None
+    w, s, st, store, step = picked
+    doc = tl.chrome_trace(store, step)
+    number = doc["otherData"]["step"]
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{args.get('run')}-{w.name}-step{number}")
+    return doc, 200, safe[:120] + ".trace.json"

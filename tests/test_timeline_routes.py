@@ -1,0 +1,131 @@
+"""The timeline and step_trace routes through TensorBoard's WSGI routing: the stores
+the analysis left (no re-parse), 200/202/400/404/422 like the report route, the
+default step, zoom, the Chrome-trace download, and the disk cache beside the report."""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+
+import pytest
+from tensorboard.backend import application
+from tensorboard.plugins import base_plugin
+from werkzeug import test as wtest
+from werkzeug import wrappers
+
+from tb_bottleneck_plugin.plugin import BottlenecksPlugin
+
+from conftest import DEMO_LOGS  # noqa: E402
+from test_timeline import HTML_NAME, _step  # the hand-built steps (every interval known)
+from trace_builder import TraceBuilder
+
+PREFIX = "/data/plugin/bottlenecks"
+
+
+@pytest.fixture(autouse=True)
+def in_process_analysis(monkeypatch):
+    monkeypatch.setenv("TB_BOTTLENECKS_ANALYSIS_PROCESSES", "0")
+
+
+def _hand_logdir(root):
+    b = TraceBuilder()
+    _step(b, 1, 0, 1000, 300)
+    _step(b, 2, 1000, 800, 100, kernel3=HTML_NAME)
+    (root / "hand").mkdir(parents=True)
+    (root / "hand" / "worker0.1700000000000.pt.trace.json").write_text(json.dumps(b.to_json()))
+    shutil.copytree(DEMO_LOGS / "input_bound_nw0", root / "ib")
+    return root
+
+
+class H:
+    def __init__(self, logdir, cache="none"):
+        ns = argparse.Namespace(bottlenecks_cache_dir=cache, bottlenecks_rescan_seconds=60.0, logdir_spec="")
+        self.plugin = BottlenecksPlugin(base_plugin.TBContext(logdir=str(logdir), flags=ns))
+        self.client = wtest.Client(application.TensorBoardWSGI([self.plugin]), wrappers.Response)
+
+    def get(self, route, expect=200, **q):
+        r = self.client.get(f"{PREFIX}/{route}", query_string=q)
+        assert r.status_code == expect, (r.status_code, r.get_data()[:400])
+        assert r.headers["Content-Type"].startswith("application/json")
+        return r, json.loads(r.get_data())
+
+
+@pytest.fixture
+def h(tmp_path):
+    made = H(_hand_logdir(tmp_path / "logs"))
+    assert made.plugin.analyzer.wait_idle(60)
+    yield made
+    made.plugin.analyzer.stop()
+
+
+def test_timeline_route_default_step_zoom_and_errors(h):
+    _, body = h.get("timeline", run="hand", px="100000")
+    assert body["step"] == 1 and body["step_us"] == 1000 and body["worker"] == "worker0"
+    assert body["idle_us"] == {"h2d_copy": 50, "input_wait": 300, "sync": 80, "launch": 10, "other": 450}
+    assert body["has_gpu"] is True
+    assert [s["step"] for s in body["steps"]] == [1, 2]
+    _, z = h.get("timeline", run="hand", step="2", t0="500", t1="600", px="100")
+    gpu = [lane for lane in z["lanes"] if lane["kind"] == "gpu"][0]
+    assert [z["names"][n] for n in gpu["name"]] == ["conv_k", "short1", HTML_NAME]
+    h.get("timeline", 404, run="nope")
+    h.get("timeline", 404, run="hand", step="99")
+    h.get("timeline", 404, run="hand", worker="x" * 300)
+    h.get("timeline", 400)
+    h.get("timeline", 400, run="hand", step="two")
+    h.get("timeline", 400, run="hand", t0="nan")
+    # CPU-only demo run with two spans: the default is the slowest included step of all
+    _, ib = h.get("timeline", run="ib")
+    assert ib["has_gpu"] is False and ib["step"] == 2
+    _, rep = h.get("report", run="ib", span=ib["span"])
+    per = {p["step"]: p["input_bound_pct"] for p in rep["input"]["per_step"]}
+    assert ib["idle_pct"]["input_wait"] == pytest.approx(per[2], abs=1e-9)
+    _, other = h.get("timeline", run="ib", step="7")
+    assert other["span"] != ib["span"] and other["step"] == 7
+
+
+def test_step_trace_download(h):
+    r, doc = h.get("step_trace", run="hand", step="2")
+    assert r.headers["Content-Disposition"] == 'attachment; filename="hand-worker0-step2.trace.json"'
+    xs = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert all(1000 <= e["ts"] <= e["ts"] + e["dur"] <= 1800 for e in xs)
+    assert HTML_NAME in {e["name"] for e in xs}
+    r, _ = h.get("step_trace", 404, run="hand", step="5")
+    assert "Content-Disposition" not in r.headers
+
+
+def test_loading_answers_202(tmp_path):
+    made = H(_hand_logdir(tmp_path / "logs"))
+    try:
+        r = made.client.get(f"{PREFIX}/timeline", query_string={"run": "hand"})
+        assert r.status_code in (200, 202)
+        if r.status_code == 202:
+            assert json.loads(r.get_data())["state"] == "loading"
+    finally:
+        made.plugin.analyzer.stop()
+
+
+def test_store_on_disk_beside_the_cached_report(tmp_path):
+    logdir, cache = _hand_logdir(tmp_path / "logs"), tmp_path / "cache"
+    first = H(logdir, cache=str(cache))
+    assert first.plugin.analyzer.wait_idle(60)
+    _, a = first.get("timeline", run="hand", px="800")
+    first.plugin.analyzer.stop()
+    assert len(list(cache.glob("*.timeline.npz"))) == 3
+    second = H(logdir, cache=str(cache))  # a restart: served from the disk cache, not parsed
+    try:
+        assert second.plugin.analyzer.wait_idle(60)
+        assert second.plugin.analyzer.parse_count == 0 and second.plugin.analyzer.cache_hits == 3
+        _, b = second.get("timeline", run="hand", px="800")
+        assert a == b and second.plugin.analyzer.timelines.loads == 1
+    finally:
+        second.plugin.analyzer.stop()
+    # a cached report whose store is gone is analysed again (and gets its store back)
+    for p in cache.glob("*.timeline.npz"):
+        p.unlink()
+    third = H(logdir, cache=str(cache))
+    try:
+        assert third.plugin.analyzer.wait_idle(60)
+        assert third.plugin.analyzer.parse_count == 3
+        third.get("timeline", run="hand")
+    finally:
+        third.plugin.analyzer.stop()
