@@ -76,7 +76,9 @@ GPU_DEMO_RUNS = ("resnet50_v100_nw0", "resnet50_v100_nw4", "bert_h100_inference"
 # the 2021 V100 traces record [memory] events with Bytes only (no Total Reserved), so
 # allocator slack is n/a there ("strict in what we show": n/a with a reason, never 0).
 NA_CARDS = {("resnet50_v100_nw0", "Fragmentation"), ("resnet50_v100_nw4", "Fragmentation")}
-CARDS = ("Input-bound", "GPU utilization", "Tensor Cores", "Est. achieved occupancy", "Peak memory", "Fragmentation")
+# cards.js CARDS order; "Communication" is an optional card, left out when its value is 0 (one GPU).
+CARDS = ("Input-bound", "GPU utilization", "Tensor Cores", "Est. achieved occupancy", "Peak memory", "Fragmentation",
+         "Synchronisation", "Short kernels")
 
 
 @pytest.fixture(scope="module")
@@ -211,9 +213,11 @@ def test_gpu_demo_runs_show_every_number_and_draw_every_chart(tensorboard, brows
             else:
                 assert c["value"] != "n/a" and any(ch.isdigit() for ch in c["value"]), (run, c)
         # Values are the route's numbers, with their unit.
-        assert cards[0]["value"] == f"{report['input']['input_bound_pct']:.1f}%"
-        assert cards[1]["value"] == f"{report['gpu']['0']['utilization_pct']:.1f}%"
-        assert cards[4]["value"].endswith(("GiB", "MiB", "KiB"))
+        by_label = {c["label"]: c for c in cards}
+        assert by_label["Input-bound"]["value"] == f"{report['input']['input_bound_pct']:.1f}%"
+        assert by_label["GPU utilization"]["value"] == f"{report['gpu']['0']['utilization_pct']:.1f}%"
+        assert by_label["Tensor Cores"]["value"] == f"{report['tensor_cores']['tensor_core_pct']:.1f}%"
+        assert by_label["Peak memory"]["value"] == _fmt_bytes(report["memory"]["cuda:0"]["peak_allocated_bytes"])
         marks = iframe.evaluate(MARKS_JS)
         for title in ("Memory over time", "Step-time breakdown", "Occupancy"):
             assert marks[title]["marks"] >= 3, (run, title, marks[title])
@@ -281,5 +285,81 @@ def test_trace_strings_stay_text(tensorboard, browser):
     # ... and as text only: no <img src=x> element exists and no alert fired.
     assert iframe.evaluate("document.querySelectorAll('img[src=\"x\"]').length") == 0
     page.screenshot(path=str(ARTIFACTS / "bottlenecks_xss_kernel.png"), full_page=True)
+    page.close()
+    w.check_clean()
+
+
+def _fmt_bytes(b):  # format.js fmtBytes
+    a = abs(b)
+    for unit, f in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if a >= f:
+            x = a / f
+            return f"{b / f:.{0 if x >= 100 else 1 if x >= 10 else 2}f} {unit}"
+    return f"{b:g} B"
+
+
+def _fmt_verdict_value(v):  # cards.js fmtVerdictValue
+    if v["value"] is None:
+        return "n/a"
+    if v["unit"] == "pct":
+        return f"{v['value']:.1f}%"
+    if v["unit"] == "bytes":
+        return _fmt_bytes(v["value"])
+    raise AssertionError(f"unit {v['unit']!r} not handled by this test")
+
+
+OPTIONAL_CARDS = {"communication"}  # cards.js `optional`: left out when the value is null or 0
+CARD_STATE_JS = """() => [...document.querySelectorAll('.card[data-card]')].map(c => ({
+    id: c.getAttribute('data-card'), cls: [...c.classList].filter(k => k.startsWith('sev-')),
+    value: c.querySelector('.card-value').textContent,
+    verdict: (c.querySelector('.card-verdict') || {}).textContent || '',
+    title: c.getAttribute('title') || ''}))"""
+
+
+def test_every_card_colour_is_the_servers_verdict(tensorboard, browser):
+    """Issue 11 item 2: on every demo_logs run (and the xss run) in a real TensorBoard, every
+    card's colour class is `sev-<report.verdicts[id].severity>` of the real report route for the
+    selection on screen, its number and words are the verdict's, and the thresholds named in its
+    hover text are thresholds.py's constants with thresholds.py's values. The frontend decides
+    nothing: a card coloured by any other rule fails here."""
+    from tb_bottleneck_plugin import thresholds as T
+
+    base = tensorboard
+    runs = sorted(p.name for p in DEMO.iterdir() if p.is_dir()) + ["xss"]
+    seen = {}
+    w = Watched(browser, base)
+    page = w.page
+    for run in runs:
+        _ready_report(base, run)
+        page.goto(f"{base}/data/plugin_entry.html?name=bottlenecks#run={run}", wait_until="domcontentloaded")
+        page.locator(".card[data-card]").first.wait_for(timeout=60_000)
+        assert page.locator("#bn-run").input_value() == run
+        worker, span = page.locator("#bn-worker").input_value(), page.locator("#bn-span").input_value()
+        q = f"run={run}" + (f"&worker={worker}" if worker and worker != "all" else "") + \
+            (f"&span={span}" if span and span != "all" else "")
+        status, body = _get(f"{base}/data/plugin/bottlenecks/report?{q}", timeout=60)
+        assert status == 200, (q, status)
+        verdicts = json.loads(body)["verdicts"]
+        cards = page.evaluate(CARD_STATE_JS)
+        shown = {c["id"] for c in cards}
+        hidden = set(verdicts) - shown
+        assert hidden <= OPTIONAL_CARDS and all(verdicts[i]["value"] in (None, 0) for i in hidden), (run, hidden)
+        assert shown <= set(verdicts), (run, shown - set(verdicts))
+        for c in cards:
+            v = verdicts[c["id"]]
+            assert c["cls"] == [f"sev-{v['severity']}"], (run, c, v)
+            assert c["value"] == _fmt_verdict_value(v), (run, c, v)
+            assert c["verdict"] == v["verdict"], (run, c, v)
+            named = dict(kv.split(" = ") for kv in c["title"].split("Thresholds (thresholds.py): ", 1)[1]
+                         .split("\n", 1)[0].split(" · "))
+            assert set(named) == set(v["thresholds"]) and named, (run, c["id"], named)
+            for name, text in named.items():
+                assert float(text) == getattr(T, name) == v["thresholds"][name], (run, name, text)
+            seen.setdefault(v["severity"], set()).add((run, c["id"]))
+        if run == "input_bound_nw0":
+            page.screenshot(path=str(ARTIFACTS / "bottlenecks_cards_input_bound_nw0.png"), full_page=False)
+    # The demo runs exercise several colours (the check above is not vacuous).
+    assert {"high", "ok", "na"} <= set(seen), {k: len(x) for k, x in seen.items()}
+    assert ("resnet50_v100_nw0", "input_bound") in seen["high"] and ("input_fixed_nw4", "input_bound") in seen["ok"]
     page.close()
     w.check_clean()
