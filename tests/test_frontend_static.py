@@ -202,3 +202,96 @@ def test_mock_server_routes(mock):
     st, _, body = _get(p + "report?run=input_bound_nw0&worker=worker0&span=all")
     assert st == 200 and json.loads(body)["span"] is None
     assert json.loads(_get(p + "report?run=partly_broken&worker=worker0")[2])["file_errors"]
+
+
+# ---------------------------------------------------------------- issue 11: one place for data and verdicts
+
+
+def _threshold_values():
+    """Every module-level constant of thresholds.py with its value (evaluated from the source,
+    so `1 << 30` counts as 1073741824)."""
+    import ast
+
+    src = _read(os.path.join(REPO, "tb_bottleneck_plugin", "thresholds.py"))
+    out = {}
+    for node in ast.parse(src).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                and node.targets[0].id.isupper():
+            out[node.targets[0].id] = float(eval(compile(ast.Expression(node.value), "thresholds.py", "eval"), {}))
+    return out
+
+
+_NUM = r"(?:\d+(?:\.\d+)?(?:e\d+)?(?:\s*(?:\*\*|<<)\s*\d+)?)"
+_CMP = r"(?:<=|>=|===|!==|==|!=|(?<![<])<(?![<=])|(?<![=>-])>(?![>=]))"  # not =>, <<, >>
+_CMP_LITERAL = re.compile(rf"{_CMP}\s*\(?\s*-?({_NUM})(?![\w.])|(?<![\w.])({_NUM})\s*\)?\s*{_CMP}")
+
+
+def _literal_value(text):
+    text = text.replace(" ", "")
+    if "**" in text:
+        a, b = text.split("**")
+        return float(a) ** float(b)
+    if "<<" in text:
+        a, b = text.split("<<")
+        return float(int(float(a)) << int(b))
+    return float(text)
+
+
+def test_threshold_values_parse():
+    vals = _threshold_values()
+    assert vals["INPUT_BOUND_HIGH_PCT"] == 20.0 and vals["SLACK_MIN_RESERVED_BYTES"] == 2.0 ** 30
+    assert len(vals) >= 20
+    # the literal finder sees the forms a threshold could take in JS
+    for js, v in (("x >= 30", 30.0), ("x<2 ** 30", 2.0 ** 30), ("(1 << 20) <= y", 2.0 ** 20), ("if (p > 0.8)", 0.8),
+                  ("a === 5", 5.0), ("5.0 < b", 5.0)):
+        found = [_literal_value(a or b) for a, b in _CMP_LITERAL.findall(js)]
+        assert v in found, (js, found)
+    assert not _CMP_LITERAL.findall("const x = f(30); y.toFixed(2); arr[20]; x => 5")
+
+
+@pytest.mark.parametrize("path", JS, ids=os.path.basename)
+def test_no_threshold_of_thresholds_py_as_a_comparison_literal(path):
+    """Issue 11 item 2: verdicts are decided on the server (verdicts.py from thresholds.py) and
+    travel in report.verdicts; the frontend compares no number against any thresholds.py value
+    (e.g. the old `slack >= 30` in views.js). Comments are ignored."""
+    values = _threshold_values()
+    by_value = {}
+    for name, v in values.items():
+        by_value.setdefault(v, []).append(name)
+    code = _strip_comments(_read(path))
+    hits = []
+    for lineno, line in enumerate(code.splitlines(), 1):
+        for a, b in _CMP_LITERAL.findall(line):
+            v = _literal_value(a or b)
+            if v in by_value:
+                hits.append(f"{os.path.basename(path)}:{lineno}: {line.strip()[:120]}  (= {'/'.join(by_value[v])})")
+    assert not hits, "\n".join(hits)
+    # nor under a threshold-like name (a renamed copy of a threshold)
+    for m in re.finditer(r"\bconst\s+([A-Z][A-Z0-9_]*_(?:PCT|US|BYTES|RISES|RATIO))\s*=\s*([\d.e<* ]+)[;,\n]", code):
+        assert _literal_value(m.group(2).strip()) not in by_value, m.group(0)
+
+
+def test_only_the_data_module_fetches():
+    """Issue 11 item 4: static/model.js is the one module that talks to the routes; view
+    builders get data from it (ctx.data / model functions), never fetch themselves."""
+    for path in JS:
+        name = os.path.basename(path)
+        code = _strip_comments(_read(path))
+        if name == "model.js":
+            assert re.search(r"\bfetch\(", code)
+            continue
+        assert not re.search(r"\bfetch\(|XMLHttpRequest|\bgetJson\(|\bpollJson\(", code), f"{name} fetches"
+
+
+def test_views_are_split_and_cards_come_from_descriptors():
+    for path in JS:
+        n = len(_read(path).splitlines())
+        assert n <= 800, f"{os.path.basename(path)} has {n} lines (split files over ~800)"
+    cards = _read(os.path.join(FRONTEND, "cards.js"))
+    ids = re.findall(r'^\s+id: "([a-z_]+)",', cards, flags=re.M)
+    # the card ids the server gives verdicts for (verdicts.py CARDS) are exactly the descriptors'
+    from tb_bottleneck_plugin import verdicts
+
+    assert sorted(ids) == sorted(card for card, _ in verdicts.CARDS), ids
+    # colours come from the verdict's severity word only
+    assert "severityClass(v.severity)" in cards and "ruleSeverity" not in cards
