@@ -28,6 +28,7 @@ import {registeredPanels} from "./static/panels.js";
 // ---- registered panels: each module below calls registerPanel() (static/panels.js) when
 // imported; index.js renders them under the report. Add a panel with ONE import line here.
 // (keep this block; add new lines at its end)
+import "./static/operators.js";
 // ---- end of registered panels
 
 const RUNS_POLL_MS = 10000;

@@ -1,0 +1,188 @@
+// The operator view (METRICS.md "Operator view"): CPU operators and record_function regions
+// of the selection per step or over all included steps: calls, self/total CPU time, the GPU
+// time they launched and its Tensor Core share, grouped by op name or by op name + recorded
+// inputs. Sortable and filterable like the kernel table. Names, shapes and dtypes come from
+// the trace: inserted as text only (dom.js h()), never as HTML.
+
+import {h, mount} from "./dom.js";
+import {isNum, fmtPct, fmtUs, fmtCount} from "./format.js";
+import {note} from "./common.js";
+import {registerPanel} from "./panels.js";
+import {renderLoading, renderError} from "./states.js";
+
+const LIMIT = 300; // rows drawn at once; the filter narrows the rest
+
+const COL_DEFS = {
+  name: "CPU operator (aten:: op) or record_function region; ProfilerStep#N itself is not listed.",
+  dims: "Input shapes as recorded with record_shapes=True (the trace's 'Input Dims').",
+  types: "Input dtypes as recorded with record_shapes=True (the trace's 'Input type').",
+  calls: "Calls that started inside the chosen step(s) (ProfilerStep#N host span).",
+  self_us: "CPU time of the op itself: its duration minus its child ops and the CUDA runtime calls it made directly.",
+  total_us: "CPU time from the op's start to its end, children included.",
+  gpu_us: "GPU time (kernels, memcpy, memset) launched by the op and everything it called, linked through the correlation id.",
+  gpu_self_us: "GPU time launched by the op's own runtime calls (not its child ops).",
+  tc_pct: "Share of the op's GPU time spent in Tensor Core kernels (tensor_cores.py's list). n/a when the op launched no GPU work.",
+  top_inputs: "The op's most expensive recorded input shapes (by total CPU time), with their call counts.",
+};
+
+function inputText(entry) {
+  if (!entry || (entry.dims === null && entry.types === null)) return "not recorded";
+  return `${entry.dims ?? "?"} ${entry.types ?? ""}`.trim();
+}
+
+function columns(group, recordShapes) {
+  const byShape = group === "op_shape";
+  return [
+    {key: "name", label: "Operator", text: true},
+    byShape ? {key: "dims", label: "Input shapes", text: true, cls: "mono"} : null,
+    byShape ? {key: "types", label: "Input types", text: true, cls: "mono"} : null,
+    {key: "calls", label: "Calls", fmt: fmtCount},
+    {key: "self_us", label: "Self CPU", fmt: fmtUs},
+    {key: "total_us", label: "Total CPU", fmt: fmtUs},
+    {key: "gpu_self_us", label: "Self GPU", fmt: fmtUs},
+    {key: "gpu_us", label: "Total GPU", fmt: fmtUs},
+    {key: "tc_pct", label: "TC %", fmt: (v) => fmtPct(v)},
+    !byShape && recordShapes ? {key: "top_inputs", label: "Top input shapes", text: true,
+      sortGet: (r) => (r.top_inputs && r.top_inputs[0] ? String(r.top_inputs[0].dims ?? "") : "")} : null,
+  ].filter(Boolean);
+}
+
+/** Renders the operator view of ctx's selection into container (the panel body). */
+export function renderOperators(container, ctx) {
+  const state = {step: "all", group: "op", sortKey: "self_us", dir: -1, filter: "", steps: null};
+  const controls = h("div", {class: "table-tools op-tools"});
+  const body = h("div", {class: "op-body"});
+  mount(container, controls, body);
+  let seq = 0;
+
+  function load() {
+    const mine = ++seq;
+    const loader = renderLoading(body, {title: "Loading operators…"});
+    ctx.data.get("operators", {step: state.step, group: state.group}, {onProgress: (pr) => loader.set && loader.set(pr)})
+      .then((r) => {
+        if (mine !== seq || r.kind === "aborted") return;
+        if (r.kind !== "ok" || !r.data || !Array.isArray(r.data.rows)) {
+          renderError(body, {title: "Could not load the operator view", message: (r && r.message) || "unexpected answer",
+            file: r && r.file, status: r && r.status});
+          return;
+        }
+        if (state.steps === null) state.steps = Array.isArray(r.data.steps) ? r.data.steps : [];
+        drawControls();
+        drawTable(r.data);
+      });
+  }
+
+  function drawControls() {
+    const stepSel = h("select", {class: "op-step", "aria-label": "Step",
+      onchange: (e) => { state.step = e.target.value; load(); }},
+    h("option", {value: "all"}, "All steps"),
+    (state.steps || []).map((n) => h("option", {value: String(n)}, `Step ${n}`)));
+    stepSel.value = state.step;
+    const groupSel = h("select", {class: "op-group", "aria-label": "Group by",
+      onchange: (e) => { state.group = e.target.value; load(); }},
+    h("option", {value: "op"}, "Group by operator"),
+    h("option", {value: "op_shape"}, "Group by operator + input shape"));
+    groupSel.value = state.group;
+    const filterBox = h("input", {type: "search", class: "filter op-filter", placeholder: "Filter operators by name or shape…",
+      "aria-label": "Filter operators by name or shape", value: state.filter});
+    filterBox.value = state.filter;
+    const count = h("span", {class: "muted count op-count"});
+    mount(controls, stepSel, groupSel, filterBox, count);
+    filterBox.addEventListener("input", () => { state.filter = filterBox.value; if (state.redraw) state.redraw(); });
+    state.count = count;
+  }
+
+  function drawTable(data) {
+    const rows = data.rows;
+    const cols = columns(data.group, data.record_shapes);
+    const thead = h("thead");
+    const tbody = h("tbody");
+    const table = h("table", {class: "grid-table operators"}, thead, tbody);
+    const value = (r, c) => (c.sortGet ? c.sortGet(r) : r[c.key]);
+    if (!cols.some((c) => c.key === state.sortKey)) { state.sortKey = "self_us"; state.dir = -1; }
+
+    function drawHead() {
+      mount(thead, h("tr", {}, cols.map((c) => {
+        const active = state.sortKey === c.key;
+        return h("th", {class: [c.text ? null : "num", "sortable", active ? "sorted" : null], title: COL_DEFS[c.key] || null,
+          "data-key": c.key, "aria-sort": active ? (state.dir > 0 ? "ascending" : "descending") : "none", tabindex: "0",
+          onclick: () => sortBy(c), onkeydown: (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); sortBy(c); } }},
+        c.label, h("span", {class: "sort-ind"}, active ? (state.dir > 0 ? " ▲" : " ▼") : ""));
+      })));
+    }
+
+    function sortBy(c) {
+      if (state.sortKey === c.key) state.dir = -state.dir;
+      else { state.sortKey = c.key; state.dir = c.text ? 1 : -1; }
+      drawHead();
+      drawBody();
+    }
+
+    function cell(r, c) {
+      if (c.key === "name") return h("td", {class: "opname", title: String(r.name ?? "")}, String(r.name ?? ""));
+      if (c.key === "dims" || c.key === "types") {
+        const v = r[c.key];
+        return h("td", {class: ["mono", "op-input"], title: v ?? "not recorded"}, v ?? "n/a");
+      }
+      if (c.key === "top_inputs") {
+        const list = Array.isArray(r.top_inputs) ? r.top_inputs : [];
+        return h("td", {class: ["mono", "op-inputs"]}, list.map((e) =>
+          h("div", {title: `${inputText(e)}: ${e.calls} calls, ${fmtUs(e.total_us)}`}, `${inputText(e)} ×${e.calls}`)));
+      }
+      if (c.key === "tc_pct" && !isNum(r.tc_pct)) {
+        return h("td", {class: "num muted", title: "n/a: the op launched no GPU work"}, "n/a");
+      }
+      return h("td", {class: ["num", c.cls]}, c.fmt(r[c.key]));
+    }
+
+    function drawBody() {
+      const f = state.filter.trim().toLowerCase();
+      const col = cols.find((c) => c.key === state.sortKey) || cols[0];
+      const hay = (r) => [r.name, r.dims, r.types, ...(r.top_inputs || []).map((e) => e.dims)]
+        .map((x) => String(x ?? "").toLowerCase()).join("\n");
+      const shown = rows.filter((r) => !f || hay(r).includes(f));
+      shown.sort((a, b) => {
+        const va = value(a, col);
+        const vb = value(b, col);
+        if (typeof va === "string" || typeof vb === "string") return state.dir * String(va ?? "").localeCompare(String(vb ?? ""));
+        const na = isNum(va) ? va : -Infinity;
+        const nb = isNum(vb) ? vb : -Infinity;
+        return state.dir * (na - nb);
+      });
+      const page = shown.slice(0, LIMIT);
+      mount(tbody, page.map((r) => h("tr", {}, cols.map((c) => cell(r, c)))));
+      if (!page.length) {
+        tbody.appendChild(h("tr", {}, h("td", {colspan: String(cols.length), class: "empty-row"},
+          rows.length ? "No operator matches the filter." : "No CPU operators in this selection.")));
+      }
+      const unit = data.group === "op_shape" ? "operator/shape rows" : "operators";
+      if (state.count) {
+        state.count.textContent = shown.length > LIMIT
+          ? `showing ${LIMIT} of ${shown.length} matching (${rows.length} total); refine the filter`
+          : `${shown.length} of ${rows.length} ${unit}`;
+      }
+    }
+
+    state.redraw = drawBody;
+    drawHead();
+    drawBody();
+    const notes = [];
+    if (!data.record_shapes) {
+      notes.push(note("Input shapes were not recorded: profile with torch.profiler.profile(record_shapes=True) to see them."));
+    }
+    if (data.rows_left_out) notes.push(note(`${data.rows_left_out} smaller rows are not listed.`, "warn"));
+    if (data.inputs_merged) notes.push(note("Rare input shapes of a very long table are merged into 'other'.", "warn"));
+    if (ctx.isSummary) notes.push(note("Several spans combined: all their included steps together."));
+    mount(body, notes, h("div", {class: "table-scroll"}, table));
+  }
+
+  load();
+}
+
+registerPanel({
+  id: "operators",
+  label: "Operators",
+  order: 60,
+  info: "CPU operators per step: calls, self and total CPU time, GPU time they launched (through the correlation id, children included) and its Tensor Core share. Click a column header to sort.",
+  render: renderOperators,
+});
