@@ -190,8 +190,11 @@ def _pick(analyzer, args, problem):
         return None, ({"state": "loading", "progress": round(progress, 3)}, 202)
     ready = [(w, s, st) for w, s, st in selected if st.state == "ready" and st.result]
     if not ready:
-        errors = [st.error for _, _, st in selected if st.error]
-        return None, ({"state": "error", "error": analyzer.relative(errors[0]) if errors else "no trace files"}, 422)
+        rel = analyzer.relative
+        errors = [{"file": rel(s.url), "error": rel(st.error), "retry": st.retry}
+                  for _, s, st in selected if st.error]
+        return None, ({"state": "error", "error": errors[0]["error"] if errors else "no trace files",
+                       "errors": errors}, 422)
     # the span: the one holding the step asked for, else the slowest included step of all
     best, best_us = None, -1.0
     for w, s, st in ready:
@@ -221,11 +224,11 @@ def _pick(analyzer, args, problem):
     if store is None:
         return None, ({"state": "error", "error": "the step timeline is not available for this span (it was "
                        "analysed without one, e.g. on a Dask cluster); it is built when the span is analysed "
-                       "again"}, 422)
+                       "again", "errors": []}, 422)
     from .analysis import timeline as tl
 
     if tl.step_index(store, step) is None:
-        return None, ({"state": "error", "error": "this span has no step"}, 422)
+        return None, ({"state": "error", "error": "this span has no step", "errors": []}, 422)
     if step is not None and tl.step_index(store, step) < 0:
         return None, ({"error": f"unknown step {step} in this span"}, 404)
     return (w, s, st, store, step), None

@@ -154,6 +154,35 @@ def test_error_bodies_follow_the_schema(everything):
         check(route, status, body, f"{route} of an unknown run")
 
 
+def test_timeline_routes_follow_the_schema(everything):
+    """timeline and step_trace (tests/test_timeline_routes.py checks their numbers) on
+    every run of every shared trace: the default step, a zoomed window, the export, and
+    the error bodies."""
+    harness, _ = everything
+    _, runs = rec.get(harness, "runs")
+    answered = 0
+    for run in sorted(r["run"] for r in runs["runs"]):
+        status, body = rec.get(harness, "timeline", run=run, px="900")
+        check("timeline", status, body, f"timeline {run}")
+        if status != 200:
+            continue
+        answered += 1
+        assert body["rects"] <= body["cap"] and body["rects"] == sum(len(lane["t0"]) for lane in body["lanes"])
+        mid = body["step_us"] / 2
+        status, zoom = rec.get(harness, "timeline", run=run, worker=body["worker"], span=body["span"],
+                               step=str(body["step"]), t0=str(mid), t1=str(mid + 100), px="500")
+        check("timeline", status, zoom, f"timeline zoom {run}")
+        status, doc = rec.get(harness, "step_trace", run=run, worker=body["worker"], span=body["span"],
+                              step=str(body["step"]))
+        check("step_trace", status, doc, f"step_trace {run}")
+    assert answered >= len(runs["runs"]) // 2
+    for route in ("timeline", "step_trace"):
+        for query, want in (({}, 400), ({"run": "no such run"}, 404), ({"run": runs["runs"][0]["run"], "step": "x"}, 400)):
+            status, body = rec.get(harness, route, **query)
+            assert status == want, (route, query, status)
+            check(route, status, body, f"{route} {query}")
+
+
 # ---------------------------------------------------------------------------- the frontend's fixtures
 
 
