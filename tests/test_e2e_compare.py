@@ -162,6 +162,20 @@ def test_shared_link_shows_the_demo_comparison(tensorboard, browser):
     for m in cmp["metrics"]:
         if m["verdict"] == "worse":
             assert "sev-text-high" in page.evaluate(CARD_JS, m["key"])["deltaClass"], m
+    # the side-by-side verdict cards are the single-run cards (cards.js renderCards with two
+    # reports): one row per side, each card coloured by that side's own report.verdicts
+    page.wait_for_function("() => document.querySelectorAll('#bn-cmp-cards .cards-row').length === 2", timeout=60_000)
+    rows = page.evaluate("""() => [...document.querySelectorAll('#bn-cmp-cards .cards-row')].map(r =>
+        Object.fromEntries([...r.querySelectorAll('.card[data-card]')].map(c => [c.getAttribute('data-card'),
+          [...c.classList].filter(k => k.startsWith('sev-'))])))""")
+    for run, row in zip((BASE_RUN, CAND_RUN), rows):
+        status, body = _get(f"{base}/data/plugin/bottlenecks/report?run={run}")
+        assert status == 200
+        verdicts = json.loads(body)["verdicts"]
+        assert row and set(row) <= set(verdicts), (run, row)
+        for card, cls in row.items():
+            assert cls == [f"sev-{verdicts[card]['severity']}"], (run, card, cls, verdicts[card])
+    assert rows[0]["input_bound"] == ["sev-high"] and rows[1]["input_bound"] == ["sev-ok"], rows
     # the headline line: step time and its largest cause
     head = page.locator(".cmp-headline").text_content()
     assert cmp["step_time"]["largest_change"] == "dataloader" and "largest change: DataLoader" in head, head

@@ -10,11 +10,13 @@
 // (index.js hands the view to renderCompare while the hash has compare=1).
 
 import {h, s, mount} from "./dom.js";
-import {getCompare} from "./model.js";
+import {getCompare, getReport} from "./model.js";
 import {responsive, withTooltip, niceTicks} from "./charts.js";
 import {isNum, fmtPct, fmtUs, fmtUsTick, fmtBytes, fmtNum, shortenKernelName} from "./format.js";
 import {CATEGORIES, CAT_NAMES} from "./defs.js";
 import {renderLoading, renderError} from "./states.js";
+import {panel} from "./common.js";
+import {renderCards} from "./cards.js";
 
 const ALL = "all";
 const SIDES = ["base", "cand"];
@@ -165,6 +167,8 @@ function sidePicker(side, sel, runs, pick) {
 
 async function loadCompare(body, sel, signal, retry) {
   const loader = renderLoading(body, {title: "Comparing…", detail: "Each side is analysed once and cached; large traces take a while the first time."});
+  // Each side's own report (cached on the server) for the verdict cards (cards.js, the single-run cards).
+  const reports = SIDES.map((k) => getReport(sel[k], {signal}));
   const r = await getCompare(sel, {signal, onProgress: (p, msg) => loader.set(p, msg)});
   if (signal.aborted || r.kind === "aborted") return;
   if (r.kind === "error") {
@@ -178,6 +182,16 @@ async function loadCompare(body, sel, signal, retry) {
   }
   try {
     mount(body, compareView(r.data));
+    const slot = body.querySelector("#bn-cmp-cards .panel-body");
+    Promise.all(reports).then((rs) => {
+      if (signal.aborted || !slot) return;
+      if (rs.every((x) => x.kind === "ok" && x.data && typeof x.data === "object")) {
+        renderCards(slot, rs.map((x) => x.data), {labels: SIDES.map((k) => `${SIDE_NAMES[k]}: ${sideText(r.data[k])}`)});
+      } else if (!rs.some((x) => x.kind === "aborted")) {
+        const bad = rs.find((x) => x.kind !== "ok");
+        mount(slot, h("p", {class: "note"}, `n/a: ${(bad && bad.message) || "a side's report could not be loaded"}`));
+      }
+    });
   } catch (err) {
     console.error(err); // eslint-disable-line no-console
     renderError(body, {title: "Could not display this comparison", message: String(err && err.stack ? err.stack : err)});
@@ -208,12 +222,6 @@ function fmtRel(v) {
   return isNum(v) ? `${v > 0 ? "+" : v < 0 ? "−" : "±"}${Math.abs(v).toFixed(1)}%` : "";
 }
 
-function panel(title, {subtitle, cls, id} = {}, ...children) {
-  return h("section", {class: ["panel", cls], id},
-    h("header", {class: "panel-head"}, h("h2", {}, title), subtitle ? h("span", {class: "panel-sub"}, subtitle) : null),
-    h("div", {class: "panel-body"}, ...children));
-}
-
 function sideText(x) {
   if (!x) return "?";
   const bits = [x.label || x.run];
@@ -231,6 +239,8 @@ export function compareView(cmp) {
     summary(cmp),
     panel("Headline numbers", {id: "bn-cmp-metrics", subtitle: "baseline → candidate; the colour says whether the change is an improvement for that metric"},
       metricCards(cmp.metrics)),
+    panel("Bottleneck cards", {id: "bn-cmp-cards", subtitle: "each side's own cards: the single-run view's verdicts, side by side"},
+      h("p", {class: "note muted"}, "Loading both reports…")),
     stepTimePanel(cmp.step_time, na.step_time),
     recommendationsPanel(cmp.recommendations || []),
     diffPanel("Kernel diff", "kernels", cmp.kernels, na.kernels),
