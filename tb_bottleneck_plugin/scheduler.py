@@ -26,13 +26,14 @@ from collections import deque
 from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
 
 # Peak memory of one analysis (its whole child process) ~ PEAK_BASE_BYTES + PEAK_FACTOR x
-# the uncompressed JSON size. Measured with `tb-bottlenecks report FILE --json` (a fresh
-# process each, peak RSS): 252-270 MB on the 315 MB scale trace (issue 14 and
-# benchmarks/README.md), 118 MB on the 35 MB resnet50 trace (benchmarks/bench_many_spans.py
-# --measure-peak): about 0.7 x the JSON plus ~60 MB of interpreter and libraries. The
-# factor is rounded up so that the budget errs on the safe side.
+# the uncompressed JSON size. Measured (peak RSS, fresh process each): 252-270 MB for
+# `tb-bottlenecks report FILE --json` on the 315 MB scale trace (issue 14,
+# benchmarks/README.md), 120 MB in-process and ~140 MB per child process on the 35 MB
+# resnet50 span (benchmarks/bench_many_spans.py): ~0.6 x the JSON on top of ~100 MB of
+# interpreter, numpy and msgspec. Both constants are rounded so the estimate errs high
+# (315 MB -> 348 MB, 35 MB -> 124 MB).
 PEAK_FACTOR = 0.8
-PEAK_BASE_BYTES = 64 << 20
+PEAK_BASE_BYTES = 96 << 20
 # gzip ratio assumed when the uncompressed size cannot be read (a gzip trailer holds it
 # modulo 4 GiB); Kineto JSON compresses 15-30x (../shared/traces/INDEX.md), 30 errs high.
 ASSUMED_GZIP_RATIO = 30
