@@ -29,6 +29,7 @@ import {registeredPanels} from "./static/panels.js";
 // imported; index.js renders them under the report. Add a panel with ONE import line here.
 // (keep this block; add new lines at its end)
 import "./static/operators.js";
+import "./static/timeline.js";
 // ---- end of registered panels
 
 const RUNS_POLL_MS = 10000;
