@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from test_e2e_browser import CHROMIUM, _browser_or_skip
+from test_e2e_browser import CHROMIUM, _browser_or_skip, _get
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "demo_logs"
@@ -210,6 +210,23 @@ def test_straggler_pair_in_the_ranks_panel(tensorboard, browser):
     assert iframe.evaluate("() => [...document.querySelectorAll('#bn-ranks tr.rank-row.straggler')]"
                            ".map(tr => tr.dataset.worker)") == [rec["worker"]]
     page.screenshot(path=str(ARTIFACTS / f"ranks_{STRAGGLER}.png"), full_page=True)
+
+    # "Cards per rank": each rank's own cards (cards.js renderCards with one report per rank),
+    # the flagged rank first, every card coloured by that rank's report.verdicts
+    iframe.click("#bn-ranks-cards > summary")
+    iframe.wait_for_function("() => document.querySelectorAll('#bn-ranks-cards .cards-row').length === 2", timeout=60_000)
+    card_rows = iframe.evaluate("""() => [...document.querySelectorAll('#bn-ranks-cards .cards-row')].map(r => [
+        r.querySelector('.cards-row-label').textContent,
+        Object.fromEntries([...r.querySelectorAll('.card[data-card]')].map(c => [c.getAttribute('data-card'),
+          [...c.classList].filter(k => k.startsWith('sev-'))]))])""")
+    assert card_rows[0][0] == f"{rec['worker']} (flagged)", card_rows
+    for label, cards in card_rows:
+        worker = label.split(" ")[0]
+        status, body = _get(f"{base}/data/plugin/bottlenecks/report?run={STRAGGLER}&worker={worker}")
+        assert status == 200
+        verdicts = json.loads(body)["verdicts"]
+        assert cards and set(cards) <= set(verdicts), (worker, cards)
+        assert all(cls == [f"sev-{verdicts[k]['severity']}"] for k, cls in cards.items()), (worker, cards, verdicts)
 
     # the heatmap's other colour: wait in collectives (rank 1 never waits: 0 on its row)
     iframe.click("#bn-ranks button.heat-metric[data-metric=wait]")

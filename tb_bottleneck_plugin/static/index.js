@@ -474,6 +474,7 @@ async function loadView(run) {
   // Distributed runs: the Ranks panel (ranks.js) above the report, from the ranks route (model.js).
   if (workersOf(run).length > 1) {
     mountRanks(ui.view, {load: (onProgress) => data.ranks({onProgress}), worker: sel.worker, signal: ac.signal,
+      loadReports: (workers) => Promise.all(workers.map((worker) => model.getReport({run: sel.run, worker, span: null}, {signal: ac.signal}))),
       onPick: (worker) => select({worker, span: null})});
   }
 }

@@ -14,6 +14,7 @@
 import {h, mount, clear} from "./dom.js";
 import {isNum, fmtPct, fmtUs, fmtUsTick, fmtBytes, fmtCount} from "./format.js";
 import {responsive, stackedBarChart, showTooltip, hideTooltip} from "./charts.js";
+import {renderCards} from "./cards.js";
 
 const SPLIT = ["compute_only_us", "overlapped_us", "exposed_comm_us", "other_us"];
 const SPLIT_NAMES = {compute_only_us: "compute only", overlapped_us: "overlapped (compute ∩ communication)",
@@ -24,6 +25,7 @@ const BAR_MAX = 100; // beyond this many ranks, one bar per group of ranks (mean
 const HEATMAP_MAX_ROWS = 120; // beyond this, one canvas row per group of ranks (the group's max): rows >= 3 px
 const HEATMAP_HEIGHT = 360; // px available to the rows
 const TABLE_LIMIT = 100; // rows shown before "Show all"
+const CARD_RANKS = 8; // "Cards per rank": the flagged rank first, then the table's order, at most this many reports
 // A sequential colour ramp (viridis stops), readable on light and dark backgrounds.
 const RAMP = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
 
@@ -32,7 +34,7 @@ const RAMP = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 2
  * data module's fetch of ranks?run=RUN (model.js; this file never fetches).
  * Loading (202) shows a progress line; an error shows a short note, never replacing the report.
  */
-export async function mountRanks(container, {load, worker, signal, onPick}) {
+export async function mountRanks(container, {load, loadReports = null, worker, signal, onPick}) {
   const slot = h("div", {class: "ranks-slot", id: "bn-ranks-slot"});
   container.insertBefore(slot, container.firstChild);
   const status = h("p", {class: "note muted"}, "Ranks: loading…");
@@ -47,7 +49,7 @@ export async function mountRanks(container, {load, worker, signal, onPick}) {
     return;
   }
   try {
-    mount(slot, renderRanksPanel(r.data, {selectedWorker: worker, onPick}));
+    mount(slot, renderRanksPanel(r.data, {selectedWorker: worker, onPick, loadReports}));
   } catch (err) {
     console.error(err); // eslint-disable-line no-console
     mount(slot, h("div", {class: "banner banner-warn", role: "status"}, "Could not display the Ranks view: ", String(err)));
@@ -70,8 +72,11 @@ function sub(title, ...children) {
     h("h3", {style: {margin: "0 0 6px", "font-size": "13px"}}, title), ...children);
 }
 
-/** The panel for one `ranks` route body. */
-export function renderRanksPanel(view, {selectedWorker = null, onPick = null} = {}) {
+/**
+ * The panel for one `ranks` route body. loadReports(workers) -> promise of one report-route
+ * result per worker (model.js; index.js hands it in): the "Cards per rank" section.
+ */
+export function renderRanksPanel(view, {selectedWorker = null, onPick = null, loadReports = null} = {}) {
   const rows = Array.isArray(view.ranks) ? view.ranks : [];
   const bits = [`${fmtCount(view.rank_count)} ranks`];
   if (view.backend) bits.push(`backend ${view.backend}`);
@@ -86,9 +91,38 @@ export function renderRanksPanel(view, {selectedWorker = null, onPick = null} = 
       sub("Ranks", renderRankTable(rows, {selectedWorker, onPick,
         flaggedWorker: view.flagged && view.recommendation ? view.recommendation.worker : null})),
       sub("Collectives", renderCollectives(view.collectives || [])));
+    if (loadReports) children.push(renderRankCards(view, rows, loadReports));
   }
   children.push(renderNotAvailable(view));
   return panel("Ranks", bits.join(" · "), ...children);
+}
+
+/**
+ * Each rank's own headline cards (the single-run cards, cards.js renderCards with one report per
+ * rank: the worker summaries), loaded when the section is opened.
+ */
+function renderRankCards(view, rows, loadReports) {
+  const flagged = view.flagged && view.recommendation ? view.recommendation.worker : null;
+  const workers = rows.map((r) => r.worker).filter((w) => typeof w === "string");
+  const pick = [...(flagged && workers.includes(flagged) ? [flagged] : []), ...workers.filter((w) => w !== flagged)].slice(0, CARD_RANKS);
+  const slot = h("div", {class: "rank-cards"}, h("p", {class: "note muted"}, "Loading the ranks' reports…"));
+  const more = workers.length > pick.length ? ` (${pick.length} of ${workers.length}: the flagged rank first)` : "";
+  let loaded = false;
+  const details = h("details", {class: "ranks-cards", id: "bn-ranks-cards", ontoggle: () => {
+    if (!details.open || loaded) return;
+    loaded = true;
+    loadReports(pick).then((rs) => {
+      if (rs.some((x) => x.kind === "aborted")) return;
+      const ok = rs.map((x, i) => [x, pick[i]]).filter(([x]) => x.kind === "ok" && x.data && typeof x.data === "object");
+      if (!ok.length) {
+        mount(slot, h("p", {class: "note"}, `n/a: ${(rs[0] && rs[0].message) || "the ranks' reports could not be loaded"}`));
+        return;
+      }
+      renderCards(slot, ok.map(([x]) => x.data), {labels: ok.map(([, w]) => `${w}${w === flagged ? " (flagged)" : ""}`)});
+    });
+  }},
+  h("summary", {}, `Cards per rank${more}: each rank's own verdicts, as in its single-worker view`), slot);
+  return h("div", {class: "ranks-sub", style: {margin: "14px 0 4px"}}, details);
 }
 
 function renderVerdict(view) {
