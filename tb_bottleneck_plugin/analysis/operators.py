@@ -445,10 +445,13 @@ def _input_entry(inputs: list, idx: int, **extra) -> dict:
 
 def combine_views(views: List[dict]) -> Optional[dict]:
     """A worker/run view from span views: all steps together (step numbers of different
-    files are not the same steps, so the combined view has no per-step rows: ``steps``
-    is empty and only step=all can be asked). None when a span has no view."""
+    files are not the same steps, so a view of several spans has no per-step rows:
+    ``steps`` is empty and only step=all can be asked; a single span's view is kept as
+    it is). None when a span has no view."""
     if not views or any(not isinstance(v, dict) for v in views):
         return None
+    if len(views) == 1:
+        return views[0]  # one span: its steps stay selectable
     names: Dict[str, int] = {}
     inputs: Dict[tuple, int] = {}
     acc: Dict[tuple, np.ndarray] = {}

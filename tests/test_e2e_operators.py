@@ -1,0 +1,153 @@
+"""End to end: the Operators panel in a real TensorBoard and a real headless Chromium.
+
+On the demo's input-bound run (demo_logs/input_bound_nw0, recorded with record_shapes=True)
+the table renders the route's rows, sorts by a clicked column, filters by name, switches to
+group-by-shape and to one step; on a hand-built run whose op names and dtypes look like HTML,
+they stay text (no element is created, no dialog opens).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from conftest import DEMO_LOGS, TraceBuilder, route_validator, wait_route
+
+RUN = "input_bound"
+HTML_RUN = "html_ops"
+EVIL = '<img src=x onerror="alert(1)">'
+EVIL_TYPE = "<b>float</b>"
+PANEL = "#bn-panel-operators"
+
+
+def _logdir(tmp_path):
+    src = DEMO_LOGS / "input_bound_nw0"
+    files = sorted(src.glob("*.pt.trace.json.gz"))
+    if not files:
+        pytest.skip("demo_logs/input_bound_nw0 is missing")
+    run = tmp_path / "logs" / RUN
+    run.mkdir(parents=True)
+    for f in files:
+        os.symlink(f, run / f.name)
+    b = TraceBuilder()
+    b.step(1, 0, 1000)
+    b.cpu(EVIL, 10, 300, **{"Input Dims": [[8, 16]], "Input type": [EVIL_TYPE]})
+    b.launch("volta_sgemm_128x64_nn", 20, kernel_ts=100, kernel_dur=50)
+    b.step(2, 1000, 1000)
+    b.cpu(EVIL, 1010, 300, **{"Input Dims": [[8, 16]], "Input type": [EVIL_TYPE]})
+    b.launch("volta_sgemm_128x64_nn", 1020, kernel_ts=1100, kernel_dur=50)
+    b.write(tmp_path / "logs" / HTML_RUN / "worker0.1700000000000.pt.trace.json.gz")
+    return tmp_path / "logs"
+
+
+def _selection(iframe):
+    sel = iframe.evaluate("() => ({run: document.querySelector('#bn-run').value,"
+                          " worker: document.querySelector('#bn-worker') && document.querySelector('#bn-worker').value,"
+                          " span: document.querySelector('#bn-span') && document.querySelector('#bn-span').value})")
+    return {k: v for k, v in sel.items() if v and v != "all"}
+
+
+def _table(iframe):
+    return iframe.evaluate("""() => {
+      const t = document.querySelector('%s table.operators');
+      const keys = [...t.querySelectorAll('thead th')].map((th) => th.dataset.key);
+      const rows = [...t.querySelectorAll('tbody tr')].filter((tr) => !tr.querySelector('.empty-row'))
+        .map((tr) => Object.fromEntries([...tr.children].map((td, i) => [keys[i], td.textContent])));
+      return {keys, rows, count: document.querySelector('%s .op-count').textContent};
+    }""" % (PANEL, PANEL))
+
+
+def _wait_table(iframe, group="op"):
+    key = "dims" if group == "op_shape" else "self_us"
+    iframe.wait_for_function(
+        "() => document.querySelector('%s table.operators thead th[data-key=%s]') && "
+        "document.querySelector('%s table.operators tbody tr')" % (PANEL, key, PANEL), timeout=120_000)
+
+
+def test_operators_panel(tmp_path, tensorboard_server, browser_page):
+    base = tensorboard_server(_logdir(tmp_path))
+    w = browser_page(base, viewport=(1400, 1000))
+    frame = w.open_tab()
+    frame.locator("#bn-run").select_option(RUN)
+    iframe = w.plugin_frame()
+    _wait_table(iframe)
+    sel = _selection(iframe)
+    assert sel["run"] == RUN
+    body = wait_route(base, "operators", **sel)
+    validate = route_validator("operators")
+    assert not list(validate.iter_errors(body))
+    assert body["record_shapes"] is True and body["rows"]
+
+    # renders the route's rows, largest self CPU time first
+    t = _table(iframe)
+    assert t["keys"][:2] == ["name", "calls"] and "top_inputs" in t["keys"]
+    assert len(t["rows"]) == min(300, len(body["rows"]))
+    by_self = sorted(body["rows"], key=lambda r: -r["self_us"])
+    assert [r["name"] for r in t["rows"][:5]] == [r["name"] for r in by_self[:5]]
+
+    # sorts by a clicked column (calls: descending, then ascending)
+    iframe.click(f"{PANEL} th[data-key=calls]")
+    calls = [r["calls"] for r in sorted(body["rows"], key=lambda r: -r["calls"])][:5]
+    got = [int(r["calls"].replace(",", "").replace("\u202f", "")) for r in _table(iframe)["rows"][:5]]
+    assert got == calls
+    iframe.click(f"{PANEL} th[data-key=calls]")
+    got = [int(r["calls"].replace(",", "").replace("\u202f", "")) for r in _table(iframe)["rows"][:5]]
+    assert got == sorted(r["calls"] for r in body["rows"])[:5]
+
+    # filters by name
+    iframe.fill(f"{PANEL} input.op-filter", "conv")
+    rows = _table(iframe)["rows"]
+    want = [r for r in body["rows"] if "conv" in r["name"].lower()
+            or any("conv" in str(e["dims"]).lower() for e in r.get("top_inputs") or [])]
+    assert rows and len(rows) == len(want)
+    assert all("conv" in r["name"].lower() for r in rows)
+    iframe.fill(f"{PANEL} input.op-filter", "")
+
+    # group by operator + input shape: one row per (name, dims, types) of the route
+    iframe.select_option(f"{PANEL} select.op-group", "op_shape")
+    _wait_table(iframe, "op_shape")
+    shaped = wait_route(base, "operators", group="op_shape", **sel)
+    assert not list(validate.iter_errors(shaped))
+    t = _table(iframe)
+    assert t["keys"][:3] == ["name", "dims", "types"]
+    assert len(t["rows"]) == min(300, len(shaped["rows"])) and len(shaped["rows"]) > len(body["rows"])
+    first = max(shaped["rows"], key=lambda r: r["self_us"])
+    assert (t["rows"][0]["name"], t["rows"][0]["dims"]) == (first["name"], first["dims"] or "n/a")
+
+    # the worker summary (two spans) has no per-step rows; one span has
+    assert body["steps"] == [] and sel.get("span") is None, sel
+    assert iframe.evaluate("() => document.querySelectorAll('%s select.op-step option').length" % PANEL) == 1
+    span = iframe.evaluate("() => [...document.querySelectorAll('#bn-span option')].map((o) => o.value)"
+                           ".filter((v) => v && v !== 'all')[0]")
+    iframe.select_option("#bn-span", span)
+    sel = dict(sel, span=span)
+    span_body = wait_route(base, "operators", group="op_shape", **sel)
+    iframe.wait_for_function("() => document.querySelectorAll('%s select.op-step option').length === %d"
+                             % (PANEL, 1 + len(span_body["steps"])), timeout=120_000)
+    iframe.select_option(f"{PANEL} select.op-group", "op_shape")
+    _wait_table(iframe, "op_shape")
+    if True:
+        shaped = span_body
+        step = span_body["steps"][-1]
+        iframe.select_option(f"{PANEL} select.op-step", str(step))
+        one = wait_route(base, "operators", group="op_shape", step=step, **sel)
+        n = min(300, len(one["rows"]))
+        iframe.wait_for_function("() => document.querySelector('%s .op-count').textContent.startsWith('%d of %d ')"
+                                 % (PANEL, n, len(one["rows"])), timeout=60_000)
+        assert len(_table(iframe)["rows"]) == n
+        assert sum(r["calls"] for r in one["rows"]) < sum(r["calls"] for r in shaped["rows"])
+
+    # an op named like HTML stays text
+    frame.locator("#bn-run").select_option(HTML_RUN)
+    iframe.wait_for_function("() => document.querySelector('#bn-run').value === '%s' && "
+                             "[...document.querySelectorAll('%s td.opname')].some((td) => td.textContent === %s)"
+                             % (HTML_RUN, PANEL, json.dumps(EVIL)), timeout=120_000)
+    assert iframe.evaluate("() => document.querySelectorAll('%s img, %s b').length" % (PANEL, PANEL)) == 0
+    tops = iframe.evaluate("() => [...document.querySelectorAll('%s td.op-inputs')].map((td) => td.textContent)" % PANEL)
+    assert any(EVIL_TYPE in t for t in tops)
+    os.makedirs("test-artifacts", exist_ok=True)
+    frame.locator(PANEL).screenshot(path=os.path.join("test-artifacts", "operators_html.png"))
+    w.check_clean()
+    shutil.rmtree(tmp_path / "logs", ignore_errors=True)
