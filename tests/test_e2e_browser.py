@@ -358,6 +358,15 @@ def test_every_card_colour_is_the_servers_verdict(tensorboard, browser):
             seen.setdefault(v["severity"], set()).add((run, c["id"]))
         if run == "input_bound_nw0":
             page.screenshot(path=str(ARTIFACTS / "bottlenecks_cards_input_bound_nw0.png"), full_page=False)
+    # A verdict the dashboard has no descriptor for (a new metric) still gets its card, coloured
+    # and worded by the server: adding a metric needs no frontend change.
+    toy = page.evaluate("""async () => { const m = await import('./static/cards.js');
+      const row = m.cardRow({verdicts: {toy_metric: {value: 12.34, unit: 'pct', severity: 'medium',
+        verdict: 'toy words', thresholds: {}, rule: null}}});
+      return [...row.querySelectorAll('.card[data-card=toy_metric]')].map(c => [c.className,
+        c.querySelector('.card-label').textContent, c.querySelector('.card-value').textContent,
+        c.querySelector('.card-verdict').textContent]); }""")
+    assert toy == [["card sev-medium", "Toy metric", "12.3%", "toy words"]], toy
     # The demo runs exercise several colours (the check above is not vacuous).
     assert {"high", "ok", "na"} <= set(seen), {k: len(x) for k, x in seen.items()}
     assert ("resnet50_v100_nw0", "input_bound") in seen["high"] and ("input_fixed_nw4", "input_bound") in seen["ok"]

@@ -7,7 +7,8 @@
 // report. It holds no threshold and decides no verdict.
 //
 // ADDING A CARD: one descriptor in CARDS, with the id the server uses in report.verdicts
-// (and its METRICS.md entry server-side). Fields:
+// (and its METRICS.md entry server-side). A verdict without a descriptor is still shown, as a
+// plain card titled by its id (value, colour and words are the server's anyway). Fields:
 //   id        key in report.verdicts
 //   label     card title;             sublabel(report)? -> small text beside it
 //   field     where the report holds the number (a path, shown only when the report has no
@@ -21,7 +22,7 @@
 // baseline and candidate; any list of selections), so every view shows the same cards.
 
 import {h, mount} from "./dom.js";
-import {isNum, fmtPct, fmtUs, fmtBytes, fmtCount} from "./format.js";
+import {isNum, fmtPct, fmtUs, fmtBytes, fmtCount, readableKey} from "./format.js";
 import {DEFS} from "./defs.js";
 import {gpuEntries, deviceName, memoryDevices, reservedKnown, memDeviceLabel, naReason, severityClass} from "./common.js";
 
@@ -279,9 +280,18 @@ function cardEl(desc, report) {
   ...details.map((d) => h("div", {class: "card-detail", title: typeof d === "string" ? d : null}, d)));
 }
 
-/** One row of cards (div.cards) for one report. */
+/** A card for a verdict id that has no descriptor yet (a new metric): its id in words. */
+function genericDescriptor(id) {
+  return {id, label: readableKey(id), field: null, unit: null};
+}
+
+/** One row of cards (div.cards) for one report: the descriptors, then any other verdict the
+ * server sends (so a new metric shows up before it gets its own descriptor). */
 export function cardRow(report, {cards = CARDS} = {}) {
-  return h("div", {class: "cards"}, cards.map((d) => cardEl(d, report)));
+  const known = new Set(CARDS.map((d) => d.id));
+  const verdicts = report && report.verdicts && typeof report.verdicts === "object" ? Object.keys(report.verdicts) : [];
+  const extra = cards === CARDS ? verdicts.filter((id) => !known.has(id)).map(genericDescriptor) : [];
+  return h("div", {class: "cards"}, [...cards, ...extra].map((d) => cardEl(d, report)));
 }
 
 /**
