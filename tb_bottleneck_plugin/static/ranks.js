@@ -15,6 +15,7 @@ import {h, mount, clear} from "./dom.js";
 import {isNum, fmtPct, fmtUs, fmtUsTick, fmtBytes, fmtCount} from "./format.js";
 import {responsive, stackedBarChart, showTooltip, hideTooltip} from "./charts.js";
 import {renderCards} from "./cards.js";
+import {severityClass} from "./common.js";
 
 const SPLIT = ["compute_only_us", "overlapped_us", "exposed_comm_us", "other_us"];
 const SPLIT_NAMES = {compute_only_us: "compute only", overlapped_us: "overlapped (compute ∩ communication)",
@@ -128,7 +129,7 @@ function renderRankCards(view, rows, loadReports) {
 function renderVerdict(view) {
   const rec = view.recommendation;
   if (view.flagged && rec) {
-    const sev = String(rec.severity || "medium");
+    const sev = severityClass(rec.severity); // the server's word (ranks.py, thresholds.py)
     const cause = rec.cause && rec.cause.title ? h("p", {class: "rec-cause muted", style: {margin: "4px 0"}},
       "Its own top finding: ", String(rec.cause.title)) : null;
     return h("div", {class: ["rec", "ranks-rec", `sev-${sev}`], role: "alert"},

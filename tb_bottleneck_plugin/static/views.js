@@ -159,7 +159,7 @@ function inputPanel(report) {
     isNum(inp.xprof_input_pct) ? ["XProf-compatible input %", `${fmtPct(inp.xprof_input_pct)} (input-bound + input transfer)`] : null,
     isNum(st.mean) ? ["Per step", `mean ${fmtPct(st.mean)} · min ${fmtPct(st.min)} · max ${fmtPct(st.max)} · std ${fmtNum(st.std)} pp`] : null,
     its.length ? ["DataLoader iterator", h("span", {}, its.map((it, i) => [i ? ", " : null, h("code", {}, it)]),
-      ev.num_workers_zero ? h("span", {class: "sev-text-high"}, " → num_workers=0") : null)] : null,
+      ev.num_workers_zero ? h("span", {class: `sev-text-${verdictSeverity(report, "input_bound")}`}, " → num_workers=0") : null)] : null,
     isNum(ev.pageable_h2d_copies) ? ["H2D copies from pageable memory",
       ev.pageable_h2d_copies > 0
         ? h("span", {}, `${fmtCount(ev.pageable_h2d_copies)} (${fmtUs(ev.pageable_h2d_us)}) → `, h("code", {}, "pin_memory=True"))
