@@ -12,7 +12,7 @@
 //   id        key in report.verdicts
 //   label     card title;             sublabel(report)? -> small text beside it
 //   field     where the report holds the number (a path, shown only when the report has no
-//             verdicts: an older cached analysis; then the card stays uncoloured)
+//             verdict for the card, i.e. its "verdicts" section failed; the card is then uncoloured)
 //   explain   one line under the verdict;   def: hover text (definition, from defs.js)
 //   details(report)? -> extra lines (strings or nodes) read from the report's sections
 //   optional  true: no card when the value is n/a or exactly 0 (communication on one GPU:
@@ -25,8 +25,6 @@ import {h, mount} from "./dom.js";
 import {isNum, fmtPct, fmtUs, fmtBytes, fmtCount, readableKey} from "./format.js";
 import {DEFS} from "./defs.js";
 import {gpuEntries, deviceName, memoryDevices, reservedKnown, memDeviceLabel, naReason, severityClass} from "./common.js";
-
-const CPU_ONLY = "CPU-only trace: no GPU metrics";
 
 /** Formats a verdict's value by its unit (docs/route-schema.json `verdict.unit`). */
 export function fmtVerdictValue(value, unit) {
@@ -249,14 +247,14 @@ export function cardState(desc, report) {
       v,
     };
   }
-  // No verdict for this card in the report (an analysis made before verdicts existed):
-  // show the number the report holds, uncoloured. Nothing is judged here.
+  // No verdict for this card (the report's "verdicts" section failed: report.errors says why):
+  // the number the report holds, uncoloured, with no words. Nothing is judged here.
   const raw = desc.field ? at(report, desc.field) : null;
-  const cpuOnly = gpuEntries(report).length === 0 && desc.id !== "input_bound" && desc.id !== "sync";
+  const why = desc.field ? naReason(report, desc.field[desc.field.length - 1], desc.field[0]) : null;
   return {
     value: fmtVerdictValue(raw, desc.unit),
     severity: "none",
-    verdict: isNum(raw) ? "" : (cpuOnly ? CPU_ONLY : (naReason(report, desc.field ? desc.field[desc.field.length - 1] : desc.id) || "not available")),
+    verdict: isNum(raw) ? "" : (why || "not available"),
     na: !isNum(raw),
     thresholds: "",
     rule: null,
