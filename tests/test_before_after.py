@@ -17,12 +17,57 @@ _spec.loader.exec_module(rec)
 pytestmark = pytest.mark.skipif(not os.path.isdir(rec.LOGDIRS["shared"]), reason="../shared/traces not present")
 
 
-def test_every_number_unchanged_on_all_traces():
+# Numbers the refactor corrected on purpose, each checked below against its definition.
+# The code before the refactor summed a summary's "kernel time" for the communication share
+# only over spans whose own share was a non-zero number, so a run whose spans all had 0 µs
+# of communication got null instead of 0 %, and a group mixing spans with and without
+# communication got a share of the wrong denominator (metrics §8: comm µs / Union of all
+# kernels, summed over the spans).
+COMM = "/report/communication/comm_pct_of_kernel_time"
+CORRECTIONS = {
+    "/shared/summaries/kineto-tb-samples/resnet50_num_workers_0|worker0" + COMM: "0 % (was null)",
+    "/shared/summaries/kineto-tb-samples/resnet50_num_workers_4|worker0" + COMM: "0 % (was null)",
+    "/all_shared_summary" + COMM: "Σ comm µs / Σ kernel-union µs over all 14 spans",
+    # ... whereupon the communication rule no longer fires for the all-spans summary (12 % < 15 %)
+    "/all_shared_summary/report/recommendations": "no communication recommendation",
+}
+
+
+@pytest.fixture(scope="module")
+def now():
+    return rec.record()
+
+
+def test_every_number_unchanged_on_all_traces(now):
     golden = rec.load_golden()
     # The golden file covers every trace of the shared set and of demo_logs.
     assert len(golden["shared"]["spans"]) == 14 and len(golden["demo"]["spans"]) == 11
-    problems = rec.diff(golden, rec.record())
+    problems = rec.diff(golden, now, skip=set(CORRECTIONS))
     assert not problems, "\n".join(problems)
+
+
+def test_the_corrections_are_real_and_right(now):
+    golden = rec.load_golden()
+    for path in CORRECTIONS:
+        assert rec.diff(golden, now, skip=set(CORRECTIONS) - {path}), f"{path} no longer differs: drop it"
+
+    def comm_share(spans):
+        comm = sum(s["report"]["communication"]["comm_us"] for s in spans)
+        union = sum(s["report"]["communication"]["kernel_union_us"] for s in spans)
+        return 100.0 * comm / union
+
+    for run in ("resnet50_num_workers_0", "resnet50_num_workers_4"):
+        spans = [v for k, v in now["shared"]["spans"].items() if k.startswith(f"kineto-tb-samples/{run}|")]
+        assert len(spans) == 2 and comm_share(spans) == 0.0
+        assert now["shared"]["summaries"][f"kineto-tb-samples/{run}|worker0"]["report"]["communication"][
+            "comm_pct_of_kernel_time"] == 0.0
+    share = now["all_shared_summary"]["report"]["communication"]["comm_pct_of_kernel_time"]
+    assert share == pytest.approx(comm_share(list(now["shared"]["spans"].values())), rel=1e-9)
+    assert share < 15.0 and "communication" not in {r["rule"] for r in now["all_shared_summary"]["report"][
+        "recommendations"]}
+    old = [r["rule"] for r in golden["all_shared_summary"]["report"]["recommendations"]]
+    assert [r["rule"] for r in now["all_shared_summary"]["report"]["recommendations"]] == \
+        [r for r in old if r != "communication"]
 
 
 def test_diff_catches_changes():

@@ -11,7 +11,7 @@ import pytest
 
 from tb_bottleneck_plugin import loader, recommendations, report
 from tb_bottleneck_plugin.analysis import (breakdown, context, distributed, gpu, input_bound, memory, occupancy,
-                                           operators, signals, steps, tensor_cores)
+                                           operators, signals, steps, tensor_cores, units_trace)
 
 from conftest import TRACES  # noqa: E402  (the one definition, tests/conftest.py)
 # A GPU trace with memory events, kernels, steps and recommendations; small enough to analyse often.
@@ -21,14 +21,14 @@ RESNET0 = TRACES / "kineto-tb-samples/resnet50_num_workers_0"
 BREAKDOWN_FIELDS = ("avg_step_us", "breakdown_us", "breakdown_pct", "breakdown_per_step")
 # section -> (module, attribute) to break, and the report fields that section owns
 SECTIONS = {
-    "trace": (report, "_trace_facts", ("trace", "device_names", "device_properties")),
+    "trace": (units_trace, "trace_facts", ("trace", "device_names", "device_properties")),
     "breakdown": (breakdown, "step_breakdown", BREAKDOWN_FIELDS),
     "input": (input_bound, "input_bound", ("input",)),
     "gpu": (gpu, "gpu_metrics", ("gpu",)),
     "tensor_cores": (tensor_cores, "tensor_core_usage", ("tensor_cores",)),
     "occupancy": (occupancy, "kernel_occupancy", ("occupancy",)),
     "memory": (memory, "memory_usage", ("memory",)),
-    "memory_snapshot": (report, "_apply_snapshot", ()),
+    "memory_snapshot": (memory, "apply_snapshot", ()),
     "sync": (signals, "sync_signal", ("sync",)),
     "communication": (signals, "communication_signal", ("communication",)),
     "launch": (signals, "launch_signal", ("launch",)),
@@ -41,7 +41,7 @@ SECTIONS = {
 # not_available keys a section writes besides its own name
 NA_PREFIX = {"gpu": "gpu.", "tensor_cores": "tensor_cores.", "occupancy": "occupancy.", "memory": "memory."}
 # fields derived from the report's own bookkeeping, compared separately
-BOOKKEEPING = {"not_available", "not_available_labels", "errors", "recommendations"}
+BOOKKEEPING = {"not_available", "not_available_labels", "errors", "recommendations", "verdicts"}
 # A snapshot result as _find_snapshot gives it, so the snapshot step runs too.
 SNAPSHOT = {"path": "run/snapshot.pickle", "fragmentation": {"cuda:0": 12.5}}
 
@@ -196,9 +196,8 @@ def test_combine_span_with_bytes_only_memory_and_span_with_totals(tmp_path):
         assert mem["peak_reserved_bytes"] is None and mem["slack_fragmentation_pct"] is None
         assert mem["slack_fragmentation_time_weighted_pct"] is None and mem["allocated_is_relative"] is True
         assert "memory.cuda:0.peak_reserved_bytes" in rep["not_available"]
-        curve = result["memory"]["devices"]["cuda:0"]
-        assert len(curve["ts_us"]) == len(curve["allocated_bytes"]) == 4
-        assert curve["reserved_bytes"] is None  # not misaligned with ts_us
+        # memory curves are per span: a summary has none (issue 11: they were never requested)
+        assert result["memory"]["devices"] == {} and result["memory"]["not_available"]
     both = report.combine_results([totals, _tiny_trace(tmp_path, "totals2")])["report"]["memory"]["cuda:0"]
     assert both["peak_reserved_bytes"] == 4000 and both["slack_fragmentation_pct"] == pytest.approx(50.0)
 
@@ -238,21 +237,25 @@ def test_combine_reports_whose_sections_failed(monkeypatch, tmp_path):
     assert rep["not_available_labels"]["occupancy"] == "Occupancy"
 
 
-@pytest.mark.parametrize("name", ["_combine_occupancy", "_combine_memory", "_combine_input", "_combine_breakdown",
-                                  "_combine_kernel_rows", "_combine_curves", "_combine_header"])
+# What to break in a summary: the unit's finish (over merged partials) or a summary step.
+COMBINED = {"occupancy": (occupancy.UNIT, "finish", "input"), "memory": (memory.UNIT, "finish", "occupancy"),
+            "input": (input_bound.UNIT, "finish", "memory"), "breakdown": (breakdown.UNIT, "finish", "gpu"),
+            "kernels": (occupancy, "combine_kernel_rows", "sync"), "trace": (units_trace.UNIT, "finish", "tensor_cores")}
+
+
+@pytest.mark.parametrize("name", sorted(COMBINED))
 def test_one_failing_combined_section(monkeypatch, tmp_path, name):
     spans = [_tiny_trace(tmp_path, "a"), _tiny_trace(tmp_path, "b")]
     reference = report.combine_results(spans)
-    monkeypatch.setattr(report, name, _boom)
+    obj, attr, untouched = COMBINED[name]
+    monkeypatch.setattr(obj, attr, _boom)
     result = report.combine_results(spans)
     json.dumps(result, allow_nan=False)
     rep = result["report"]
     (error,) = rep["errors"]
+    assert error["section"] == name
     assert error["error"].startswith(f"internal error in {error['section']}: RuntimeError: boom")
     assert rep["not_available"][error["section"]] == error["error"]
-    untouched = {"_combine_occupancy": "input", "_combine_memory": "occupancy", "_combine_input": "memory",
-                 "_combine_breakdown": "gpu", "_combine_kernel_rows": "sync", "_combine_curves": "input",
-                 "_combine_header": "tensor_cores"}[name]
     assert rep[untouched] == reference["report"][untouched]
 
 

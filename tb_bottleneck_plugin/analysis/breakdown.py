@@ -1,15 +1,16 @@
 """Step-time breakdown (metrics.md §2): every instant of a step goes to exactly one
 category, the first in priority order whose intervals cover it.
 
-``categorize(trace)`` builds the per-category interval sets once;
-``step_breakdown(trace, steps)`` measures them in the included steps and returns the
-report fields ``breakdown_us``, ``breakdown_pct``, ``breakdown_per_step``,
-``avg_step_us``.
+``category_masks(trace)`` selects each category's events; ``partition(trace, lo, hi)``
+measures the priority partition of any windows (computed once per span, shared with the
+input-bound unit); ``step_breakdown(trace, steps, part)`` gives the report fields
+``breakdown_us``, ``breakdown_pct``, ``breakdown_per_step``, ``avg_step_us``.
+``UNIT``: the metric unit (analysis/units.py); summaries are ratios of the per-step sums.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -129,7 +130,7 @@ def partition(trace: TraceData, lo: np.ndarray, hi: np.ndarray) -> Partition:
     return Partition(us=out, total=total)
 
 
-def step_breakdown(trace: TraceData, steps: Steps) -> dict:
+def step_breakdown(trace: TraceData, steps: Steps, part: Optional[Partition] = None) -> dict:
     """Breakdown of the included (stretched) steps.
 
     Returns ``{"avg_step_us", "breakdown_us": {cat: µs averaged over steps},
@@ -141,7 +142,7 @@ def step_breakdown(trace: TraceData, steps: Steps) -> dict:
     if len(lo) == 0:
         return {"avg_step_us": None, "breakdown_us": {c: None for c in CATEGORIES},
                 "breakdown_pct": {c: None for c in CATEGORIES}, "breakdown_per_step": []}
-    p = partition(trace, lo, hi)
+    p = part if part is not None else partition(trace, lo, hi)
     avg = float(p.total.mean())
     us = {c: float(p.us[c].mean()) for c in CATEGORIES}
     pct = {c: (100.0 * us[c] / avg if avg > 0 else 0.0) for c in CATEGORIES}
@@ -151,3 +152,51 @@ def step_breakdown(trace: TraceData, steps: Steps) -> dict:
         row.update({c: float(p.us[c][i]) for c in CATEGORIES})
         per_step.append(row)
     return {"avg_step_us": avg, "breakdown_us": us, "breakdown_pct": pct, "breakdown_per_step": per_step}
+
+
+# ---------------------------------------------------------------- metric unit (analysis/units.py)
+
+FIELDS = {"avg_step_us": None, "breakdown_us": None, "breakdown_pct": None, "breakdown_per_step": []}
+
+
+def span_partition(span) -> Partition:
+    """The priority partition of the span's included steps, computed once per span."""
+    found = span.found
+    return span.once("partition", lambda: partition(span.trace, found.inc_start, found.inc_end))
+
+
+def _unit_compute(span):
+    if not span.found.count:
+        span.not_available["breakdown_pct"] = "no included step"
+        return None
+    return step_breakdown(span.trace, span.found, span_partition(span))
+
+
+def _unit_partial(report: dict) -> dict:
+    return {"rows:per_step": [dict(s, span=report.get("span")) for s in (report.get("breakdown_per_step") or [])
+                              if isinstance(s, dict)]}
+
+
+def _unit_finish(m: dict) -> dict:
+    from .units import pct, total
+
+    per_step = m["rows:per_step"]
+    n = len(per_step)
+    if not n:
+        return {"breakdown_us": None, "breakdown_pct": None, "avg_step_us": None, "breakdown_per_step": per_step}
+    step_total = total(s.get("total_us") for s in per_step)
+    sums = {c: total(s.get(c, 0.0) for s in per_step) for c in CATEGORIES}
+    return {"breakdown_us": {c: v / n if v is not None else None for c, v in sums.items()},
+            "breakdown_pct": {c: pct(v, step_total) for c, v in sums.items()},
+            "avg_step_us": step_total / n if step_total is not None else None,
+            "breakdown_per_step": per_step}
+
+
+def _unit():
+    from .units import NONE_FAILED, Unit
+
+    return Unit("breakdown", _unit_compute, _unit_partial, _unit_finish, requires=("steps",), fields=FIELDS,
+                group=NONE_FAILED)
+
+
+UNIT = _unit()

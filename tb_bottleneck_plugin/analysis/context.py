@@ -122,3 +122,20 @@ def combine(contexts) -> Optional[Dict]:
     return {"mode": mode, **{k: any(bool(c.get(k)) for c in parts)
                              for k in ("cuda_graphs", "cuda_graph_capture", "torch_compile", "distributed")},
             "world_size": max(worlds) if worlds else None, "evidence": evidence}
+
+
+# ---------------------------------------------------------------- metric unit (analysis/units.py)
+
+
+def _unit_compute(span) -> Dict:
+    return detect(span.trace)
+
+
+def _unit():
+    from .units import ALWAYS, Unit
+
+    return Unit("context", _unit_compute, lambda report: {"rows:contexts": [report.get("context")]},
+                lambda m: combine(m["rows:contexts"]), group=ALWAYS)
+
+
+UNIT = _unit()

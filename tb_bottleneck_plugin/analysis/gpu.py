@@ -7,7 +7,7 @@ Core analysis). ``not_available`` maps metric names (``gpu``, ``gpu.<dev>.est_sm
 ...) to the reason.
 
 Helpers reused elsewhere: ``clipped_kernel_weights``, ``sm_efficiency_integral``,
-``hta_gpu_mask``, ``idle_breakdown``.
+``hta_gpu_mask``, ``idle_breakdown``. ``UNIT``: the metric unit (analysis/units.py).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from .. import thresholds as T
 from ..model import GPU_KERNEL, TraceData
 from . import intervals as iv
 from .linking import gpu_runtime_index
-from .occupancy import shown_occupancy
+from .occupancy import clipped_weights, shown_occupancy
 from .steps import Steps, step_rows
 
 NA_NO_GPU = "CPU-only trace: no GPU activity"
@@ -34,12 +34,10 @@ NA_NO_KERNELS_IN_WINDOW = ("no kernel of this device ran inside the steps window
 def clipped_kernel_weights(trace: TraceData, window: Tuple[float, float]) -> np.ndarray:
     """For each row of trace.gpu: the duration of the kernel clipped to ``window``
     (lo, hi); 0 for non-kernels and for kernels outside the window. The weights of
-    est. achieved occupancy (§6)."""
-    lo, hi = window
+    est. achieved occupancy (§6), the same as occupancy.clipped_weights."""
     g = trace.gpu
-    w = np.minimum(g.ts + g.dur, hi) - np.maximum(g.ts, lo)
-    w = np.where((g.kind == GPU_KERNEL) & (w > 0), w, 0.0)
-    return np.nan_to_num(w, nan=0.0)
+    w = clipped_weights(g.ts, g.dur, window)
+    return np.where((g.kind == GPU_KERNEL) & (w > 0), w, 0.0)
 
 
 def sm_efficiency_integral(starts: np.ndarray, ends: np.ndarray, blocks: np.ndarray) -> float:
@@ -129,7 +127,8 @@ def idle_breakdown(trace: TraceData, mask: np.ndarray, integer_us: bool = False)
             "other_us": float(gap[other].sum())}
 
 
-def gpu_metrics(trace: TraceData, steps: Steps, hta_compatible: bool = True, kineto_only: bool = False):
+def gpu_metrics(trace: TraceData, steps: Steps, hta_compatible: bool = True, kineto_only: bool = False,
+                shown: Optional[np.ndarray] = None):
     """Per-device metrics over the steps window (§4, §6).
 
     Returns ``(gpu, not_available)``: ``gpu = {"<dev>": {"utilization_pct",
@@ -140,7 +139,8 @@ def gpu_metrics(trace: TraceData, steps: Steps, hta_compatible: bool = True, kin
     (HTA drops the last step) and truncates times to whole µs as HTA does; otherwise all
     GPU activity counts, at full resolution. The occupancy of each kernel is the one
     shown in the kernel table (occupancy.shown_occupancy; ``kineto_only``: Kineto's
-    values alone, torch-tb-profiler's view)."""
+    values alone, torch-tb-profiler's view; ``shown``: that array when the caller already
+    has it)."""
     not_available: Dict[str, str] = {}
     out: Dict[str, dict] = {}
     g = trace.gpu
@@ -152,7 +152,8 @@ def gpu_metrics(trace: TraceData, steps: Steps, hta_compatible: bool = True, kin
     weights = clipped_kernel_weights(trace, (lo, hi)) if win > 0 else np.zeros(len(g))
     sel_idle = hta_gpu_mask(trace) if hta_compatible else np.ones(len(g), bool)
     is_k = g.kind == GPU_KERNEL
-    shown, _, _ = shown_occupancy(trace, kineto_only)
+    if shown is None:
+        shown, _, _ = shown_occupancy(trace, kineto_only)
     for dev in trace.devices:
         key = str(dev)
         on = g.device == dev
@@ -195,3 +196,65 @@ def gpu_metrics(trace: TraceData, steps: Steps, hta_compatible: bool = True, kin
         m["idle"] = idle
         out[key] = m
     return out, not_available
+
+
+# ---------------------------------------------------------------- metric unit (analysis/units.py)
+
+
+def _unit_compute(span) -> dict:
+    from .occupancy import span_shown_occupancy
+
+    gpu, na = gpu_metrics(span.trace, span.found, shown=span_shown_occupancy(span)[0])
+    span.not_available.update(na)
+    return gpu
+
+
+def _unit_partial(report: dict) -> dict:
+    from .units import wpair
+
+    window = (report.get("steps") or {}).get("window_us") or 0
+    devices = {}
+    for dev, e in (report.get("gpu") or {}).items():
+        if not isinstance(e, dict):
+            continue
+        d = {"wmean:utilization_pct": wpair(e.get("utilization_pct"), window),
+             "wmean:est_sm_efficiency_pct": wpair(e.get("est_sm_efficiency_pct"), window),
+             # occupancy is weighted by clipped kernel time (kernel_us approximates the weight's union)
+             "wmean:est_achieved_occupancy_pct": wpair(e.get("est_achieved_occupancy_pct"), e.get("kernel_us")),
+             "sum:kernel_us": e.get("kernel_us") or 0.0}
+        idle = e.get("idle")
+        if isinstance(idle, dict):
+            d.update({f"sum:idle.{k}": idle.get(k) or 0.0 for k in IDLE_SUMS})
+            d["first:idle.view"] = idle.get("view")
+        devices[str(dev)] = d
+    return {"keyed:devices": devices}
+
+
+IDLE_SUMS = ("span_us", "idle_us", "host_wait_us", "kernel_wait_us", "other_us")
+
+
+def _unit_finish(m: dict) -> dict:
+    from .units import pct, wmean
+
+    out = {}
+    for dev in sorted(m["keyed:devices"]):
+        d = m["keyed:devices"][dev]
+        merged = {k: wmean(d[f"wmean:{k}"]) for k in ("utilization_pct", "est_sm_efficiency_pct",
+                                                       "est_achieved_occupancy_pct")}
+        merged["kernel_us"] = d["sum:kernel_us"]
+        if "first:idle.view" in d:
+            idle = {k: d[f"sum:idle.{k}"] for k in IDLE_SUMS}
+            idle["idle_pct"] = pct(idle["idle_us"], idle["span_us"])
+            idle["view"] = d["first:idle.view"]
+            merged["idle"] = idle
+        out[dev] = merged
+    return out
+
+
+def _unit():
+    from .units import Unit
+
+    return Unit("gpu", _unit_compute, _unit_partial, _unit_finish, requires=("steps",))
+
+
+UNIT = _unit()

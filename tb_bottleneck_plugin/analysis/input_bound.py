@@ -37,6 +37,12 @@ def verdict_for(pct: Optional[float]):
     return VERDICT_NONE, "ok"
 
 
+def input_bound_pct(wait_us: float, step_us: float) -> float:
+    """The one ratio of §3: 100 * Σ waiting µs / Σ step µs (0 without step time); spans
+    and summaries (``UNIT.finish``) both use it."""
+    return 100.0 * wait_us / step_us if step_us > 0 else 0.0
+
+
 def input_transfer_us(trace: TraceData, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """Per window: Union(memcpy named *HtoD*) minus Union(all kernels)."""
     g = trace.gpu
@@ -69,9 +75,9 @@ def input_bound(trace: TraceData, steps: Steps, part: Optional[Partition] = None
     dl = part.us["dataloader"]
     total = part.total
     tot = float(total.sum())
-    ib = 100.0 * float(dl.sum()) / tot if tot > 0 else 0.0
+    ib = input_bound_pct(float(dl.sum()), tot)
     xfer = input_transfer_us(trace, lo, hi) if len(trace.gpu) else np.zeros(len(lo))
-    it = 100.0 * float(xfer.sum()) / tot if tot > 0 else 0.0
+    it = input_bound_pct(float(xfer.sum()), tot)
     per = np.where(total > 0, 100.0 * dl / np.where(total > 0, total, 1), 0.0)
     per_step = [{"step": int(n), "input_bound_pct": float(p), "dataloader_us": float(d), "step_us": float(s)}
                 for n, p, d, s in zip(steps.inc_numbers, per, dl, total)]
@@ -98,3 +104,63 @@ def input_bound(trace: TraceData, steps: Steps, part: Optional[Partition] = None
     return {"input_bound_pct": ib, "input_transfer_pct": it, "xprof_input_pct": ib + it,
             "verdict": verdict, "severity": severity, "per_step": per_step, "stats": stats,
             "evidence": evidence}
+
+
+# ---------------------------------------------------------------- metric unit (analysis/units.py)
+
+
+def _unit_compute(span) -> dict:
+    from .breakdown import span_partition
+
+    found = span.found
+    return input_bound(span.trace, found, span_partition(span) if found.count else None)
+
+
+def _unit_partial(report: dict) -> dict:
+    from .units import total, wpair
+
+    inp = report.get("input") or {}
+    per_step = [s for s in (inp.get("per_step") or []) if isinstance(s, dict)]
+    step_us = total(s.get("step_us") for s in per_step)
+    ev = inp.get("evidence") or {}
+    return {"rows:per_step": per_step, "sum:step_us": step_us,
+            "sum:dataloader_us": total(s.get("dataloader_us") for s in per_step),
+            "wmean:input_transfer_pct": wpair(inp.get("input_transfer_pct"), step_us),
+            "rows:slowest_steps": [s for s in (ev.get("slowest_steps") or []) if isinstance(s, dict)],
+            "rows:dataloader_iterators": [str(i) for i in (ev.get("dataloader_iterators") or [])],
+            "sum:pageable_h2d_copies": ev.get("pageable_h2d_copies") or 0,
+            "sum:pageable_h2d_us": ev.get("pageable_h2d_us") or 0.0}
+
+
+def _unit_finish(m: dict) -> dict:
+    from .units import num, wmean
+
+    per_step, step_us, dataloader_us = m["rows:per_step"], m["sum:step_us"], m["sum:dataloader_us"]
+    if not per_step or not step_us or step_us <= 0 or dataloader_us is None:
+        return {"input_bound_pct": None, "input_transfer_pct": None, "xprof_input_pct": None,
+                "verdict": None, "severity": None, "per_step": per_step, "stats": None, "evidence": {}}
+    pct = input_bound_pct(dataloader_us, step_us)
+    transfer = wmean(m["wmean:input_transfer_pct"]) or 0.0
+    verdict, severity = verdict_for(pct)
+    values = np.array([v for v in (num(s.get("input_bound_pct")) for s in per_step) if v is not None])
+    slow = sorted(m["rows:slowest_steps"], key=lambda s: -(num(s.get("step_us")) or 0.0))
+    iters = sorted(set(m["rows:dataloader_iterators"]))
+    return {
+        "input_bound_pct": pct, "input_transfer_pct": transfer, "xprof_input_pct": pct + transfer,
+        "verdict": verdict, "severity": severity, "per_step": per_step,
+        "stats": {"mean": float(values.mean()), "min": float(values.min()), "max": float(values.max()),
+                  "std": float(values.std())} if len(values) else None,
+        "evidence": {"dataloader_iterators": iters, "num_workers_zero": SINGLE_PROCESS_ITER in iters,
+                     "slowest_steps": slow[:SLOWEST_STEPS],
+                     "pageable_h2d_copies": int(m["sum:pageable_h2d_copies"] or 0),
+                     "pageable_h2d_us": m["sum:pageable_h2d_us"]},
+    }
+
+
+def _unit():
+    from .units import Unit
+
+    return Unit("input", _unit_compute, _unit_partial, _unit_finish, requires=("steps",))
+
+
+UNIT = _unit()

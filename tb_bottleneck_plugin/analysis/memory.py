@@ -30,6 +30,10 @@ Definitions:
 - Capacity = ``deviceProperties[id].totalGlobalMem`` for CUDA devices only. HIP memory
   events are not joined to ``deviceProperties`` (ROCm device numbering differs between
   kineto's GPU rows and PyTorch's device index; metrics.md "Per device").
+
+``UNIT``: the metric unit (analysis/units.py). Its span result also fills the memory
+curves (``span.extras["memory"]``, the memory route) and applies a CUDA memory snapshot
+found by discovery (``apply_snapshot``).
 """
 from __future__ import annotations
 
@@ -59,6 +63,22 @@ def device_key(device_type: int, device_id: int) -> str:
     if device_type in GPU_DEVICE_TYPES:
         return f"cuda:{int(device_id)}"
     return f"type{int(device_type)}:{int(device_id)}"
+
+
+def slack_pct(peak_reserved, peak_allocated) -> Optional[float]:
+    """Allocator slack at the peak (§7): 100 * (peak reserved - peak allocated) / peak
+    reserved; None unless both are known and something was reserved. Spans and
+    summaries (the peaks of a group are the maxima of its spans' peaks) both use it."""
+    if peak_reserved is None or peak_allocated is None or not peak_reserved > 0:
+        return None
+    return 100.0 * (peak_reserved - peak_allocated) / peak_reserved
+
+
+def slack_time_weighted_pct(slack_byte_us, reserved_byte_us) -> Optional[float]:
+    """Time-weighted allocator slack: 100 * ∫(reserved - allocated) dt / ∫reserved dt."""
+    if slack_byte_us is None or reserved_byte_us is None or not reserved_byte_us > 0:
+        return None
+    return 100.0 * slack_byte_us / reserved_byte_us
 
 
 def memory_not_available_reason(trace: TraceData) -> Optional[str]:
@@ -198,12 +218,10 @@ def memory_usage(trace: TraceData, step_boundaries: Optional[Iterable[Tuple[int,
             na["slack_fragmentation_pct"] = reason
             na["slack_fragmentation_time_weighted_pct"] = reason
         else:
-            if peak_res > 0:
-                slack = 100.0 * (peak_res - peak_alloc) / peak_res
+            slack = slack_pct(peak_res, peak_alloc)
             res_int = float((reserved * hold).sum())
             slack_int = float(((reserved - allocated) * hold).sum())
-            if res_int > 0:
-                slack_tw = 100.0 * slack_int / res_int
+            slack_tw = slack_time_weighted_pct(slack_int, res_int)
         na["free_block_fragmentation_pct"] = ("needs a CUDA memory snapshot (torch.cuda.memory._dump_snapshot) "
                                               "in the run directory" if is_gpu else "GPU devices only")
         idx = _downsample(ts, [allocated] + ([reserved] if reserved is not None else []), max_points)
@@ -261,3 +279,97 @@ def memory_snapshot_fragmentation(src) -> Dict[str, float]:
         total[key] = total.get(key, 0) + sum(sizes)
         largest[key] = max([largest.get(key, 0)] + sizes)
     return {k: (100.0 * (1.0 - largest[k] / total[k]) if total[k] > 0 else 0.0) for k in total}
+
+
+# ---------------------------------------------------------------- metric unit (analysis/units.py)
+
+MEMORY_CURVE_POINTS = 2000
+
+
+def apply_snapshot(mem: dict, snapshot: dict, not_available: Dict[str, str]) -> None:
+    """Free-block fragmentation from a snapshot ({"path", "fragmentation"} or {"path", "error"})."""
+    if "error" in snapshot:
+        not_available["memory.free_block_fragmentation_pct"] = snapshot["error"]
+        return
+    for key, pct in snapshot["fragmentation"].items():
+        entry = mem.setdefault(key, {})
+        entry["free_block_fragmentation_pct"] = pct
+        entry["free_block_fragmentation_source"] = snapshot["path"]
+        not_available.pop(f"memory.{key}.free_block_fragmentation_pct", None)
+
+
+def _unit_compute(span) -> dict:
+    """memory_usage plus the curves; not_available is only written once all went well."""
+    trace, found, not_available = span.trace, span.found, span.not_available
+    boundaries = ([(int(n), float(t)) for n, t in zip(found.inc_numbers, found.inc_start)]
+                  if found is not None and found.found else [])
+    mem = memory_usage(trace, step_boundaries=boundaries, max_points=MEMORY_CURVE_POINTS)
+    na: Dict[str, str] = {}
+    devices = {}
+    for key, entry in mem.items():
+        curve = entry.pop("curve", None)
+        if curve:
+            devices[key] = curve
+        for metric, why in entry.pop("not_available", {}).items():
+            na[f"memory.{key}.{metric}"] = why
+    not_available.update(na)
+    span.extras["memory"]["devices"].update(devices)
+    failed = span.sections.failed if span.sections is not None else {}
+    if "steps" in failed:
+        not_available["memory.growth"] = f"needs steps, which failed ({failed['steps']})"
+    if span.snapshot is not None:
+        span.sections.run("memory_snapshot", apply_snapshot, mem, span.snapshot, not_available)
+    if not mem:
+        reason = memory_not_available_reason(trace) or "no [memory] events"
+        not_available["memory"] = reason
+        span.extras["memory"]["not_available"] = reason
+    return mem
+
+
+def _unit_partial(report: dict) -> dict:
+    devices = {}
+    for key, e in (report.get("memory") or {}).items():
+        if not isinstance(e, dict):
+            continue
+        growth = e.get("growth") or {}
+        devices[str(key)] = {
+            "first:entry": {k: v for k, v in e.items() if k != "growth"},
+            "max:peak_allocated_bytes": e.get("peak_allocated_bytes"),
+            "max:peak_reserved_bytes": e.get("peak_reserved_bytes"),
+            "any:allocated_is_relative": bool(e.get("allocated_is_relative")),
+            "sum:events": e.get("events") or 0,
+            "all:slack_known": e.get("slack_fragmentation_pct") is not None,
+            "sum:reserved_byte_us": e.get("reserved_byte_us"), "sum:slack_byte_us": e.get("slack_byte_us"),
+            "rows:growth": list(growth.get("per_step") or []), "any:possible_leak": bool(growth.get("possible_leak")),
+        }
+    return {"keyed:devices": devices}
+
+
+def _unit_finish(m: dict) -> dict:
+    out = {}
+    for key in sorted(m["keyed:devices"]):
+        d = m["keyed:devices"][key]
+        # A peak is the maximum of the spans' peaks only when every span knows its own; the
+        # peaks of the union of the spans' samples are the maxima of their peaks, so slack
+        # at the peak stays exact; the time-weighted one is a ratio of integrals.
+        peak_alloc, peak_res = d["max:peak_allocated_bytes"], d["max:peak_reserved_bytes"]
+        merged = dict(d["first:entry"])
+        merged.update(peak_allocated_bytes=int(peak_alloc) if peak_alloc is not None else None,
+                      peak_reserved_bytes=int(peak_res) if peak_res is not None else None,
+                      allocated_is_relative=d["any:allocated_is_relative"], events=int(d["sum:events"] or 0))
+        merged["slack_fragmentation_pct"] = slack_pct(peak_res, peak_alloc) if d["all:slack_known"] else None
+        res_int, slack_int = d["sum:reserved_byte_us"], d["sum:slack_byte_us"]
+        merged["slack_fragmentation_time_weighted_pct"] = slack_time_weighted_pct(slack_int, res_int)
+        merged["reserved_byte_us"], merged["slack_byte_us"] = res_int or None, slack_int
+        merged["growth"] = {"per_step": d["rows:growth"], "possible_leak": d["any:possible_leak"]}
+        out[key] = merged
+    return out
+
+
+def _unit():
+    from .units import Unit
+
+    return Unit("memory", _unit_compute, _unit_partial, _unit_finish)
+
+
+UNIT = _unit()

@@ -17,6 +17,8 @@ Public API
 - ``kernel_occupancy(trace, window=None, top_n=200)`` -> dict with keys
   ``est_achieved_occupancy_pct``, ``per_device``, ``histogram``, ``grid_too_small_pct``,
   ``short_kernels``, ``kernels``, ``weighted_kernel_us``, ``not_available``.
+- ``UNIT``: the metric unit (analysis/units.py); ``combine_kernel_rows`` merges kernel
+  tables of several spans.
 
 Calculator rules (cuda_occupancy.h, as used by Kineto), and the simplifications:
 - warps: ``floor((maxThreadsPerMultiprocessor / warpSize) / ceil(threads / warpSize))``;
@@ -320,11 +322,11 @@ def _wmean(values: np.ndarray, weights: np.ndarray) -> Optional[float]:
 
 
 def kernel_occupancy(trace: TraceData, window: Optional[Tuple[float, float]] = None,
-                     top_n: int = 200, kineto_only: bool = False) -> Dict:
+                     top_n: int = 200, kineto_only: bool = False, shown=None) -> Dict:
     """§6 over all devices, kernels weighted by their duration clipped to ``window``
     (the steps window; None = whole trace). The occupancy per kernel is
     ``shown_occupancy`` (``kineto_only``: Kineto's values alone, torch-tb-profiler's
-    view)."""
+    view; ``shown``: ``shown_occupancy``'s result when the caller already has it)."""
     gpu = trace.gpu
     krows = np.flatnonzero(gpu.kind == GPU_KERNEL)
     out: Dict = {"est_achieved_occupancy_pct": None, "per_device": {}, "histogram": [],
@@ -339,7 +341,7 @@ def kernel_occupancy(trace: TraceData, window: Optional[Tuple[float, float]] = N
     sel = w_all > 0
     krows, w = krows[sel], w_all[sel]
     out["weighted_kernel_us"] = float(w.sum())
-    shown, source, calc_reasons = shown_occupancy(trace, kineto_only)
+    shown, source, calc_reasons = shown if shown is not None else shown_occupancy(trace, kineto_only)
     occ = shown[krows]
     src = source[krows]
     dev = gpu.device[krows]
@@ -479,3 +481,102 @@ def _kernel_table(trace: TraceData, krows: np.ndarray, w: np.ndarray, top_n: int
             "tensor_core": bool(tc_names[int(k[1])]),
         })
     return rows
+
+
+# ---------------------------------------------------------------- metric unit (analysis/units.py)
+
+
+def span_shown_occupancy(span):
+    """``shown_occupancy(trace)`` once per span (the GPU and occupancy units share it)."""
+    return span.once("shown_occupancy", lambda: shown_occupancy(span.trace))
+
+
+def _unit_compute(span) -> dict:
+    found = span.found
+    occ = kernel_occupancy(span.trace, found.window if found.count else None, shown=span_shown_occupancy(span))
+    span.not_available.update({f"occupancy.{k}": v for k, v in occ.pop("not_available", {}).items()})
+    return occ
+
+
+def _unit_partial(report: dict) -> dict:
+    from .units import num, total, wpair
+
+    occ = report.get("occupancy") or {}
+    w = num(occ.get("weighted_kernel_us")) or 0.0
+    out = {"sum:weighted_kernel_us": w,
+           "wmean:est_achieved_occupancy_pct": wpair(occ.get("est_achieved_occupancy_pct"), w),
+           "wmean:grid_too_small_pct": wpair(occ.get("grid_too_small_pct"), w),
+           "keyed:per_device": {str(d): {"wmean:pct": wpair(v, w)} for d, v in (occ.get("per_device") or {}).items()},
+           "keyed:histogram": {}}
+    for b in occ.get("histogram") or []:
+        if isinstance(b, dict):
+            out["keyed:histogram"].setdefault(str(b.get("bucket")), {"first:row": b, "sum:us": 0.0})
+            h = out["keyed:histogram"][str(b.get("bucket"))]
+            h["sum:us"] = total([h["sum:us"], num(b.get("us")) or 0.0])
+    short = occ.get("short_kernels")
+    if isinstance(short, dict):
+        out.update({"first:short.threshold_us": short.get("threshold_us"), "sum:short.count": short.get("count") or 0,
+                    "wmean:short.time_pct": wpair(short.get("time_pct"), w),
+                    "wmean:short.mean_gap_us": wpair(short.get("mean_gap_us"), short.get("gap_count")),
+                    "sum:short.gap_count": short.get("gap_count") or 0})
+    return out
+
+
+def _unit_finish(m: dict) -> dict:
+    from .units import num, wmean
+
+    out = {"est_achieved_occupancy_pct": wmean(m["wmean:est_achieved_occupancy_pct"]),
+           "grid_too_small_pct": wmean(m["wmean:grid_too_small_pct"]),
+           "weighted_kernel_us": m["sum:weighted_kernel_us"],
+           "per_device": {d: wmean(v["wmean:pct"]) for d, v in m["keyed:per_device"].items()}}
+    buckets = [dict(h["first:row"], us=h["sum:us"]) for h in m["keyed:histogram"].values()]
+    hist_total = sum(b["us"] for b in buckets)
+    out["histogram"] = [dict(b, pct=100.0 * b["us"] / hist_total if hist_total else 0.0)
+                        for b in sorted(buckets, key=lambda b: num(b.get("lo")) or 0.0)]
+    if "sum:short.count" in m:
+        out["short_kernels"] = {"threshold_us": m["first:short.threshold_us"],
+                                "count": int(m["sum:short.count"] or 0),
+                                "time_pct": wmean(m["wmean:short.time_pct"]),
+                                "mean_gap_us": wmean(m["wmean:short.mean_gap_us"]),
+                                "gap_count": int(m["sum:short.gap_count"] or 0)}
+    else:
+        out["short_kernels"] = None
+    return out
+
+
+def combine_kernel_rows(tables: List[List[Dict]]) -> List[Dict]:
+    """One row per kernel configuration over several spans' kernel tables; a total that is
+    unknown in some span stays unknown."""
+    import math
+
+    from .units import num, pct, total
+
+    rows: Dict[tuple, dict] = {}
+    for table in tables:
+        for k in table:
+            if not isinstance(k, dict):
+                continue
+            key = (str(k.get("name")), str(k.get("device")), str(k.get("grid")), str(k.get("block")),
+                   str(k.get("registers_per_thread")), str(k.get("shared_memory_bytes")))
+            row = rows.get(key)
+            if row is None:
+                rows[key] = dict(k)
+            else:
+                row["calls"] = int(num(row.get("calls")) or 0) + int(num(k.get("calls")) or 0)
+                row["total_us"] = total([row.get("total_us"), k.get("total_us")])
+                row["mean_us"] = row["total_us"] / row["calls"] if row["calls"] and row["total_us"] is not None \
+                    else None
+    grand = total(r.get("total_us") for r in rows.values())
+    for r in rows.values():
+        r["time_pct"] = pct(num(r.get("total_us")), grand)
+    return sorted(rows.values(), key=lambda r: -(num(r.get("total_us")) if num(r.get("total_us")) is not None
+                                                  else math.inf))
+
+
+def _unit():
+    from .units import Unit
+
+    return Unit("occupancy", _unit_compute, _unit_partial, _unit_finish, requires=("steps",))
+
+
+UNIT = _unit()

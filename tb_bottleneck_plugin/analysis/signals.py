@@ -3,8 +3,11 @@ launch overhead.
 
 - ``sync_signal(trace, steps) -> {"sync_us", "sync_pct", "top_ops": [{op, sync_us, count}],
   "calls": [{name, us, count}]}``
-- ``communication_signal(trace, steps) -> {"comm_us", "overlap_pct", "comm_pct_of_kernel_time"}``
+- ``communication_signal(trace, steps) -> {"comm_us", "overlap_pct", "comm_pct_of_kernel_time",
+  "kernel_union_us"}``
 - ``launch_signal(trace, steps) -> {"launch_us", "kernels_per_step", "launch_pct"}``
+
+``SYNC_UNIT``, ``COMMUNICATION_UNIT``, ``LAUNCH_UNIT``: the metric units (analysis/units.py).
 """
 from __future__ import annotations
 
@@ -120,7 +123,7 @@ def communication_signal(trace: TraceData, steps: Steps) -> dict:
     lo, hi = steps.window
     g = trace.gpu
     if len(g) == 0 or not np.isfinite(lo):
-        return {"comm_us": 0.0, "overlap_pct": None, "comm_pct_of_kernel_time": None}
+        return {"comm_us": 0.0, "overlap_pct": None, "comm_pct_of_kernel_time": None, "kernel_union_us": 0.0}
     comm = comm_kernel_mask(trace)
     k = g.kind == GPU_KERNEL
     comm_set = iv.merge(*iv.clip(g.ts[comm], g.ts[comm] + g.dur[comm], lo, hi))
@@ -130,7 +133,8 @@ def communication_signal(trace: TraceData, steps: Steps) -> dict:
     overlap = float((both[1] - both[0]).sum())
     all_k = float((comp_set[1] - comp_set[0]).sum()) + comm_us - overlap
     return {"comm_us": comm_us, "overlap_pct": 100.0 * overlap / comm_us if comm_us > 0 else None,
-            "comm_pct_of_kernel_time": 100.0 * comm_us / all_k if all_k > 0 else None}
+            "comm_pct_of_kernel_time": 100.0 * comm_us / all_k if all_k > 0 else None,
+            "kernel_union_us": all_k}
 
 
 def launch_signal(trace: TraceData, steps: Steps) -> dict:
@@ -159,3 +163,109 @@ def launch_signal(trace: TraceData, steps: Steps) -> dict:
         out["kernels_per_step"] = None
         out["not_available"] = {"kernels_per_step": "no steps found (no ProfilerStep#N)"}
     return out
+
+
+# ---------------------------------------------------------------- metric units (analysis/units.py)
+
+
+def _steps_us(report: dict):
+    """Σ included step time of a span (the input section's per-step rows): the
+    denominator of the summaries' sync and launch shares."""
+    from .units import total
+
+    return total(s.get("step_us") for s in ((report.get("input") or {}).get("per_step") or []))
+
+
+def _sync_compute(span) -> dict:
+    return sync_signal(span.trace, span.found)
+
+
+def _sync_partial(report: dict) -> dict:
+    from .units import num, wpair
+
+    sync = report.get("sync") or {}
+    ops, calls = {}, {}
+    for op in sync.get("top_ops") or []:
+        if isinstance(op, dict):
+            ops[str(op.get("op"))] = {"first:op": op.get("op"), "sum:sync_us": op.get("sync_us"),
+                                      "sum:count": int(num(op.get("count")) or 0)}
+    for c in sync.get("calls") or []:
+        if isinstance(c, dict):
+            calls[str(c.get("name"))] = {"first:name": c.get("name"), "sum:us": c.get("us"),
+                                         "sum:count": int(num(c.get("count")) or 0)}
+    return {"sum:sync_us": sync.get("sync_us") or 0.0, "sum:sync_gpu_idle_us": sync.get("sync_gpu_idle_us") or 0.0,
+            "wmean:gpu_busy_during_sync_pct": wpair(sync.get("gpu_busy_during_sync_pct"), sync.get("sync_us")),
+            "keyed:top_ops": ops, "keyed:calls": calls, "sum:steps_us": _steps_us(report)}
+
+
+def _sync_finish(m: dict) -> dict:
+    import math
+
+    from .units import pct, wmean
+
+    steps_us = m["sum:steps_us"]
+    ops = [{"op": o["first:op"], "sync_us": o["sum:sync_us"], "count": int(o["sum:count"] or 0)}
+           for o in m["keyed:top_ops"].values()]
+    calls = [{"name": c["first:name"], "us": c["sum:us"], "count": int(c["sum:count"] or 0)}
+             for c in m["keyed:calls"].values()]
+    return {"sync_us": m["sum:sync_us"], "sync_pct": pct(m["sum:sync_us"], steps_us),
+            "sync_gpu_idle_us": m["sum:sync_gpu_idle_us"], "sync_gpu_idle_pct": pct(m["sum:sync_gpu_idle_us"], steps_us),
+            "gpu_busy_during_sync_pct": wmean(m["wmean:gpu_busy_during_sync_pct"]),
+            "top_ops": sorted(ops, key=lambda o: -(o["sync_us"] or math.inf))[:TOP_N],
+            "calls": sorted(calls, key=lambda c: -(c["us"] or math.inf))}
+
+
+def _comm_compute(span) -> dict:
+    return communication_signal(span.trace, span.found)
+
+
+def _comm_partial(report: dict) -> dict:
+    from .units import num, wpair
+
+    c = report.get("communication") or {}
+    union = c.get("kernel_union_us")
+    if union is None and num(c.get("comm_pct_of_kernel_time")):  # a report from before kernel_union_us
+        union = (num(c.get("comm_us")) or 0.0) * 100.0 / c["comm_pct_of_kernel_time"]
+    return {"sum:comm_us": c.get("comm_us") or 0.0, "wmean:overlap_pct": wpair(c.get("overlap_pct"), c.get("comm_us")),
+            "sum:kernel_union_us": union or 0.0}
+
+
+def _comm_finish(m: dict) -> dict:
+    from .units import pct, wmean
+
+    return {"comm_us": m["sum:comm_us"], "overlap_pct": wmean(m["wmean:overlap_pct"]),
+            "comm_pct_of_kernel_time": pct(m["sum:comm_us"], m["sum:kernel_union_us"]),
+            "kernel_union_us": m["sum:kernel_union_us"]}
+
+
+def _launch_compute(span) -> dict:
+    out = launch_signal(span.trace, span.found)
+    span.not_available.update({f"launch.{k}": v for k, v in (out.pop("not_available", None) or {}).items()})
+    return out
+
+
+def _launch_partial(report: dict) -> dict:
+    from .units import wpair
+
+    launch = report.get("launch") or {}
+    return {"sum:launch_us": launch.get("launch_us") or 0.0,
+            "wmean:kernels_per_step": wpair(launch.get("kernels_per_step"), (report.get("steps") or {}).get("count")),
+            "sum:steps_us": _steps_us(report)}
+
+
+def _launch_finish(m: dict) -> dict:
+    from .units import pct, wmean
+
+    return {"launch_us": m["sum:launch_us"], "kernels_per_step": wmean(m["wmean:kernels_per_step"]),
+            "launch_pct": pct(m["sum:launch_us"], m["sum:steps_us"])}
+
+
+def _units():
+    from .units import Unit
+
+    return (Unit("sync", _sync_compute, _sync_partial, _sync_finish, requires=("steps",)),
+            Unit("communication", _comm_compute, _comm_partial, _comm_finish, requires=("steps",)),
+            Unit("launch", _launch_compute, _launch_partial, _launch_finish, requires=("steps",)))
+
+
+SYNC_UNIT, COMMUNICATION_UNIT, LAUNCH_UNIT = _units()

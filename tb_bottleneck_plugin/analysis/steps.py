@@ -232,3 +232,40 @@ def find_steps(trace: TraceData) -> Steps:
     return Steps(numbers=numbers, host_start=host_start, host_end=host_end, start=start, end=end,
                  gpu_count=gpu_count, gpu_end=gpu_end, included=included, cpu_rows=rows,
                  excluded=excluded, found=True, stretched=stretched, gpu_step=gpu_step)
+
+
+# ---------------------------------------------------------------- metric unit (analysis/units.py)
+
+NA_NO_STEPS_FOUND = "no steps found (no ProfilerStep#N): the whole trace is analysed as one window"
+
+
+def _unit_compute(span) -> dict:
+    found = find_steps(span.trace)
+    out = found.to_report()
+    lo, hi = found.window
+    out["window_us"] = (hi - lo) if found.count else None
+    if not found.found:
+        span.not_available["steps"] = NA_NO_STEPS_FOUND
+    span.found = found
+    return out
+
+
+def _unit_partial(report: dict) -> dict:
+    st = report.get("steps") or {}
+    return {"sum:count": st.get("count") or 0, "rows:numbers": list(st.get("numbers") or []),
+            "rows:excluded": list(st.get("excluded") or []), "any:found": bool(st.get("found")),
+            "sum:window_us": st.get("window_us") or 0}
+
+
+def _unit_finish(m: dict) -> dict:
+    return {"count": int(m["sum:count"] or 0), "numbers": m["rows:numbers"], "excluded": m["rows:excluded"],
+            "found": bool(m["any:found"]), "window_us": m["sum:window_us"]}
+
+
+def _unit():
+    from .units import Unit
+
+    return Unit("steps", _unit_compute, _unit_partial, _unit_finish)
+
+
+UNIT = _unit()

@@ -383,3 +383,78 @@ def tensor_core_usage(trace: TraceData, top_n: int = 10) -> Dict:
             }
         out["top_eligible_not_using"] = list(calls_by_name.values())
     return out
+
+
+# ---------------------------------------------------------------- metric unit (analysis/units.py)
+
+
+def _unit_compute(span) -> dict:
+    tc = tensor_core_usage(span.trace)
+    span.not_available.update({f"tensor_cores.{k}": v for k, v in tc.pop("not_available", {}).items()})
+    return tc
+
+
+def _unit_partial(report: dict) -> dict:
+    from .units import num, wpair
+
+    tc = report.get("tensor_cores") or {}
+    kernel_us = tc.get("kernel_us", 0.0)
+    out = {"sum:kernel_us": kernel_us, "sum:tensor_core_us": tc.get("tensor_core_us") or 0.0,
+           "sum:eligible_not_using_us": tc.get("eligible_not_using_us") or 0.0,
+           "keyed:ops": {}, "keyed:precision_split_pct": {}, "keyed:per_device": {}}
+    if num(kernel_us) is not None and num(kernel_us) <= 0:
+        out["first:section"] = tc  # no kernel time anywhere: the first span's section (its n/a values)
+    for op in tc.get("top_eligible_not_using") or []:
+        if isinstance(op, dict):
+            out["keyed:ops"][str(op.get("op"))] = {"first:row": op, "sum:kernel_us": op.get("kernel_us") or 0.0,
+                                                   "sum:calls": int(num(op.get("calls")) or 0)}
+    for key, v in (tc.get("precision_split_pct") or {}).items():
+        out["keyed:precision_split_pct"][key] = {"wmean:pct": wpair(v, kernel_us)}
+    for dev, v in (tc.get("per_device") or {}).items():
+        out["keyed:per_device"][str(dev)] = {"wmean:pct": wpair(v, kernel_us)}
+    return out
+
+
+def _unit_finish(m: dict) -> dict:
+    import math
+
+    from .units import pct, wmean
+
+    kernel_us = m["sum:kernel_us"]
+    if kernel_us is not None and kernel_us <= 0:
+        return dict(m["first:section"])
+    ops = [dict(o["first:row"], kernel_us=o["sum:kernel_us"], calls=int(o["sum:calls"] or 0))
+           for o in m["keyed:ops"].values()]
+    for o in ops:
+        o["pct"] = pct(o["kernel_us"], kernel_us)
+    tc_us, enu_us = m["sum:tensor_core_us"], m["sum:eligible_not_using_us"]
+    return {"tensor_core_pct": pct(tc_us, kernel_us),
+            "per_device": {d: wmean(v["wmean:pct"]) for d, v in m["keyed:per_device"].items()},
+            "eligible_not_using_pct": pct(enu_us, kernel_us),
+            "top_eligible_not_using": sorted(ops, key=lambda o: -(o["kernel_us"] or math.inf))[:10],
+            "precision_split_pct": {k: wmean(v["wmean:pct"]) for k, v in m["keyed:precision_split_pct"].items()},
+            "kernel_us": kernel_us, "tensor_core_us": tc_us, "eligible_not_using_us": enu_us}
+
+
+def join_gpu(report: dict) -> None:
+    """The GPU section's per-device ``tensor_core_pct`` is this unit's per-device share
+    (null on every device when the Tensor Core section is missing)."""
+    gpu, tc = report.get("gpu"), report.get("tensor_cores")
+    if not isinstance(gpu, dict):
+        return
+    if not isinstance(tc, dict):
+        for g in gpu.values():
+            if isinstance(g, dict):
+                g["tensor_core_pct"] = None  # the key stays; not_available["tensor_cores"] says why
+        return
+    for dev, share in (tc.get("per_device") or {}).items():
+        gpu.setdefault(dev, {})["tensor_core_pct"] = share
+
+
+def _unit():
+    from .units import Unit
+
+    return Unit("tensor_cores", _unit_compute, _unit_partial, _unit_finish)
+
+
+UNIT = _unit()

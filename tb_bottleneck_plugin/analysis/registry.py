@@ -1,0 +1,29 @@
+"""The registry of metric units (analysis/units.py), in report order: report.analyze_trace
+runs them in this order for a span, report.combine_results merges their partials for a
+worker or a run. A new metric family: its module with ``UNIT`` and one line here."""
+from __future__ import annotations
+
+from typing import List
+
+from . import breakdown, context, gpu, input_bound, memory, occupancy, signals, steps, tensor_cores, units_trace
+from .units import Unit
+
+UNITS: List[Unit] = [
+    units_trace.UNIT,   # device_names, device_properties, trace
+    steps.UNIT,         # steps (and span.found for every unit below)
+    breakdown.UNIT,     # avg_step_us, breakdown_us, breakdown_pct, breakdown_per_step
+    input_bound.UNIT,   # input
+    gpu.UNIT,           # gpu
+    tensor_cores.UNIT,  # tensor_cores (and gpu[dev].tensor_core_pct, JOINS)
+    occupancy.UNIT,     # occupancy
+    memory.UNIT,        # memory (and the memory curves, the snapshot)
+    signals.SYNC_UNIT, signals.COMMUNICATION_UNIT, signals.LAUNCH_UNIT,
+    context.UNIT,       # context (training/inference, graphs, compile, distributed)
+]
+
+# Cross-section links, run after every unit (span and summary alike).
+JOINS = [tensor_cores.join_gpu]
+
+
+def by_name(name: str) -> Unit:
+    return next(u for u in UNITS if u.name == name)

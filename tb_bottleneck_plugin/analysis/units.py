@@ -1,0 +1,167 @@
+"""The metric-unit contract (issue 11): one unit per metric family, one place for its maths.
+
+A ``Unit`` is four plain functions around one report section (``report[name]``):
+
+- ``compute(span) -> section`` (or, for a unit with ``fields``, a dict of those report keys): the span's section from the loaded trace; ``span`` is the
+  ``SpanContext`` (trace, steps found once, step partition once, shown occupancy once,
+  the report so far, ``not_available``). May write ``span.not_available["<name>.<metric>"]``.
+- ``partial(report) -> dict``: the section's *additive sufficient statistics*
+  (µs sums, byte·µs integrals, counts, per device / per step rows), in the field
+  conventions below, so that any grouping of spans (a worker, a run, tomorrow a rank
+  table or one side of a comparison) is ``merge(partials)``.
+- ``finish(merged) -> section``: the section of a group from the merged partial
+  (ratios of sums, never means of percentages).
+- ``requires``: sections that must have succeeded first (else this one is n/a, saying why).
+
+Partial field conventions (``merge`` knows them by the prefix of the key):
+
+- ``sum:x``  number, added; an unknown (None) in any span makes the sum unknown
+- ``max:x``  number, maximum; unknown when unknown in any span
+- ``any:x``  bool, or-ed; ``all:x`` bool, and-ed
+- ``rows:x`` list, concatenated in span order
+- ``first:x`` the first span's value
+- ``wmean:x`` [Σ value·weight, Σ weight] over spans where both are known (weight != 0)
+- ``keyed:x`` {key: partial}, merged per key (keys in first-seen order)
+
+``not_available``: one convention everywhere, ``report["not_available"][key] = reason``
+with key ``<section>`` or ``<section>.<metric>`` or ``<section>.<device>.<metric>``.
+
+Adding a metric: a module in analysis/ with ``UNIT = Unit(...)``, its line in
+``registry.UNITS``, its METRICS.md entry (and, for a card, a ``cards`` entry: verdicts.py).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+
+def num(value) -> Optional[float]:
+    """A finite number, else None (bools, strings, NaN, inf are unknown)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        import numpy as np
+
+        if isinstance(value, np.generic):
+            if isinstance(value, np.bool_):
+                return None
+            value = value.item()
+    except ImportError:  # pragma: no cover
+        pass
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def total(values) -> Optional[float]:
+    """Sum of finite numbers; None when one of them is unknown."""
+    out = 0.0
+    for v in values:
+        v = num(v)
+        if v is None:
+            return None
+        out += v
+    return out
+
+
+def pct(part, whole) -> Optional[float]:
+    return 100.0 * part / whole if part is not None and whole else None
+
+
+def wpair(value, weight) -> List[float]:
+    """A ``wmean:`` field of one span: [value·weight, weight], or [0, 0] when either is unknown/0."""
+    v, w = num(value), num(weight)
+    if v is None or not w or not math.isfinite(v * w):
+        return [0.0, 0.0]
+    return [v * w, w]
+
+
+def wmean(pair) -> Optional[float]:
+    return pair[0] / pair[1] if pair and pair[1] else None
+
+
+def merge(partials: List[dict]) -> dict:
+    """Merge partials field by field, by the field's prefix (module docstring)."""
+    out: dict = {}
+    for p in partials:
+        for key, value in p.items():
+            kind = key.split(":", 1)[0]
+            if key not in out:
+                if kind == "keyed":
+                    out[key] = {k: merge([v]) for k, v in value.items()}
+                elif kind == "rows":
+                    out[key] = list(value)
+                elif kind == "wmean":
+                    out[key] = [value[0], value[1]]
+                elif kind in ("sum", "max"):
+                    out[key] = num(value)
+                else:
+                    out[key] = value
+                continue
+            have = out[key]
+            if kind == "sum":
+                out[key] = None if have is None or num(value) is None else have + num(value)
+            elif kind == "max":
+                out[key] = None if have is None or num(value) is None else max(have, num(value))
+            elif kind == "any":
+                out[key] = bool(have) or bool(value)
+            elif kind == "all":
+                out[key] = bool(have) and bool(value)
+            elif kind == "rows":
+                have.extend(value)
+            elif kind == "wmean":
+                have[0] += value[0]
+                have[1] += value[1]
+            elif kind == "keyed":
+                for k, v in value.items():
+                    have[k] = merge([have[k], v]) if k in have else merge([v])
+            # "first": keep the first span's value
+    return out
+
+
+@dataclass
+class SpanContext:
+    """What every unit of one span shares, computed once: the steps, the step
+    partition, the shown occupancy per kernel, the report so far."""
+
+    trace: Any
+    report: dict
+    not_available: Dict[str, str]
+    snapshot: Optional[dict] = None
+    sections: Any = None  # report._Sections: run(name, fn, ...) isolates a sub-step, .failed
+    found: Any = None  # analysis.steps.Steps
+    extras: Dict[str, Any] = field(default_factory=dict)  # span-result parts beside the report
+    _cache: Dict[str, Any] = field(default_factory=dict)
+
+    def once(self, key: str, fn: Callable[[], Any]):
+        """fn() the first time `key` is asked for in this span, its value afterwards."""
+        if key not in self._cache:
+            self._cache[key] = fn()
+        return self._cache[key]
+
+
+ALL_PRESENT, NONE_FAILED, ALWAYS = "all_present", "none_failed", "always"
+
+
+@dataclass
+class Unit:
+    """One metric family (module docstring). ``fields``: for a unit that fills several
+    top-level report keys (``{key: default}``) instead of ``report[name]``. ``group``:
+    when a group of spans gets this section: ALL_PRESENT (every span has the section, else
+    n/a naming the span), NONE_FAILED (no span's computation of ``requires`` + this one
+    raised), ALWAYS."""
+
+    name: str
+    compute: Callable[[SpanContext], Any]
+    partial: Callable[[dict], Optional[dict]]
+    finish: Callable[[dict], Any]
+    requires: Tuple[str, ...] = ()
+    fields: Optional[Dict[str, Any]] = None
+    group: str = ALL_PRESENT
+
+    def defaults(self) -> Dict[str, Any]:
+        import copy
+
+        return copy.deepcopy(self.fields) if self.fields is not None else {self.name: None}

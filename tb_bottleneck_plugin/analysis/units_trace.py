@@ -1,0 +1,59 @@
+"""The trace header unit (docs/report-schema.md: ``device_names``, ``device_properties``,
+``trace``): facts about the file, counted once; a summary adds the counts."""
+from __future__ import annotations
+
+from .. import model
+from .units import ALWAYS, Unit
+
+FIELDS = {"device_names": {}, "device_properties": [], "trace": None}
+COUNTS = ("events", "kernels", "memcpys", "memsets", "runtime_calls", "cpu_events", "memory_events", "duration_us")
+
+
+def trace_facts(trace: model.TraceData) -> dict:
+    m = trace.meta
+    return {
+        "events": m.event_count,
+        "categories": m.category_counts,
+        "first_ts_us": m.first_ts, "last_ts_us": m.last_ts,
+        "duration_us": (m.last_ts - m.first_ts) if m.first_ts == m.first_ts else None,
+        "container": m.container,
+        "base_time_ns": m.base_time_ns,
+        "distributed_info": m.distributed_info,
+        "kernels": int((trace.gpu.kind == model.GPU_KERNEL).sum()),
+        "memcpys": int((trace.gpu.kind == model.GPU_MEMCPY).sum()),
+        "memsets": int((trace.gpu.kind == model.GPU_MEMSET).sum()),
+        "runtime_calls": len(trace.runtime),
+        "cpu_events": len(trace.cpu),
+        "memory_events": len(trace.memory),
+        "gpu_devices": trace.devices,
+        "warnings": list(m.warnings),
+    }
+
+
+def _compute(span) -> dict:
+    trace = span.trace
+    return {"device_names": {str(p.get("id", i)): p.get("name") or "unknown GPU"
+                             for i, p in enumerate(trace.meta.device_properties)},
+            "device_properties": trace.meta.device_properties,
+            "trace": trace_facts(trace)}
+
+
+def _partial(report: dict) -> dict:
+    facts = report.get("trace") or {}
+    out = {f"sum:{k}": facts.get(k) or 0 for k in COUNTS}
+    out.update({"rows:device_names": list((report.get("device_names") or {}).items()),
+                "rows:device_properties": [report["device_properties"]] if report.get("device_properties") else [],
+                "rows:gpu_devices": list(facts.get("gpu_devices") or []),
+                "rows:warnings": list(facts.get("warnings") or [])})
+    return out
+
+
+def _finish(m: dict) -> dict:
+    return {"device_names": dict(m["rows:device_names"]),
+            "device_properties": m["rows:device_properties"][0] if m["rows:device_properties"] else [],
+            "trace": {**{k: m[f"sum:{k}"] for k in COUNTS},
+                      "gpu_devices": sorted(set(m["rows:gpu_devices"]), key=str),
+                      "warnings": m["rows:warnings"]}}
+
+
+UNIT = Unit("trace", _compute, _partial, _finish, fields=FIELDS, group=ALWAYS)
