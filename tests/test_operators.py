@@ -207,3 +207,21 @@ def test_equals_torch_tb_profiler_operator_view(path):
     # the included steps hold a subset of the whole trace's calls
     per_steps = by_name(operators.view_table(operators.operator_view(trace, steps.find_steps(trace)), None, "op"))
     assert 0 < per_steps["aten::conv2d"]["calls"] <= ours["aten::conv2d"]["calls"]
+
+
+def test_absurd_durations_are_na_not_inf(tmp_path):
+    """Kernels of 1.7e308 µs add up to inf: the view says n/a (None), stays strict JSON,
+    and the other numbers of the op stay exact."""
+    b = TraceBuilder()
+    b.step(1, 0, 1000)
+    b.cpu("aten::mm", 10, 100)
+    b.launch(SGEMM, 20, kernel_ts=30, kernel_dur=1.7e308)
+    b.launch(SGEMM, 40, kernel_ts=50, kernel_dur=1.7e308)
+    trace = b.load(tmp_path)
+    view = operators.operator_view(trace, steps.find_steps(trace))
+    json.dumps(view, allow_nan=False)
+    for table in (operators.view_table(view, None, "op"), operators.view_table(operators.combine_views([view, view]))):
+        json.dumps(table, allow_nan=False)
+        row = by_name(table)["aten::mm"]
+        assert row["gpu_us"] is None and row["tc_pct"] is None
+        assert row["self_us"] in (90, 180) and row["calls"] in (1, 2)

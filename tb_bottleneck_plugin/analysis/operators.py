@@ -381,7 +381,7 @@ def operator_view(trace: TraceData, steps: Steps) -> dict:
                    "input": np.asarray(input_idx).astype(int).tolist(),
                    "calls": sums["calls"].astype(int).tolist()}
     for f in VIEW_FIELDS[1:]:
-        out["rows"][f] = [round(float(v), 3) for v in sums[f]]
+        out["rows"][f] = [_us(v) for v in sums[f]]
     out["rows_merged"] = int(merged)
     return out
 
@@ -406,7 +406,8 @@ def view_table(view: dict, step=None, group: str = "op") -> dict:
         if step not in steps_list:
             raise KeyError(step)
         sel = np.asarray(rows.get("step"), np.int64) == steps_list.index(step) if n else sel
-    cols = {f: np.asarray(rows.get(f) or [], np.float64)[sel] for f in VIEW_FIELDS}
+    cols = {f: np.array([np.nan if v is None else v for v in rows.get(f) or []], np.float64)[sel]
+            for f in VIEW_FIELDS}
     name_col = np.asarray(rows.get("name") or [], np.int64)[sel]
     input_col = np.asarray(rows.get("input") or [], np.int64)[sel]
     by_shape = group == "op_shape"
@@ -435,19 +436,28 @@ def view_table(view: dict, step=None, group: str = "op") -> dict:
             lst = top_inputs.setdefault(int(pu[i, 0]), [])
             if len(lst) < TOP_INPUTS:
                 lst.append(_input_entry(inputs, int(pu[i, 1]), calls=int(p_calls[i]),
-                                        total_us=round(float(p_total[i]), 3)))
+                                        total_us=_us(p_total[i])))
     for g in order:
         gpu = float(sums["gpu_us"][g])
+        tc_pct = 100.0 * float(sums["tc_us"][g]) / gpu if gpu > 0 else None
         row = {"name": names[int(uniq[g, 0])], "calls": int(sums["calls"][g]),
-               "total_us": round(float(sums["total_us"][g]), 3), "self_us": round(float(sums["self_us"][g]), 3),
-               "gpu_us": round(gpu, 3), "gpu_self_us": round(float(sums["gpu_self_us"][g]), 3),
-               "tc_pct": round(100.0 * float(sums["tc_us"][g]) / gpu, 3) if gpu > 0 else None}
+               "total_us": _us(sums["total_us"][g]), "self_us": _us(sums["self_us"][g]),
+               "gpu_us": _us(gpu), "gpu_self_us": _us(sums["gpu_self_us"][g]), "tc_pct": _us(tc_pct)}
         if by_shape:
             row.update(_input_entry(inputs, int(uniq[g, 1])))
         elif out["record_shapes"]:
             row["top_inputs"] = top_inputs.get(int(uniq[g, 0]), [])
         out["rows"].append(row)
     return out
+
+
+def _us(v) -> Optional[float]:
+    """A time (or share) for JSON: rounded to 3 decimals; None (n/a) when it is not a
+    finite number (a sum that overflowed on absurd durations, a missing value)."""
+    if v is None:
+        return None
+    v = float(v)
+    return round(v, 3) if np.isfinite(v) else None
 
 
 def _input_entry(inputs: list, idx: int, **extra) -> dict:
@@ -486,7 +496,7 @@ def combine_views(views: List[dict]) -> Optional[dict]:
             if inp >= 0:
                 inp = inputs.setdefault(tuple(v_inputs[inp]), len(inputs))
             key = (nm, inp)
-            vals = np.array([rows[f][i] for f in VIEW_FIELDS], np.float64)
+            vals = np.array([np.nan if rows[f][i] is None else rows[f][i] for f in VIEW_FIELDS], np.float64)
             if key in acc:
                 acc[key] += vals
             else:
@@ -496,7 +506,7 @@ def combine_views(views: List[dict]) -> Optional[dict]:
            "rows": {"step": [0] * len(keys), "name": [k[0] for k in keys], "input": [k[1] for k in keys]},
            "rows_merged": merged}
     for j, f in enumerate(VIEW_FIELDS):
-        out["rows"][f] = [int(acc[k][j]) if f == "calls" else round(float(acc[k][j]), 3) for k in keys]
+        out["rows"][f] = [int(acc[k][j]) if f == "calls" else _us(acc[k][j]) for k in keys]
     return out
 
 
