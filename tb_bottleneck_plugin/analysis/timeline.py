@@ -546,25 +546,26 @@ def chrome_trace(store, step: Optional[int] = None) -> dict:
         events.append({"ph": "M", "name": "thread_name", "pid": pids[group], "tid": r, "args": {"name": label}})
     for pid, pname in ((1, "host"), (2, "GPU"), (3, "GPU idle causes")):
         events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": pname}})
-    ts, dur, row = store["ev_ts"], store["ev_dur"], store["ev_row"]
-    nm, lk, co = store["ev_name"], store["ev_link"], store["ev_corr"]
-    kinds = store["row_kind"]
-    for k in range(a, b):
-        r = int(row[k])
-        kind = int(kinds[r])
-        group, _ = row_label(kind, int(store["row_a"][r]), 0, main)
-        if kind == ROW_IDLE:
-            name = IDLE_LABELS[IDLE_CAUSES[int(store["row_b"][r])]]
-        else:
-            name = names[int(nm[k])] if nm[k] >= 0 else "?"
-        ev = {"ph": "X", "name": name, "cat": ROW_KINDS[kind], "pid": pids[group], "tid": r,
-              "ts": float(ts[k]), "dur": float(dur[k])}
-        args = {}
-        if co[k] >= 0 and kind in (ROW_RUNTIME, ROW_GPU):
-            args["correlation"] = int(co[k])
-        if lk[k] >= 0:
-            args["cpu_op"] = names[int(lk[k])]
-        if args:
+    # columns of the step's events, then one dict per event (no per-event numpy access)
+    row = store["ev_row"][a:b].astype(np.int64)
+    kinds = store["row_kind"].astype(np.int64)
+    kind = kinds[row]
+    label_of_row = {r: IDLE_LABELS[IDLE_CAUSES[int(store["row_b"][r])]] for r in range(n_rows)
+                    if int(kinds[r]) == ROW_IDLE}
+    pid_of_row = [pids[row_label(int(kinds[r]), int(store["row_a"][r]), 0, main)[0]] for r in range(n_rows)]
+    nm = store["ev_name"][a:b]
+    lk = store["ev_link"][a:b]
+    co = np.where(np.isin(kind, (ROW_RUNTIME, ROW_GPU)), store["ev_corr"][a:b], -1)
+    for r, k, t, d, n, l_, c in zip(row.tolist(), kind.tolist(), store["ev_ts"][a:b].tolist(),
+                                    store["ev_dur"][a:b].tolist(), nm.tolist(), lk.tolist(), co.tolist()):
+        name = label_of_row[r] if k == ROW_IDLE else (names[n] if n >= 0 else "?")
+        ev = {"ph": "X", "name": name, "cat": ROW_KINDS[k], "pid": pid_of_row[r], "tid": r, "ts": t, "dur": d}
+        if c >= 0 or l_ >= 0:
+            args = {}
+            if c >= 0:
+                args["correlation"] = c
+            if l_ >= 0:
+                args["cpu_op"] = names[l_]
             ev["args"] = args
         events.append(ev)
     return {"traceEvents": events, "displayTimeUnit": "ms",
