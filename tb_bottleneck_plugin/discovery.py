@@ -431,6 +431,19 @@ def _build(fs, root: str, url: str, entries: Dict[str, dict], sniff: bool = True
     return Logdir(url=url, runs=run_list, root=root_clean, fs=fs, notes=tuple(notes))
 
 
+def files_matching(fs, directory: str, patterns) -> List[str]:
+    """Paths of the files directly in ``directory`` whose names match one of the fnmatch
+    ``patterns`` (e.g. analysis.memory.MEMORY_SNAPSHOT_PATTERNS: CUDA memory snapshots
+    beside a run's traces), sorted; [] when the directory cannot be listed."""
+    import fnmatch
+
+    try:
+        names = fs.ls(directory, detail=False)
+    except Exception:  # noqa: BLE001 - an unlistable run directory has no snapshot, never an error
+        return []
+    return sorted(p for p in names if any(fnmatch.fnmatch(posixpath.basename(p), pat) for pat in patterns))
+
+
 def scan_logdir(logdir: str, *, follow_symlinks: bool = False, **storage_options) -> Logdir:
     """Discover every run/worker/span under ``logdir`` (local path or URL such as
     ``gs://bucket/prefix``) with ONE flat listing (``fs.find(root, detail=True)``) plus

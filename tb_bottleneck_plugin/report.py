@@ -16,7 +16,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from . import loader, model, recommendations, storage, verdicts
+from . import discovery, loader, model, recommendations, storage, verdicts
 from .analysis import memory, occupancy, operators, registry, units
 from .analysis import distributed  # metrics §12: the rank view's per-span part
 from .errors import BottleneckError
@@ -37,7 +37,7 @@ def analyze_span(logdir_url: str, run, span, progress=None, timeline: bool = Fal
     arrays, not JSON) under ``result["timeline_store"]`` (None when it failed)."""
     fs, _ = storage.get_fs(span.url)
     trace = loader.load_trace(span.path, fs=fs, source=span.url, progress=progress)
-    snapshot = _find_snapshot(fs, posixpath.dirname(span.path), span.url)
+    snapshot = _find_snapshot(fs, posixpath.dirname(span.path))
     result = analyze_trace(trace, run=getattr(run, "name", None), worker=_worker_of(run, span),
                            span=span.name, snapshot=snapshot)
     if timeline:
@@ -54,26 +54,16 @@ def _worker_of(run, span) -> Optional[str]:
     return None
 
 
-def _find_snapshot(fs, run_dir: str, source: str) -> Optional[dict]:
-    """A CUDA memory snapshot pickle in the run directory, if one is there."""
-    try:
-        names = [p for p in fs.ls(run_dir, detail=False)
-                 if any(_matches(posixpath.basename(p), pat) for pat in memory.MEMORY_SNAPSHOT_PATTERNS)]
-    except (OSError, BottleneckError):
-        return None
-    for path in sorted(names):
+def _find_snapshot(fs, run_dir: str) -> Optional[dict]:
+    """A CUDA memory snapshot in the run directory (found by discovery, read through
+    storage), as analysis.memory.apply_snapshot takes it; None when there is none."""
+    for path in discovery.files_matching(fs, run_dir, memory.MEMORY_SNAPSHOT_PATTERNS):
         try:
-            with fs.open(path, "rb") as f:
+            with storage.open_binary(fs, path) as f:
                 return {"path": path, "fragmentation": memory.memory_snapshot_fragmentation(f)}
-        except (OSError, pickle.UnpicklingError, EOFError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, BottleneckError, pickle.UnpicklingError, EOFError, ValueError, KeyError, TypeError) as exc:
             return {"path": path, "error": f"{path}: not a readable CUDA memory snapshot ({exc})"}
     return None
-
-
-def _matches(name: str, pattern: str) -> bool:
-    import fnmatch
-
-    return fnmatch.fnmatch(name, pattern)
 
 
 class _Sections:
