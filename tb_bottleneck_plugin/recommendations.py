@@ -93,7 +93,8 @@ def rule_input_bound(report) -> Optional[dict]:
         title = f"{who} for the DataLoader: it loads batches in the main process (num_workers=0)"
         action = ("Load batches in worker processes: DataLoader(dataset, batch_size=..., num_workers=4, "
                   "pin_memory=True, persistent_workers=True, prefetch_factor=2) — start with num_workers "
-                  "= number of CPU cores per GPU and raise it until the DataLoader share drops below 5 %.")
+                  "= number of CPU cores per GPU and raise it until the DataLoader share drops below "
+                  f"{T.INPUT_BOUND_MODERATE_PCT:g} %.")
     else:
         title = f"{who} for the DataLoader: its workers do not keep up"
         action = ("Give the input pipeline more throughput: raise num_workers and prefetch_factor, keep "
@@ -202,7 +203,7 @@ def rule_small_kernels(report) -> Optional[dict]:
     launch = report.get("launch") or {}
     reasons, numbers = [], {}
     if short.get("count") and short_pct >= T.SHORT_KERNEL_TIME_PCT:
-        reasons.append(f"{short['count']} kernels shorter than {short.get('threshold_us', 10)} µs take "
+        reasons.append(f"{short['count']} kernels shorter than {short.get('threshold_us', T.SHORT_KERNEL_US)} µs take "
                        f"{short_pct:.0f} % of kernel time")
         numbers["short_kernel_time_pct"] = round(short_pct, 2)
     if achieved is not None and achieved < T.LOW_OCCUPANCY_PCT:

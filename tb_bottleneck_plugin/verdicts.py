@@ -198,7 +198,7 @@ def _allocator_slack(report: dict) -> dict:
         if out["severity"] != "ok":
             out["verdict"] = "much reserved memory unused at the peak"
         elif reserved < T.SLACK_MIN_RESERVED_BYTES:
-            out["verdict"] = "less than 1 GiB reserved: not judged"
+            out["verdict"] = f"less than {T.SLACK_MIN_RESERVED_BYTES / (1 << 30):g} GiB reserved: not judged"
         else:
             out["verdict"] = "little unused reserved memory"
     return out

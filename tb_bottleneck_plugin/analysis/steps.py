@@ -22,8 +22,8 @@ from .linking import gpu_runtime_index
 _STEP_NAME = re.compile(r"^ProfilerStep#(\d{1,18})$")
 
 REASON_NO_GPU = "trailing step that launched no GPU activity"
-REASON_CUT_OFF = ("launched {n} GPU activities, fewer than 80% of the {prev} of the step before it "
-                  "(cut off by the end of the profiling window)")
+REASON_CUT_OFF = ("launched {n} GPU activities, fewer than " + f"{100 * T.STEP_TAIL_MIN_GPU_RATIO:g}%"
+                  + " of the {prev} of the step before it (cut off by the end of the profiling window)")
 
 # Number given to the single window of a trace without ProfilerStep (as tbp's '0').
 NO_STEP_NUMBER = 0

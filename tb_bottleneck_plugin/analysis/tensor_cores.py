@@ -212,10 +212,6 @@ def is_tensor_core_name(name: str) -> bool:
     return bool(_TC_RE.search(name)) and not TC_EXCLUDE.search(name)
 
 
-def matching_patterns(name: str) -> List[TcPattern]:
-    return [p for p in TC_PATTERNS if re.search(p.pattern, name)]
-
-
 def precision_of_name(name: str) -> str:
     for key, rx in _PRECISION_RES:
         if rx.search(name):
