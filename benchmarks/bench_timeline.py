@@ -19,6 +19,7 @@ Prints min / median / p95 / max per kind and the target verdict; --json writes a
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import random
@@ -38,6 +39,7 @@ from bench_load import DEFAULT_OUT, DEFAULT_SOURCE, DEFAULT_TIMES, build_trace  
 
 from tb_bottleneck_plugin import loader  # noqa: E402
 from tb_bottleneck_plugin.analysis import timeline as tl  # noqa: E402
+from tb_bottleneck_plugin.timeline_store import encode  # noqa: E402
 
 TARGET_MS = 100.0
 
@@ -49,10 +51,13 @@ def _timed(fn):
 
 
 def request_ms(store, step, t0, t1, px):
-    """One request as the route serves it: window + JSON text."""
+    """One request as the route serves it: window, JSON text (timeline_store.encode), and
+    the gzip TensorBoard's http_util.Respond applies (level 3) for a browser."""
     def run():
         body = tl.window(store, step, t0, t1, px=px, cap=tl.DEFAULT_CAP)
-        return body, json.dumps(body)
+        text = encode(body)
+        gzip.compress(text.encode(), compresslevel=3)
+        return body, text
     (body, text), ms = _timed(run)
     return ms, body["rects"], len(text)
 

@@ -9,6 +9,7 @@ is not in memory; it never parses a trace.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -254,7 +255,16 @@ def timeline_route(analyzer, args, problem: Optional[str] = None):
     body["has_gpu"] = bool(np.any(store["row_kind"] == tl.ROW_GPU))
     body["spans"] = [{"worker": ww.name, "span": ss.name} for ww, ss, _ in analyzer.span_states(
         args.get("run"), args.get("worker") or None, None if args.get("span") in (None, "", "all") else args.get("span"))]
-    return body, 200
+    return encode(body), 200
+
+
+def encode(body: dict):
+    """The JSON text of an answer (every number is finite: no NaN walk needed); the dict
+    itself, for TensorBoard's cleansing encoder, if one is not."""
+    try:
+        return json.dumps(body, ensure_ascii=True, allow_nan=False)
+    except ValueError:
+        return body
 
 
 def step_trace_route(analyzer, args, problem: Optional[str] = None):

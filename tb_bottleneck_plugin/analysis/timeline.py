@@ -471,22 +471,35 @@ def window(store, step: Optional[int] = None, t0: Optional[float] = None, t1: Op
     if total > cap:  # every row one block at most (rows are far fewer than the cap)
         groups = [(np.zeros(len(cs), np.int64), 1 if len(cs) else 0) for _, _, cs, _ in per_row]
 
-    names = store_names(store)
-    used: Dict[int, int] = {}
-    out_names: List[str] = []
-
-    def nid(k: int) -> Optional[int]:
-        if k < 0:
-            return None
-        if k not in used:
-            used[k] = len(out_names)
-            out_names.append(names[k])
-        return used[k]
-
     main = int(store["main_thread"][0])
+    built = []
+    for (r, ev, cs, ce), (gid, ng) in zip(per_row, groups):
+        if ng:
+            first = np.searchsorted(gid, np.arange(ng), side="left")
+            cnt = np.bincount(gid, minlength=ng)
+            single = cnt == 1
+            ev_first = ev[first]
+            built.append((r, ng, cs[first], np.maximum.reduceat(ce, first), cnt,
+                          np.bincount(gid, weights=ce - cs, minlength=ng),
+                          np.where(single, store["ev_name"][ev_first], -1),
+                          np.where(single, store["ev_link"][ev_first], -1),
+                          np.where(single, store["ev_corr"][ev_first], -1)))
+        else:
+            built.append((r, 0) + (None,) * 7)
+    # the answer's own string table: the names of the single events only
+    ids = [x for b in built if b[1] for x in (b[6], b[7])]
+    used = np.unique(np.concatenate(ids)) if ids else np.zeros(0, np.int64)
+    used = used[used >= 0]
+    all_names = store_names(store) if len(used) else []
+    out_names = [all_names[k] for k in used.tolist()]
+
+    def local(arr):
+        pos = np.searchsorted(used, arr)
+        return [None if v < 0 else p_ for v, p_ in zip(arr.tolist(), pos.tolist())]
+
     lanes = []
     n_rects = 0
-    for (r, ev, cs, ce), (gid, ng) in zip(per_row, groups):
+    for r, ng, t0s, t1s, cnt, busy, nm, lk, co in built:
         kind, a_, b_ = int(store["row_kind"][r]), int(store["row_a"][r]), int(store["row_b"][r])
         group, label = row_label(kind, a_, b_, main)
         lane = {"row": int(r), "kind": ROW_KINDS[kind], "group": group, "label": label,
@@ -494,23 +507,13 @@ def window(store, step: Optional[int] = None, t0: Optional[float] = None, t1: Op
         if kind == ROW_IDLE:
             lane["cause"] = IDLE_CAUSES[b_]
         if ng:
-            first = np.searchsorted(gid, np.arange(ng), side="left")
-            cnt = np.bincount(gid, minlength=ng)
-            t0s = cs[first]
-            t1s = np.maximum.reduceat(ce, first)
-            busy = np.bincount(gid, weights=ce - cs, minlength=ng)
-            single = cnt == 1
-            ev_first = ev[first]
-            nm = store["ev_name"][ev_first]
-            lk = store["ev_link"][ev_first]
-            co = store["ev_corr"][ev_first]
-            lane["t0"] = [round(float(x), 3) for x in t0s]
-            lane["t1"] = [round(float(x), 3) for x in t1s]
-            lane["count"] = cnt.astype(int).tolist()
+            lane["t0"] = np.round(t0s, 3).tolist()
+            lane["t1"] = np.round(t1s, 3).tolist()
+            lane["count"] = cnt.tolist()
             lane["busy_us"] = busy.tolist()
-            lane["name"] = [nid(int(x)) if sg else None for x, sg in zip(nm, single)]
-            lane["link"] = [nid(int(x)) if sg else None for x, sg in zip(lk, single)]
-            lane["corr"] = [int(x) if sg and x >= 0 else None for x, sg in zip(co, single)]
+            lane["name"] = local(nm)
+            lane["link"] = local(lk)
+            lane["corr"] = [None if v < 0 else v for v in co.tolist()]
             n_rects += ng
         lanes.append(lane)
 
