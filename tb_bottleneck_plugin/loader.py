@@ -416,6 +416,10 @@ def _int_col(values: list, bad: Optional[list] = None) -> np.ndarray:
     try:
         return np.array(values, dtype=np.int64)
     except (TypeError, ValueError, OverflowError):
+        pass
+    try:  # absent values (None) are common: -1 for them, still one call for the rest
+        return np.array([-1 if v is None else v for v in values], dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
         out = np.empty(len(values), dtype=np.int64)
         for row, v in enumerate(values):
             x, problem = _checked_int(v)
@@ -708,26 +712,30 @@ class _Builder:
         if keep is not None:
             table = table.take(keep)
             rows = rows[keep]
-        # Shapes and dtypes only for the few ops the Tensor Core analysis reports.
+        # Shapes and dtypes only for the few ops the Tensor Core analysis reports: the
+        # rows of those names, found per distinct name (not per row).
         cache = self._shape_name_cache
         strings = None
-        for local, row in enumerate(rows):
-            nid = int(table.name[local])
+        ids, inverse = np.unique(table.name, return_inverse=True)
+        flags = []
+        for nid in ids.tolist():
             wanted = cache.get(nid)
             if wanted is None:
                 if strings is None:
                     strings = list(self.strings)
                 low = strings[nid].lower()
                 wanted = cache[nid] = any(m in low for m in SHAPE_OP_MARKERS)
-            if wanted:
-                a = evs[row].args
-                if a is not None:
-                    raw_dims = a.input_dims if len(a.input_dims) else a.input_dims_2020
-                    index = self.cpu_rows + local
-                    if len(raw_dims):
-                        self.op_inputs.dims[index] = self._decoded(raw_dims)
-                    if len(a.input_type):
-                        self.op_inputs.types[index] = self._decoded(a.input_type)
+            flags.append(wanted)
+        picked = np.flatnonzero(np.array(flags, dtype=np.bool_)[inverse]) if flags else np.empty(0, np.int64)
+        for local, row in zip(picked.tolist(), rows[picked].tolist()):
+            a = evs[row].args
+            if a is not None:
+                raw_dims = a.input_dims if len(a.input_dims) else a.input_dims_2020
+                index = self.cpu_rows + local
+                if len(raw_dims):
+                    self.op_inputs.dims[index] = self._decoded(raw_dims)
+                if len(a.input_type):
+                    self.op_inputs.types[index] = self._decoded(a.input_type)
         self.cpu_rows += len(table)
         self._span(table.ts, table.ts + table.dur)
         self.cpu.append(table)
