@@ -222,3 +222,75 @@ def test_static_folder_is_derived_from_dunder_file():
     assert "__file__" in names and "static" in constants, ast.unparse(fn)
     for probe in ("getcwd", "sys.prefix", "package_dir", "site-packages"):
         assert probe not in source, probe
+
+
+# ---------------------------------------------------------------- file access: storage/discovery own it
+
+_FILE_CALLS = {"open", "listdir", "scandir", "walk", "stat", "ls", "glob", "rglob", "iglob", "read_bytes",
+               "read_text", "write_text", "write_bytes", "unlink", "remove", "makedirs", "mkdir", "isfile",
+               "isdir", "exists", "cat_file", "find"}
+# Where a module may touch files itself ("*": anywhere in it; else the functions named), and why.
+_FILE_ACCESS_ALLOWED = {
+    "tb_bottleneck_plugin.storage": "*",              # fsspec: local paths and gs:// alike
+    "tb_bottleneck_plugin.discovery": "*",            # logdir listing, sniffing, snapshots (through storage)
+    "tb_bottleneck_plugin.loader": {"load_trace"},    # opens the one trace stream it decodes
+    "tb_bottleneck_plugin.cache": "*",                # its own local disk cache of analysed reports
+    "tb_bottleneck_plugin.timeline_store": "*",       # its own local store of step timelines
+    "tb_bottleneck_plugin.plugin": {"_static_file"},  # the dashboard's files next to plugin.py
+    "tb_bottleneck_plugin.scheduler": {"_local_tail"},  # gzip ISIZE of a local span (a storage.read_tail
+                                                        # would move this into storage)
+}
+
+
+def _file_access(path: Path):
+    """[(enclosing function, line, call)] of file-touching calls, plus fsspec/gcsfs imports."""
+    found = []
+
+    def visit(node, fn):
+        for child in ast.iter_child_nodes(node):
+            name = fn
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                name = child.name
+            if isinstance(child, ast.Call):
+                f = child.func
+                called = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+                # str.find on a text buffer and list.remove are no file access: only fs.find / os.remove
+                exact = {"find": "fs.find", "remove": "os.remove"}.get(called)
+                if called in _FILE_CALLS and (exact is None or ast.unparse(f) == exact):
+                    found.append((name, child.lineno, ast.unparse(f)))
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                mods = [a.name for a in child.names] if isinstance(child, ast.Import) else [child.module or ""]
+                found.extend((name, child.lineno, f"import {m}") for m in mods
+                             if m.split(".")[0] in ("fsspec", "gcsfs"))
+            visit(child, name)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")), "<module>")
+    return found
+
+
+def test_the_file_access_check_sees_file_access(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("import fsspec\n\ndef f(fs, p):\n    with fs.open(p) as h:\n        return h.read()\n"
+                     "def g(text):\n    return text.find('x')\n")
+    assert [(fn, call) for fn, _, call in _file_access(probe)] == [("<module>", "import fsspec"),
+                                                                   ("f", "fs.open")]
+
+
+def test_only_storage_discovery_and_the_caches_touch_files():
+    """Analyses, report assembly, verdicts, recommendations, compare, ranks, the routes and
+    the CLI reach files only through storage/discovery (snapshots included)."""
+    offending = []
+    for name, path in _modules(PKG).items():
+        allowed = _FILE_ACCESS_ALLOWED.get(name, set())
+        if allowed == "*":
+            continue
+        offending += [f"{path.relative_to(REPO)}:{line} {call} (in {fn})"
+                      for fn, line, call in _file_access(path) if fn not in allowed]
+    assert not offending, offending
+    # The allowances are real (a stale entry would hide nothing and mean nothing).
+    for name, allowed in _FILE_ACCESS_ALLOWED.items():
+        path = _modules(PKG)[name]
+        used = {fn for fn, _, _ in _file_access(path)}
+        assert used, name
+        if allowed != "*":
+            assert allowed <= used, (name, allowed - used)
