@@ -227,6 +227,15 @@ def _communication(report: dict) -> dict:
     return out
 
 
+def card(report: dict, value, unit: str, rule: Optional[str], number_key: Optional[str],
+         threshold_names, na_keys) -> dict:
+    """One card's verdict: ``value`` (None: severity "na", the first `not_available` reason
+    of ``na_keys`` as the words), ``unit`` ("pct", "bytes", "us", "count"), the
+    recommendation ``rule`` whose firing (with ``number_key`` among its numbers, when
+    given) sets the severity and the words, and the thresholds.py constants it uses."""
+    return _card(report, value, unit, rule, number_key, threshold_names, na_keys)
+
+
 def _card(report, value, unit, rule, number_key, threshold_names, na_keys) -> dict:
     if value is None:
         return {"value": None, "unit": unit, "severity": "na",
@@ -245,13 +254,16 @@ CARDS: List[Tuple[str, Callable[[dict], dict]]] = [
 
 
 def card_verdicts(report: dict) -> Dict[str, dict]:
-    """Every card's verdict; a card whose inputs are malformed is n/a, never an exception."""
+    """Every card's verdict (the cards above, then those of the registered metric units);
+    a card whose inputs are malformed is n/a, never an exception."""
+    from .analysis import registry
+
     out = {}
-    for card, fn in CARDS:
+    for card_id, fn in CARDS + [c for u in registry.UNITS for c in u.cards]:
         try:
-            out[card] = fn(report)
+            out[card_id] = fn(report)
         except Exception as exc:  # noqa: BLE001 - one card's bad input must not cost the report
-            out[card] = {"value": None, "unit": "pct", "severity": "na",
-                         "verdict": f"internal error in verdict {card}: {type(exc).__name__}: {exc}",
-                         "thresholds": {}, "rule": None}
+            out[card_id] = {"value": None, "unit": "pct", "severity": "na",
+                            "verdict": f"internal error in verdict {card_id}: {type(exc).__name__}: {exc}",
+                            "thresholds": {}, "rule": None}
     return out

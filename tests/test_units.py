@@ -95,3 +95,34 @@ def test_snapshot_beside_the_trace_is_found_and_applied(tmp_path):
     rep = report.analyze_span(logdir.url, run, span)["report"]
     assert "not a readable CUDA memory snapshot" in rep["not_available"]["memory.free_block_fragmentation_pct"]
     assert rep["errors"] == []
+
+
+def test_a_toy_metric_is_one_module_plus_one_registry_line(monkeypatch, resnet_spans):
+    """The architecture doc's toy metric: a unit (compute/partial/finish and a card) and its
+    registry entry give a span section, its partial, a summary section and a card verdict,
+    with no change to report.py, the summaries or verdicts.py."""
+    from tb_bottleneck_plugin import thresholds as T
+    from tb_bottleneck_plugin import verdicts
+
+    def compute(span):
+        rt = span.trace.runtime
+        return {"calls": int(len(rt)), "us": float(rt.dur.sum())}
+
+    toy = units.Unit(
+        "toy", compute,
+        partial=lambda rep: {"sum:calls": rep["toy"]["calls"], "sum:us": rep["toy"]["us"]},
+        finish=lambda m: {"calls": int(m["sum:calls"]), "us": m["sum:us"]},
+        cards=(("toy", lambda rep: verdicts.card(rep, (rep.get("toy") or {}).get("us"), "us", None, None,
+                                                 ("SYNC_PCT",), ("toy",))),))
+    monkeypatch.setattr(registry, "UNITS", registry.UNITS + [toy])
+    logdir = discovery.discover_path(str(RESNET0))
+    (run,) = logdir.runs
+    spans = [report.analyze_span(logdir.url, run, s) for w in run.workers for s in w.spans]
+    for res, old in zip(spans, resnet_spans):
+        trace_calls = old["report"]["trace"]["runtime_calls"]
+        assert res["report"]["toy"]["calls"] == trace_calls and res["partials"]["toy"]["sum:calls"] == trace_calls
+        assert res["report"]["verdicts"]["toy"]["thresholds"] == {"SYNC_PCT": T.SYNC_PCT}
+    summary = report.combine_results(spans, run="r", worker="w")["report"]
+    assert summary["toy"]["calls"] == sum(s["report"]["toy"]["calls"] for s in spans)
+    assert summary["toy"]["us"] == pytest.approx(sum(s["report"]["toy"]["us"] for s in spans))
+    assert summary["verdicts"]["toy"]["value"] == summary["toy"]["us"]

@@ -26,8 +26,8 @@ Partial field conventions (``merge`` knows them by the prefix of the key):
 ``not_available``: one convention everywhere, ``report["not_available"][key] = reason``
 with key ``<section>`` or ``<section>.<metric>`` or ``<section>.<device>.<metric>``.
 
-Adding a metric: a module in analysis/ with ``UNIT = Unit(...)``, its line in
-``registry.UNITS``, its METRICS.md entry (and, for a card, a ``cards`` entry: verdicts.py).
+Adding a metric: a module in analysis/ with ``UNIT = Unit(...)`` (a headline card: its
+``cards``, made with ``verdicts.card``), its line in ``registry.UNITS``, its METRICS.md entry.
 """
 from __future__ import annotations
 
@@ -160,6 +160,8 @@ class Unit:
     requires: Tuple[str, ...] = ()
     fields: Optional[Dict[str, Any]] = None
     group: str = ALL_PRESENT
+    # headline cards of this unit: (card id, fn(report) -> verdict), see verdicts.card
+    cards: Tuple[Tuple[str, Callable[[dict], dict]], ...] = ()
 
     def defaults(self) -> Dict[str, Any]:
         import copy
