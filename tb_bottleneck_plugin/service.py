@@ -405,7 +405,7 @@ class Analyzer:
         # step-timeline stores (timeline_store.py): beside the cached reports, out of the JSON
         self.timelines = TimelineStores(cache_dir, self._cache.key_for if self._cache else None)
         # threads only wait (on a child or a Dask future); the scheduler bounds how many
-        self._pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix="bottlenecks-load")
+        self._pool = ThreadPoolExecutor(max_workers=1024, thread_name_prefix="bottlenecks-load")
         self._lock = threading.RLock()
         self._logdir_obj: Optional[discovery.Logdir] = None
         self._spans: Dict[str, SpanState] = {}  # by span URL
