@@ -18,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO
 
 PKG = REPO / "tb_bottleneck_plugin"
@@ -294,3 +296,57 @@ def test_only_storage_discovery_and_the_caches_touch_files():
         assert used, name
         if allowed != "*":
             assert allowed <= used, (name, allowed - used)
+
+
+# ---------------------------------------------------------------- docs/ARCHITECTURE.md's toy metric, as written
+
+def _doc_toy_source() -> str:
+    doc = (REPO / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    section = doc.split("## Adding a metric", 1)[1].split("\n## ", 1)[0]
+    blocks = section.split("```python\n")[1:]
+    assert len(blocks) == 1, "the 'Adding a metric' section holds exactly one python block"
+    return blocks[0].split("```", 1)[0]
+
+
+def test_the_documented_toy_metric_works_end_to_end(monkeypatch, tmp_path):
+    """The code block of docs/ARCHITECTURE.md 'Adding a metric', as module
+    analysis/runtime_share.py plus its line in registry.UNITS (and nothing else): the span
+    section, its partial, the summary (a ratio of sums) and its card verdict, numbers by hand."""
+    import types
+
+    from tb_bottleneck_plugin import report
+    from tb_bottleneck_plugin.analysis import registry
+
+    from conftest import TraceBuilder
+
+    name = "tb_bottleneck_plugin.analysis.runtime_share"
+    mod = types.ModuleType(name)
+    mod.__package__ = "tb_bottleneck_plugin.analysis"
+    monkeypatch.setitem(sys.modules, name, mod)
+    exec(compile(_doc_toy_source(), "docs/ARCHITECTURE.md", "exec"), mod.__dict__)
+    monkeypatch.setattr(registry, "UNITS", registry.UNITS + [mod.UNIT])
+
+    # Span a: steps [0,1000) [1000,2000) [2000,3000); runtime calls starting in them: 50 + 200 + 30 µs
+    # (the one at 1900 runs past the step end: the toy counts a call by where it starts); 10 µs outside.
+    a = TraceBuilder()
+    for n in range(3):
+        a.step(n, 1000 * n, 1000)
+    for ts, dur in ((100, 50), (1900, 200), (2500, 30), (3500, 10)):
+        a.runtime("cudaStreamSynchronize", ts, dur)
+    # Span b: one step [0,500), one 20 µs call.
+    b = TraceBuilder().step(7, 0, 500)
+    b.runtime("cudaMemcpyAsync", 10, 20)
+    res_a = report.analyze_trace(a.load(tmp_path, "a.pt.trace.json"), span="a")
+    res_b = report.analyze_trace(b.load(tmp_path, "b.pt.trace.json"), span="b")
+
+    sec = res_a["report"]["runtime_share"]
+    assert sec == {"runtime_us": 280.0, "step_us": 3000.0, "runtime_pct": pytest.approx(100 * 280 / 3000)}
+    assert res_a["partials"]["runtime_share"] == {"sum:runtime_us": 280.0, "sum:step_us": 3000.0}
+    card = res_a["report"]["verdicts"]["runtime_share"]
+    assert (card["value"], card["unit"], card["severity"]) == (sec["runtime_pct"], "pct", "ok")
+
+    summary = report.combine_results([res_a, res_b], run="r", worker="w")["report"]
+    assert summary["runtime_share"]["runtime_pct"] == pytest.approx(100 * (280 + 20) / (3000 + 500))
+    assert summary["verdicts"]["runtime_share"]["value"] == summary["runtime_share"]["runtime_pct"]
+    assert not [e for e in summary["errors"] + res_a["report"]["errors"] if "runtime_share" in str(e)]
+
