@@ -482,7 +482,8 @@ class Analyzer:
             self._scan_state = "scanning"
         if self.children is not None:
             self.children.reap_idle()
-        self._connect_dask()
+        if self._dask_tried:
+            self._connect_dask()
         try:
             found = discovery.scan_logdir(self.logdir, follow_symlinks=self.follow_symlinks)
         except BottleneckError as exc:
@@ -520,7 +521,14 @@ class Analyzer:
             self.scan_count += 1
             for run, span, state, cost in misses:
                 self._sched.push(run.name, (run, span, state), cost)
-            self._kick()
+            connecting = bool(self.dask_scheduler) and not self._dask_tried
+            if not connecting:
+                self._kick()
+        if connecting:
+            # after the listing is published: an unreachable scheduler delays analyses, not the runs list
+            self._connect_dask()
+            with self._lock:
+                self._kick()
 
     def _cost(self, span) -> int:
         """Memory an analysis of ``span`` reserves (0 on Dask: workers have their own limits)."""
@@ -533,7 +541,7 @@ class Analyzer:
 
     def _connect_dask(self) -> None:
         """Connect to the Dask scheduler once (scan thread); on failure analyse here, with a note."""
-        if not self.dask_scheduler or self._dask_tried:
+        if not self.dask_scheduler or self._dask_tried:  # already tried: refresh the cluster's size
             if self._dask is not None:
                 slots = self._dask.slots() + 1
                 with self._lock:
