@@ -1,8 +1,11 @@
-"""Card verdicts (issue 11 item 2, /docs/report-schema.md `verdicts`): the colour and the
+"""Card verdicts (issue 11 item 2, docs/report-schema.md `verdicts`): the colour and the
 words of every headline card are decided here, on the server, from thresholds.py.
 
 ``card_verdicts(report)`` -> ``{card id: {value, unit, severity, verdict, thresholds, rule}}``
-for a span report or a combined summary whose ``recommendations`` are already made.
+for a span report or a combined summary whose ``recommendations`` are already made: the
+cards of every registered metric unit (``Unit.cards`` in analysis/*.py, made with
+``card``; e.g. input_bound.py's "input_bound", memory.py's "peak_memory" and
+"allocator_slack").
 
 A card's severity is the severity of the recommendation rule named in ``rule`` when that
 rule fired *for this card's number* (the rule's ``numbers`` hold the card's key: e.g.
@@ -87,146 +90,6 @@ def mean_gpu_utilization(report: dict) -> Optional[float]:
     return sum(values) / len(values) if values else None
 
 
-# ---------------------------------------------------------------- the cards
-# Each returns (value, unit, rule id, rule's number key, threshold names, words(value, fired, report)).
-
-
-def _input_bound(report: dict) -> dict:
-    inp = report.get("input") or {}
-    value = _num(inp.get("input_bound_pct"))
-    out = _card(report, value, "pct", "input_bound", None,
-                ("INPUT_BOUND_HIGH_PCT", "INPUT_BOUND_MODERATE_PCT"), ("input_bound_pct", "input"))
-    if value is not None:
-        from .analysis.input_bound import verdict_for
-
-        out["verdict"], out["severity"] = verdict_for(value)
-    return out
-
-
-def _gpu_utilization(report: dict) -> dict:
-    value = mean_gpu_utilization(report)
-    out = _card(report, value, "pct", "small_kernels", "gpu_utilization_pct",
-                ("LOW_GPU_UTILIZATION_PCT", "INPUT_BOUND_MODERATE_PCT"), ("utilization_pct", "gpu"))
-    if value is not None and out["severity"] == "ok":
-        out["verdict"] = (f"GPU busy {_pct(value)} of the steps" if value >= T.LOW_GPU_UTILIZATION_PCT
-                          else f"GPU idle {_pct(100 - value)} of the steps, not judged (input-bound or "
-                               "CUDA graph capture only)")
-    elif value is not None:
-        out["verdict"] = f"GPU idle {_pct(100 - value)} of the steps, and not because of input"
-    n = len([g for g in (report.get("gpu") or {}).values() if isinstance(g, dict)])
-    out["devices"] = n
-    return out
-
-
-def _tensor_cores(report: dict) -> dict:
-    tc = report.get("tensor_cores") or {}
-    value = _num(tc.get("tensor_core_pct"))
-    out = _card(report, value, "pct", "tensor_cores_unused", None,
-                ("TC_ELIGIBLE_NOT_USING_PCT", "TC_ELIGIBLE_NOT_USING_HIGH_PCT"), ("tensor_core_pct", "tensor_cores"))
-    el = _num(tc.get("eligible_not_using_pct"))
-    out["eligible_not_using_pct"] = el
-    if value is not None:
-        if el is not None and el >= 1:
-            out["verdict"] = f"{el:.1f} % of kernel time eligible but unused"
-        else:
-            out["verdict"] = "in use; no eligible op left out" if value > 0 else "no eligible work found"
-    return out
-
-
-def _occupancy(report: dict) -> dict:
-    occ = report.get("occupancy") or {}
-    value = _num(occ.get("est_achieved_occupancy_pct"))
-    out = _card(report, value, "pct", "small_kernels", "est_achieved_occupancy_pct",
-                ("LOW_OCCUPANCY_PCT",), ("est_achieved_occupancy_pct", "occupancy"))
-    if value is not None:
-        out["verdict"] = ("low occupancy: latency-bound kernels" if out["severity"] != "ok"
-                          else f"at least {T.LOW_OCCUPANCY_PCT:g} %")
-    return out
-
-
-def _short_kernels(report: dict) -> dict:
-    short = (report.get("occupancy") or {}).get("short_kernels")
-    short = short if isinstance(short, dict) else {}
-    value = _num(short.get("time_pct"))
-    out = _card(report, value, "pct", "small_kernels", "short_kernel_time_pct",
-                ("SHORT_KERNEL_US", "SHORT_KERNEL_TIME_PCT"), ("short_kernels", "occupancy"))
-    if value is not None:
-        out["verdict"] = ("short kernels: launch-bound" if out["severity"] != "ok"
-                          else f"short kernels below {T.SHORT_KERNEL_TIME_PCT:g} % of kernel time")
-    out["count"] = short.get("count")
-    return out
-
-
-def _peak_memory(report: dict) -> dict:
-    dev = memory_device(report)
-    m = (report.get("memory") or {}).get(dev) or {} if dev else {}
-    value = _num(m.get("peak_allocated_bytes"))
-    out = _card(report, value, "bytes", "memory_growth", None,
-                ("MEMORY_LEAK_MIN_RISES", "MEMORY_LEAK_MIN_GROWTH_BYTES"),
-                (f"memory.{dev}.peak_allocated_bytes", "memory") if dev else ("memory",))
-    out["device"] = dev
-    if value is not None:
-        cap = _num(m.get("capacity_bytes"))
-        if out["severity"] != "ok":
-            out["verdict"] = "allocated memory rises every step: possible leak"
-        elif cap:
-            out["verdict"] = f"{100.0 * value / cap:.1f} % of capacity"
-        else:
-            out["verdict"] = "no steady growth across steps"
-    return out
-
-
-def _allocator_slack(report: dict) -> dict:
-    rec = _fired(report, "allocator_slack")
-    mem = report.get("memory") or {}
-    dev = memory_device(report)
-    if rec is not None:  # the device the rule judged (the worst one above the reserve floor)
-        worst = [(k, _num(v.get("slack_fragmentation_pct"))) for k, v in mem.items() if isinstance(v, dict)
-                 and (_num(v.get("peak_reserved_bytes")) or 0) >= T.SLACK_MIN_RESERVED_BYTES
-                 and _num(v.get("slack_fragmentation_pct")) is not None]
-        dev = max(worst, key=lambda kv: kv[1])[0] if worst else dev
-    m = mem.get(dev) or {} if dev else {}
-    value = _num(m.get("slack_fragmentation_pct"))
-    out = _card(report, value, "pct", "allocator_slack", None,
-                ("SLACK_FRAGMENTATION_PCT", "SLACK_FRAGMENTATION_HIGH_PCT", "SLACK_MIN_RESERVED_BYTES"),
-                (f"memory.{dev}.slack_fragmentation_pct", "slack_fragmentation_pct") if dev else ("memory",))
-    out["device"] = dev
-    if value is None and dev and not str(dev).startswith("cuda:") and out["verdict"] == "not available":
-        out["verdict"] = "GPU devices only"
-    if value is not None:
-        reserved = _num(m.get("peak_reserved_bytes")) or 0
-        if out["severity"] != "ok":
-            out["verdict"] = "much reserved memory unused at the peak"
-        elif reserved < T.SLACK_MIN_RESERVED_BYTES:
-            out["verdict"] = f"less than {T.SLACK_MIN_RESERVED_BYTES / (1 << 30):g} GiB reserved: not judged"
-        else:
-            out["verdict"] = "little unused reserved memory"
-    return out
-
-
-def _sync(report: dict) -> dict:
-    sync = report.get("sync") or {}
-    value = _num(sync.get("sync_gpu_idle_pct")) if "sync_gpu_idle_pct" in sync else _num(sync.get("sync_pct"))
-    out = _card(report, value, "pct", "synchronization", None,
-                ("SYNC_PCT", "SYNC_HIGH_PCT", "SYNC_GPU_BUSY_OK_PCT"), ("sync_pct", "sync"))
-    if value is not None:
-        out["verdict"] = ("the GPU idles while the host waits on it" if out["severity"] != "ok"
-                          else "host waits do not starve the GPU")
-    return out
-
-
-def _communication(report: dict) -> dict:
-    comm = report.get("communication") or {}
-    value = _num(comm.get("comm_pct_of_kernel_time"))
-    out = _card(report, value, "pct", "communication", None,
-                ("COMM_SHARE_PCT", "COMM_OVERLAP_OK_PCT", "COMM_EXPOSED_HIGH_PCT"),
-                ("comm_pct_of_kernel_time", "communication"))
-    if value is not None:
-        out["verdict"] = ("communication not hidden under compute" if out["severity"] != "ok"
-                          else "communication small or overlapped")
-    return out
-
-
 def card(report: dict, value, unit: str, rule: Optional[str], number_key: Optional[str],
          threshold_names, na_keys) -> dict:
     """One card's verdict: ``value`` (None: severity "na", the first `not_available` reason
@@ -246,11 +109,10 @@ def _card(report, value, unit, rule, number_key, threshold_names, na_keys) -> di
             "verdict": rec["title"] if rec else "ok", "thresholds": _thresholds(*threshold_names), "rule": rule}
 
 
-CARDS: List[Tuple[str, Callable[[dict], dict]]] = [
-    ("input_bound", _input_bound), ("gpu_utilization", _gpu_utilization), ("tensor_cores", _tensor_cores),
-    ("occupancy", _occupancy), ("short_kernels", _short_kernels), ("peak_memory", _peak_memory),
-    ("allocator_slack", _allocator_slack), ("sync", _sync), ("communication", _communication),
-]
+num, pct_words, fired = _num, _pct, _fired  # for the units' card functions (analysis/*.py)
+
+# Cards not owned by a metric unit (none today: every headline card is a unit's, Unit.cards).
+CARDS: List[Tuple[str, Callable[[dict], dict]]] = []
 
 
 def card_verdicts(report: dict) -> Dict[str, dict]:

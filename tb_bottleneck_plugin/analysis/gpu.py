@@ -16,6 +16,7 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from .. import thresholds as T
+from .. import verdicts as V
 from ..model import GPU_KERNEL, TraceData
 from . import intervals as iv
 from .linking import gpu_runtime_index
@@ -251,10 +252,30 @@ def _unit_finish(m: dict) -> dict:
     return out
 
 
+
+# card verdicts (verdicts.py helpers; thresholds from thresholds.py)
+
+
+def _card_gpu_utilization(report: dict) -> dict:
+    value = V.mean_gpu_utilization(report)
+    out = V.card(report, value, "pct", "small_kernels", "gpu_utilization_pct",
+                 ("LOW_GPU_UTILIZATION_PCT", "INPUT_BOUND_MODERATE_PCT"), ("utilization_pct", "gpu"))
+    if value is not None and out["severity"] == "ok":
+        out["verdict"] = (f"GPU busy {V.pct_words(value)} of the steps" if value >= T.LOW_GPU_UTILIZATION_PCT
+                          else f"GPU idle {V.pct_words(100 - value)} of the steps, not judged (input-bound or "
+                               "CUDA graph capture only)")
+    elif value is not None:
+        out["verdict"] = f"GPU idle {V.pct_words(100 - value)} of the steps, and not because of input"
+    n = len([g for g in (report.get("gpu") or {}).values() if isinstance(g, dict)])
+    out["devices"] = n
+    return out
+
+
 def _unit():
     from .units import Unit
 
-    return Unit("gpu", _unit_compute, _unit_partial, _unit_finish, requires=("steps",))
+    return Unit("gpu", _unit_compute, _unit_partial, _unit_finish, requires=("steps",),
+                cards=(("gpu_utilization", _card_gpu_utilization),))
 
 
 UNIT = _unit()

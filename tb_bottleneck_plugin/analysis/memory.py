@@ -44,6 +44,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .. import thresholds as T
+from .. import verdicts as V
 from ..model import DEVICE_TYPE_CPU, DEVICE_TYPE_CUDA, DEVICE_TYPE_HIP, TraceData
 from .occupancy import device_properties, prop_int
 
@@ -366,10 +367,62 @@ def _unit_finish(m: dict) -> dict:
     return out
 
 
+
+# card verdicts (verdicts.py helpers; thresholds from thresholds.py)
+
+
+def _card_peak_memory(report: dict) -> dict:
+    dev = V.memory_device(report)
+    m = (report.get("memory") or {}).get(dev) or {} if dev else {}
+    value = V.num(m.get("peak_allocated_bytes"))
+    out = V.card(report, value, "bytes", "memory_growth", None,
+                 ("MEMORY_LEAK_MIN_RISES", "MEMORY_LEAK_MIN_GROWTH_BYTES"),
+                 (f"memory.{dev}.peak_allocated_bytes", "memory") if dev else ("memory",))
+    out["device"] = dev
+    if value is not None:
+        cap = V.num(m.get("capacity_bytes"))
+        if out["severity"] != "ok":
+            out["verdict"] = "allocated memory rises every step: possible leak"
+        elif cap:
+            out["verdict"] = f"{100.0 * value / cap:.1f} % of capacity"
+        else:
+            out["verdict"] = "no steady growth across steps"
+    return out
+
+
+def _card_allocator_slack(report: dict) -> dict:
+    rec = V.fired(report, "allocator_slack")
+    mem = report.get("memory") or {}
+    dev = V.memory_device(report)
+    if rec is not None:  # the device the rule judged (the worst one above the reserve floor)
+        worst = [(k, V.num(v.get("slack_fragmentation_pct"))) for k, v in mem.items() if isinstance(v, dict)
+                 and (V.num(v.get("peak_reserved_bytes")) or 0) >= T.SLACK_MIN_RESERVED_BYTES
+                 and V.num(v.get("slack_fragmentation_pct")) is not None]
+        dev = max(worst, key=lambda kv: kv[1])[0] if worst else dev
+    m = mem.get(dev) or {} if dev else {}
+    value = V.num(m.get("slack_fragmentation_pct"))
+    out = V.card(report, value, "pct", "allocator_slack", None,
+                 ("SLACK_FRAGMENTATION_PCT", "SLACK_FRAGMENTATION_HIGH_PCT", "SLACK_MIN_RESERVED_BYTES"),
+                 (f"memory.{dev}.slack_fragmentation_pct", "slack_fragmentation_pct") if dev else ("memory",))
+    out["device"] = dev
+    if value is None and dev and not str(dev).startswith("cuda:") and out["verdict"] == "not available":
+        out["verdict"] = "GPU devices only"
+    if value is not None:
+        reserved = V.num(m.get("peak_reserved_bytes")) or 0
+        if out["severity"] != "ok":
+            out["verdict"] = "much reserved memory unused at the peak"
+        elif reserved < T.SLACK_MIN_RESERVED_BYTES:
+            out["verdict"] = f"less than {T.SLACK_MIN_RESERVED_BYTES / (1 << 30):g} GiB reserved: not judged"
+        else:
+            out["verdict"] = "little unused reserved memory"
+    return out
+
+
 def _unit():
     from .units import Unit
 
-    return Unit("memory", _unit_compute, _unit_partial, _unit_finish)
+    return Unit("memory", _unit_compute, _unit_partial, _unit_finish,
+                cards=(("peak_memory", _card_peak_memory), ("allocator_slack", _card_allocator_slack),))
 
 
 UNIT = _unit()

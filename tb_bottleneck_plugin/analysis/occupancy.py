@@ -45,6 +45,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from .. import thresholds as T
+from .. import verdicts as V
 from ..model import GPU_KERNEL, TraceData
 
 # Max resident blocks per SM (cuda_occupancy.h __occMaxBlocksPerMultiprocessor / the CUDA
@@ -573,10 +574,39 @@ def combine_kernel_rows(tables: List[List[Dict]]) -> List[Dict]:
                                                   else math.inf))
 
 
+
+# card verdicts (verdicts.py helpers; thresholds from thresholds.py)
+
+
+def _card_occupancy(report: dict) -> dict:
+    occ = report.get("occupancy") or {}
+    value = V.num(occ.get("est_achieved_occupancy_pct"))
+    out = V.card(report, value, "pct", "small_kernels", "est_achieved_occupancy_pct",
+                 ("LOW_OCCUPANCY_PCT",), ("est_achieved_occupancy_pct", "occupancy"))
+    if value is not None:
+        out["verdict"] = ("low occupancy: latency-bound kernels" if out["severity"] != "ok"
+                          else f"at least {T.LOW_OCCUPANCY_PCT:g} %")
+    return out
+
+
+def _card_short_kernels(report: dict) -> dict:
+    short = (report.get("occupancy") or {}).get("short_kernels")
+    short = short if isinstance(short, dict) else {}
+    value = V.num(short.get("time_pct"))
+    out = V.card(report, value, "pct", "small_kernels", "short_kernel_time_pct",
+                 ("SHORT_KERNEL_US", "SHORT_KERNEL_TIME_PCT"), ("short_kernels", "occupancy"))
+    if value is not None:
+        out["verdict"] = ("short kernels: launch-bound" if out["severity"] != "ok"
+                          else f"short kernels below {T.SHORT_KERNEL_TIME_PCT:g} % of kernel time")
+    out["count"] = short.get("count")
+    return out
+
+
 def _unit():
     from .units import Unit
 
-    return Unit("occupancy", _unit_compute, _unit_partial, _unit_finish, requires=("steps",))
+    return Unit("occupancy", _unit_compute, _unit_partial, _unit_finish, requires=("steps",),
+                cards=(("occupancy", _card_occupancy), ("short_kernels", _card_short_kernels),))
 
 
 UNIT = _unit()

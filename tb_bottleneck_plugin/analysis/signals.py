@@ -15,6 +15,8 @@ from typing import Dict, List
 
 import numpy as np
 
+from .. import thresholds as T
+from .. import verdicts as V
 from ..model import CPU_OP, GPU_KERNEL, GPU_MEMCPY, TraceData
 from . import intervals as iv
 from .breakdown import comm_kernel_mask
@@ -260,11 +262,40 @@ def _launch_finish(m: dict) -> dict:
             "launch_pct": pct(m["sum:launch_us"], m["sum:steps_us"])}
 
 
+
+# card verdicts (verdicts.py helpers; thresholds from thresholds.py)
+
+
+def _card_sync(report: dict) -> dict:
+    sync = report.get("sync") or {}
+    value = V.num(sync.get("sync_gpu_idle_pct")) if "sync_gpu_idle_pct" in sync else V.num(sync.get("sync_pct"))
+    out = V.card(report, value, "pct", "synchronization", None,
+                 ("SYNC_PCT", "SYNC_HIGH_PCT", "SYNC_GPU_BUSY_OK_PCT"), ("sync_pct", "sync"))
+    if value is not None:
+        out["verdict"] = ("the GPU idles while the host waits on it" if out["severity"] != "ok"
+                          else "host waits do not starve the GPU")
+    return out
+
+
+def _card_communication(report: dict) -> dict:
+    comm = report.get("communication") or {}
+    value = V.num(comm.get("comm_pct_of_kernel_time"))
+    out = V.card(report, value, "pct", "communication", None,
+                 ("COMM_SHARE_PCT", "COMM_OVERLAP_OK_PCT", "COMM_EXPOSED_HIGH_PCT"),
+                 ("comm_pct_of_kernel_time", "communication"))
+    if value is not None:
+        out["verdict"] = ("communication not hidden under compute" if out["severity"] != "ok"
+                          else "communication small or overlapped")
+    return out
+
+
 def _units():
     from .units import Unit
 
-    return (Unit("sync", _sync_compute, _sync_partial, _sync_finish, requires=("steps",)),
-            Unit("communication", _comm_compute, _comm_partial, _comm_finish, requires=("steps",)),
+    return (Unit("sync", _sync_compute, _sync_partial, _sync_finish, requires=("steps",),
+                 cards=(("sync", _card_sync),)),
+            Unit("communication", _comm_compute, _comm_partial, _comm_finish, requires=("steps",),
+                 cards=(("communication", _card_communication),)),
             Unit("launch", _launch_compute, _launch_partial, _launch_finish, requires=("steps",)))
 
 
