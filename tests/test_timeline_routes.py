@@ -129,3 +129,32 @@ def test_store_on_disk_beside_the_cached_report(tmp_path):
         third.get("timeline", run="hand")
     finally:
         third.plugin.analyzer.stop()
+
+
+def test_store_files_unreadable_old_and_over_budget(tmp_path):
+    from tb_bottleneck_plugin.analysis import timeline as tl
+    from tb_bottleneck_plugin.timeline_store import TimelineStores
+
+    b = TraceBuilder()
+    _step(b, 1, 0, 1000, 300)
+    store = tl.build_store(b.load(tmp_path))
+    key = lambda url, fp: f"{url}-{fp}"  # noqa: E731
+    stores = TimelineStores(tmp_path / "c", key, memory_stores=1)
+    stores.put("a", "1", store)
+    size = (tmp_path / "c" / "a-1.timeline.npz").stat().st_size
+    fresh = TimelineStores(tmp_path / "c", key)
+    assert tl.window(fresh.get("a", "1"), 1) == tl.window(store, 1) and fresh.loads == 1
+    # garbage and an old store version are missing stores, and their files are removed
+    (tmp_path / "c" / "g-1.timeline.npz").write_bytes(b"not a zip")
+    assert fresh.get("g", "1") is None and not (tmp_path / "c" / "g-1.timeline.npz").exists()
+    stores.put("old", "1", dict(store, version=store["version"] + 1))
+    assert TimelineStores(tmp_path / "c", key).get("old", "1") is None
+    # over the disk budget: the oldest files go, the one just written stays
+    small = TimelineStores(tmp_path / "c", key, disk_bytes=int(size * 1.5))
+    small.put("b", "1", store)
+    assert sorted(p.name for p in (tmp_path / "c").glob("*.timeline.npz")) == ["b-1.timeline.npz"]
+    # without a disk, memory keeps every store
+    mem = TimelineStores(None, None, memory_stores=1)
+    mem.put("x", "1", store)
+    mem.put("y", "1", store)
+    assert mem.has("x", "1") and mem.get("x", "1") is store
