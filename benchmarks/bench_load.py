@@ -20,7 +20,9 @@ torch-tb-profiler and Holistic Trace Analysis, on the same big trace.
      report        `tb-bottlenecks report FILE --json` end to end (python -m
                    tb_bottleneck_plugin.cli): discovery + report.analyze_span (load +
                    every analysis) + JSON to a file. What the CLI and the tab compute
-                   for one span; what a user waits for.
+                   for one span; what a user waits for. The targets are this line's.
+     report-workers  the same with TB_BOTTLENECKS_DECODE_PROCESSES=2 (the opt-in
+                   parallel decode: chunks decoded by 2 forked worker processes)
      tbp           torch-tb-profiler 0.4.3: RunProfileData.parse(...) then
                    RunGenerator(...).generate_run_profile(), what its RunLoader runs per file
      hta           Holistic Trace Analysis 0.5.0: TraceAnalysis(trace_dir) (parse) then
@@ -295,7 +297,7 @@ def _tree_memory(pid: int, with_pss: bool):
 def _command(mode: str, path: str, result_path: Path, tmp: str, hta_python) -> list:
     if mode == "floor":
         return [sys.executable, str(FLOOR_SCRIPT), path]
-    if mode == "report":
+    if mode in ("report", "report-workers"):
         return [sys.executable, "-m", "tb_bottleneck_plugin.cli", "report", path, "--json"]
     python = str(hta_python) if mode == "hta" else sys.executable
     return [python, str(Path(__file__).resolve()), "--child", mode, path, "--result", str(result_path),
@@ -315,6 +317,8 @@ def run_child(mode: str, path: str, out_dir: Path, timeout: float, hta_python=No
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     if mode == "ours-1proc":
         env["TB_BOTTLENECKS_DECODE_PROCESSES"] = "0"
+    if mode == "report-workers":
+        env["TB_BOTTLENECKS_DECODE_PROCESSES"] = str(REPORT_WORKERS)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         result_path = Path(tmp) / "result.json"
         stdout_path = Path(tmp) / "stdout"
@@ -356,7 +360,7 @@ def run_child(mode: str, path: str, out_dir: Path, timeout: float, hta_python=No
             words = stdout_path.read_text().split()
             r["op_seconds"] = float(words[2].rstrip("s"))
             r["info"]["events"] = int(words[0])
-        elif mode == "report":
+        elif mode in ("report", "report-workers"):
             rep = json.loads(stdout_path.read_bytes())
             r["info"] = {"recommendations": len(rep.get("recommendations") or []), "errors": len(rep.get("errors") or []),
                          "avg_step_us": rep.get("avg_step_us"), "json_bytes": stdout_path.stat().st_size}
@@ -428,10 +432,12 @@ LABELS = {
     "ours": "ours: loader.load_trace",
     "ours-1proc": "ours: load_trace, DECODE_PROCESSES=0",
     "report": "ours: tb-bottlenecks report FILE --json",
+    "report-workers": "same, TB_BOTTLENECKS_DECODE_PROCESSES=2 (opt-in)",
     "tbp": "torch-tb-profiler 0.4.3 parse + run profile",
     "hta": "HTA 0.5.0 parse + temporal breakdown",
 }
-ORDER = ("floor", "floor-loader", "floor-isal", "ours", "ours-1proc", "report", "tbp", "hta")
+ORDER = ("floor", "floor-loader", "floor-isal", "ours", "ours-1proc", "report", "report-workers", "tbp", "hta")
+REPORT_WORKERS = 2  # decode worker processes of the report-workers line
 
 
 def _fmt(x, spec):
@@ -531,6 +537,8 @@ def main(argv=None) -> int:
     p.add_argument("--skip-hta", action="store_true", help="skip Holistic Trace Analysis (~35 s and ~1.3 GB per run)")
     p.add_argument("--hta-venv", type=Path, default=HTA_VENV, help="venv with HTA 0.5.0 (default: %(default)s)")
     p.add_argument("--no-hta-install", action="store_true", help="do not create the HTA venv if it is missing")
+    p.add_argument("--skip-workers", action="store_true",
+                   help="skip the report with decode worker processes (TB_BOTTLENECKS_DECODE_PROCESSES=2)")
     p.add_argument("--with-info-floors", action="store_true",
                    help="also the loader-schema floors (floor-loader, floor-isal), information only")
     p.add_argument("--timeout", type=float, default=900, help="seconds per child process (default %(default)s)")
@@ -571,6 +579,8 @@ def main(argv=None) -> int:
         except ImportError:
             skipped["floor-isal"] = "isal is not installed"
     modes += ["ours", "report"]  # the full report: what a user waits for
+    if not a.skip_workers:
+        modes.append("report-workers")
     if os.environ.get("TB_BOTTLENECKS_DECODE_PROCESSES", "0") not in ("", "0"):
         modes.append("ours-1proc")
     if a.skip_tbp:
