@@ -114,9 +114,11 @@ def _runs(port: int):
         conn.close()
 
 
-def _tab(logdir: Path, jobs: int, work: Path, ranks: int, timeout: float) -> dict:
+def _tab(logdir: Path, jobs: int, work: Path, ranks: int, timeout: float, nice=None) -> dict:
     port = _free_port()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
+    if nice is not None:
+        env["TB_BOTTLENECKS_ANALYSIS_NICE"] = str(nice)
     log = open(work / f"tensorboard-jobs{jobs}.log", "wb")
     t0 = time.perf_counter()
     with PeakRss() as peak:
@@ -161,6 +163,9 @@ def main(argv=None) -> int:
     ap.add_argument("--skip", default="", help="comma-separated modes to skip: cli, tab")
     ap.add_argument("--work", type=Path, default=None, help="where the logdir is built (default: a temp dir)")
     ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--nice", type=int, default=None,
+                    help="the tab's analysis children at this nice level (default: the service's, 10); "
+                    "on a machine busy with other work, niced children get a small share of the CPU")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     if not args.source.exists():
@@ -170,7 +175,7 @@ def main(argv=None) -> int:
     logdir = make_logdir(work / "logs", args.source, args.ranks)
     jobs = [int(j) for j in args.jobs.split(",") if j]
     skip = set(filter(None, args.skip.split(",")))
-    results = {"source": str(args.source), "ranks": args.ranks, "cpus": os.cpu_count(),
+    results = {"source": str(args.source), "ranks": args.ranks, "cpus": os.cpu_count(), "nice": args.nice,
                "source_bytes": args.source.stat().st_size, "cli": {}, "tab": {}, "dask": {}}
 
     def show(kind, n, r):
@@ -186,7 +191,7 @@ def main(argv=None) -> int:
             results["cli"][n] = _cli(logdir, "--jobs", str(n))
             show("cli", n, results["cli"][n])
         if "tab" not in skip:
-            results["tab"][n] = _tab(logdir, n, work, args.ranks, args.timeout)
+            results["tab"][n] = _tab(logdir, n, work, args.ranks, args.timeout, args.nice)
             show("tab", n, results["tab"][n])
     for w in [int(x) for x in args.dask_workers.split(",") if x]:
         from distributed import LocalCluster

@@ -120,7 +120,7 @@ def _analyze_all(logdir, spans, *, debug: bool, jobs: Optional[int], memory_budg
 
         jobs = jobs or scheduler.default_slots()
         if jobs > 1 and len(spans) > 1 and service.processes_supported():
-            pool = service.ChildPool(max_idle=jobs)
+            pool = service.ChildPool(max_idle=jobs, nice=0)  # the foreground work here
             try:
                 budget = memory_budget if memory_budget is not None else scheduler.default_memory_budget()
                 done = scheduler.run_all(

@@ -73,9 +73,18 @@ IDLE_CHILD_SECONDS = 60.0
 RECYCLE_AFTER_BYTES = 64 << 20  # a child that analysed a file this large is not reused
 # Analyses are background work: when the CPU is contended, TensorBoard's request threads
 # go first (a lower priority only slows an analysis while something else needs the CPU).
+# (TB_BOTTLENECKS_ANALYSIS_NICE overrides it; the CLI's children run at 0: they are the
+# foreground work there.) On a heavily loaded machine niced children get a small share.
 ANALYSIS_NICE = 10
 _CHILD_CODE = ("import sys; from tb_bottleneck_plugin.service import _child_entry; "
-               "_child_entry(int(sys.argv[1]), int(sys.argv[2]))")
+               "_child_entry(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))")
+
+
+def default_nice() -> int:
+    try:
+        return int(os.environ.get("TB_BOTTLENECKS_ANALYSIS_NICE", ANALYSIS_NICE))
+    except ValueError:
+        return ANALYSIS_NICE
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
 _live_children: "weakref.WeakSet" = weakref.WeakSet()  # every pool's processes, for atexit
 _children_lock = threading.Lock()
@@ -85,14 +94,15 @@ def processes_supported() -> bool:
     return os.name == "posix"
 
 
-def _child_entry(fd: int, owner_pid: int) -> None:
+def _child_entry(fd: int, owner_pid: int, nice: int = ANALYSIS_NICE) -> None:
     """Entry point of an analysis child: analyse spans one after another until the
     parent closes the connection; one outcome per span."""
     procguard.die_with_parent(owner_pid)
     from multiprocessing.connection import Connection
 
     try:
-        os.nice(ANALYSIS_NICE)
+        if nice > 0:
+            os.nice(nice)
     except (OSError, AttributeError):
         pass
     conn = Connection(fd)
@@ -143,7 +153,7 @@ def _describe_exit(code: Optional[int]) -> str:
 class _Child:
     """One analysis child process and our end of its connection."""
 
-    def __init__(self):
+    def __init__(self, nice: int = ANALYSIS_NICE):
         import socket
         import subprocess
         import sys
@@ -154,7 +164,7 @@ class _Child:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-c", _CHILD_CODE, str(theirs.fileno()), str(os.getpid())],
+                [sys.executable, "-c", _CHILD_CODE, str(theirs.fileno()), str(os.getpid()), str(int(nice))],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env)
         except BaseException:
             ours.close()
@@ -212,8 +222,9 @@ atexit.register(_kill_children)
 class ChildPool:
     """At most one busy child per calling thread; idle children are reused."""
 
-    def __init__(self, max_idle: int = 2):
+    def __init__(self, max_idle: int = 2, nice: Optional[int] = None):
         self.max_idle = max(0, int(max_idle))
+        self.nice = default_nice() if nice is None else int(nice)
         self._idle: List[_Child] = []
         self._busy: set = set()
         self._lock = threading.Lock()
@@ -231,7 +242,7 @@ class ChildPool:
             if self._closed:
                 raise RuntimeError("the analysis pool was stopped")
             self.started += 1
-        child = _Child()
+        child = _Child(self.nice) if self.nice != ANALYSIS_NICE else _Child()
         with self._lock:
             self._busy.add(child)
             if self._closed:
