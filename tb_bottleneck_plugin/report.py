@@ -1,10 +1,12 @@
 """Assembles the one report object (docs/report-schema.md, metrics §10).
 
-`analyze_span` is the single place where a trace file becomes results: load once,
-run every analysis once, keep only plain JSON-able results (report, memory curves,
-kernel table) and drop the trace. The plugin, the CLI and the disk cache all store and
-serve exactly what this returns; `combine_results` builds worker/run summaries from
-span results as ratios of sums.
+`analyze_span` is the single place where a trace file becomes results: load once, run
+every metric unit of analysis/registry.py once (each isolated: a failing unit is that
+section's n/a), keep only plain JSON-able results (report, memory curves, kernel table,
+each unit's additive partial) and drop the trace. The plugin, the CLI and the disk cache
+all store and serve exactly what this returns; `combine_results` builds worker/run
+summaries as each unit's finish over the merged partials of the spans. Terminal text is
+text_report.py's; file access is discovery's and storage's.
 """
 from __future__ import annotations
 

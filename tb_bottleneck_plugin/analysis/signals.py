@@ -15,7 +15,6 @@ from typing import Dict, List
 
 import numpy as np
 
-from .. import thresholds as T
 from .. import verdicts as V
 from ..model import CPU_OP, GPU_KERNEL, GPU_MEMCPY, TraceData
 from . import intervals as iv

@@ -27,7 +27,6 @@ from typing import Dict, List, NamedTuple, Optional
 
 import numpy as np
 
-from .. import thresholds as T
 from .. import verdicts as V
 from ..model import GPU_KERNEL, TraceData
 from . import linking
