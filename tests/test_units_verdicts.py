@@ -140,3 +140,27 @@ def test_na_verdict_is_the_reason():
     assert v["input_bound"]["severity"] == "na"
     assert v["input_bound"]["verdict"] == "needs steps, which failed (boom)"
     assert all(c["severity"] == "na" for c in v.values())
+
+
+def test_no_threshold_number_is_compared_outside_thresholds_py():
+    """Issue 11: grep finds each threshold once. No comparison in the package compares with a
+    literal equal to a thresholds.py value (0-3 excepted: counts and indices)."""
+    import ast
+    from pathlib import Path
+
+    import tb_bottleneck_plugin
+
+    values = {v for k, v in vars(T).items() if k.isupper() and isinstance(v, (int, float))}
+    assert {20.0, 5.0, 50.0, 30.0, 1 << 30} <= values
+    pkg = Path(tb_bottleneck_plugin.__file__).parent
+    found = []
+    for path in pkg.rglob("*.py"):
+        if path.name == "thresholds.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                for side in [node.left] + node.comparators:
+                    v = getattr(side, "value", None) if isinstance(side, ast.Constant) else None
+                    if isinstance(v, (int, float)) and not isinstance(v, bool) and v in values and v not in (0, 1, 2, 3):
+                        found.append(f"{path.relative_to(pkg)}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, "\n".join(found)
