@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Callable, List, Optional
 
 from . import thresholds as T
+from .analysis.input_bound import verdict_for
 
 _SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2}
 
@@ -73,10 +74,10 @@ def _kernel_share(report) -> float:
 def rule_input_bound(report) -> Optional[dict]:
     inp = report.get("input") or {}
     pct = inp.get("input_bound_pct")
-    if pct is None or pct < T.INPUT_BOUND_MODERATE_PCT:
+    _, severity = verdict_for(pct)  # the input-bound verdict is made once, in analysis/input_bound.py
+    if severity not in ("high", "medium"):
         return None
     ev = inp.get("evidence") or {}
-    severity = "high" if pct >= T.INPUT_BOUND_HIGH_PCT else "medium"
     evidence = []
     iters = ev.get("dataloader_iterators") or []
     if iters:
