@@ -83,6 +83,8 @@ def test_operators_panel(tmp_path, tensorboard_server, browser_page):
     # renders the route's rows, largest self CPU time first
     t = _table(iframe)
     assert t["keys"][:2] == ["name", "calls"] and "top_inputs" in t["keys"]
+    # the demo run is CPU-only: GPU columns are n/a (not shown), not 0
+    assert "CPU-only" in body["not_available"]["gpu"] and "gpu_us" not in t["keys"]
     assert len(t["rows"]) == min(300, len(body["rows"]))
     by_self = sorted(body["rows"], key=lambda r: -r["self_us"])
     assert [r["name"] for r in t["rows"][:5]] == [r["name"] for r in by_self[:5]]
@@ -111,7 +113,7 @@ def test_operators_panel(tmp_path, tensorboard_server, browser_page):
     shaped = wait_route(base, "operators", group="op_shape", **sel)
     assert not list(validate.iter_errors(shaped))
     t = _table(iframe)
-    assert t["keys"][:3] == ["name", "dims", "types"]
+    assert t["keys"][:2] == ["name", "calls"] and t["keys"][-2:] == ["dims", "types"]
     assert len(t["rows"]) == min(300, len(shaped["rows"])) and len(shaped["rows"]) > len(body["rows"])
     first = max(shaped["rows"], key=lambda r: r["self_us"])
     assert (t["rows"][0]["name"], t["rows"][0]["dims"]) == (first["name"], first["dims"] or "n/a")
@@ -137,6 +139,8 @@ def test_operators_panel(tmp_path, tensorboard_server, browser_page):
         iframe.wait_for_function("() => document.querySelector('%s .op-count').textContent.startsWith('%d of %d ')"
                                  % (PANEL, n, len(one["rows"])), timeout=60_000)
         assert len(_table(iframe)["rows"]) == n
+        os.makedirs("test-artifacts", exist_ok=True)
+        frame.locator(PANEL).screenshot(path=os.path.join("test-artifacts", "operators_step_by_shape.png"))
         assert sum(r["calls"] for r in one["rows"]) < sum(r["calls"] for r in shaped["rows"])
 
     # an op named like HTML stays text
@@ -145,6 +149,8 @@ def test_operators_panel(tmp_path, tensorboard_server, browser_page):
                              "[...document.querySelectorAll('%s td.opname')].some((td) => td.textContent === %s)"
                              % (HTML_RUN, PANEL, json.dumps(EVIL)), timeout=120_000)
     assert iframe.evaluate("() => document.querySelectorAll('%s img, %s b').length" % (PANEL, PANEL)) == 0
+    html_row = _table(iframe)["rows"][0]  # a GPU run: its columns are there
+    assert html_row["gpu_us"] == "100 µs" and html_row["tc_pct"] == "0.0%"
     tops = iframe.evaluate("() => [...document.querySelectorAll('%s td.op-inputs')].map((td) => td.textContent)" % PANEL)
     assert any(EVIL_TYPE in t for t in tops)
     os.makedirs("test-artifacts", exist_ok=True)

@@ -131,6 +131,24 @@ def test_no_shapes_recorded_and_no_steps(tmp_path):
     row = by_name(operators.view_table(view, None, "op"))["aten::mm"]
     assert (row["calls"], row["total_us"], row["self_us"], row["gpu_us"], row["tc_pct"]) == (1, 100, 95, 30, 0)
     assert "top_inputs" not in row
+    assert table_na(view) == {}
+
+
+def table_na(view):
+    return operators.view_table(view, None, "op")["not_available"]
+
+
+def test_cpu_only_trace_gpu_columns_are_na(tmp_path):
+    b = TraceBuilder(props=())
+    b.step(1, 0, 100)
+    b.cpu("aten::mm", 10, 50)
+    trace = b.load(tmp_path)
+    view = operators.operator_view(trace, steps.find_steps(trace))
+    assert view["has_gpu"] is False
+    row = by_name(operators.view_table(view, None, "op"))["aten::mm"]
+    assert (row["calls"], row["self_us"], row["gpu_us"], row["gpu_self_us"], row["tc_pct"]) == (1, 50, None, None, None)
+    assert "CPU-only" in table_na(view)["gpu"]
+    assert operators.combine_views([view, view])["has_gpu"] is False
 
 
 def test_route_answer_parameters(tmp_path):

@@ -311,10 +311,13 @@ def operator_view(trace: TraceData, steps: Steps) -> dict:
 
         {"steps": [N...], "names": [str], "inputs": [[dims_text, types_text]],
          "record_shapes": bool, "rows": {"step", "name", "input", *VIEW_FIELDS: [..]},
-         "rows_merged": k}
+         "rows_merged": k, "has_gpu": bool}
+
+    ``has_gpu`` is False for a trace without any GPU activity: its GPU columns are n/a, not 0.
     """
     out = {"steps": [], "names": [], "inputs": [], "record_shapes": False,
-           "rows": {k: [] for k in ("step", "name", "input") + VIEW_FIELDS}, "rows_merged": 0}
+           "rows": {k: [] for k in ("step", "name", "input") + VIEW_FIELDS}, "rows_merged": 0,
+           "has_gpu": bool(len(trace.gpu))}
     if steps.count == 0:
         return out
     out["steps"] = [int(x) for x in steps.inc_numbers]
@@ -414,7 +417,10 @@ def view_table(view: dict, step=None, group: str = "op") -> dict:
     key = np.stack([name_col, input_col if by_shape else np.zeros_like(input_col)], 1)
     out = {"steps": steps_list, "step": "all" if step is None else step, "group": "op_shape" if by_shape else "op",
            "record_shapes": bool(view.get("record_shapes")), "rows": [], "rows_left_out": 0,
-           "inputs_merged": bool(view.get("rows_merged"))}
+           "inputs_merged": bool(view.get("rows_merged")), "not_available": {}}
+    has_gpu = view.get("has_gpu", True)
+    if not has_gpu:
+        out["not_available"]["gpu"] = "no GPU activity in this selection (CPU-only trace)"
     if len(key) == 0:
         return out
     uniq, inv = _unique_rows(key)
@@ -443,6 +449,8 @@ def view_table(view: dict, step=None, group: str = "op") -> dict:
         row = {"name": names[int(uniq[g, 0])], "calls": int(sums["calls"][g]),
                "total_us": _us(sums["total_us"][g]), "self_us": _us(sums["self_us"][g]),
                "gpu_us": _us(gpu), "gpu_self_us": _us(sums["gpu_self_us"][g]), "tc_pct": _us(tc_pct)}
+        if not has_gpu:
+            row.update(gpu_us=None, gpu_self_us=None, tc_pct=None)
         if by_shape:
             row.update(_input_entry(inputs, int(uniq[g, 1])))
         elif out["record_shapes"]:
@@ -483,10 +491,11 @@ def combine_views(views: List[dict]) -> Optional[dict]:
     names: Dict[str, int] = {}
     inputs: Dict[tuple, int] = {}
     acc: Dict[tuple, np.ndarray] = {}
-    record = False
+    record = has_gpu = False
     merged = 0
     for v in views:
         record = record or bool(v.get("record_shapes"))
+        has_gpu = has_gpu or bool(v.get("has_gpu", True))
         merged += int(v.get("rows_merged") or 0)
         rows = v.get("rows") or {}
         v_names, v_inputs = v.get("names") or [], v.get("inputs") or []
@@ -503,6 +512,7 @@ def combine_views(views: List[dict]) -> Optional[dict]:
                 acc[key] = vals
     keys = list(acc)
     out = {"steps": [], "names": list(names), "inputs": [list(k) for k in inputs], "record_shapes": record,
+           "has_gpu": has_gpu,
            "rows": {"step": [0] * len(keys), "name": [k[0] for k in keys], "input": [k[1] for k in keys]},
            "rows_merged": merged}
     for j, f in enumerate(VIEW_FIELDS):

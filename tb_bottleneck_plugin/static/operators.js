@@ -30,18 +30,19 @@ function inputText(entry) {
   return `${entry.dims ?? "?"} ${entry.types ?? ""}`.trim();
 }
 
-function columns(group, recordShapes) {
+function columns(group, recordShapes, hasGpu) {
   const byShape = group === "op_shape";
   return [
     {key: "name", label: "Operator", text: true},
-    byShape ? {key: "dims", label: "Input shapes", text: true, cls: "mono"} : null,
-    byShape ? {key: "types", label: "Input types", text: true, cls: "mono"} : null,
     {key: "calls", label: "Calls", fmt: fmtCount},
     {key: "self_us", label: "Self CPU", fmt: fmtUs},
     {key: "total_us", label: "Total CPU", fmt: fmtUs},
-    {key: "gpu_self_us", label: "Self GPU", fmt: fmtUs},
-    {key: "gpu_us", label: "Total GPU", fmt: fmtUs},
-    {key: "tc_pct", label: "TC %", fmt: (v) => fmtPct(v)},
+    hasGpu ? {key: "gpu_self_us", label: "Self GPU", fmt: fmtUs} : null,
+    hasGpu ? {key: "gpu_us", label: "Total GPU", fmt: fmtUs} : null,
+    hasGpu ? {key: "tc_pct", label: "TC %", fmt: (v) => fmtPct(v)} : null,
+    // the (long) recorded inputs last, so the numbers stay in view
+    byShape ? {key: "dims", label: "Input shapes", text: true, cls: "mono"} : null,
+    byShape ? {key: "types", label: "Input types", text: true, cls: "mono"} : null,
     !byShape && recordShapes ? {key: "top_inputs", label: "Top input shapes", text: true,
       sortGet: (r) => (r.top_inputs && r.top_inputs[0] ? String(r.top_inputs[0].dims ?? "") : "")} : null,
   ].filter(Boolean);
@@ -94,7 +95,8 @@ export function renderOperators(container, ctx) {
 
   function drawTable(data) {
     const rows = data.rows;
-    const cols = columns(data.group, data.record_shapes);
+    const gpuNa = data.not_available && data.not_available.gpu;
+    const cols = columns(data.group, data.record_shapes, !gpuNa);
     const thead = h("thead");
     const tbody = h("tbody");
     const table = h("table", {class: "grid-table operators"}, thead, tbody);
@@ -167,6 +169,7 @@ export function renderOperators(container, ctx) {
     drawHead();
     drawBody();
     const notes = [];
+    if (gpuNa) notes.push(note(`GPU columns n/a: ${gpuNa}.`));
     if (!data.record_shapes) {
       notes.push(note("Input shapes were not recorded: profile with torch.profiler.profile(record_shapes=True) to see them."));
     }
