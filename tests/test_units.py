@@ -126,3 +126,17 @@ def test_a_toy_metric_is_one_module_plus_one_registry_line(monkeypatch, resnet_s
     assert summary["toy"]["calls"] == sum(s["report"]["toy"]["calls"] for s in spans)
     assert summary["toy"]["us"] == pytest.approx(sum(s["report"]["toy"]["us"] for s in spans))
     assert summary["verdicts"]["toy"]["value"] == summary["toy"]["us"]
+
+
+def test_every_unit_section_is_in_the_route_schema():
+    """A unit's section is part of the backend-frontend contract: a required property of
+    docs/route-schema.json's report (tests/test_route_schema.py validates real answers)."""
+    import json
+
+    from conftest import ROUTE_SCHEMA_PATH
+
+    schema = json.loads(ROUTE_SCHEMA_PATH.read_text())["$defs"]["report"]
+    for unit in registry.UNITS:
+        for key in (unit.fields if unit.fields is not None else [unit.name]):
+            assert key in schema["properties"] and key in schema["required"], (unit.name, key)
+    assert "verdicts" in schema["required"]
