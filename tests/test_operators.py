@@ -243,3 +243,47 @@ def test_absurd_durations_are_na_not_inf(tmp_path):
         row = by_name(table)["aten::mm"]
         assert row["gpu_us"] is None and row["tc_pct"] is None
         assert row["self_us"] in (90, 180) and row["calls"] in (1, 2)
+
+
+# ---------------------------------------------------------------------------- the route
+
+
+def test_route_through_tensorboard(tmp_path):
+    """operators?... through TensorBoard's WSGI app: 200 per step and group (schema-valid,
+    each query its own body), 400 bad group/step, 404 step not included / unknown run."""
+    import sys
+
+    from conftest import REPO, route_validator
+
+    sys.path.insert(0, str(REPO / "tests" / "fixtures"))
+    import record_route_fixtures as rec
+
+    logs = tmp_path / "logs"
+    b = TraceBuilder()
+    for step, t0 in ((1, 0), (2, 1000), (3, 2000)):
+        b.step(step, t0, 900)
+        b.cpu("aten::linear", t0 + 10, 200 + step, **LINEAR_A)
+        b.launch(TC_KERNEL, t0 + 20, kernel_ts=t0 + 100, kernel_dur=50)
+    b.write(logs / "run" / "worker0.1700000000000.pt.trace.json")
+    h = rec.harness(logs)
+    try:
+        validate = route_validator("operators")
+        q = {"run": "run", "worker": "worker0", "span": "1700000000000"}
+        status, every = rec.get(h, "operators", **q)
+        assert status == 200 and not list(validate.iter_errors(every))
+        assert every["steps"] == [1, 2, 3] and every["step"] == "all"  # three steps of 1 launch each
+        assert every["rows"][0]["calls"] == 3 and every["rows"][0]["total_us"] == 606
+        status, one = rec.get(h, "operators", step="2", group="op_shape", **q)
+        assert status == 200 and not list(validate.iter_errors(one))
+        assert (one["step"], one["group"], one["rows"][0]["total_us"], one["rows"][0]["tc_pct"]) == (2, "op_shape", 202, 100)
+        assert one["rows"][0]["dims"] == json.dumps(LINEAR_A["Input Dims"])
+        assert rec.get(h, "operators", step="3", **q)[1]["rows"][0]["total_us"] == 203  # not the cached step 2
+        for params, code in (({"group": "x"}, 400), ({"step": "one"}, 400), ({"step": "9"}, 404)):
+            status, body = rec.get(h, "operators", **params, **q)
+            assert status == code and isinstance(body["error"], str), params
+        assert rec.get(h, "operators", run="nope")[0] == 404
+        assert rec.get(h, "operators")[0] == 400
+        status, summary = rec.get(h, "operators", run="run")  # a one-span run keeps its steps
+        assert status == 200 and summary["steps"] == [1, 2, 3]
+    finally:
+        h.stop()
