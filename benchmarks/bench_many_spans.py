@@ -8,9 +8,10 @@ process this benchmark started, sampled every 50 ms with psutil):
 
 - **cli**: ``tb-bottlenecks report LOGDIR --json --jobs N`` (N child processes, the
   scheduler's memory budget left at its default) until it exits;
-- **tab**: a real ``tensorboard --logdir LOGDIR --bottlenecks_analysis_jobs N
-  --bottlenecks_cache_dir none`` from its start until the runs route lists every rank
-  as ready (and the time from its first answer), polled every 0.2 s;
+- **tab**: a real TensorBoard (``--logdir LOGDIR --bottlenecks_analysis_jobs N
+  --bottlenecks_cache_dir none``; its built-in plugins and ours, no other installed
+  plugin) from its start until the runs route lists every rank as ready (and the time
+  from its first answer), polled every 0.2 s;
 - **dask**: ``tb-bottlenecks report LOGDIR --json --dask ADDRESS`` against an already
   running ``distributed.LocalCluster(n_workers=W, threads_per_worker=1)`` (its start is
   not timed); only with --dask-workers.
@@ -114,6 +115,18 @@ def _runs(port: int):
         conn.close()
 
 
+# TensorBoard with its built-in plugins and ours only: other installed plugins (entry
+# points) stay out. torch-tb-profiler, installed for the tests, would otherwise parse
+# every rank of the logdir itself, in one spawned process per file (64 x ~210 MB here).
+_TB_ONLY_OURS = (
+    "import sys\n"
+    "from tensorboard import default, program\n"
+    "from tb_bottleneck_plugin.plugin_loader import BottlenecksLoader\n"
+    "tb = program.TensorBoard(plugins=default.get_plugins() + [BottlenecksLoader])\n"
+    "tb.configure(argv=[None] + sys.argv[1:])\n"
+    "sys.exit(tb.main())\n")
+
+
 def _tab(logdir: Path, jobs: int, work: Path, ranks: int, timeout: float, nice=None) -> dict:
     port = _free_port()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
@@ -122,7 +135,7 @@ def _tab(logdir: Path, jobs: int, work: Path, ranks: int, timeout: float, nice=N
     log = open(work / f"tensorboard-jobs{jobs}.log", "wb")
     t0 = time.perf_counter()
     with PeakRss() as peak:
-        tb = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--port", str(port),
+        tb = subprocess.Popen([sys.executable, "-c", _TB_ONLY_OURS, "--logdir", str(logdir), "--port", str(port),
                                "--host", "127.0.0.1", "--bottlenecks_cache_dir", "none",
                                "--bottlenecks_rescan_seconds", "600", "--bottlenecks_analysis_jobs", str(jobs)],
                               stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
