@@ -164,3 +164,17 @@ def test_no_threshold_number_is_compared_outside_thresholds_py():
                     if isinstance(v, (int, float)) and not isinstance(v, bool) and v in values and v not in (0, 1, 2, 3):
                         found.append(f"{path.relative_to(pkg)}:{node.lineno}: {ast.unparse(node)}")
     assert not found, "\n".join(found)
+
+
+def test_gpu_cards_are_na_with_the_gpu_reason_on_cpu_only_traces(reports):
+    """A CPU-only trace has no GPU to starve or to share kernel time with: the
+    synchronisation and communication cards are n/a with the trace's own gpu reason,
+    never "ok" with words about a GPU that is not there."""
+    cpu_only = [(where, r) for where, r in reports
+                if "gpu" in (r.get("not_available") or {}) and not r.get("gpu")]
+    assert len(cpu_only) >= 2  # the generated CPU traces and the demo's CPU pair
+    for where, r in cpu_only:
+        for card in ("sync", "communication", "gpu_utilization", "tensor_cores", "occupancy"):
+            v = r["verdicts"][card]
+            assert v["severity"] == "na" and v["value"] is None, (where, card, v)
+            assert "GPU" in v["verdict"], (where, card, v["verdict"])

@@ -265,11 +265,18 @@ def _launch_finish(m: dict) -> dict:
 # card verdicts (verdicts.py helpers; thresholds from thresholds.py)
 
 
+def _cpu_only(report: dict) -> bool:
+    """No GPU device at all (a summary that mixes CPU and GPU spans has GPU devices)."""
+    return "gpu" in (report.get("not_available") or {}) and not report.get("gpu")
+
+
 def _card_sync(report: dict) -> dict:
     sync = report.get("sync") or {}
     value = V.num(sync.get("sync_gpu_idle_pct")) if "sync_gpu_idle_pct" in sync else V.num(sync.get("sync_pct"))
+    if _cpu_only(report):
+        value = None  # no GPU in the trace: "does the host starve the GPU" has no answer (n/a, the gpu reason)
     out = V.card(report, value, "pct", "synchronization", None,
-                 ("SYNC_PCT", "SYNC_HIGH_PCT", "SYNC_GPU_BUSY_OK_PCT"), ("sync_pct", "sync"))
+                 ("SYNC_PCT", "SYNC_HIGH_PCT", "SYNC_GPU_BUSY_OK_PCT"), ("sync_pct", "sync", "gpu"))
     if value is not None:
         out["verdict"] = ("the GPU idles while the host waits on it" if out["severity"] != "ok"
                           else "host waits do not starve the GPU")
@@ -279,9 +286,11 @@ def _card_sync(report: dict) -> dict:
 def _card_communication(report: dict) -> dict:
     comm = report.get("communication") or {}
     value = V.num(comm.get("comm_pct_of_kernel_time"))
+    if _cpu_only(report):
+        value = None  # CPU-only: no kernels to share time with (n/a, the gpu reason)
     out = V.card(report, value, "pct", "communication", None,
                  ("COMM_SHARE_PCT", "COMM_OVERLAP_OK_PCT", "COMM_EXPOSED_HIGH_PCT"),
-                 ("comm_pct_of_kernel_time", "communication"))
+                 ("comm_pct_of_kernel_time", "communication", "gpu"))
     if value is not None:
         out["verdict"] = ("communication not hidden under compute" if out["severity"] != "ok"
                           else "communication small or overlapped")
