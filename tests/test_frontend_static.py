@@ -292,8 +292,10 @@ def test_views_are_split_and_cards_come_from_descriptors():
     # every descriptor is a card the server gives a verdict for (verdicts.py CARDS); a verdict
     # without a descriptor is still shown (cards.js genericDescriptor), so a new metric needs none
     from tb_bottleneck_plugin import verdicts
+    from tb_bottleneck_plugin.analysis import registry
 
-    assert ids and set(ids) <= {card for card, _ in verdicts.CARDS}, ids
+    server_cards = {card for card, _ in verdicts.CARDS} | {card for u in registry.UNITS for card, _ in u.cards}
+    assert ids and set(ids) <= server_cards, (ids, server_cards)
     assert len(ids) == len(set(ids)) and "genericDescriptor" in cards
     # colours come from the verdict's severity word only
     assert "severityClass(v.severity)" in cards and "ruleSeverity" not in cards
