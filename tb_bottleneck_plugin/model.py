@@ -211,16 +211,3 @@ class TraceData:
         """GPU device ids that ran any GPU activity, sorted."""
         return sorted(int(d) for d in np.unique(self.gpu.device))
 
-    @property
-    def device_properties_by_id(self) -> Dict[int, dict]:
-        """deviceProperties by their `id` (their position when the id is missing or not
-        an integer: other tools write "0", 0.0 or nothing)."""
-        out: Dict[int, dict] = {}
-        for i, p in enumerate(self.meta.device_properties):
-            dev = p.get("id", i)
-            try:
-                key = int(dev) if not isinstance(dev, bool) else i
-            except (TypeError, ValueError, OverflowError):
-                key = i
-            out[key] = p
-        return out

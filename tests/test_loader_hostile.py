@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from tb_bottleneck_plugin import loader, model, report
+from tb_bottleneck_plugin.analysis.occupancy import device_properties
 from tb_bottleneck_plugin.errors import NotATraceError, TraceError, TruncatedTraceError
 
 
@@ -471,6 +472,8 @@ def test_device_properties_with_ids_that_are_not_integers(tmp_path):
                                        "deviceProperties": props}).replace("Infinity", "1e400").encode())
     assert kernels(trace) == N
     assert trace.meta.warnings == ["`deviceProperties`: 1 values beyond the float range were ignored"]
-    by_id = trace.device_properties_by_id  # "gpu0" -> its position; 1e400 (beyond float) -> its position
-    assert {k: p["name"] for k, p in by_id.items()} == {0: "A", 1: "B", 2: "C", 7: "D"}
+    # The analyses' lookup (occupancy, memory capacity): an id that is not an integer ("gpu0",
+    # 1e400 beyond float, the string "7") or is missing stands for the entry's position.
+    by_id = device_properties(trace)
+    assert {k: p["name"] for k, p in by_id.items()} == {0: "A", 1: "B", 2: "C", 3: "D"}
     report_of(trace)

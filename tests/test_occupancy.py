@@ -89,7 +89,7 @@ def test_reproduces_kineto_est_achieved_occupancy_on_v100_resnet50():
     g = tr.gpu
     k = (g.kind == 0) & np.isfinite(g.achieved_occupancy_pct) & np.isfinite(g.blocks_per_sm)
     assert k.sum() > 8000
-    props = tr.device_properties_by_id[0]
+    props = occ.device_properties(tr)[0]
     threads = g.block_x * g.block_y * g.block_z
     est = occ.kineto_estimate(props, threads[k], g.registers_per_thread[k], g.shared_memory[k],
                               g.blocks_per_sm[k])

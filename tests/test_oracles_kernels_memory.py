@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tb_bottleneck_plugin.analysis.memory import memory_usage
-from tb_bottleneck_plugin.analysis.occupancy import kernel_occupancy
+from tb_bottleneck_plugin.analysis.occupancy import device_properties, kernel_occupancy
 from tb_bottleneck_plugin.analysis.steps import find_steps
 from tb_bottleneck_plugin.analysis.tensor_cores import tensor_core_usage
 from tb_bottleneck_plugin.loader import load_trace
@@ -200,7 +200,7 @@ def test_df_index_resolver_slack_is_the_allocated_reserved_gap():
     r = memory_usage(load(rel))["cuda:1"]
     assert r["slack_fragmentation_pct"] == pytest.approx(100.0 * (res - alloc) / res)  # ~48 %: 6.2 of 11.9 GiB used
     assert 40 < r["slack_fragmentation_pct"] < 55
-    assert r["capacity_bytes"] == load(rel).device_properties_by_id[1]["totalGlobalMem"]
+    assert r["capacity_bytes"] == device_properties(load(rel))[1]["totalGlobalMem"]
     assert len(r["curve"]["ts_us"]) <= 2000 + 2 and max(r["curve"]["allocated_bytes"]) == alloc
 
 
