@@ -121,8 +121,8 @@ def _runs(port: int):
 _TB_ONLY_OURS = (
     "import sys\n"
     "from tensorboard import default, program\n"
-    "from tb_bottleneck_plugin.plugin_loader import BottlenecksLoader\n"
-    "tb = program.TensorBoard(plugins=default.get_plugins() + [BottlenecksLoader])\n"
+    "plugins = [p for p in default.get_plugins() if p.__module__.startswith(('tensorboard.', 'tb_bottleneck_plugin.'))]\n"
+    "tb = program.TensorBoard(plugins=plugins)\n"
     "tb.configure(argv=[None] + sys.argv[1:])\n"
     "sys.exit(tb.main())\n")
 
