@@ -131,7 +131,7 @@ function yAxis({ticks, y, x0, x1, fmt, side = "left"}) {
  * colors: {key: css colour}, names: {key: display name}, fmt: value -> text.
  */
 export function stackedBarChart({width, height = 260, bars, keys, colors, names, fmt, axisFmt = null, yLabel = "", maxLabels = 24}) {
-  const m = {l: 58, r: 12, t: 14, b: 34};
+  const m = {l: yLabel ? 74 : 58, r: 12, t: 14, b: 34}; // room for the rotated y label beside the tick labels
   const pw = Math.max(10, width - m.l - m.r);
   const ph = Math.max(10, height - m.t - m.b);
   const totals = bars.map((b) => (isNum(b.total) ? b.total : keys.reduce((a, k) => a + (isNum(b.parts[k]) ? b.parts[k] : 0), 0)));

@@ -128,8 +128,10 @@ export function renderOperators(container, ctx) {
       }
       if (c.key === "top_inputs") {
         const list = Array.isArray(r.top_inputs) ? r.top_inputs : [];
+        // the call count first: a long shape list is cut at the cell's end (full text on hover)
         return h("td", {class: ["mono", "op-inputs"]}, list.map((e) =>
-          h("div", {title: `${inputText(e)}: ${e.calls} calls, ${fmtUs(e.total_us)}`}, `${inputText(e)} ×${e.calls}`)));
+          h("div", {title: `${inputText(e)}\n${e.calls} calls, ${fmtUs(e.total_us)} CPU`},
+            h("span", {class: "op-calls muted"}, `×${e.calls} `), inputText(e))));
       }
       if (c.key === "tc_pct" && !isNum(r.tc_pct)) {
         return h("td", {class: "num muted", title: "n/a: the op launched no GPU work"}, "n/a");

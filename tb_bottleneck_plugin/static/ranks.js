@@ -26,6 +26,7 @@ const BAR_MAX = 100; // beyond this many ranks, one bar per group of ranks (mean
 const HEATMAP_MAX_ROWS = 120; // beyond this, one canvas row per group of ranks (the group's max): rows >= 3 px
 const HEATMAP_HEIGHT = 360; // px available to the rows
 const TABLE_LIMIT = 100; // rows shown before "Show all"
+const FEW_BARS = 12; // up to this many bars, each is labelled "rank N" (more: the bare numbers)
 const CARD_RANKS = 8; // "Cards per rank": the flagged rank first, then the table's order, at most this many reports
 // A sequential colour ramp (viridis stops), readable on light and dark backgrounds.
 const RAMP = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
@@ -180,7 +181,8 @@ function renderBars(rows, onPick) {
     const single = g.length === 1;
     const first = g[0];
     const last = g[g.length - 1];
-    return {label: single ? String(first.rank) : `${first.rank}–${last.rank}`, parts,
+    const few = groups.length <= FEW_BARS; // "rank 3" under each bar while they fit, else the bare numbers
+    return {label: single ? `${few ? "rank " : ""}${first.rank}` : `${few ? "ranks " : ""}${first.rank}–${last.rank}`, parts,
       title: single ? `rank ${first.rank} (worker ${first.worker})` : `ranks ${first.rank}–${last.rank} (mean of ${g.length})`};
   });
   const note = groups.length < rows.length

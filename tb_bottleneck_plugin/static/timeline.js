@@ -8,7 +8,7 @@
 // the page only as canvas text or textContent (hover box), never as HTML.
 
 import {h, mount} from "./dom.js";
-import {fmtPct, fmtUs, fmtUsTick, isNum} from "./format.js";
+import {fmtPct, fmtUs, fmtUsTick, isNum, spanLabel} from "./format.js";
 import {registerPanel} from "./panels.js";
 import {renderLoading, renderError} from "./states.js";
 
@@ -27,8 +27,23 @@ const CAUSE_LABEL = {
   other: "other",
 };
 const CAUSE_COLOR = {input_wait: "#e15759", h2d_copy: "#edc948", sync: "#b07aa1", launch: "#76b7b2", other: "#c9c3bf"};
+const CAUSE_TEXT_COLOR = {input_wait: "#b3262a", h2d_copy: "#8a6d00", sync: "#7b4a6f", launch: "#2f6f6a"};
 const KIND_COLOR = {cpu: "#4e79a7", dataloader: "#f28e2b", runtime: "#9c755f", gpu: "#59a14f"};
 const COPY_COLOR = "#d4a017";
+const KIND_LABEL = [["cpu", "CPU op"], ["dataloader", "DataLoader"], ["runtime", "CUDA runtime call"], ["gpu", "GPU kernel"]];
+const EMPTY_TEXT = "none in this window";
+const CAUSE_TEXT_MIN_PX = 90; // a shaded stretch this wide gets its cause written in the lane
+
+/** Cause names as the user reads them: without a GPU the shading is the host's time. */
+function causeLabel(cause, hasGpu) {
+  if (!hasGpu && cause === "other") return "other host time (not waiting for input)";
+  return CAUSE_LABEL[cause] || cause;
+}
+
+/** What a shaded stretch means, for the lane text and the hover box. */
+function causeLine(cause, hasGpu) {
+  return hasGpu ? `GPU idle: ${causeLabel(cause, hasGpu)}` : `no compute: ${causeLabel(cause, hasGpu)}`;
+}
 
 function laneColor(lane, name) {
   if (lane.kind === "gpu" && name && /^Mem(cpy|set)/.test(name)) return COPY_COLOR;
@@ -100,11 +115,18 @@ export function renderTimeline(container, ctx) {
   // ---------------------------------------------------------------- controls
   function drawControls() {
     const d = st.data;
-    const spanSel = d.spans && d.spans.length > 1
+    const spans = d.spans || [];
+    const workers = new Set(spans.map((x) => x.worker));
+    const nth = {};
+    const spanSel = spans.length > 1
       ? h("select", {class: "tl-span", "aria-label": "Span", onchange: (e) => {
         const [w, s] = JSON.parse(e.target.value);
         st.worker = w; st.span = s; st.step = null; st.view = null; load(true);
-      }}, d.spans.map((x) => h("option", {value: JSON.stringify([x.worker, x.span])}, `${x.worker} · ${x.span}`)))
+      }}, spans.map((x) => {
+        const i = nth[x.worker] = (nth[x.worker] ?? -1) + 1;
+        const text = `${workers.size > 1 ? `${x.worker} · ` : ""}${spanLabel({timestamp: x.span}, i)}`;
+        return h("option", {value: JSON.stringify([x.worker, x.span]), title: `${x.worker} · span ${x.span}`}, text);
+      }))
       : null;
     if (spanSel) spanSel.value = JSON.stringify([d.worker, d.span]);
     const slowest = slowestStep(d.steps);
@@ -120,7 +142,7 @@ export function renderTimeline(container, ctx) {
       href: ctx.data.url("step_trace", {worker: d.worker, span: d.span, step: d.step}),
       title: "This step's events as a Chrome trace JSON: open it in ui.perfetto.dev or chrome://tracing"},
     "Download step (Chrome trace)");
-    mount(controls, spanSel, h("label", {}, "Step ", stepSel), reset, exportLink,
+    mount(controls, spanSel ? h("label", {}, "Span ", spanSel) : null, h("label", {}, "Step ", stepSel), reset, exportLink,
       h("span", {class: "note tl-hint"}, " Wheel: zoom · drag: pan · hover: details"));
   }
 
@@ -138,10 +160,18 @@ export function renderTimeline(container, ctx) {
         "data-drawn-pct": drawn[c] === undefined ? "" : String(drawn[c]), style: {"margin-right": "14px"}},
       h("span", {style: {display: "inline-block", width: "10px", height: "10px", background: CAUSE_COLOR[c],
         "margin-right": "4px", "vertical-align": "middle"}}),
-      `${CAUSE_LABEL[c]}: ${fmtPct(d.idle_pct[c])}`));
-    const what = d.has_gpu ? "GPU idle in this step (no kernel running), by cause: "
-      : "No GPU activity in this trace; the host's time by the same causes: ";
-    mount(legend, h("span", {class: "muted"}, what), items);
+      `${causeLabel(c, d.has_gpu)}: ${fmtPct(d.idle_pct[c])}`));
+    const what = d.has_gpu ? "Shaded: GPU idle in this step (no kernel running), by cause: "
+      : "No GPU activity in this trace. Shaded: the host's time in this step, by cause: ";
+    const swatch = (color, alpha) => h("span", {style: {display: "inline-block", width: "10px", height: "10px", background: color,
+      opacity: String(alpha), "margin-right": "4px", "vertical-align": "middle"}});
+    const kinds = new Set(d.lanes.map((l) => l.kind));
+    const bars = KIND_LABEL.filter(([k]) => kinds.has(k)).map(([k, text]) =>
+      h("span", {class: "tl-kind", style: {"margin-right": "14px"}}, swatch(KIND_COLOR[k], 1), text));
+    if (kinds.has("gpu")) bars.push(h("span", {class: "tl-kind", style: {"margin-right": "14px"}}, swatch(COPY_COLOR, 1), "memcpy / memset"));
+    mount(legend, h("div", {class: "tl-legend-causes"}, h("span", {class: "muted"}, what), items),
+      h("div", {class: "tl-legend-kinds"}, h("span", {class: "muted"}, "Bars: "), bars,
+        h("span", {class: "muted"}, "(faded: several events merged at this zoom; zoom in to separate them)")));
   }
 
   /** Shaded share per cause from the rectangles of a whole-step answer (equals idle_pct). */
@@ -190,6 +220,7 @@ export function renderTimeline(container, ctx) {
     // shading of the idle causes across the GPU lanes (every lane when there is no GPU)
     const shadeRows = rs.filter((r) => r.lane && (d.has_gpu ? r.lane.kind === "gpu" : true));
     const idleRow = rs[rs.length - 1];
+    const textRow = shadeRows.find((r) => r.lane.kind !== "dataloader");
     if (shadeRows.length) {
       const top = shadeRows[0].y;
       const bottom = shadeRows[shadeRows.length - 1].y + LANE_H;
@@ -202,11 +233,30 @@ export function renderTimeline(container, ctx) {
         }
       }
       g.globalAlpha = 1;
+      // the cause written in the shaded stretches of the first shaded lane that is not the DataLoader
+      // (the GPU's own lane when there is a GPU): "GPU idle: waiting for input" where nothing runs
+      if (textRow) {
+        g.save();
+        g.beginPath();
+        g.rect(LABEL_W, textRow.y, W, LANE_H);
+        g.clip();
+        for (const lane of idleRow.idle) {
+          if (lane.cause === "other") continue;
+          for (let i = 0; i < lane.t0.length; i++) {
+            const a = Math.max(LABEL_W, x(lane.t0[i]));
+            const b = Math.min(cssW, x(lane.t1[i]));
+            if (b - a < CAUSE_TEXT_MIN_PX) continue;
+            g.fillStyle = CAUSE_TEXT_COLOR[lane.cause] || "#333";
+            g.fillText(causeLine(lane.cause, d.has_gpu), a + 4, textRow.y + LANE_H / 2);
+          }
+        }
+        g.restore();
+      }
     }
     // lanes
     for (const r of rs) {
       g.fillStyle = "#333";
-      const label = r.lane ? r.lane.label : (d.has_gpu ? "GPU idle · cause" : "Idle · cause (no GPU)");
+      const label = r.lane ? r.lane.label : (d.has_gpu ? "GPU idle · cause" : "Host time · cause (no GPU)");
       g.save();
       g.beginPath();
       g.rect(0, r.y, LABEL_W - 6, r.h);
@@ -223,6 +273,10 @@ export function renderTimeline(container, ctx) {
       g.rect(LABEL_W, r.y, W, r.h);
       g.clip();
       const lanes = r.lane ? [r.lane] : r.idle;
+      if (r.lane && !r.lane.t0.length && r !== textRow) {
+        g.fillStyle = "#999";
+        g.fillText(EMPTY_TEXT, LABEL_W + 4, r.y + r.h / 2);
+      }
       for (const lane of lanes) {
         for (let i = 0; i < lane.t0.length; i++) {
           const a = x(lane.t0[i]);
@@ -233,7 +287,7 @@ export function renderTimeline(container, ctx) {
           g.globalAlpha = merged ? 0.55 : 1;
           g.fillRect(a, r.y + 2, w, r.h - 4);
           g.globalAlpha = 1;
-          const text = lane.kind === "idle" ? CAUSE_LABEL[lane.cause] : (nm || (merged ? `${lane.count[i]} events` : ""));
+          const text = lane.kind === "idle" ? causeLabel(lane.cause, d.has_gpu) : (nm || (merged ? `${lane.count[i]} events` : ""));
           if (w > 40 && text) {
             g.save();
             g.beginPath();
@@ -262,7 +316,12 @@ export function renderTimeline(container, ctx) {
     g.fillText(`step ${d.step}`, 4, AXIS_H / 2);
     canvas.dataset.rects = String(d.lanes.reduce((a, l) => a + l.t0.length, 0));
     canvas.dataset.window = `${v0.toFixed(3)},${v1.toFixed(3)}`;
-    st.layout = {rs, x, W, cssW};
+    canvas.dataset.step = String(d.step);
+    // where each row is drawn (CSS px), for tests and tools reading the canvas
+    canvas.dataset.layout = JSON.stringify({label_w: LABEL_W, width: cssW, has_gpu: d.has_gpu,
+      rows: rs.map((r) => ({label: r.lane ? r.lane.label : "idle", kind: r.lane ? r.lane.kind : "idle", y: r.y, h: r.h,
+        shaded: shadeRows.includes(r), rects: r.lane ? r.lane.t0.length : r.idle.reduce((a, l) => a + l.t0.length, 0)}))});
+    st.layout = {rs, x, W, cssW, shadeRows, idleRow};
   }
 
   function niceTicks(a, b, n) {
@@ -347,11 +406,20 @@ export function renderTimeline(container, ctx) {
       }
       if (hit) break;
     }
+    if (!hit && lay.shadeRows.includes(r)) {
+      // an empty stretch of a shaded lane: say why nothing runs there
+      for (const lane of lay.idleRow.idle) {
+        for (let i = 0; i < lane.t0.length; i++) {
+          if (lane.t0[i] <= t && t <= lane.t1[i]) { hit = {lane, i}; break; }
+        }
+        if (hit) break;
+      }
+    }
     if (!hit) { tip.style.display = "none"; return; }
     const {lane, i} = hit;
     const lines = [];
     if (lane.kind === "idle") {
-      lines.push(`GPU idle: ${CAUSE_LABEL[lane.cause]}`);
+      lines.push(causeLine(lane.cause, d.has_gpu));
       lines.push(`${fmtUs(lane.busy_us[i])}${lane.count[i] > 1 ? ` in ${lane.count[i]} stretches` : ""}`);
     } else if (lane.count[i] > 1) {
       lines.push(`${lane.count[i]} events (merged at this zoom; zoom in for each)`);
@@ -362,7 +430,7 @@ export function renderTimeline(container, ctx) {
       if (lane.link[i] !== null) lines.push(`launched by CPU op: ${d.names[lane.link[i]]}`);
       if (lane.corr[i] !== null) lines.push(`${lane.kind === "cpu" || lane.kind === "dataloader" ? "external id" : "correlation"} ${lane.corr[i]}`);
     }
-    lines.push(`at ${fmtUs(lane.t0[i])} into the step · ${lane.label}`);
+    lines.push(`at ${fmtUs(lane.t0[i])} into the step · ${lane.kind === "idle" ? r.lane ? `shaded on ${r.lane.label}` : "cause row" : lane.label}`);
     tip.textContent = lines.join("\n");
     tip.style.display = "block";
     const left = Math.min(px + 12, Math.max(0, (canvas.clientWidth || 600) - 360));
