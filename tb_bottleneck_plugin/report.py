@@ -40,13 +40,8 @@ def analyze_span(logdir_url: str, run, span, progress=None, timeline: bool = Fal
     fs, _ = storage.get_fs(span.url)
     trace = loader.load_trace(span.path, fs=fs, source=span.url, progress=progress)
     snapshot = _find_snapshot(fs, posixpath.dirname(span.path))
-    result = analyze_trace(trace, run=getattr(run, "name", None), worker=_worker_of(run, span),
-                           span=span.name, snapshot=snapshot)
-    if timeline:
-        from .analysis import timeline as _timeline
-
-        result["timeline_store"] = _Sections({}, source=span.url).run("timeline", _timeline.build_store, trace)
-    return result
+    return analyze_trace(trace, run=getattr(run, "name", None), worker=_worker_of(run, span),
+                         span=span.name, snapshot=snapshot, timeline=timeline)
 
 
 def _worker_of(run, span) -> Optional[str]:
@@ -102,7 +97,8 @@ class _Sections:
         return True
 
 
-def analyze_trace(trace: model.TraceData, *, run=None, worker=None, span=None, snapshot=None) -> dict:
+def analyze_trace(trace: model.TraceData, *, run=None, worker=None, span=None, snapshot=None,
+                  timeline: bool = False) -> dict:
     """Every analysis of one loaded trace, once: {"report", "memory", "kernels", ...,
     "partials"}.
 
@@ -143,15 +139,19 @@ def analyze_trace(trace: model.TraceData, *, run=None, worker=None, span=None, s
         if kernels is None:
             kernels = []
             rep["occupancy"]["kernels"] = []
-    ops_table = sec.run("operators", operators.operator_table, trace, found) if found is not None else None
     op_view = sec.run("operator_view", operators.operator_view, trace, found) if found is not None else None
     dist_part = sec.run("distributed", distributed.span_partial, trace, found)  # ranks.rank_view input
+    store = None
+    if timeline:  # the step-timeline store, from the same per-span context (steps, unions)
+        from .analysis import timeline as _timeline
+
+        store = _Sections({}, source=trace.meta.source).run("timeline", _timeline.build_store, trace, span=ctx)
     rep["errors"] = sec.errors
     rep["not_available_labels"] = not_available_labels(not_available)
     out_report = _clean(rep)
-    return {"report": out_report, "memory": _clean(curves), "kernels": _clean(kernels),
-            "operators": _clean(ops_table),  # compare.py's op and kernel diffs
-            "operator_view": op_view,  # the /operators route (METRICS.md: Operator view)
+    out = {} if not timeline else {"timeline_store": store}
+    return {**out, "report": out_report, "memory": _clean(curves), "kernels": _clean(kernels),
+            "operator_view": op_view,  # the /operators route and compare's op diff (METRICS.md §13)
             "distributed": dist_part,
             "partials": _clean(span_partials(out_report))}
 
@@ -207,7 +207,7 @@ _SECTION_LABELS = {
     "tensor_cores": "Tensor Cores", "occupancy": "Occupancy", "memory": "Memory",
     "memory_snapshot": "CUDA memory snapshot", "sync": "Host-GPU synchronization",
     "communication": "Communication", "launch": "Kernel launches", "recommendations": "Recommendations",
-    "kernels": "Kernel table", "memory_curves": "Memory over time", "operators": "Operator tables", "operator_view": "Operator view",
+    "kernels": "Kernel table", "memory_curves": "Memory over time", "operator_view": "Operator view",
     "context": "Workload context", "distributed": "Distributed run", "verdicts": "Card verdicts",
 }
 _METRIC_LABELS = {
@@ -316,13 +316,12 @@ def combine_results(results: List[dict], *, run=None, worker=None) -> dict:
         kernels = []
     if out["occupancy"] is not None:
         out["occupancy"]["kernels"] = kernels[:KERNELS_IN_REPORT]
-    ops_table = sec.run("operators", operators.combine_tables, [r.get("operators") for r in results])
     op_view = sec.run("operator_view", operators.combine_views, [r.get("operator_view") for r in results])
     out["errors"] = [dict(e, span=r.get("span")) for r in reports for e in (r.get("errors") or [])
                      if isinstance(e, dict)] + sec.errors
     out["not_available_labels"] = not_available_labels(not_available)
     return {"report": _clean(out), "memory": curves, "kernels": _clean(kernels),
-            "operators": ops_table, "operator_view": op_view}
+            "operator_view": op_view}
 
 
 def _finish(unit, results: List[dict], reports: List[dict]):

@@ -212,3 +212,25 @@ def test_store_round_trips_through_npz(hand, tmp_path):
         back = {k: z[k] for k in z.files}
     assert tl.window(back, 1) == tl.window(store, 1)
     assert HTML_NAME in tl.store_names(back)
+
+
+def test_store_from_the_report_context_is_the_same_and_computed_once(hand, monkeypatch):
+    """analyze_trace(timeline=True) builds the store from the report's per-span context:
+    the same arrays as a standalone build, the category unions made once (shared with the
+    step partition), and the shaded input wait is still the report's input-bound % per step."""
+    from tb_bottleneck_plugin.analysis import breakdown
+
+    trace, alone = hand
+    calls = []
+    real = breakdown.cumulative_unions
+    monkeypatch.setattr(breakdown, "cumulative_unions", lambda t: calls.append(1) or real(t))
+    monkeypatch.setattr(tl, "cumulative_unions", lambda t: calls.append(1) or real(t))
+    out = report.analyze_trace(trace, timeline=True)
+    assert len(calls) == 1  # partition and idle causes cut the same unions
+    store = out["timeline_store"]
+    assert set(store) == set(alone) and all(np.array_equal(store[k], alone[k]) for k in alone)
+    per = {p["step"]: p["input_bound_pct"] for p in out["report"]["input"]["per_step"]}
+    assert per == pytest.approx({1: 30.0, 2: 12.5})
+    for n, want in per.items():
+        assert tl.window(store, n, px=100000)["idle_pct"]["input_wait"] == pytest.approx(want)
+    assert "timeline_store" not in report.analyze_trace(trace)  # only when asked for

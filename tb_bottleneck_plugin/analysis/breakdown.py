@@ -107,22 +107,37 @@ class Partition:
     total: np.ndarray
 
 
-def partition(trace: TraceData, lo: np.ndarray, hi: np.ndarray) -> Partition:
-    """Priority partition of windows [lo[i], hi[i]]: Kernel > Memcpy > Memset >
-    Communication > Runtime > DataLoader > CPU Exec > Other.
-
-    Vectorised with cumulative coverage: with C_k the union of the first k categories,
-    category k owns covered_in(C_k) - covered_in(C_{k-1}) in each window."""
-    lo = np.atleast_1d(np.asarray(lo, np.float64))
-    hi = np.atleast_1d(np.asarray(hi, np.float64))
+def cumulative_unions(trace: TraceData) -> Dict[str, iv.Intervals]:
+    """{category: C_k}, C_k the merged union of the whole trace's intervals of the
+    categories up to and including k (priority order, every category but ``other``).
+    Category k's own time is C_k minus C_{k-1} (the step timeline's input wait is
+    C_dataloader minus C_runtime)."""
     masks = category_masks(trace)
-    out: Dict[str, np.ndarray] = {}
+    out: Dict[str, iv.Intervals] = {}
     cum_s, cum_e = np.empty(0), np.empty(0)
-    prev = np.zeros(len(lo))
     for cat in CATEGORIES[:-1]:
         s, e = _intervals_of(trace, masks[cat])
         cum_s, cum_e = iv.merge(np.concatenate([cum_s, s]), np.concatenate([cum_e, e]))
-        now = iv.covered_in((cum_s, cum_e), lo, hi)
+        out[cat] = (cum_s, cum_e)
+    return out
+
+
+def partition(trace: TraceData, lo: np.ndarray, hi: np.ndarray,
+              unions: Optional[Dict[str, iv.Intervals]] = None) -> Partition:
+    """Priority partition of windows [lo[i], hi[i]]: Kernel > Memcpy > Memset >
+    Communication > Runtime > DataLoader > CPU Exec > Other.
+
+    Vectorised with cumulative coverage: with C_k the union of the first k categories
+    (``cumulative_unions``, passed in when already computed), category k owns
+    covered_in(C_k) - covered_in(C_{k-1}) in each window."""
+    lo = np.atleast_1d(np.asarray(lo, np.float64))
+    hi = np.atleast_1d(np.asarray(hi, np.float64))
+    if unions is None:
+        unions = cumulative_unions(trace)
+    out: Dict[str, np.ndarray] = {}
+    prev = np.zeros(len(lo))
+    for cat in CATEGORIES[:-1]:
+        now = iv.covered_in(unions[cat], lo, hi)
         out[cat] = np.maximum(now - prev, 0.0)
         prev = np.maximum(now, prev)
     total = hi - lo
@@ -159,10 +174,17 @@ def step_breakdown(trace: TraceData, steps: Steps, part: Optional[Partition] = N
 FIELDS = {"avg_step_us": None, "breakdown_us": None, "breakdown_pct": None, "breakdown_per_step": []}
 
 
+def span_unions(span) -> Dict[str, iv.Intervals]:
+    """The span's ``cumulative_unions``, computed once per span (the partition and the
+    step timeline's idle causes both cut them)."""
+    return span.once("category_unions", lambda: cumulative_unions(span.trace))
+
+
 def span_partition(span) -> Partition:
     """The priority partition of the span's included steps, computed once per span."""
     found = span.found
-    return span.once("partition", lambda: partition(span.trace, found.inc_start, found.inc_end))
+    return span.once("partition", lambda: partition(span.trace, found.inc_start, found.inc_end,
+                                                    span_unions(span)))
 
 
 def _unit_compute(span):

@@ -48,7 +48,7 @@ import numpy as np
 from .. import thresholds as T
 from ..model import CPU_OP, CPU_USER_ANNOTATION, GPU_KERNEL, GPU_MEMCPY, TraceData
 from . import intervals as iv
-from .breakdown import category_masks, dataloader_mask
+from .breakdown import cumulative_unions, dataloader_mask
 from .linking import gpu_runtime_index, innermost_enclosing
 from .signals import sync_rows
 from .steps import find_steps
@@ -135,24 +135,17 @@ def idle_causes(trace: TraceData, lo: float, hi: float, host_lo: float, host_hi:
     return out
 
 
-def _cause_sets(trace: TraceData) -> dict:
-    """Whole-trace merged interval sets the idle causes are cut from."""
+def _cause_sets(trace: TraceData, unions: Optional[dict] = None) -> dict:
+    """Whole-trace merged interval sets the idle causes are cut from; ``unions``: the
+    span's breakdown.cumulative_unions when the report already made them."""
     g, rt = trace.gpu, trace.runtime
     k = g.kind == GPU_KERNEL
     h2d = (g.kind == GPU_MEMCPY) & np.isin(g.name, trace.string_ids(lambda s: "HtoD" in s))
-    # DataLoader category of §2: DataLoader spans minus every higher-priority category.
-    masks = category_masks(trace)
-    hs, he = [], []
-    for cat in ("kernel", "memcpy", "memset", "communication", "runtime"):
-        for table_name, mask in masks[cat]:
-            t = getattr(trace, table_name)
-            hs.append(t.ts[mask])
-            he.append(t.ts[mask] + t.dur[mask])
-    higher = iv.merge(np.concatenate(hs) if hs else np.empty(0), np.concatenate(he) if he else np.empty(0))
-    dl = dataloader_mask(trace)
-    c = trace.cpu
-    dl_set = iv.merge(c.ts[dl], c.ts[dl] + c.dur[dl])
-    input_wait = iv.subtract(dl_set, higher)
+    # DataLoader category of §2: the DataLoader spans minus every higher-priority
+    # category, i.e. C_dataloader minus C_runtime of the partition's own unions
+    if unions is None:
+        unions = cumulative_unions(trace)
+    input_wait = iv.subtract(unions["dataloader"], unions["runtime"])
     srows = sync_rows(trace)
     sync = iv.merge(rt.ts[srows], rt.ts[srows] + rt.dur[srows])
     # gaps between consecutive short kernels on one stream
@@ -187,8 +180,17 @@ def _main_thread(trace: TraceData, step_cpu_rows: np.ndarray) -> Optional[int]:
     return int(vals[np.argmax(np.bincount(inv.reshape(-1), weights=np.nan_to_num(c.dur[span])))])
 
 
-def build_store(trace: TraceData, steps=None) -> Dict[str, np.ndarray]:
-    """The timeline store of one span (see the module docstring)."""
+def build_store(trace: TraceData, steps=None, span=None) -> Dict[str, np.ndarray]:
+    """The timeline store of one span (see the module docstring). ``span``: the report's
+    per-span context (analysis/units.SpanContext) after the units ran: its steps and
+    its category unions (the step partition's) are reused, not computed again."""
+    unions = None
+    if span is not None:
+        from .breakdown import span_unions
+
+        if steps is None:
+            steps = span.found
+        unions = span_unions(span)
     if steps is None:
         steps = find_steps(trace)
     c, rt, g = trace.cpu, trace.runtime, trace.gpu
@@ -223,9 +225,11 @@ def build_store(trace: TraceData, steps=None) -> Dict[str, np.ndarray]:
     if main is not None:
         row_of(ROW_CPU, main, 0)
     if len(cpu_keep):
-        keys = np.stack([thread[cpu_keep], depth[cpu_keep]], 1)
+        # (thread, depth) pairs as one 1-D key (a 2-D np.unique sorts rows: 10x slower)
+        th_u, th_inv = np.unique(thread[cpu_keep], return_inverse=True)
+        pair, inv = np.unique(th_inv.reshape(-1) * MAX_CPU_DEPTH + depth[cpu_keep], return_inverse=True)
+        uniq = np.stack([th_u[pair // MAX_CPU_DEPTH], pair % MAX_CPU_DEPTH], 1)
         # main thread first, then threads by id; depth ascending
-        uniq, inv = np.unique(keys, axis=0, return_inverse=True)
         is_main = (uniq[:, 0] == main) if main is not None else np.zeros(len(uniq), bool)
         order = np.lexsort((uniq[:, 1], uniq[:, 0], ~is_main))
         rid = np.empty(len(uniq), np.int64)
@@ -255,9 +259,11 @@ def build_store(trace: TraceData, steps=None) -> Dict[str, np.ndarray]:
     if len(g):
         g_rt = gpu_runtime_index(trace)
         g_link = np.where(g_rt >= 0, rt_link[np.maximum(g_rt, 0)] if len(rt_link) else -1, -1).astype(np.int64)
-        gkeys = np.stack([g.device.astype(np.int64), g.stream.astype(np.int64)], 1)
-        uniq, inv = np.unique(gkeys, axis=0, return_inverse=True)
-        rid = np.array([row_of(ROW_GPU, u[0], u[1]) for u in uniq], np.int64)
+        dev_u, dev_inv = np.unique(g.device.astype(np.int64), return_inverse=True)
+        str_u, str_inv = np.unique(g.stream.astype(np.int64), return_inverse=True)
+        pair, inv = np.unique(dev_inv.reshape(-1) * len(str_u) + str_inv.reshape(-1), return_inverse=True)
+        rid = np.array([row_of(ROW_GPU, dev_u[u // len(str_u)], str_u[u % len(str_u)]) for u in pair.tolist()],
+                       np.int64)
         parts.append((g.ts, g.dur, g.name, g.correlation, g_link, rid[inv.reshape(-1)]))
 
     idle_row = [row_of(ROW_IDLE, 0, i) for i in range(len(IDLE_CAUSES))]
@@ -293,7 +299,7 @@ def build_store(trace: TraceData, steps=None) -> Dict[str, np.ndarray]:
     e_name, e_corr, e_link, e_row = name[src], corr[src], link[src], row[src]
 
     # idle causes per step, as events of the idle rows
-    sets = _cause_sets(trace)
+    sets = _cause_sets(trace, unions)
     i_ts, i_dur, i_row, i_step = [], [], [], []
     for i in range(n_steps):
         causes = idle_causes(trace, lo_all[i], hi_all[i], steps.host_start[i], steps.host_end[i], sets)
