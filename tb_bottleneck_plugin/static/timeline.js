@@ -63,7 +63,7 @@ export function renderTimeline(container, ctx) {
   const canvas = h("canvas", {class: "tl-canvas", style: {width: "100%", display: "block", cursor: "grab"}});
   const tip = h("div", {class: "tl-tip", role: "tooltip", style: {position: "absolute", display: "none", "pointer-events": "none",
     background: "rgba(20,20,20,0.92)", color: "#fff", padding: "4px 6px", "border-radius": "3px", "font-size": "12px",
-    "white-space": "pre", "max-width": "520px", overflow: "hidden", "z-index": "10"}});
+    "white-space": "pre-wrap", "overflow-wrap": "anywhere", "max-width": "520px", "z-index": "10"}});
   const stage = h("div", {class: "tl-stage", style: {position: "relative"}}, canvas, tip);
   const body = h("div", {class: "tl-body"});
   mount(container, controls, legend, body);
@@ -433,9 +433,13 @@ export function renderTimeline(container, ctx) {
     lines.push(`at ${fmtUs(lane.t0[i])} into the step · ${lane.kind === "idle" ? r.lane ? `shaded on ${r.lane.label}` : "cause row" : lane.label}`);
     tip.textContent = lines.join("\n");
     tip.style.display = "block";
-    const left = Math.min(px + 12, Math.max(0, (canvas.clientWidth || 600) - 360));
-    tip.style.left = `${left}px`;
-    tip.style.top = `${r.y + r.h + 2}px`;
+    // inside the canvas: left of the pointer near the right edge, above the row near the bottom
+    const cw = canvas.clientWidth || 600;
+    const ch = canvas.clientHeight || 0;
+    const tw = tip.offsetWidth;
+    const th = tip.offsetHeight;
+    tip.style.left = `${Math.max(0, px + 12 + tw > cw ? px - 12 - tw : px + 12)}px`;
+    tip.style.top = `${r.y + r.h + 2 + th > ch && r.y - 2 - th >= 0 ? r.y - 2 - th : r.y + r.h + 2}px`;
   }
 
   const onResize = () => { if (st.data && stage.isConnected) { draw(); schedule(); } };
