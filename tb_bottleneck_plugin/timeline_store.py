@@ -268,15 +268,26 @@ def encode(body: dict):
 
 
 def step_trace_route(analyzer, args, problem: Optional[str] = None):
-    """(body, status, filename) of ``step_trace?run=&worker=&span=&step=``: the step's
-    events as a Chrome trace to download (filename None on errors)."""
+    """(body, status, filename) of ``step_trace?run=&worker=&span=&step=&t0=&t1=``: the
+    step's events (those overlapping [t0, t1] µs from the step start when given) as a
+    Chrome trace to download, at most analysis.timeline.EXPORT_MAX_EVENTS of them
+    (filename None on errors)."""
     from .analysis import timeline as tl
 
     picked, failure = _pick(analyzer, args, problem)
     if failure is not None:
         return failure[0], failure[1], None
     w, s, st, store, step = picked
-    doc = tl.chrome_trace(store, step)
-    number = doc["otherData"]["step"]
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{args.get('run')}-{w.name}-step{number}")
+    try:
+        t0, t1 = _number(args, "t0"), _number(args, "t1")
+    except ValueError:
+        return {"error": "t0 and t1 must be numbers (µs from the step start)"}, 400, None
+    # at most tl.EXPORT_MAX_EVENTS events (the cut and a trace without steps said in otherData.note)
+    doc = tl.chrome_trace(store, step, t0, t1)
+    other = doc["otherData"]
+    what = f"step{other['step']}" if other["steps_found"] else "whole-trace"
+    w0, w1 = other["window_us"]
+    if w0 > 0 or w1 < other["step_end_us"] - other["step_start_us"]:  # a zoomed window
+        what += f"-{w0:.0f}-{w1:.0f}us"
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{args.get('run')}-{w.name}-{what}")
     return doc, 200, safe[:120] + ".trace.json"

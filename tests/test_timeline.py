@@ -234,3 +234,44 @@ def test_store_from_the_report_context_is_the_same_and_computed_once(hand, monke
     for n, want in per.items():
         assert tl.window(store, n, px=100000)["idle_pct"]["input_wait"] == pytest.approx(want)
     assert "timeline_store" not in report.analyze_trace(trace)  # only when asked for
+
+
+def test_export_window_and_cap(hand):
+    """step_trace exports the events overlapping the asked window, at most max_events of
+    them (the earliest-starting), and says so in otherData."""
+    _, store = hand
+    full = tl.chrome_trace(store, 1)
+    xs = [e for e in full["traceEvents"] if e["ph"] == "X"]
+    od = full["otherData"]
+    assert od["events_total"] == od["events_exported"] == len(xs) and not od["truncated"] and od["note"] is None
+    assert od["window_us"] == [0.0, 1000.0] and od["steps_found"] is True
+    assert tl.window(store, 1)["export"] == {"events": len(xs), "max_events": tl.EXPORT_MAX_EVENTS,
+                                             "truncated": False, "note": None}
+    # window [500, 600] µs of step 1: by hand, every stored event overlapping it
+    z = tl.chrome_trace(store, 1, 500, 600)
+    zx = [e for e in z["traceEvents"] if e["ph"] == "X"]
+    want = sorted((e["name"], e["ts"]) for e in xs if e["ts"] < 600 and e["ts"] + e["dur"] > 500)
+    assert sorted((e["name"], e["ts"]) for e in zx) == want
+    assert {"aten::conv", "conv_k", "short1", "short2", "launch-bound (short kernels)"} <= {n for n, _ in want}
+    assert "aten::item" not in {n for n, _ in want}  # starts at 600
+    # the cap: the 5 earliest-starting events, and the note says what was cut
+    c = tl.chrome_trace(store, 1, max_events=5)
+    cx = [e for e in c["traceEvents"] if e["ph"] == "X"]
+    assert len(cx) == 5 == c["otherData"]["events_exported"] and c["otherData"]["truncated"]
+    assert sorted(e["ts"] for e in cx) == sorted(e["ts"] for e in xs)[:5]
+    assert c["otherData"]["events_total"] == len(xs) and "export cap of 5" in c["otherData"]["note"]
+
+
+def test_trace_without_steps_is_one_window_said_everywhere(tmp_path):
+    b = TraceBuilder()
+    b.cpu(DL, 0, 300, cat="user_annotation")
+    b.cpu("aten::conv", 400, 200)
+    b.launch("conv_k", 410, 420, 100)
+    trace = b.load(tmp_path)
+    store = tl.build_store(trace)
+    w = tl.window(store, px=100000)
+    assert w["steps_found"] is False and len(w["steps"]) == 1
+    assert "no ProfilerStep" in w["export"]["note"] and not w["export"]["truncated"]
+    doc = tl.chrome_trace(store)
+    assert doc["otherData"]["steps_found"] is False and "no ProfilerStep" in doc["otherData"]["note"]
+    assert {"aten::conv", "conv_k", DL} <= {e["name"] for e in doc["traceEvents"] if e["ph"] == "X"}

@@ -91,6 +91,40 @@ def test_step_trace_download(h):
     assert HTML_NAME in {e["name"] for e in xs}
     r, _ = h.get("step_trace", 404, run="hand", step="5")
     assert "Content-Disposition" not in r.headers
+    # the visible window only, named in the file name and otherData
+    r, z = h.get("step_trace", run="hand", step="1", t0="500", t1="600")
+    assert r.headers["Content-Disposition"] == 'attachment; filename="hand-worker0-step1-500-600us.trace.json"'
+    assert z["otherData"]["window_us"] == [500, 600] and not z["otherData"]["truncated"]
+    assert {e["name"] for e in z["traceEvents"] if e["ph"] == "X"} >= {"conv_k", "short1", "aten::conv"}
+    assert "aten::item" not in {e["name"] for e in z["traceEvents"] if e["ph"] == "X"}
+    h.get("step_trace", 400, run="hand", t0="x")
+
+
+def test_trace_without_steps_export_is_capped_and_named(tmp_path, monkeypatch):
+    """A trace without ProfilerStep is one window holding every event: the route says so
+    (steps_found, export note) and the export stops at the cap."""
+    from tb_bottleneck_plugin.analysis import timeline as tl
+
+    monkeypatch.setattr(tl, "EXPORT_MAX_EVENTS", 50)
+    b = TraceBuilder()
+    for k in range(40):  # 40 x (op, launch call, kernel) = 120 events + idle gaps
+        b.cpu("aten::mm", k * 100, 50)
+        b.launch(f"k{k}", k * 100 + 5, k * 100 + 20, 30)
+    (tmp_path / "logs" / "nostep").mkdir(parents=True)
+    (tmp_path / "logs" / "nostep" / "worker0.1700000000000.pt.trace.json").write_text(json.dumps(b.to_json()))
+    made = H(tmp_path / "logs")
+    try:
+        assert made.plugin.analyzer.wait_idle(60)
+        _, body = made.get("timeline", run="nostep")
+        assert body["steps_found"] is False and body["export"]["truncated"] is True
+        assert body["export"]["max_events"] == 50 and body["export"]["events"] > 120
+        assert "no ProfilerStep" in body["export"]["note"] and "export cap of 50" in body["export"]["note"]
+        r, doc = made.get("step_trace", run="nostep")
+        assert r.headers["Content-Disposition"] == 'attachment; filename="nostep-worker0-whole-trace.trace.json"'
+        assert len([e for e in doc["traceEvents"] if e["ph"] == "X"]) == 50
+        assert doc["otherData"]["truncated"] and doc["otherData"]["events_total"] == body["export"]["events"]
+    finally:
+        made.plugin.analyzer.stop()
 
 
 def test_loading_answers_202(tmp_path):

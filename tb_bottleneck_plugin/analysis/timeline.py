@@ -71,6 +71,9 @@ IDLE_LABELS = {
 # CPU nesting depths kept per thread (0 = top level under ProfilerStep).
 MAX_CPU_DEPTH = 4
 DEFAULT_CAP = 4000
+# Events in one step_trace export (~150 bytes of JSON each: ~15 MB); a trace without
+# ProfilerStep is one window holding every event of the file.
+EXPORT_MAX_EVENTS = 100_000
 
 
 # ----------------------------------------------------------------------------- build
@@ -535,15 +538,46 @@ def window(store, step: Optional[int] = None, t0: Optional[float] = None, t1: Op
         "idle_us": idle_us,
         "idle_pct": {k: (100.0 * v / span_us if span_us > 0 else None) for k, v in idle_us.items()},
         "steps": steps_list(store),
+        "steps_found": bool(store["steps_found"][0]),
+        "export": _export_info(store, i),
     }
 
 
-def chrome_trace(store, step: Optional[int] = None) -> dict:
-    """The events of one step as a Chrome trace (Perfetto, chrome://tracing): every
-    stored event of the step (idle causes as their own track), times as in the trace."""
+def _export_info(store, i: int) -> dict:
+    """What a step_trace export of the whole step ``i`` holds: its event count, the cap,
+    whether it is cut, and the note the UI shows (export_note)."""
+    n_rows = len(store["row_kind"])
+    events = int(store["seg_off"][(i + 1) * n_rows] - store["seg_off"][i * n_rows])
+    cap = EXPORT_MAX_EVENTS
+    exported = min(events, cap)
+    return {"events": events, "max_events": cap, "truncated": exported < events,
+            "note": export_note(store, i, events, exported, cap)}
+
+
+def export_note(store, i: int, events: int, exported: int, cap: Optional[int] = None) -> Optional[str]:
+    """What the user should know about an export of step index ``i``: cut by the cap,
+    or a trace without ProfilerStep (the whole trace is one window); None otherwise."""
+    cap = EXPORT_MAX_EVENTS if cap is None else cap
+    notes = []
+    if not bool(store["steps_found"][0]):
+        notes.append("this trace has no ProfilerStep#N steps: the whole trace is one window")
+    if exported < events:
+        notes.append(f"{events} events in the window, more than the export cap of {cap}: "
+                     f"only the first {exported} (by start time) are exported; zoom in to export a later part")
+    return "; ".join(notes) or None
+
+
+def chrome_trace(store, step: Optional[int] = None, t0: Optional[float] = None, t1: Optional[float] = None,
+                 max_events: Optional[int] = None) -> dict:
+    """The events of one step as a Chrome trace (Perfetto, chrome://tracing): the stored
+    events of the step (idle causes as their own track), times as in the trace, that
+    overlap the window [t0, t1] µs from the step start (default: the whole step), at most
+    ``max_events`` (EXPORT_MAX_EVENTS) of them: the earliest-starting ones, the cut said
+    in ``otherData`` (``events_total``, ``events_exported``, ``truncated``, ``note``)."""
     i = step_index(store, step)
     if i is None or i < 0:
         raise KeyError(step)
+    cap = EXPORT_MAX_EVENTS if max_events is None else max(int(max_events), 1)
     n_rows = len(store["row_kind"])
     a, b = int(store["seg_off"][i * n_rows]), int(store["seg_off"][(i + 1) * n_rows])
     names = store_names(store)
@@ -556,17 +590,31 @@ def chrome_trace(store, step: Optional[int] = None) -> dict:
     for pid, pname in ((1, "host"), (2, "GPU"), (3, "GPU idle causes")):
         events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": pname}})
     # columns of the step's events, then one dict per event (no per-event numpy access)
-    row = store["ev_row"][a:b].astype(np.int64)
+    base = float(store["step_start"][i])
+    span_us = float(store["step_end"][i]) - base
+    w0 = 0.0 if t0 is None or not np.isfinite(t0) else min(max(float(t0), 0.0), span_us)
+    w1 = span_us if t1 is None or not np.isfinite(t1) else min(max(float(t1), 0.0), span_us)
+    if w1 <= w0:
+        w0, w1 = 0.0, span_us
+    sel = np.arange(a, b)
+    if w0 > 0.0 or w1 < span_us:  # a zoomed window: the events overlapping it
+        s_ = store["ev_ts"][a:b] - base
+        e_ = s_ + store["ev_dur"][a:b]
+        sel = sel[(s_ < w1) & ((e_ > w0) | ((e_ == s_) & (s_ >= w0)))]
+    total = len(sel)
+    if total > cap:  # the earliest-starting events (a contiguous stretch of time)
+        sel = np.sort(sel[np.argsort(store["ev_ts"][sel], kind="stable")[:cap]])
+    row = store["ev_row"][sel].astype(np.int64)
     kinds = store["row_kind"].astype(np.int64)
     kind = kinds[row]
     label_of_row = {r: IDLE_LABELS[IDLE_CAUSES[int(store["row_b"][r])]] for r in range(n_rows)
                     if int(kinds[r]) == ROW_IDLE}
     pid_of_row = [pids[row_label(int(kinds[r]), int(store["row_a"][r]), 0, main)[0]] for r in range(n_rows)]
-    nm = store["ev_name"][a:b]
-    lk = store["ev_link"][a:b]
-    co = np.where(np.isin(kind, (ROW_RUNTIME, ROW_GPU)), store["ev_corr"][a:b], -1)
-    for r, k, t, d, n, l_, c in zip(row.tolist(), kind.tolist(), store["ev_ts"][a:b].tolist(),
-                                    store["ev_dur"][a:b].tolist(), nm.tolist(), lk.tolist(), co.tolist()):
+    nm = store["ev_name"][sel]
+    lk = store["ev_link"][sel]
+    co = np.where(np.isin(kind, (ROW_RUNTIME, ROW_GPU)), store["ev_corr"][sel], -1)
+    for r, k, t, d, n, l_, c in zip(row.tolist(), kind.tolist(), store["ev_ts"][sel].tolist(),
+                                    store["ev_dur"][sel].tolist(), nm.tolist(), lk.tolist(), co.tolist()):
         name = label_of_row[r] if k == ROW_IDLE else (names[n] if n >= 0 else "?")
         ev = {"ph": "X", "name": name, "cat": ROW_KINDS[k], "pid": pid_of_row[r], "tid": r, "ts": t, "dur": d}
         if c >= 0 or l_ >= 0:
@@ -580,4 +628,9 @@ def chrome_trace(store, step: Optional[int] = None) -> dict:
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"step": int(store["step_number"][i]),
                           "step_start_us": float(store["step_start"][i]),
-                          "step_end_us": float(store["step_end"][i])}}
+                          "step_end_us": float(store["step_end"][i]),
+                          "steps_found": bool(store["steps_found"][0]),
+                          "window_us": [w0, w1],
+                          "events_total": total, "events_exported": len(sel), "max_events": cap,
+                          "truncated": len(sel) < total,
+                          "note": export_note(store, i, total, len(sel), cap)}}

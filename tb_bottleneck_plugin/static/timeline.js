@@ -138,12 +138,19 @@ export function renderTimeline(container, ctx) {
     const reset = h("button", {type: "button", class: "btn tl-reset", onclick: () => {
       st.view = [0, st.data.step_us]; draw(); load(false);
     }}, "Reset zoom");
+    // the export: the whole step, or the visible window when zoomed in; at most
+    // d.export.max_events events (the server cuts and says so in d.export.note)
+    const exportQuery = (a, b) => Object.assign({worker: d.worker, span: d.span, step: d.step},
+      a > 0 || b < d.step_us ? {t0: String(a), t1: String(b)} : {});
     const exportLink = h("a", {class: "btn tl-export", download: "",
-      href: ctx.data.url("step_trace", {worker: d.worker, span: d.span, step: d.step}),
-      title: "This step's events as a Chrome trace JSON: open it in ui.perfetto.dev or chrome://tracing"},
-    "Download step (Chrome trace)");
-    mount(controls, spanSel ? h("label", {}, "Span ", spanSel) : null, h("label", {}, "Step ", stepSel), reset, exportLink,
-      h("span", {class: "note tl-hint"}, " Wheel: zoom · drag: pan · hover: details"));
+      href: ctx.data.url("step_trace", exportQuery(0, d.step_us)),
+      onclick: (e) => { const [a, b] = st.view || [0, d.step_us]; e.currentTarget.href = ctx.data.url("step_trace", exportQuery(a, b)); },
+      title: "This step's events (the visible window when zoomed in) as a Chrome trace JSON: open it in ui.perfetto.dev or chrome://tracing"},
+    d.steps_found === false ? "Download window (Chrome trace)" : "Download step (Chrome trace)");
+    const exportNote = d.export && d.export.note ? h("span", {class: "note tl-export-note"}, ` ${d.export.note}.`) : null;
+    mount(controls, spanSel ? h("label", {}, "Span ", spanSel) : null,
+      h("label", {}, d.steps_found === false ? "Whole trace (no ProfilerStep#N) " : "Step ", stepSel), reset, exportLink,
+      exportNote, h("span", {class: "note tl-hint"}, " Wheel: zoom · drag: pan · hover: details"));
   }
 
   function slowestStep(steps) {
