@@ -2,7 +2,7 @@
 
 ``compare(base_result, cand_result)`` is pure: it reads two results exactly as
 ``report.analyze_span`` / ``report.combine_results`` / ``Analyzer.result`` return them
-(``{"report", "kernels", "operators", ...}``) and never looks at a trace again. The same
+(``{"report", "kernels", "operator_view", ...}``) and never looks at a trace again. The same
 dict is served by the ``compare`` route, printed by ``tb-bottlenecks diff`` and read by
 the ``check`` gate (gate.py). Schema: docs/report-schema.md, "The compare object".
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Dict, List, Optional, Tuple
 
-from .analysis import breakdown
+from .analysis import breakdown, operators
 
 COMPARE_SCHEMA_VERSION = 1
 LOWER, HIGHER = "lower", "higher"
@@ -248,22 +248,21 @@ def normalise_op_name(name: str) -> str:
 # ---------------------------------------------------------------------------- tables
 
 
-def _tables(result: dict) -> Tuple[Optional[list], Optional[list], int, dict]:
-    """(op rows, kernel rows, steps, info) of a result, sums over its included steps."""
-    rep = result.get("report") or {}
-    steps = (rep.get("steps") or {}).get("count") or 0
-    ops_table = result.get("operators")
-    if ops_table:
-        return (ops_table.get("ops"), ops_table.get("kernels"), ops_table.get("steps") or steps,
-                {"ops_truncated": bool(ops_table.get("ops_left_out")),
-                 "kernels_truncated": bool(ops_table.get("kernels_left_out")), "kernel_source": "operators"})
-    kernels = result.get("kernels")
-    return (None, kernels, steps,
-            {"ops_truncated": False, "kernels_truncated": kernels is not None and len(kernels) >= 200,
-             "kernel_source": "kernel_table"})
+# The kernel table (METRICS.md §6) keeps the top KERNEL_TABLE_ROWS kernel configurations
+# of a span (occupancy.kernel_occupancy's top_n); a table that long may have lost names.
+KERNEL_TABLE_ROWS = 200
+# Rows a kernel or operator diff carries, largest |change per step| first (the counts of
+# new/vanished/changed/unknown cover every row; rows_left_out says how many were cut).
+MAX_DIFF_ROWS = 500
+_NO_STEPS = "a side has no included step (times per step are undefined)"
+
+
+def _step_count(result: dict) -> int:
+    return ((result.get("report") or {}).get("steps") or {}).get("count") or 0
 
 
 def _group(rows, normalise, fields) -> Dict[str, dict]:
+    """Rows summed per normalised name; a value unknown (None) in a row is unknown in its sum."""
     out: Dict[str, dict] = {}
     for r in rows or []:
         key = normalise(r["name"])
@@ -271,8 +270,13 @@ def _group(rows, normalise, fields) -> Dict[str, dict]:
         if r["name"] not in g["raw_names"]:
             g["raw_names"].append(r["name"])
         for f in fields:
-            g[f] += r.get(f) or 0.0
+            v = r.get(f)
+            g[f] = None if v is None or g[f] is None else g[f] + v
     return out
+
+
+def _per_step(value, steps):
+    return None if value is None else value / steps
 
 
 def _diff_table(base_rows, cand_rows, base_steps, cand_steps, normalise, fields, sort_field,
@@ -284,13 +288,13 @@ def _diff_table(base_rows, cand_rows, base_steps, cand_steps, normalise, fields,
         row = {"name": name}
         in_b, in_c = name in b, name in c
         for f in fields:
-            bv = b[name][f] / base_steps if in_b else (None if base_truncated else 0.0)
-            cv = c[name][f] / cand_steps if in_c else (None if cand_truncated else 0.0)
+            bv = _per_step(b[name][f], base_steps) if in_b else (None if base_truncated else 0.0)
+            cv = _per_step(c[name][f], cand_steps) if in_c else (None if cand_truncated else 0.0)
             label = f.replace("_us", "_us_per_step") if f.endswith("_us") else f + "_per_step"
             row["base_" + label], row["cand_" + label] = bv, cv
             row["delta_" + label] = cv - bv if bv is not None and cv is not None else None
         if in_b and in_c:
-            same = all(b[name][f] / base_steps == c[name][f] / cand_steps for f in fields)
+            same = all(_per_step(b[name][f], base_steps) == _per_step(c[name][f], cand_steps) for f in fields)
             row["status"] = "same" if same else "changed"
         elif in_c:
             row["status"] = "unknown" if base_truncated else "new"
@@ -304,38 +308,42 @@ def _diff_table(base_rows, cand_rows, base_steps, cand_steps, normalise, fields,
     statuses = [r["status"] for r in rows]
     totals = {}
     for side, groups, steps in (("base", b, base_steps), ("cand", c, cand_steps)):
+        values = [g[sort_field] for g in groups.values()]
         totals[f"{side}_{sort_field.replace('_us', '_us_per_step')}"] = \
-            sum(g[sort_field] for g in groups.values()) / steps
-    return {"rows": rows, "new": statuses.count("new"), "vanished": statuses.count("vanished"),
+            None if any(v is None for v in values) else sum(values) / steps
+    return {"rows": rows[:MAX_DIFF_ROWS], "rows_left_out": max(0, len(rows) - MAX_DIFF_ROWS),
+            "new": statuses.count("new"), "vanished": statuses.count("vanished"),
             "changed": statuses.count("changed"), "unknown": statuses.count("unknown"), **totals}
 
 
 def _kernel_diff(base, cand) -> Tuple[Optional[dict], Optional[str]]:
-    _, bk, bs, binfo = _tables(base)
-    _, ck, cs, cinfo = _tables(cand)
+    """Kernel rows: the per-kernel table of §6 (result["kernels"]), by normalised name."""
+    bs, cs = _step_count(base), _step_count(cand)
     if not bs or not cs:
-        return None, "a side has no included step (times per step are undefined)"
+        return None, _NO_STEPS
+    bk, ck = base.get("kernels"), cand.get("kernels")
     if bk is None or ck is None:
         return None, "a side's result carries no kernel table"
     out = _diff_table(bk, ck, bs, cs, normalise_kernel_name, ("total_us", "calls"), "total_us",
-                      binfo["kernels_truncated"], cinfo["kernels_truncated"])
-    out["source"] = binfo["kernel_source"] if binfo["kernel_source"] == cinfo["kernel_source"] else "mixed"
+                      len(bk) >= KERNEL_TABLE_ROWS, len(ck) >= KERNEL_TABLE_ROWS)
+    out["source"] = "kernel_table"
     return out, None
 
 
 def _op_diff(base, cand) -> Tuple[Optional[dict], Optional[str]]:
-    bo, _, bs, binfo = _tables(base)
-    co, _, cs, cinfo = _tables(cand)
+    """Operator rows: the Operator view (§13, result["operator_view"]) summed over the
+    included steps per op name (operators.name_totals), by normalised name."""
+    bo = operators.name_totals(base.get("operator_view"))
+    co = operators.name_totals(cand.get("operator_view"))
     if bo is None or co is None:
-        return None, "a side's result carries no operator table (analysed by an older version: re-analyse)"
+        return None, "a side's result carries no operator view (analysed by an older version: re-analyse)"
+    bs, cs = _step_count(base), _step_count(cand)
     if not bs or not cs:
-        return None, "a side has no included step (times per step are undefined)"
-    out = _diff_table(bo, co, bs, cs, normalise_op_name,
-                      ("self_us", "total_us", "calls", "top_level_calls", "top_level_us"), "self_us",
-                      binfo["ops_truncated"], cinfo["ops_truncated"])
+        return None, _NO_STEPS
+    out = _diff_table(bo, co, bs, cs, normalise_op_name, ("self_us", "total_us", "calls", "top_calls"),
+                      "self_us", False, False)
     for r in out["rows"]:
-        r["top_level"] = bool((r.get("base_top_level_calls_per_step") or 0)
-                              or (r.get("cand_top_level_calls_per_step") or 0))
+        r["top_level"] = bool((r.get("base_top_calls_per_step") or 0) or (r.get("cand_top_calls_per_step") or 0))
     return out, None
 
 

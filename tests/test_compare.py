@@ -146,7 +146,7 @@ def test_hand_built_pair_every_delta_known(tmp_path):
 
     # kernels: the templated gemm matches across precisions, elementwise is new
     k = cmp["kernels"]
-    assert k["source"] == "operators"
+    assert k["source"] == "kernel_table"  # the per-kernel table of METRICS §6
     gemm = row(k, "gemm_kernel<…>")
     assert gemm["status"] == "changed"
     assert (gemm["base_total_us_per_step"], gemm["cand_total_us_per_step"]) == (300.0, 200.0)
@@ -158,17 +158,22 @@ def test_hand_built_pair_every_delta_known(tmp_path):
     assert (k["new"], k["vanished"], k["changed"]) == (1, 0, 1)
     assert k["base_total_us_per_step"] == 300.0 and k["cand_total_us_per_step"] == 250.0
 
-    # CPU operators: the DataLoader span matches across iterator classes
+    # CPU operators (the Operator view of METRICS §13 summed over the included steps):
+    # the DataLoader span matches across iterator classes
     ops = cmp["ops"]
     dl = row(ops, "enumerate(DataLoader)#<iterator>.__next__")
     assert (dl["base_self_us_per_step"], dl["cand_self_us_per_step"], dl["delta_self_us_per_step"]) == \
         (400.0, 100.0, -300.0)
     assert dl["top_level"] is True and dl["status"] == "changed"
     assert ops["rows"][0]["name"] == dl["name"]  # largest self-time change first
-    mm = row(ops, "aten::mm")
+    mm = row(ops, "aten::mm")  # self = 200 µs minus its 10 µs cudaLaunchKernel, on both sides
     assert mm["status"] == "same" and mm["base_total_us_per_step"] == 200.0
-    relu = row(ops, "aten::relu")
+    assert (mm["base_self_us_per_step"], mm["cand_self_us_per_step"]) == (190.0, 190.0)
+    relu = row(ops, "aten::relu")  # 20 µs minus a 5 µs launch
     assert relu["status"] == "new" and relu["cand_total_us_per_step"] == 20.0
+    assert (relu["base_self_us_per_step"], relu["cand_self_us_per_step"], relu["top_level"]) == (0.0, 15.0, True)
+    assert (ops["base_self_us_per_step"], ops["cand_self_us_per_step"]) == (590.0, 305.0)
+    assert ops["rows_left_out"] == 0 and k["rows_left_out"] == 0
 
     # recommendations: input-bound went from high (40 %) to medium (16.7 %)
     rec = next(r for r in cmp["recommendations"] if r["rule"] == "input_bound")
@@ -197,38 +202,70 @@ def test_comparing_a_run_with_itself_changes_nothing(tmp_path):
     assert all(r["status"] == "unchanged" for r in cmp["recommendations"])
 
 
-def test_operator_table_self_total_and_top_level(tmp_path):
-    # one thread: A [0,100) > B [10,40) > C [12,18); D [50,60) inside A; E [200,210) alone;
-    # a zero-length op inside B; a ProfilerStep around everything does not count as a parent.
-    ev = [_x("ProfilerStep#1", "user_annotation", 0, 300),
+def test_op_diff_is_the_operator_view_summed_per_name(tmp_path):
+    # one thread: A [0,100) > B [10,40) > C [12,18) with a 2 µs launch inside C; D [50,60)
+    # inside A; E [200,210) alone; a zero-length Z inside B; A again on thread 2, and an A
+    # in step 2 launching a kernel (two steps); a ProfilerStep around everything is nobody's parent.
+    ev = [_x("ProfilerStep#1", "user_annotation", 0, 300), _x("ProfilerStep#2", "user_annotation", 300, 100),
           _x("A", "cpu_op", 0, 100), _x("B", "cpu_op", 10, 30), _x("C", "cpu_op", 12, 6),
+          _x("cudaLaunchKernel", "cuda_runtime", 14, 2, correlation=5),
+          _x("k", "kernel", 20, 40, pid=0, tid=7, device=0, stream=7, correlation=5),
           _x("D", "cpu_op", 50, 10), _x("E", "cpu_op", 200, 10), _x("Z", "cpu_op", 20, 0),
-          _x("A", "cpu_op", 220, 20, tid=2)]
+          _x("A", "cpu_op", 220, 20, tid=2), _x("A", "cpu_op", 310, 30),
+          _x("cudaLaunchKernel", "cuda_runtime", 320, 2, correlation=6),
+          _x("k", "kernel", 330, 20, pid=0, tid=7, device=0, stream=7, correlation=6)]
     trace = loader.load_trace(str(write_trace(tmp_path / "w.pt.trace.json", ev)))
-    table = operators.operator_table(trace, steps.find_steps(trace))
-    rows = {r["name"]: r for r in table["ops"]}
-    assert table["steps"] == 1
-    assert rows["A"] == {"name": "A", "calls": 2, "total_us": 120.0, "self_us": 80.0,
-                         "top_level_calls": 2, "top_level_us": 120.0}
-    assert (rows["B"]["total_us"], rows["B"]["self_us"], rows["B"]["top_level_calls"]) == (30.0, 24.0, 0)
-    assert (rows["C"]["self_us"], rows["D"]["self_us"], rows["E"]["self_us"]) == (6.0, 10.0, 10.0)
-    assert rows["Z"]["calls"] == 1 and rows["Z"]["total_us"] == 0.0 and rows["Z"]["top_level_calls"] == 0
-    assert "ProfilerStep#1" not in rows
-    # self times add up to the union of operator time, as the top-level times do
-    assert sum(r["self_us"] for r in rows.values()) == sum(r["top_level_us"] for r in rows.values()) == 130.0
-    both = operators.combine_tables([table, table])
-    assert both["steps"] == 2 and {r["name"]: r for r in both["ops"]}["A"]["self_us"] == 160.0
-    assert operators.combine_tables([table, None]) is None  # never a partial table
+    view = operators.operator_view(trace, steps.find_steps(trace))
+    rows = {r["name"]: r for r in operators.name_totals(view)}
+    # by hand: A self = 100 - B 30 - D 10, +20 on thread 2, +30 - 2 µs launch in step 2;
+    # B = 30 - C 6; C = 6 - its 2 µs launch
+    assert steps.find_steps(trace).count == 2
+    assert rows["A"] == {"name": "A", "calls": 3, "top_calls": 3, "total_us": 150.0, "self_us": 108.0}
+    assert (rows["B"]["total_us"], rows["B"]["self_us"], rows["B"]["top_calls"]) == (30.0, 24.0, 0)
+    assert (rows["C"]["self_us"], rows["D"]["self_us"], rows["E"]["self_us"]) == (4.0, 10.0, 10.0)
+    assert rows["Z"] == {"name": "Z", "calls": 1, "top_calls": 0, "total_us": 0.0, "self_us": 0.0}
+    assert "ProfilerStep#1" not in rows and operators.name_totals(None) is None
+    # the route's all-steps table has the same numbers (one definition)
+    table = {r["name"]: r for r in operators.view_table(view, None, "op")["rows"]}
+    assert all((table[n]["calls"], table[n]["total_us"], table[n]["self_us"]) ==
+               (r["calls"], r["total_us"], r["self_us"]) for n, r in rows.items())
+    # the comparison divides by the included steps (2 per side) and marks top-level ops
+    res = report.analyze_trace(trace)
+    cmp = compare.compare(res, res)
+    a = row(cmp["ops"], "A")
+    assert (a["base_self_us_per_step"], a["base_total_us_per_step"], a["base_calls_per_step"]) == (54.0, 75.0, 1.5)
+    assert a["top_level"] is True and row(cmp["ops"], "B")["top_level"] is False
+    both = operators.name_totals(operators.combine_views([view, view]))
+    assert {r["name"]: r for r in both}["A"]["self_us"] == 216.0
 
 
-def test_operator_table_clips_to_the_included_steps(tmp_path):
-    # steps [0,100) and [100,200); an op from 150 to 260 counts 50 µs; one before the steps none
-    ev = [_x("ProfilerStep#1", "user_annotation", 0, 100), _x("ProfilerStep#2", "user_annotation", 100, 100),
-          _x("late", "cpu_op", 150, 110), _x("early", "cpu_op", -50, 20, tid=3), _x("x", "cpu_op", 300, 5)]
-    trace = loader.load_trace(str(write_trace(tmp_path / "w.pt.trace.json", ev)))
-    rows = {r["name"]: r for r in operators.operator_table(trace, steps.find_steps(trace))["ops"]}
-    assert rows["late"]["total_us"] == 50.0 and rows["late"]["calls"] == 1
-    assert "early" not in rows and "x" not in rows
+def test_unknown_times_stay_unknown_and_diffs_are_bounded(monkeypatch):
+    def result(kernels, op_rows, n_steps=1):
+        names = sorted({r[0] for r in op_rows})
+        view = {"steps": [1], "names": names, "inputs": [], "record_shapes": False, "has_gpu": True,
+                "rows": {"step": [0] * len(op_rows), "name": [names.index(r[0]) for r in op_rows],
+                         "input": [-1] * len(op_rows), "calls": [1] * len(op_rows), "top_calls": [1] * len(op_rows),
+                         "total_us": [r[1] for r in op_rows], "self_us": [r[1] for r in op_rows],
+                         "gpu_us": [0.0] * len(op_rows), "gpu_self_us": [0.0] * len(op_rows),
+                         "tc_us": [0.0] * len(op_rows)}}
+        return {"report": {"steps": {"count": n_steps}}, "kernels": kernels, "operator_view": view}
+
+    base = result([{"name": "k", "calls": 2, "total_us": None}], [("a", None), ("a", 5.0), ("b", 1.0)])
+    cand = result([{"name": "k", "calls": 2, "total_us": 10.0}], [("a", 3.0), ("b", 2.0)], n_steps=2)
+    cmp = compare.compare(base, cand)
+    k = row(cmp["kernels"], "k")
+    assert (k["base_total_us_per_step"], k["cand_total_us_per_step"], k["delta_total_us_per_step"]) == \
+        (None, 5.0, None)  # unknown, not 0
+    assert cmp["kernels"]["base_total_us_per_step"] is None
+    a = row(cmp["ops"], "a")
+    assert (a["base_self_us_per_step"], a["cand_self_us_per_step"]) == (None, 1.5)
+    assert row(cmp["ops"], "b")["delta_self_us_per_step"] == 0.0
+    # a diff carries at most MAX_DIFF_ROWS rows, the largest changes; the counts cover all
+    monkeypatch.setattr(compare, "MAX_DIFF_ROWS", 1)
+    cmp = compare.compare(base, result([], [("a", 3.0), ("b", 2.0), ("c", 9.0)]))
+    assert [r["name"] for r in cmp["ops"]["rows"]] == ["c"] and cmp["ops"]["rows_left_out"] == 2
+    assert cmp["ops"]["new"] == 1 and cmp["ops"]["changed"] == 2
+    assert cmp["kernels"]["vanished"] == 1 and cmp["kernels"]["rows_left_out"] == 0
 
 
 # ---------------------------------------------------------------------------- names

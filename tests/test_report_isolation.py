@@ -34,7 +34,7 @@ SECTIONS = {
     "launch": (signals, "launch_signal", ("launch",)),
     "recommendations": (recommendations, "recommend", ("recommendations",)),
     "kernels": (report, "_kernel_table_section", ()),
-    "operators": (operators, "operator_table", ()),
+    "operator_view": (operators, "operator_view", ()),
     "context": (context, "detect", ("context",)),
     "distributed": (distributed, "span_partial", ()),
 }
@@ -118,7 +118,7 @@ def test_one_failing_section_costs_only_that_section(monkeypatch, caplog, trace,
     # (a rule reading several sections may fire with fewer reasons)
     if rep["recommendations"] is not None:
         assert {r["rule"] for r in rep["recommendations"]} <= {r["rule"] for r in ref["recommendations"]}
-    for extra in ("operators", "distributed"):  # parts of the span result beside the report
+    for extra in ("operator_view", "distributed"):  # parts of the span result beside the report
         assert result.get(extra) is None if section == extra else result.get(extra) == normal.get(extra)
     if section == "occupancy" or section == "kernels":
         assert result["kernels"] == []

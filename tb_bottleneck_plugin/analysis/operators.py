@@ -1,14 +1,9 @@
-"""Per-name tables of CPU operators and GPU kernels inside the included steps
-(METRICS.md §11), the inputs of the run comparison's operator and kernel diffs.
-
-``operator_table(trace, steps)`` returns sums over all included (stretched) steps, not
-per-step values, so that span tables combine by plain addition (``combine_tables``) and
-a comparison divides by the step count at the end:
-
-    {"steps": n, "ops": [{name, calls, total_us, self_us, top_level_calls, top_level_us}],
-     "kernels": [{name, calls, total_us}], "ops_left_out": k, "kernels_left_out": k}
-
-Raw names are kept; the comparison normalises them (compare.normalise_kernel_name).
+"""The Operator view (METRICS.md §13): per included step and per (op name, recorded
+inputs), the calls, total and self CPU time, the GPU time the op launched and its
+Tensor Core part; computed once per span (``operator_view``), combined over spans
+(``combine_views``), summed for the /operators route (``view_table``) and, by name over
+all included steps, for the run comparison's operator diff (``name_totals``, METRICS.md
+§11). This is the one definition of per-operator time in the package.
 """
 from __future__ import annotations
 
@@ -16,87 +11,8 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from ..model import CPU_OP, CPU_USER_ANNOTATION, GPU_KERNEL, TraceData
+from ..model import CPU_OP, CPU_USER_ANNOTATION, TraceData
 from .steps import Steps
-
-# Rows kept per table, largest total time first (a table this long is a long tail
-# of one-off names; the comparison marks names beyond it as unknown, not vanished).
-MAX_ROWS = 2000
-
-
-def operator_table(trace: TraceData, steps: Steps) -> dict:
-    """CPU operators and GPU kernels per raw name, summed over the included steps."""
-    n = steps.count
-    out = {"steps": n, "ops": [], "kernels": [], "ops_left_out": 0, "kernels_left_out": 0}
-    if n == 0:
-        return out
-    order = np.argsort(steps.inc_start, kind="stable")
-    lo = np.asarray(steps.inc_start, np.float64)[order]
-    hi = np.maximum(np.asarray(steps.inc_end, np.float64)[order], lo)
-    out["ops"], out["ops_left_out"] = _op_rows(trace, lo, hi)
-    out["kernels"], out["kernels_left_out"] = _kernel_rows(trace, lo, hi)
-    return out
-
-
-def _covered_upto(lo: np.ndarray, hi: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Length of the (disjoint, sorted) windows [lo, hi] before each time t."""
-    cum = np.concatenate([[0.0], np.cumsum(hi - lo)])
-    i = np.searchsorted(lo, t, side="right") - 1
-    ic = np.maximum(i, 0)
-    inside = np.clip(t - lo[ic], 0.0, hi[ic] - lo[ic])
-    return np.where(i < 0, 0.0, cum[ic] + inside)
-
-
-def _overlap(lo, hi, start, end) -> np.ndarray:
-    """Each interval's length inside the windows."""
-    return np.maximum(_covered_upto(lo, hi, end) - _covered_upto(lo, hi, start), 0.0)
-
-
-def _starts_inside(lo, hi, t) -> np.ndarray:
-    i = np.searchsorted(lo, t, side="right") - 1
-    ic = np.maximum(i, 0)
-    return (i >= 0) & (t < hi[ic])
-
-
-def _op_rows(trace: TraceData, lo, hi):
-    cpu = trace.cpu
-    step_ids = trace.string_ids(lambda s: s.startswith("ProfilerStep#"))
-    rows = np.flatnonzero(((cpu.kind == CPU_OP) | (cpu.kind == CPU_USER_ANNOTATION))
-                          & ~np.isin(cpu.name, step_ids))
-    if len(rows) == 0:
-        return [], 0
-    ts = cpu.ts[rows]
-    dur = np.maximum(np.nan_to_num(cpu.dur[rows], nan=0.0), 0.0)
-    end = ts + dur
-    depth, parent = _nesting(cpu.pid[rows], cpu.tid[rows], ts, end)
-    ov = _overlap(lo, hi, ts, end)
-    # Self time: the op's time in the steps minus its direct children's (cut at its end).
-    child = np.flatnonzero(parent >= 0)
-    p = parent[child]
-    child_ov = _overlap(lo, hi, ts[child], np.minimum(end[child], end[p]))
-    self_ov = np.maximum(ov - np.bincount(p, weights=child_ov, minlength=len(rows)), 0.0)
-    calls = _starts_inside(lo, hi, ts)
-    top = depth == 0
-    names, inv = np.unique(cpu.name[rows], return_inverse=True)
-    inv = inv.reshape(-1)
-    k = len(names)
-    table = {
-        "calls": np.bincount(inv, weights=calls.astype(np.float64), minlength=k),
-        "total_us": np.bincount(inv, weights=ov, minlength=k),
-        "self_us": np.bincount(inv, weights=self_ov, minlength=k),
-        "top_level_calls": np.bincount(inv, weights=(calls & top).astype(np.float64), minlength=k),
-        "top_level_us": np.bincount(inv, weights=np.where(top, ov, 0.0), minlength=k),
-    }
-    keep = np.flatnonzero((table["calls"] > 0) | (table["total_us"] > 0))
-    keep = keep[np.argsort(-table["total_us"][keep], kind="stable")]
-    left_out = max(0, len(keep) - MAX_ROWS)
-    out = []
-    for g in keep[:MAX_ROWS]:
-        out.append({"name": trace.strings[int(names[g])], "calls": int(table["calls"][g]),
-                    "total_us": float(table["total_us"][g]), "self_us": float(table["self_us"][g]),
-                    "top_level_calls": int(table["top_level_calls"][g]),
-                    "top_level_us": float(table["top_level_us"][g])})
-    return out, left_out
 
 
 def _unique_rows(key) -> tuple:
@@ -164,61 +80,21 @@ def _last_before(kd, kp, want_depth, want_pos, depth_start) -> np.ndarray:
     return np.where(j >= depth_start, j, -1)
 
 
-def _kernel_rows(trace: TraceData, lo, hi):
-    gpu = trace.gpu
-    rows = np.flatnonzero(gpu.kind == GPU_KERNEL)
-    if len(rows) == 0:
-        return [], 0
-    ts = gpu.ts[rows]
-    end = ts + np.maximum(np.nan_to_num(gpu.dur[rows], nan=0.0), 0.0)
-    ov = _overlap(lo, hi, ts, end)
-    calls = _starts_inside(lo, hi, ts)
-    names, inv = np.unique(gpu.name[rows], return_inverse=True)
-    inv = inv.reshape(-1)
-    k = len(names)
-    n_calls = np.bincount(inv, weights=calls.astype(np.float64), minlength=k)
-    total = np.bincount(inv, weights=ov, minlength=k)
-    keep = np.flatnonzero((n_calls > 0) | (total > 0))
-    keep = keep[np.argsort(-total[keep], kind="stable")]
-    left_out = max(0, len(keep) - MAX_ROWS)
-    return [{"name": trace.strings[int(names[g])], "calls": int(n_calls[g]), "total_us": float(total[g])}
-            for g in keep[:MAX_ROWS]], left_out
-
-
-def combine_tables(tables: List[dict]) -> dict:
-    """A worker/run table from span tables: sums per name, steps added up."""
-    if not tables or any(not t for t in tables):
-        return None  # a span without a table (older cache entry): no table rather than a partial one
-    out = {"steps": sum(t.get("steps") or 0 for t in tables), "ops": [], "kernels": [],
-           "ops_left_out": sum(t.get("ops_left_out") or 0 for t in tables),
-           "kernels_left_out": sum(t.get("kernels_left_out") or 0 for t in tables)}
-    for key in ("ops", "kernels"):
-        merged: Dict[str, dict] = {}
-        for t in tables:
-            for row in t.get(key) or []:
-                m = merged.get(row["name"])
-                if m is None:
-                    merged[row["name"]] = dict(row)
-                else:
-                    for field_name, value in row.items():
-                        if field_name != "name":
-                            m[field_name] = (m.get(field_name) or 0) + (value or 0)
-        out[key] = sorted(merged.values(), key=lambda r: -r["total_us"])
-    return out
-
-
 # --------------------------------------------------------------------------- operator view
 #
 # The Operator view (METRICS.md "Operator view"): per included step and per (op name,
 # recorded inputs), the calls, total and self CPU time, the GPU time the op launched
 # (itself and through its descendants, through the correlation id) and the Tensor Core
-# part of that GPU time. Computed once per span; the /operators route only sums rows.
+# part of that GPU time, and how many of the calls are top-level (not inside another op
+# of the set on their thread). Computed once per span; the /operators route and the
+# comparison only sum rows.
 
 # (step, name, inputs) rows kept per span, largest total CPU time first; the inputs of
 # rows beyond are merged into "other inputs" (OTHER_INPUTS) of their (step, name).
 MAX_VIEW_ROWS = 20000
 OTHER_INPUTS = -2
-VIEW_FIELDS = ("calls", "total_us", "self_us", "gpu_us", "gpu_self_us", "tc_us")
+VIEW_FIELDS = ("calls", "total_us", "self_us", "gpu_us", "gpu_self_us", "tc_us", "top_calls")
+_COUNT_FIELDS = ("calls", "top_calls")
 
 
 def _op_instances(trace: TraceData):
@@ -348,7 +224,8 @@ def operator_view(trace: TraceData, steps: Steps) -> dict:
     uniq, inv = _unique_rows(key)
     inv = inv.reshape(-1)
     k = len(uniq)
-    sums = {"calls": np.bincount(inv, minlength=k).astype(np.float64)}
+    sums = {"calls": np.bincount(inv, minlength=k).astype(np.float64),
+            "top_calls": np.bincount(inv, weights=(inst["depth"][keep] == 0).astype(np.float64), minlength=k)}
     for field_name, src in (("total_us", "total"), ("self_us", "self"), ("gpu_us", "gpu"),
                             ("gpu_self_us", "gpu_self"), ("tc_us", "tc")):
         sums[field_name] = np.bincount(inv, weights=inst[src][keep], minlength=k)
@@ -382,9 +259,10 @@ def operator_view(trace: TraceData, steps: Steps) -> dict:
     out["inputs"] = [[text(d), text(t)] for d, t in pairs]
     out["rows"] = {"step": uniq[:, 0].astype(int).tolist(), "name": name_idx.reshape(-1).astype(int).tolist(),
                    "input": np.asarray(input_idx).astype(int).tolist(),
-                   "calls": sums["calls"].astype(int).tolist()}
-    for f in VIEW_FIELDS[1:]:
-        out["rows"][f] = [_us(v) for v in sums[f]]
+                   "calls": sums["calls"].astype(int).tolist(), "top_calls": sums["top_calls"].astype(int).tolist()}
+    for f in VIEW_FIELDS:
+        if f not in _COUNT_FIELDS:
+            out["rows"][f] = [_us(v) for v in sums[f]]
     out["rows_merged"] = int(merged)
     return out
 
@@ -409,7 +287,7 @@ def view_table(view: dict, step=None, group: str = "op") -> dict:
         if step not in steps_list:
             raise KeyError(step)
         sel = np.asarray(rows.get("step"), np.int64) == steps_list.index(step) if n else sel
-    cols = {f: np.array([np.nan if v is None else v for v in rows.get(f) or []], np.float64)[sel]
+    cols = {f: np.array([np.nan if v is None else v for v in rows.get(f) or [0] * n], np.float64)[sel]
             for f in VIEW_FIELDS}
     name_col = np.asarray(rows.get("name") or [], np.int64)[sel]
     input_col = np.asarray(rows.get("input") or [], np.int64)[sel]
@@ -499,13 +377,15 @@ def combine_views(views: List[dict]) -> Optional[dict]:
         merged += int(v.get("rows_merged") or 0)
         rows = v.get("rows") or {}
         v_names, v_inputs = v.get("names") or [], v.get("inputs") or []
-        for i in range(len(rows.get("name") or [])):
+        n_rows = len(rows.get("name") or [])
+        cols = [rows.get(f) or [0] * n_rows for f in VIEW_FIELDS]  # a field an older view lacks: 0
+        for i in range(n_rows):
             nm = names.setdefault(v_names[rows["name"][i]], len(names))
             inp = rows["input"][i]
             if inp >= 0:
                 inp = inputs.setdefault(tuple(v_inputs[inp]), len(inputs))
             key = (nm, inp)
-            vals = np.array([np.nan if rows[f][i] is None else rows[f][i] for f in VIEW_FIELDS], np.float64)
+            vals = np.array([np.nan if c[i] is None else c[i] for c in cols], np.float64)
             if key in acc:
                 acc[key] += vals
             else:
@@ -516,8 +396,31 @@ def combine_views(views: List[dict]) -> Optional[dict]:
            "rows": {"step": [0] * len(keys), "name": [k[0] for k in keys], "input": [k[1] for k in keys]},
            "rows_merged": merged}
     for j, f in enumerate(VIEW_FIELDS):
-        out["rows"][f] = [int(acc[k][j]) if f == "calls" else _us(acc[k][j]) for k in keys]
+        out["rows"][f] = [int(acc[k][j]) if f in _COUNT_FIELDS else _us(acc[k][j]) for k in keys]
     return out
+
+
+NAME_TOTAL_FIELDS = ("calls", "top_calls", "total_us", "self_us")
+
+
+def name_totals(view: Optional[dict]) -> Optional[List[dict]]:
+    """The view summed per op name over all its rows (every included step, every recorded
+    input): ``[{name, calls, top_calls, total_us, self_us}]``, the rows the run comparison's
+    operator diff is made of (METRICS.md §11). None without a view; a time that is not
+    known (null) in some row is None in its name's sum, not a smaller number."""
+    if not isinstance(view, dict):
+        return None
+    rows = view.get("rows") or {}
+    names = view.get("names") or []
+    name_col = np.asarray(rows.get("name") or [], np.int64)
+    n, k = len(name_col), len(names)
+    sums = {f: np.bincount(name_col, minlength=k,
+                           weights=np.array([np.nan if v is None else v for v in rows.get(f) or [0] * n], np.float64))
+            for f in NAME_TOTAL_FIELDS}
+    present = np.bincount(name_col, minlength=k) > 0
+    return [{"name": names[i], "calls": int(sums["calls"][i]), "top_calls": int(sums["top_calls"][i]),
+             "total_us": _us(sums["total_us"][i]), "self_us": _us(sums["self_us"][i])}
+            for i in np.flatnonzero(present)]
 
 
 def route_answer(view: Optional[dict], args) -> tuple:
