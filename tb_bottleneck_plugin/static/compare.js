@@ -412,7 +412,8 @@ function diffPanel(title, kind, table, why) {
   if (!table) return panel(title, {id}, h("p", {class: "note"}, `n/a: ${why || "not available"}`));
   const rows = Array.isArray(table.rows) ? table.rows.filter((r) => r && typeof r === "object") : [];
   const sub = `${fmtNum(table.new)} new · ${fmtNum(table.vanished)} vanished · ${fmtNum(table.changed)} changed`
-    + (table.unknown ? ` · ${fmtNum(table.unknown)} unknown (a side's table was truncated)` : "");
+    + (table.unknown ? ` · ${fmtNum(table.unknown)} unknown (a side's table was truncated)` : "")
+    + (table.rows_left_out ? ` · ${fmtNum(table.rows_left_out)} smaller changes not listed` : "");
   if (!rows.length) {
     return panel(title, {id, subtitle: sub}, h("p", {class: "note"},
       kind === "kernels" ? "Neither side ran a GPU kernel (CPU-only traces)." : "Neither side has CPU operators."));
