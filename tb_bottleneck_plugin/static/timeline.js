@@ -228,6 +228,7 @@ export function renderTimeline(container, ctx) {
     const shadeRows = rs.filter((r) => r.lane && (d.has_gpu ? r.lane.kind === "gpu" : true));
     const idleRow = rs[rs.length - 1];
     const textRow = shadeRows.find((r) => r.lane.kind !== "dataloader");
+    const written = []; // the cause texts drawn in textRow: {cause, text, x0, x1} (CSS px)
     if (shadeRows.length) {
       const top = shadeRows[0].y;
       const bottom = shadeRows[shadeRows.length - 1].y + LANE_H;
@@ -255,6 +256,7 @@ export function renderTimeline(container, ctx) {
             if (b - a < CAUSE_TEXT_MIN_PX) continue;
             g.fillStyle = CAUSE_TEXT_COLOR[lane.cause] || "#333";
             g.fillText(causeLine(lane.cause, d.has_gpu), a + 4, textRow.y + LANE_H / 2);
+            written.push({cause: lane.cause, text: causeLine(lane.cause, d.has_gpu), x0: a, x1: b});
           }
         }
         g.restore();
@@ -324,6 +326,8 @@ export function renderTimeline(container, ctx) {
     canvas.dataset.rects = String(d.lanes.reduce((a, l) => a + l.t0.length, 0));
     canvas.dataset.window = `${v0.toFixed(3)},${v1.toFixed(3)}`;
     canvas.dataset.step = String(d.step);
+    canvas.dataset.causeText = JSON.stringify({row: textRow ? textRow.lane.label : null, y: textRow ? textRow.y : null,
+      color: CAUSE_TEXT_COLOR, shade: CAUSE_COLOR, labels: written});
     // where each row is drawn (CSS px), for tests and tools reading the canvas
     canvas.dataset.layout = JSON.stringify({label_w: LABEL_W, width: cssW, has_gpu: d.has_gpu,
       rows: rs.map((r) => ({label: r.lane ? r.lane.label : "idle", kind: r.lane ? r.lane.kind : "idle", y: r.y, h: r.h,
