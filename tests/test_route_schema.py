@@ -200,7 +200,15 @@ def test_fixture_responses_follow_the_schema(recorded):
         check(route, entry["status"], entry["body"], f"fixture {key}")
     # The fixture covers every route and every status the frontend handles.
     assert {("runs", 200), ("report", 200), ("memory", 200), ("kernels", 200),
-            ("report", 202), ("report", 404), ("report", 422)} <= routes
+            ("report", 202), ("report", 404), ("report", 422),
+            ("timeline", 200), ("timeline", 202), ("timeline", 404), ("timeline", 422),
+            ("step_trace", 200)} <= routes
+    # the timeline's step selector: every step of every recorded span
+    for key, entry in recorded["responses"].items():
+        if key.startswith("timeline?") and "span=" in key and "step=" not in key and entry["status"] == 200:
+            for st in entry["body"]["steps"]:
+                if st["step"] != entry["body"]["step"]:
+                    assert recorded["responses"][f"{key}&step={st['step']}"]["body"]["step"] == st["step"]
     for scenario, runs in recorded["scenarios"].items():
         check("runs", 200, runs, f"fixture scenario {scenario}")
 
