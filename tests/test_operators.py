@@ -206,6 +206,12 @@ def test_equals_torch_tb_profiler_operator_view(path):
         want = (row["calls"], row["host_self_duration"], row["host_total_duration"],
                 row["device_self_duration"], row["device_total_duration"])
         assert got == want, row["name"]
+    # the run comparison's op rows (operators.name_totals, METRICS §11) are the same sums
+    totals = {r["name"]: r for r in operators.name_totals(view)}
+    for row in by_name_tbp:
+        t = totals[row["name"]]
+        assert (t["calls"], round(t["self_us"]), round(t["total_us"])) == \
+            (row["calls"], row["host_self_duration"], row["host_total_duration"]), row["name"]
     extra = set(ours) - {r["name"] for r in by_name_tbp}
     assert extra == {"enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", "Optimizer.step#SGD.step",
                      "Optimizer.zero_grad#SGD.zero_grad"}
