@@ -38,14 +38,18 @@ class DaskUnavailable(Exception):
     """The Dask scheduler cannot be used (not installed, unreachable): one line, for people."""
 
 
-def _analyze_task(analyze_span: Optional[Callable], logdir: str, run, span) -> tuple:
-    """Runs on a Dask worker: one span analysed, its outcome tuple."""
+def _analyze_task(analyze_span: Optional[Callable], logdir: str, run, span, timeline: bool = False) -> tuple:
+    """Runs on a Dask worker: one span analysed, its outcome tuple. ``timeline``: the
+    result also carries the span's step-timeline store (report.analyze_span(timeline=True):
+    numpy arrays, ~2 MB for a resnet50-sized span; the service keeps it for the timeline
+    routes)."""
     from . import report
     from .errors import BottleneckError, TruncatedTraceError
 
-    fn = analyze_span or report.analyze_span
     try:
-        return "ok", fn(logdir, run, span)
+        if analyze_span is None:
+            return "ok", report.analyze_span(logdir, run, span, timeline=timeline)
+        return "ok", analyze_span(logdir, run, span)
     except TruncatedTraceError as exc:
         return "truncated", str(exc)
     except BottleneckError as exc:
@@ -86,9 +90,10 @@ class DaskBackend:
             return 1
 
     def analyze(self, logdir: str, run, span, progress: Optional[Callable[[float], None]] = None) -> tuple:
-        """Analyse one span on the cluster (blocks this thread until done)."""
+        """Analyse one span on the cluster (blocks this thread until done); the service's
+        call: the result carries the span's timeline store too (the CLI's analyze_many not)."""
         try:
-            future = self.client.submit(_analyze_task, self._analyze_span, logdir, run, span, pure=False)
+            future = self.client.submit(_analyze_task, self._analyze_span, logdir, run, span, True, pure=False)
             if progress is not None:
                 progress(0.0)
             outcome = future.result()

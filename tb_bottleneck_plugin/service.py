@@ -604,9 +604,8 @@ class Analyzer:
         if self._cache is None:
             return False
         cached = self._cache.get(self._cache.key_for(span.url, span.fingerprint))
-        if cached is None or (self._injected is None and not self.dask_scheduler
-                              and not self.timelines.has(span.url, span.fingerprint)):
-            return False  # no timeline store beside it (an older cache): analysed again
+        if cached is None or (self._injected is None and not self.timelines.has(span.url, span.fingerprint)):
+            return False  # no timeline store beside it (an older cache): analysed again (on Dask too)
         with self._lock:
             state.result, state.state, state.progress = self._paths.view(cached), "ready", 1.0
             self.cache_hits += 1

@@ -223,9 +223,10 @@ def _pick(analyzer, args, problem):
     w, s, st = best
     store = analyzer.timelines.get(s.url, st.fingerprint)
     if store is None:
-        return None, ({"state": "error", "error": "the step timeline is not available for this span (it was "
-                       "analysed without one, e.g. on a Dask cluster); it is built when the span is analysed "
-                       "again", "errors": []}, 422)
+        return None, ({"state": "error", "error": "the step timeline is not available for this span: its "
+                       "analysis left no timeline store (a Dask worker running an older version of the plugin, "
+                       "or a custom analysis function); it is built when the span is analysed again (a changed "
+                       "file, or TensorBoard restarted with the same plugin version on the Dask workers)", "errors": []}, 422)
     from .analysis import timeline as tl
 
     if tl.step_index(store, step) is None:

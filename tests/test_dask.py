@@ -103,6 +103,14 @@ def test_service_on_dask_equals_local(tmp_path, cluster):
             for r in range(4):
                 assert (remote.result(f"run{k}", f"rank{r}")["state"] == "ready")
         assert remote.runs_view()["runs"] == local.runs_view()["runs"]
+        # the timeline of a span analysed on the cluster: the worker sent its store too
+        from tb_bottleneck_plugin.timeline_store import step_trace_route, timeline_route
+
+        for k in range(4):
+            q = {"run": f"run{k}", "worker": "rank0", "px": "900"}
+            (there, code), (here, code_here) = timeline_route(remote, q), timeline_route(local, q)
+            assert code == code_here == 200 and json.loads(there) == json.loads(here)
+            assert step_trace_route(remote, q)[:2] == step_trace_route(local, q)[:2]
         # slots: the cluster's 2 worker threads + 1 kept for another run; no local children
         assert remote._sched.slots == 3 and remote.children is not None and remote.children.started == 0
     finally:
