@@ -10,7 +10,7 @@
 import {h, mount} from "./dom.js";
 import {fmtPct, fmtUs, fmtUsTick, isNum, spanLabel} from "./format.js";
 import {registerPanel} from "./panels.js";
-import {renderLoading, renderError} from "./states.js";
+import {renderLoading, renderError, renderEmpty} from "./states.js";
 
 const LANE_H = 18;
 const IDLE_H = 22;
@@ -88,6 +88,11 @@ export function renderTimeline(container, ctx) {
     if (first) loader = renderLoading(body, {title: "Loading the step timeline…"});
     ctx.data.get("timeline", params(), {onProgress: (p) => loader && loader.set(p)}).then((r) => {
       if (mine !== st.seq || r.kind === "aborted") return;
+      if (r.kind === "error" && r.status === 422) {
+        // the span has nothing to draw (the route's reason): n/a, not a failure
+        renderEmpty(body, {title: "No step timeline for this span", body: [h("p", {class: "note"}, String(r.message || "no step"))]});
+        return;
+      }
       if (r.kind !== "ok" || !r.data || !Array.isArray(r.data.lanes)) {
         renderError(body, {title: "Could not load the step timeline", message: (r && r.message) || "unexpected answer",
           file: r && r.file, status: r && r.status, errors: r && r.errors});
