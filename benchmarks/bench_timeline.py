@@ -83,9 +83,12 @@ def bench_store(store, requests, px, rnd, label):
         a = rnd.uniform(0, max(0.0, dur - width))
         zoom.append(request_ms(store, n, a, a + width, px))
     out["zoom"] = zoom
-    _, export_ms = _timed(lambda: json.dumps(tl.chrome_trace(store, default)))
+    doc, export_ms = _timed(lambda: tl.chrome_trace(store, default))
+    text, dump_ms = _timed(lambda: json.dumps(doc))
     res = {"label": label, "steps": len(nums), "events": int(len(store["ev_ts"])),
-           "store_bytes": int(sum(v.nbytes for v in store.values())), "export_ms": export_ms}
+           "store_bytes": int(sum(v.nbytes for v in store.values())), "export_ms": export_ms + dump_ms,
+           "export_events": doc["otherData"]["events_exported"], "export_events_total": doc["otherData"]["events_total"],
+           "export_bytes": len(text)}
     for kind, rows in out.items():
         res[kind] = {"ms": summary([r[0] for r in rows]), "rects_max": max(r[1] for r in rows),
                      "json_bytes_max": max(r[2] for r in rows)}
@@ -113,8 +116,24 @@ def main() -> int:
     trace, load_ms = _timed(lambda: loader.load_trace(str(path)))
     print(f"load: {load_ms / 1e3:.1f} s (once per span, in the analysis process)", flush=True)
     store, build_ms = _timed(lambda: tl.build_store(trace))
-    print(f"build_store: {build_ms / 1e3:.2f} s, {len(store['ev_ts']):,} events, "
+    print(f"build_store alone: {build_ms / 1e3:.2f} s, {len(store['ev_ts']):,} events, "
           f"{sum(v.nbytes for v in store.values()) / 1e6:.1f} MB", flush=True)
+    # what the analysis child does: the report, then the store from the report's per-span
+    # context (steps and category unions shared), in CPU seconds (a shared machine is noisy)
+    from tb_bottleneck_plugin import report
+
+    def cpu(fn):
+        t = time.process_time()
+        out = fn()
+        return out, (time.process_time() - t) * 1e3
+    _, report_cpu_ms = cpu(lambda: report.analyze_trace(trace))
+    with_store, both_cpu_ms = cpu(lambda: report.analyze_trace(trace, timeline=True))
+    _, alone_cpu_ms = cpu(lambda: tl.build_store(trace))
+    assert all(np.array_equal(with_store["timeline_store"][k], store[k]) for k in store)
+    del with_store
+    print(f"report {report_cpu_ms / 1e3:.2f} s CPU; report + store from its context {both_cpu_ms / 1e3:.2f} s CPU "
+          f"(store {max(both_cpu_ms - report_cpu_ms, 0) / 1e3:.2f} s) vs store alone {alone_cpu_ms / 1e3:.2f} s CPU",
+          flush=True)
     with tempfile.TemporaryDirectory() as d:
         npz = Path(d) / "s.timeline.npz"
         _, save_ms = _timed(lambda: np.savez(npz, **store))
@@ -144,12 +163,15 @@ def main() -> int:
             worst = max(worst, s["max"])
             print(f"{r['label']:<26} {kind:<10} {s['n']:>4} {s['min']:>8.1f} {s['median']:>8.1f} {s['p95']:>8.1f} "
                   f"{s['max']:>8.1f} {r[kind]['rects_max']:>9}")
-        print(f"{r['label']:<26} events {r['events']:,}, steps {r['steps']}, export of one step {r['export_ms']:.0f} ms")
+        print(f"{r['label']:<26} events {r['events']:,}, steps {r['steps']}, export of one step {r['export_ms']:.0f} ms, "
+              f"{r['export_events']:,} of {r['export_events_total']:,} events, {r['export_bytes'] / 1e6:.1f} MB")
     verdict = "met" if worst < TARGET_MS else "MISSED"
     print(f"\nslowest request {worst:.1f} ms: target < {TARGET_MS:.0f} ms {verdict}; load avg {os.getloadavg()}")
     if args.json:
         args.json.write_text(json.dumps({"trace": str(path), "json_bytes": meta.get("json_bytes"),
                                          "load_ms": load_ms, "build_store_ms": build_ms, "npz_bytes": npz_bytes,
+                                         "report_cpu_ms": report_cpu_ms, "report_and_store_cpu_ms": both_cpu_ms,
+                                         "store_alone_cpu_ms": alone_cpu_ms,
                                          "npz_save_ms": save_ms, "npz_load_ms": npz_load_ms, "results": results,
                                          "worst_request_ms": worst, "target_ms": TARGET_MS,
                                          "loadavg": os.getloadavg()}, indent=1))
