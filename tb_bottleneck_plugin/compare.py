@@ -248,9 +248,6 @@ def normalise_op_name(name: str) -> str:
 # ---------------------------------------------------------------------------- tables
 
 
-# The kernel table (METRICS.md §6) keeps the top KERNEL_TABLE_ROWS kernel configurations
-# of a span (occupancy.kernel_occupancy's top_n); a table that long may have lost names.
-KERNEL_TABLE_ROWS = 200
 # Rows a kernel or operator diff carries, largest |change per step| first (the counts of
 # new/vanished/changed/unknown cover every row; rows_left_out says how many were cut).
 MAX_DIFF_ROWS = 500
@@ -317,15 +314,16 @@ def _diff_table(base_rows, cand_rows, base_steps, cand_steps, normalise, fields,
 
 
 def _kernel_diff(base, cand) -> Tuple[Optional[dict], Optional[str]]:
-    """Kernel rows: the per-kernel table of §6 (result["kernels"]), by normalised name."""
+    """Kernel rows: the §6 kernel table's calls and times per kernel name (the result's
+    ``kernel_names``, occupancy.kernel_name_totals), by normalised name."""
     bs, cs = _step_count(base), _step_count(cand)
     if not bs or not cs:
         return None, _NO_STEPS
-    bk, ck = base.get("kernels"), cand.get("kernels")
-    if bk is None or ck is None:
-        return None, "a side's result carries no kernel table"
-    out = _diff_table(bk, ck, bs, cs, normalise_kernel_name, ("total_us", "calls"), "total_us",
-                      len(bk) >= KERNEL_TABLE_ROWS, len(ck) >= KERNEL_TABLE_ROWS)
+    bk, ck = base.get("kernel_names"), cand.get("kernel_names")
+    if not isinstance(bk, dict) or not isinstance(ck, dict):
+        return None, "a side's result carries no kernel times by name (analysed by an older version: re-analyse)"
+    out = _diff_table(bk.get("rows"), ck.get("rows"), bs, cs, normalise_kernel_name, ("total_us", "calls"),
+                      "total_us", bool(bk.get("left_out")), bool(ck.get("left_out")))
     out["source"] = "kernel_table"
     return out, None
 

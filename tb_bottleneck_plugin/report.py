@@ -152,6 +152,7 @@ def analyze_trace(trace: model.TraceData, *, run=None, worker=None, span=None, s
     out = {} if not timeline else {"timeline_store": store}
     return {**out, "report": out_report, "memory": _clean(curves), "kernels": _clean(kernels),
             "operator_view": op_view,  # the /operators route and compare's op diff (METRICS.md §13)
+            "kernel_names": _clean(ctx.extras.get("kernel_names")),  # compare's kernel diff (METRICS.md §11)
             "distributed": dist_part,
             "partials": _clean(span_partials(out_report))}
 
@@ -207,7 +208,7 @@ _SECTION_LABELS = {
     "tensor_cores": "Tensor Cores", "occupancy": "Occupancy", "memory": "Memory",
     "memory_snapshot": "CUDA memory snapshot", "sync": "Host-GPU synchronization",
     "communication": "Communication", "launch": "Kernel launches", "recommendations": "Recommendations",
-    "kernels": "Kernel table", "memory_curves": "Memory over time", "operator_view": "Operator view",
+    "kernels": "Kernel table", "kernel_names": "Kernel times by name", "memory_curves": "Memory over time", "operator_view": "Operator view",
     "context": "Workload context", "distributed": "Distributed run", "verdicts": "Card verdicts",
 }
 _METRIC_LABELS = {
@@ -317,11 +318,12 @@ def combine_results(results: List[dict], *, run=None, worker=None) -> dict:
     if out["occupancy"] is not None:
         out["occupancy"]["kernels"] = kernels[:KERNELS_IN_REPORT]
     op_view = sec.run("operator_view", operators.combine_views, [r.get("operator_view") for r in results])
+    kernel_names = sec.run("kernel_names", occupancy.combine_kernel_names, [r.get("kernel_names") for r in results])
     out["errors"] = [dict(e, span=r.get("span")) for r in reports for e in (r.get("errors") or [])
                      if isinstance(e, dict)] + sec.errors
     out["not_available_labels"] = not_available_labels(not_available)
     return {"report": _clean(out), "memory": curves, "kernels": _clean(kernels),
-            "operator_view": op_view}
+            "operator_view": op_view, "kernel_names": kernel_names}
 
 
 def _finish(unit, results: List[dict], reports: List[dict]):

@@ -146,7 +146,15 @@ def test_hand_built_pair_every_delta_known(tmp_path):
 
     # kernels: the templated gemm matches across precisions, elementwise is new
     k = cmp["kernels"]
-    assert k["source"] == "kernel_table"  # the per-kernel table of METRICS §6
+    assert k["source"] == "kernel_table"  # the per-kernel table of METRICS §6, by name
+    for res in (base, cand):  # kernel_names = the §6 table (not cut here) summed per name
+        by_name = {}
+        for r in res["kernels"]:
+            by_name.setdefault(r["name"], [0, 0.0])
+            by_name[r["name"]][0] += r["calls"]
+            by_name[r["name"]][1] += r["total_us"]
+        assert {r["name"]: [r["calls"], r["total_us"]] for r in res["kernel_names"]["rows"]} == by_name
+        assert res["kernel_names"]["left_out"] == 0
     gemm = row(k, "gemm_kernel<…>")
     assert gemm["status"] == "changed"
     assert (gemm["base_total_us_per_step"], gemm["cand_total_us_per_step"]) == (300.0, 200.0)
@@ -239,6 +247,37 @@ def test_op_diff_is_the_operator_view_summed_per_name(tmp_path):
     assert {r["name"]: r for r in both}["A"]["self_us"] == 216.0
 
 
+def test_kernel_names_cover_every_kernel_the_table_cuts(tmp_path, monkeypatch):
+    # "a" in two launch configurations (40 + 25 µs), "b" 30 µs, "c" 5 µs half outside the step
+    ev = [_x("ProfilerStep#1", "user_annotation", 0, 200)]
+    for i, (name, ts, dur, grid) in enumerate([("a", 10, 40, [1, 1, 1]), ("a", 60, 25, [2, 1, 1]),
+                                               ("b", 100, 30, [1, 1, 1]), ("c", 197, 6, [1, 1, 1])]):
+        ev.append(_x("cudaLaunchKernel", "cuda_runtime", ts - 5, 2, correlation=i + 1))
+        ev.append(_x(name, "kernel", ts, dur, pid=0, tid=7, device=0, stream=7, correlation=i + 1, grid=grid,
+                     block=[128, 1, 1]))
+    trace = loader.load_trace(str(write_trace(tmp_path / "w.pt.trace.json", ev)))
+    from tb_bottleneck_plugin.analysis import occupancy
+    window = steps.find_steps(trace).window
+    occ = occupancy.kernel_occupancy(trace, window, top_n=1)  # the table keeps one configuration
+    assert len(occ["kernels"]) == 1
+    names = {r["name"]: (r["calls"], r["total_us"]) for r in occ["kernel_names"]["rows"]}
+    lo, hi = window
+    assert names == {"a": (2, 65.0), "b": (1, 30.0), "c": (1, min(203.0, hi) - 197.0)}
+    assert [r["name"] for r in occ["kernel_names"]["rows"]] == ["a", "b", "c"]
+    monkeypatch.setattr(occupancy, "KERNEL_NAMES_MAX", 2)
+    part = occupancy.kernel_occupancy(trace, window)["kernel_names"]
+    assert len(part["rows"]) == 2 and part["left_out"] == 1
+    both = occupancy.combine_kernel_names([part, part])
+    assert both["left_out"] == 2 and {r["name"]: r["total_us"] for r in both["rows"]} == {"a": 130.0, "b": 60.0}
+    assert occupancy.combine_kernel_names([part, None]) is None
+    # a side that left names out: a name missing there is unknown, not new
+    res = {"report": {"steps": {"count": 1}}, "kernel_names": part, "operator_view": None}
+    full = dict(res, kernel_names=occ["kernel_names"])  # every name
+    cmp = compare.compare(res, full)
+    assert row(cmp["kernels"], "c")["status"] == "unknown" and cmp["kernels"]["unknown"] == 1
+    assert cmp["ops"] is None and "operator view" in cmp["not_available"]["ops"]
+
+
 def test_unknown_times_stay_unknown_and_diffs_are_bounded(monkeypatch):
     def result(kernels, op_rows, n_steps=1):
         names = sorted({r[0] for r in op_rows})
@@ -248,7 +287,8 @@ def test_unknown_times_stay_unknown_and_diffs_are_bounded(monkeypatch):
                          "total_us": [r[1] for r in op_rows], "self_us": [r[1] for r in op_rows],
                          "gpu_us": [0.0] * len(op_rows), "gpu_self_us": [0.0] * len(op_rows),
                          "tc_us": [0.0] * len(op_rows)}}
-        return {"report": {"steps": {"count": n_steps}}, "kernels": kernels, "operator_view": view}
+        return {"report": {"steps": {"count": n_steps}}, "kernel_names": {"rows": kernels, "left_out": 0},
+                "operator_view": view}
 
     base = result([{"name": "k", "calls": 2, "total_us": None}], [("a", None), ("a", 5.0), ("b", 1.0)])
     cand = result([{"name": "k", "calls": 2, "total_us": 10.0}], [("a", 3.0), ("b", 2.0)], n_steps=2)

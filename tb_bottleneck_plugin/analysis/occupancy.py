@@ -16,7 +16,8 @@ Public API
   integer ``est. achieved occupancy %`` Kineto would have written.
 - ``kernel_occupancy(trace, window=None, top_n=200)`` -> dict with keys
   ``est_achieved_occupancy_pct``, ``per_device``, ``histogram``, ``grid_too_small_pct``,
-  ``short_kernels``, ``kernels``, ``weighted_kernel_us``, ``not_available``.
+  ``short_kernels``, ``kernels``, ``weighted_kernel_us``, ``kernel_names`` (per-name totals,
+  ``kernel_name_totals``), ``not_available``.
 - ``UNIT``: the metric unit (analysis/units.py); ``combine_kernel_rows`` merges kernel
   tables of several spans.
 
@@ -332,7 +333,7 @@ def kernel_occupancy(trace: TraceData, window: Optional[Tuple[float, float]] = N
     krows = np.flatnonzero(gpu.kind == GPU_KERNEL)
     out: Dict = {"est_achieved_occupancy_pct": None, "per_device": {}, "histogram": [],
                  "grid_too_small_pct": None, "short_kernels": None, "kernels": [],
-                 "weighted_kernel_us": 0.0, "not_available": {}}
+                 "weighted_kernel_us": 0.0, "kernel_names": {"rows": [], "left_out": 0}, "not_available": {}}
     if len(krows) == 0:
         reason = _not_available_reason(trace, False)
         out["not_available"] = {k: reason for k in ("est_achieved_occupancy_pct", "grid_too_small_pct",
@@ -381,7 +382,47 @@ def kernel_occupancy(trace: TraceData, window: Optional[Tuple[float, float]] = N
 
     out["short_kernels"] = _short_kernels(trace, krows, w)
     out["kernels"] = _kernel_table(trace, krows, w, top_n, occ, src)
+    out["kernel_names"] = kernel_name_totals(trace, krows, w)
     return out
+
+
+KERNEL_NAMES_MAX = 5000  # names kept per span, largest time first (left_out counts the rest)
+
+
+def kernel_name_totals(trace: TraceData, krows: np.ndarray, w: np.ndarray) -> Dict:
+    """The kernel table's calls and times per kernel name alone (all devices and launch
+    configurations pooled, the same clipped weights ``w``), for every name: the run
+    comparison's kernel rows (METRICS §11), which the table's top 200 could not give.
+    ``{"rows": [{name, calls, total_us}], "left_out": k}``; the result keeps it beside
+    the table (report.py pops it out of the occupancy section)."""
+    names, inv = np.unique(trace.gpu.name[krows], return_inverse=True)
+    inv = inv.reshape(-1)
+    calls = np.bincount(inv, minlength=len(names))
+    total = np.bincount(inv, weights=w, minlength=len(names))
+    order = np.argsort(-total, kind="stable")
+    return {"rows": [{"name": trace.strings[int(names[i])], "calls": int(calls[i]), "total_us": float(total[i])}
+                     for i in order[:KERNEL_NAMES_MAX]],
+            "left_out": max(0, len(order) - KERNEL_NAMES_MAX)}
+
+
+def combine_kernel_names(parts: List[Optional[Dict]]) -> Optional[Dict]:
+    """Spans' kernel_name_totals summed per name (None when a span has none: an older
+    result; a total unknown in some span stays unknown)."""
+    from .units import total
+
+    if not parts or any(not isinstance(p, dict) for p in parts):
+        return None
+    rows: Dict[str, dict] = {}
+    for p in parts:
+        for r in p.get("rows") or []:
+            m = rows.get(r["name"])
+            if m is None:
+                rows[r["name"]] = dict(r)
+            else:
+                m["calls"] = int(m.get("calls") or 0) + int(r.get("calls") or 0)
+                m["total_us"] = total([m.get("total_us"), r.get("total_us")])
+    return {"rows": sorted(rows.values(), key=lambda r: -(r["total_us"] if r["total_us"] is not None else np.inf)),
+            "left_out": sum(int(p.get("left_out") or 0) for p in parts)}
 
 
 def _short_kernels(trace: TraceData, krows: np.ndarray, w: np.ndarray) -> Dict:
@@ -495,6 +536,7 @@ def span_shown_occupancy(span):
 def _unit_compute(span) -> dict:
     found = span.found
     occ = kernel_occupancy(span.trace, found.window if found.count else None, shown=span_shown_occupancy(span))
+    span.extras["kernel_names"] = occ.pop("kernel_names")  # beside the report, not in it (report.py)
     span.not_available.update({f"occupancy.{k}": v for k, v in occ.pop("not_available", {}).items()})
     return occ
 
