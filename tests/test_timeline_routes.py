@@ -192,3 +192,45 @@ def test_store_files_unreadable_old_and_over_budget(tmp_path):
     mem.put("x", "1", store)
     mem.put("y", "1", store)
     assert mem.has("x", "1") and mem.get("x", "1") is store
+
+
+def test_mock_server_replays_the_recorded_timeline(tmp_path):
+    """tests/fixtures/frontend_mock_server.py replays the recorded timeline answers (any
+    px, a whole-step t0/t1 too), each step of the step selector and the default step's
+    export; a zoomed window is not recorded: 404."""
+    import importlib.util
+    import urllib.error
+    import urllib.request
+    from pathlib import Path
+
+    fixtures = Path(__file__).resolve().parent / "fixtures"
+    spec = importlib.util.spec_from_file_location("frontend_mock_server", fixtures / "frontend_mock_server.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    recorded = json.loads((fixtures / "route_responses.json").read_text())["responses"]
+    srv, base = mod.serve_in_thread()
+
+    def get(path):
+        try:
+            with urllib.request.urlopen(f"{base}{PREFIX}/{path}", timeout=10) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    try:
+        q = "run=xss&worker=worker0&span=1700000000001"
+        want = recorded[f"timeline?{q}"]["body"]
+        assert get(f"timeline?{q}&px=777") == (200, want)
+        assert HTML_NAME in want["names"]
+        assert get(f"timeline?{q}&px=777&t0=0&t1={want['step_us']}") == (200, want)
+        assert get(f"timeline?{q}&t0=10&t1=20")[0] == 404
+        other = [s["step"] for s in want["steps"] if s["step"] != want["step"]][0]
+        status, body = get(f"timeline?{q}&step={other}&px=900")
+        assert status == 200 and body["step"] == other == recorded[f"timeline?{q}&step={other}"]["body"]["step"]
+        # the panel's download link names the step
+        assert get(f"step_trace?{q}&step={want['step']}") == (200, recorded[f"step_trace?{q}&step={want['step']}"]["body"])
+        assert get("timeline?run=still_loading&worker=worker0&span=1700000000000")[0] == 202
+        assert get("timeline?run=no_such_run")[0] == 404
+    finally:
+        srv.shutdown()
+        srv.server_close()
