@@ -59,6 +59,7 @@ export function renderOperators(container, ctx) {
   function load() {
     const mine = ++seq;
     const loader = renderLoading(body, {title: "Loading operators…"});
+    if (state.count) state.count.textContent = ""; // not the last table's count while this one loads
     ctx.data.get("operators", {step: state.step, group: state.group}, {onProgress: (pr) => loader.set && loader.set(pr)})
       .then((r) => {
         if (mine !== seq || r.kind === "aborted") return;
