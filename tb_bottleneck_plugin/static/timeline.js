@@ -226,6 +226,14 @@ export function renderTimeline(container, ctx) {
     g.clearRect(0, 0, cssW, height);
     g.font = "11px sans-serif";
     g.textBaseline = "middle";
+    // text and grid in the theme's colours (style.css variables: TensorBoard's light or dark mode)
+    const css = getComputedStyle(container);
+    const themed = (name, fallback) => css.getPropertyValue(name).trim() || fallback;
+    const FG = themed("--fg", "#333");
+    const MUTED = themed("--muted", "#777");
+    const GRID = themed("--grid", "#eee");
+    // the cause words: dark shades on a light page, the bright cause colours on a dark one
+    const causeInk = /^#[0-9a-f]{6}$/i.test(FG) && parseInt(FG.slice(1, 3), 16) > 128 ? CAUSE_COLOR : CAUSE_TEXT_COLOR;
     const [v0, v1] = st.view;
     const W = cssW - LABEL_W;
     const x = (t) => LABEL_W + ((t - v0) / (v1 - v0)) * W;
@@ -259,7 +267,7 @@ export function renderTimeline(container, ctx) {
             const a = Math.max(LABEL_W, x(lane.t0[i]));
             const b = Math.min(cssW, x(lane.t1[i]));
             if (b - a < CAUSE_TEXT_MIN_PX) continue;
-            g.fillStyle = CAUSE_TEXT_COLOR[lane.cause] || "#333";
+            g.fillStyle = causeInk[lane.cause] || FG;
             g.fillText(causeLine(lane.cause, d.has_gpu), a + 4, textRow.y + LANE_H / 2);
             written.push({cause: lane.cause, text: causeLine(lane.cause, d.has_gpu), x0: a, x1: b});
           }
@@ -269,7 +277,7 @@ export function renderTimeline(container, ctx) {
     }
     // lanes
     for (const r of rs) {
-      g.fillStyle = "#333";
+      g.fillStyle = FG;
       const label = r.lane ? r.lane.label : (d.has_gpu ? "GPU idle · cause" : "Host time · cause (no GPU)");
       g.save();
       g.beginPath();
@@ -277,7 +285,7 @@ export function renderTimeline(container, ctx) {
       g.clip();
       g.fillText(label, 4, r.y + r.h / 2);
       g.restore();
-      g.strokeStyle = "#eee";
+      g.strokeStyle = GRID;
       g.beginPath();
       g.moveTo(LABEL_W, r.y + r.h - 0.5);
       g.lineTo(cssW, r.y + r.h - 0.5);
@@ -288,7 +296,7 @@ export function renderTimeline(container, ctx) {
       g.clip();
       const lanes = r.lane ? [r.lane] : r.idle;
       if (r.lane && !r.lane.t0.length && r !== textRow) {
-        g.fillStyle = "#999";
+        g.fillStyle = MUTED;
         g.fillText(EMPTY_TEXT, LABEL_W + 4, r.y + r.h / 2);
       }
       for (const lane of lanes) {
@@ -316,8 +324,8 @@ export function renderTimeline(container, ctx) {
       g.restore();
     }
     // axis
-    g.fillStyle = "#555";
-    g.strokeStyle = "#ccc";
+    g.fillStyle = MUTED;
+    g.strokeStyle = themed("--border", "#ccc");
     const ticks = niceTicks(v0, v1, Math.max(2, Math.floor(W / 110)));
     for (const t of ticks) {
       const xx = x(t);
@@ -332,7 +340,7 @@ export function renderTimeline(container, ctx) {
     canvas.dataset.window = `${v0.toFixed(3)},${v1.toFixed(3)}`;
     canvas.dataset.step = String(d.step);
     canvas.dataset.causeText = JSON.stringify({row: textRow ? textRow.lane.label : null, y: textRow ? textRow.y : null,
-      color: CAUSE_TEXT_COLOR, shade: CAUSE_COLOR, labels: written});
+      color: causeInk, shade: CAUSE_COLOR, labels: written});
     // where each row is drawn (CSS px), for tests and tools reading the canvas
     canvas.dataset.layout = JSON.stringify({label_w: LABEL_W, width: cssW, has_gpu: d.has_gpu,
       rows: rs.map((r) => ({label: r.lane ? r.lane.label : "idle", kind: r.lane ? r.lane.kind : "idle", y: r.y, h: r.h,
