@@ -209,3 +209,41 @@ def test_nothing_of_dask_is_imported_without_the_flag(tmp_path):
                          cwd=str(Path(__file__).resolve().parents[1]))
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip() == "[]"
+
+
+def test_real_tensorboard_with_the_dask_flag_analyses_on_the_cluster(tmp_path, cluster):
+    """`tensorboard --bottlenecks_dask_scheduler ADDRESS`: every span ready, no analysis
+    child process under TensorBoard, the report equal to a local analysis."""
+    import psutil
+
+    from conftest import start_tensorboard, wait_route
+
+    root = tmp_path / "logs"
+    for src in SMALL[:2]:
+        dst = root / "run" / src.name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dst)
+    local = Analyzer(str(root), rescan_seconds=60, processes=False)
+    try:
+        assert local.wait_idle(60)
+        expected = local.result("run", "worker0")
+    finally:
+        local.stop()
+    with start_tensorboard(root, ["--bottlenecks_dask_scheduler", cluster.scheduler_address]) as base:
+        deadline = time.time() + 120
+        while True:
+            runs = wait_route(base, "runs")
+            spans = [s for r in runs["runs"] for w in r["workers"] for s in w["spans"]]
+            if len(spans) == 2 and all(s["state"] == "ready" for s in spans):
+                break
+            assert time.time() < deadline, runs
+            time.sleep(0.3)
+        assert runs["scan"]["notes"] == []
+        tb = next(p for p in psutil.process_iter(["cmdline"])
+                  if "tensorboard.main" in " ".join(p.info["cmdline"] or []) and str(root) in " ".join(p.info["cmdline"]))
+        assert not [c for c in tb.children(recursive=True)
+                    if "_child_entry" in " ".join(c.cmdline())]  # nothing analysed in TensorBoard's machine
+        got = wait_route(base, "report", run="run", worker="worker0")
+        assert got["steps"] == expected["report"]["steps"]
+        assert got["breakdown_pct"] == expected["report"]["breakdown_pct"]
+        assert got["input"] == expected["report"]["input"]
