@@ -66,11 +66,6 @@ class DiskCache:
     def key_for(self, url: str, fingerprint: str) -> str:
         return hashlib.sha256(f"{self.version}\0{url}\0{fingerprint}".encode()).hexdigest()
 
-    @staticmethod
-    def key(url: str, fingerprint: str) -> str:
-        """The key under the current ``service.ANALYSIS_VERSION``."""
-        return hashlib.sha256(f"{_current_version()}\0{url}\0{fingerprint}".encode()).hexdigest()
-
     def _clean_stale_tmp(self) -> None:
         now = time.time()
         try:

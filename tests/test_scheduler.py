@@ -143,7 +143,7 @@ def _logdir(root: Path, n: int) -> Path:
 
 
 def test_the_service_runs_one_run_on_every_slot_but_one(tmp_path):
-    stub = Counting()
+    stub = Counting(hold=0.8)  # long enough for all three to be in flight together on a busy machine
     a = Analyzer(str(_logdir(tmp_path / "logs", 6)), rescan_seconds=60, analyze_span=stub, max_workers=4)
     try:
         assert a.wait_idle(60)
