@@ -99,6 +99,9 @@ export function renderTimeline(container, ctx) {
         return;
       }
       st.data = r.data;
+      // the spans to pick from: the panel's selection's (the first answer); an answer for one
+      // picked span lists only that span's worker, and the picker must keep the others
+      if (!st.spans && Array.isArray(r.data.spans)) st.spans = r.data.spans;
       st.worker = r.data.worker;
       st.span = r.data.span;
       st.step = r.data.step;
@@ -120,7 +123,7 @@ export function renderTimeline(container, ctx) {
   // ---------------------------------------------------------------- controls
   function drawControls() {
     const d = st.data;
-    const spans = d.spans || [];
+    const spans = st.spans || d.spans || [];
     const workers = new Set(spans.map((x) => x.worker));
     const nth = {};
     const spanSel = spans.length > 1
