@@ -238,3 +238,42 @@ def test_every_panel_renders_on_every_demo_run(run, demo_base, browser_page):
     ARTIFACTS.mkdir(exist_ok=True)
     w.page.screenshot(path=str(ARTIFACTS / f"newuser_{run}.png"), full_page=True)
     w.check_clean()
+
+
+def test_timeline_span_picker_keeps_every_rank(demo_base, browser_page):
+    """On a run summary of two ranks the timeline's span picker lists both; picking the other
+    rank draws that rank's step and the picker still offers the first one (it vanished before)."""
+    run = "ddp_straggler_2rank"
+    if run not in RUNS:
+        pytest.skip(f"demo_logs/{run} is missing")
+    w = browser_page(demo_base)
+    frame, iframe = _open_run(w, run)
+    iframe.wait_for_function("() => [...document.querySelectorAll('#bn-worker option')].some((o) => o.value === 'all')",
+                             timeout=120_000)
+    frame.locator("#bn-worker").select_option("all")
+    iframe.wait_for_function("() => document.querySelectorAll('%s select.tl-span option').length === 2"
+                             " && document.querySelector('%s canvas.tl-canvas')" % (PANEL, PANEL), timeout=240_000)
+    opts = iframe.evaluate("() => [...document.querySelectorAll('%s select.tl-span option')]"
+                           ".map((o) => [o.value, o.textContent])" % PANEL)
+    assert [json.loads(v)[0] for v, _ in opts] == ["rank0", "rank1"]
+    assert all(text.startswith(json.loads(v)[0] + " · span 1") for v, text in opts)  # named, not a raw id
+    first = iframe.evaluate("() => document.querySelector('%s select.tl-span').value" % PANEL)
+    other = next(v for v, _ in opts if v != first)
+    iframe.select_option(f"{PANEL} select.tl-span", other)
+    worker, span = json.loads(other)
+    iframe.wait_for_function("(v) => document.querySelector('%s select.tl-span') &&"
+                             " document.querySelector('%s select.tl-span').value === v &&"
+                             " document.querySelector('%s canvas.tl-canvas')" % (PANEL, PANEL, PANEL),
+                             arg=other, timeout=120_000)
+    assert iframe.evaluate("() => document.querySelectorAll('%s select.tl-span option').length" % PANEL) == 2
+    d = None
+    for u in reversed([u for u in w.requests if "/timeline?" in u]):
+        q = urllib.parse.parse_qs(urllib.parse.urlparse(u).query)
+        if q.get("worker") == [worker] and q.get("span") == [span]:
+            status, raw = http_get(u)
+            d = json.loads(raw)
+            break
+    assert d is not None and d["worker"] == worker
+    iframe.wait_for_function("(s) => document.querySelector('%s canvas.tl-canvas').dataset.step === s" % PANEL,
+                             arg=str(d["step"]), timeout=30_000)
+    w.check_clean()
