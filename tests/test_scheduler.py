@@ -215,3 +215,12 @@ def test_cli_jobs_in_child_processes_equal_one_in_process(tmp_path, capsys, monk
     assert code == 1 and len(started) == 7 and len(set(started)) == 2
     assert json.loads(parallel) == json.loads(serial)
     assert err2 == err1 and "broken.1.pt.trace.json" in err2
+
+
+def test_cli_rejects_bad_jobs_and_memory_in_one_line(capsys):
+    for args, message in ((["--jobs", "0"], "--jobs must be positive"),
+                          (["--memory", "lots"], "--memory: not a size: 'lots'")):
+        code = cli.main(["report", str(CPU_NW0), *args])
+        out, err = capsys.readouterr()
+        assert code == 2 and out == "" and len(err.splitlines()) == 1
+        assert err.startswith(f"tb-bottlenecks: {message}")
