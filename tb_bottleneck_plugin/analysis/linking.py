@@ -17,6 +17,7 @@ from typing import Tuple
 import numpy as np
 
 from ..model import TraceData
+from . import factorize
 
 __all__ = ["gpu_runtime_index", "runtime_gpu_rows", "calls_inside", "gpu_ops_pairs",
            "innermost_enclosing"]
@@ -59,10 +60,8 @@ def _thread_ids(pid_a, tid_a, pid_b, tid_b):
     pairs = np.concatenate([np.stack([pid_a, tid_a], 1), np.stack([pid_b, tid_b], 1)])
     if len(pairs) == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    # np.unique(pairs, axis=0)'s ids, by 1-D factorisation (the axis=0 form is ~20x slower)
-    tid_u, tid_i = np.unique(pairs[:, 1], return_inverse=True)
-    pid_i = np.unique(pairs[:, 0], return_inverse=True)[1]
-    inv = np.unique(pid_i.reshape(-1) * len(tid_u) + tid_i.reshape(-1), return_inverse=True)[1].reshape(-1)
+    # np.unique(pairs, axis=0)'s ids (factorize: dense keys without a sort)
+    inv = factorize.unique_rows(pairs)[1]
     return inv[: len(pid_a)], inv[len(pid_a):]
 
 

@@ -46,6 +46,7 @@ import numpy as np
 from .. import thresholds as T
 from .. import verdicts as V
 from ..model import DEVICE_TYPE_CPU, DEVICE_TYPE_CUDA, DEVICE_TYPE_HIP, TraceData
+from . import factorize
 from .occupancy import device_properties, prop_int
 
 GPU_DEVICE_TYPES = (DEVICE_TYPE_CUDA, DEVICE_TYPE_HIP)
@@ -161,8 +162,7 @@ def memory_usage(trace: TraceData, step_boundaries: Optional[Iterable[Tuple[int,
     end_ts = trace.meta.last_ts
     props = device_properties(trace)
     dev_pairs = np.stack([mem.device_type.astype(np.int64), mem.device_id.astype(np.int64)], axis=1)
-    uniq, inv = np.unique(dev_pairs, axis=0, return_inverse=True)
-    inv = inv.reshape(-1)
+    uniq, inv = factorize.unique_rows(dev_pairs)
     for j, (dtype, did) in enumerate(uniq.tolist()):
         rows = np.flatnonzero(inv == j)
         rows = rows[np.argsort(mem.ts[rows], kind="stable")]

@@ -48,6 +48,7 @@ import numpy as np
 from .. import thresholds as T
 from .. import verdicts as V
 from ..model import GPU_KERNEL, TraceData
+from . import factorize
 
 # Max resident blocks per SM (cuda_occupancy.h __occMaxBlocksPerMultiprocessor / the CUDA
 # programming guide's table), by (major, minor); a major alone applies to every minor.
@@ -395,8 +396,7 @@ def kernel_name_totals(trace: TraceData, krows: np.ndarray, w: np.ndarray) -> Di
     comparison's kernel rows (METRICS §11), which the table's top 200 could not give.
     ``{"rows": [{name, calls, total_us}], "left_out": k}``; the result keeps it beside
     the table (report.py pops it out of the occupancy section)."""
-    names, inv = np.unique(trace.gpu.name[krows], return_inverse=True)
-    inv = inv.reshape(-1)
+    names, inv = factorize.unique_inverse(trace.gpu.name[krows])
     calls = np.bincount(inv, minlength=len(names))
     total = np.bincount(inv, weights=w, minlength=len(names))
     order = np.argsort(-total, kind="stable")
@@ -452,8 +452,7 @@ def _kernel_table(trace: TraceData, krows: np.ndarray, w: np.ndarray, top_n: int
                      gpu.grid_x[krows], gpu.grid_y[krows], gpu.grid_z[krows],
                      gpu.block_x[krows], gpu.block_y[krows], gpu.block_z[krows],
                      gpu.registers_per_thread[krows], gpu.shared_memory[krows]], axis=1)
-    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
-    inv = inv.reshape(-1)
+    uniq, inv = factorize.unique_rows(keys)
     n = len(uniq)
     calls = np.bincount(inv, minlength=n)
     total = np.bincount(inv, weights=w, minlength=n)

@@ -12,25 +12,15 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from ..model import CPU_OP, CPU_USER_ANNOTATION, TraceData
+from . import factorize
 from .steps import Steps
 
 
 def _unique_rows(key) -> tuple:
-    """``np.unique(key, axis=0, return_inverse=True)`` for an (n, m) integer array, by
-    factorising one column at a time (1-D sorts; the axis=0 form sorts a void view and is
-    ~20x slower on a million rows). Same rows, same (lexicographic) order."""
-    key = np.asarray(key, np.int64)
-    n = len(key)
-    if n == 0:
-        return key.copy(), np.zeros(0, np.int64)
-    code = np.zeros(n, np.int64)
-    for j in range(key.shape[1]):
-        u, inv = np.unique(key[:, j], return_inverse=True)
-        code = code * len(u) + inv.reshape(-1)
-        code = np.unique(code, return_inverse=True)[1].reshape(-1)
-    first = np.zeros(int(code.max()) + 1, np.int64)
-    first[code[::-1]] = np.arange(n - 1, -1, -1)
-    return key[first], code
+    """``np.unique(key, axis=0, return_inverse=True)`` for an (n, m) integer array
+    (factorize.unique_rows: dense keys without a sort). Same rows, same (lexicographic)
+    order."""
+    return factorize.unique_rows(key)
 
 
 def _nesting(pid, tid, ts, end):
@@ -42,7 +32,7 @@ def _nesting(pid, tid, ts, end):
     depth = np.zeros(n, np.int64)
     parent = np.full(n, -1, np.int64)
     threads = _unique_rows(np.stack([pid, tid], 1))[1]
-    for t in np.unique(threads):
+    for t in range(int(threads.max()) + 1 if n else 0):
         idx = np.flatnonzero(threads == t)
         pos_mask = end[idx] > ts[idx]
         full = idx[pos_mask]
@@ -249,7 +239,7 @@ def operator_view(trace: TraceData, steps: Steps) -> dict:
         uniq = np.concatenate([uniq2[:, :2], np.zeros((len(uniq2), 2), np.int64)], 1)
         input_idx = uniq2[:, 2]
     # compact name table
-    name_ids, name_idx = np.unique(uniq[:, 1], return_inverse=True)
+    name_ids, name_idx = factorize.unique_inverse(uniq[:, 1])
     strings = trace.strings
 
     def text(i):

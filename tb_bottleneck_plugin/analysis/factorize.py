@@ -1,0 +1,85 @@
+"""Grouping keys without sorting where the keys are small integers.
+
+The analyses group rows by integer keys (interned name ids, devices, streams, steps,
+launch dimensions) and used ``np.unique(..., return_inverse=True)``, which sorts (an
+argsort of every row; on the 292 MB benchmark trace ~0.3-0.5 s of the report's CPU).
+Most of these keys are dense: interned ids run 0..len(strings), devices and steps are
+few. A column whose values span at most a few times its length is ranked with a
+presence table and a cumulative sum (O(n + span), no sort); the columns' ranks are
+combined by mixed radix (which keeps lexicographic order), and only a combined code that
+is too sparse for a table is sorted, once.
+
+The results are exactly ``np.unique``'s: the same unique values/rows in the same
+(ascending, lexicographic) order and the same inverse.
+"""
+from __future__ import annotations
+
+from typing import Tuple
+
+import numpy as np
+
+_DENSE_MIN = 1 << 16  # a table of this many entries is always cheap
+_DENSE_FACTOR = 4  # ... and one of up to 4x the number of rows
+_CODE_LIMIT = 1 << 62
+
+
+def _dense_ok(span: int, n: int) -> bool:
+    return span <= max(_DENSE_MIN, _DENSE_FACTOR * n)
+
+
+def _rank_dense(code: np.ndarray, span: int) -> Tuple[np.ndarray, np.ndarray]:
+    """(sorted distinct values of ``code``, inverse) for 0 <= code < span."""
+    present = np.zeros(span, np.bool_)
+    present[code] = True
+    values = np.flatnonzero(present)
+    rank = np.cumsum(present, dtype=np.int64)
+    rank -= 1
+    return values, rank[code]
+
+
+def unique_inverse(col) -> Tuple[np.ndarray, np.ndarray]:
+    """``np.unique(col, return_inverse=True)`` for a 1-D integer array, with a 1-D
+    inverse (int64); values keep ``col``'s dtype."""
+    col = np.asarray(col)
+    n = len(col)
+    if n == 0 or col.dtype.kind not in "iub":
+        values, inv = np.unique(col, return_inverse=True)
+        return values, inv.reshape(-1).astype(np.int64, copy=False)
+    lo, hi = int(col.min()), int(col.max())
+    span = hi - lo + 1
+    if not _dense_ok(span, n):
+        values, inv = np.unique(col, return_inverse=True)
+        return values, inv.reshape(-1).astype(np.int64, copy=False)
+    code = col.astype(np.int64) - lo if lo else col.astype(np.int64, copy=False)
+    values, inv = _rank_dense(code, span)
+    return (values + lo).astype(col.dtype, copy=False), inv
+
+
+def unique_rows(key) -> Tuple[np.ndarray, np.ndarray]:
+    """``np.unique(key, axis=0, return_inverse=True)`` for an (n, m) integer array: the
+    distinct rows in lexicographic order (int64) and each row's index among them (1-D)."""
+    key = np.asarray(key, np.int64)
+    n = len(key)
+    if n == 0:
+        return key.copy(), np.zeros(0, np.int64)
+    code = np.zeros(n, np.int64)
+    size = 1  # the number of distinct values `code` can take
+    for j in range(key.shape[1]):
+        values, inv = unique_inverse(key[:, j])
+        u = len(values)
+        if size * u >= _CODE_LIMIT:  # renumber the combined code densely first
+            used, code = _ranked(code, size, n)
+            size = len(used)
+        code = code * u + inv
+        size *= u
+    _, code = _ranked(code, size, n)
+    first = np.zeros(int(code.max()) + 1, np.int64)
+    first[code[::-1]] = np.arange(n - 1, -1, -1)
+    return key[first], code
+
+
+def _ranked(code: np.ndarray, size: int, n: int) -> Tuple[np.ndarray, np.ndarray]:
+    if _dense_ok(size, n):
+        return _rank_dense(code, size)
+    values, inv = np.unique(code, return_inverse=True)
+    return values, inv.reshape(-1)
