@@ -184,6 +184,9 @@ export function renderTimeline(container, ctx) {
     const bars = KIND_LABEL.filter(([k]) => kinds.has(k)).map(([k, text]) =>
       h("span", {class: "tl-kind", style: {"margin-right": "14px"}}, swatch(KIND_COLOR[k], 1), text));
     if (kinds.has("gpu")) bars.push(h("span", {class: "tl-kind", style: {"margin-right": "14px"}}, swatch(COPY_COLOR, 1), "memcpy / memset"));
+    canvas.setAttribute("role", "img");
+    canvas.setAttribute("aria-label", `Step ${d.step} timeline, ${d.lanes.filter((l) => l.kind !== "idle").length} lanes. ${what}`
+      + CAUSES.filter((c) => isNum(d.idle_pct[c]) && d.idle_us[c] > 0).map((c) => `${causeLabel(c, d.has_gpu)} ${fmtPct(d.idle_pct[c])}`).join(", "));
     mount(legend, h("div", {class: "tl-legend-causes"}, h("span", {class: "muted"}, what), items),
       h("div", {class: "tl-legend-kinds"}, h("span", {class: "muted"}, "Bars: "), bars,
         h("span", {class: "muted"}, "(faded: several events merged at this zoom; zoom in to separate them)")));
