@@ -522,8 +522,11 @@ class _Builder:
 
     def intern(self, names: list) -> np.ndarray:
         table = self.strings
-        return np.array([table.setdefault(n if isinstance(n, str) else str(n), len(table)) for n in names],
-                        dtype=np.int32)
+        ids = list(map(table.get, names))  # names seen before: one C-level lookup each
+        if None in ids:  # new names (and non-strings, keyed by str()) get ids in first-seen order
+            ids = [i if i is not None else table.setdefault(n if isinstance(n, str) else str(n), len(table))
+                   for i, n in zip(ids, names)]
+        return np.array(ids, dtype=np.int32)
 
     def _raw_ids(self, raws: list) -> np.ndarray:
         """String ids of undecoded JSON values (kept as their text, never parsed here); -1
@@ -1127,21 +1130,25 @@ def _decode_chunk(payload: bytes) -> _Builder:
     return builder
 
 
-# Decoding is CPU-bound Python (msgspec holds the GIL), so large files are decoded by
-# worker processes, one chunk each, while this process gunzips and merges. Small files
-# never start the pool. Opt-in: TB_BOTTLENECKS_DECODE_PROCESSES=N (see _decode_workers).
+# Decoding is CPU-bound Python (msgspec holds the GIL), so large files can be decoded by
+# worker processes, one chunk each, while this process gunzips, decodes the chunks the
+# workers are too busy for, and merges in file order (_ChunkSink). Small files never
+# start the pool. Opt-in: TB_BOTTLENECKS_DECODE_PROCESSES=N (see _decode_workers).
 PARALLEL_MIN_CHUNKS = 2  # chunks decoded in-process before the pool is used
 PARALLEL_MIN_BYTES = 64 << 20  # estimated text size (gzip inflates traces >= 12x) worth a pool
-_MAX_IN_FLIGHT_PER_WORKER = 2
+_MAX_IN_FLIGHT_PER_WORKER = 1  # a worker holds one chunk; meanwhile this process decodes the next
 _pool = None
 _pool_lock = threading.Lock()
 
 
 def _decode_workers() -> int:
-    """Worker processes for decoding large files: 0 (in-process) unless
-    TB_BOTTLENECKS_DECODE_PROCESSES asks for some. Measured on a 325 MB trace, 2 cores
-    (benchmarks/README.md): 2 workers load in 2.0 s instead of 2.9 s but the process tree
-    peaks at ~680 MB instead of ~230 MB, above the file size, so it is opt-in."""
+    """Worker processes that decode chunks of large files beside this process: 0
+    (in-process) unless TB_BOTTLENECKS_DECODE_PROCESSES=N asks for some. Measured on the
+    292 MB benchmark trace, 2 shared cores (benchmarks/README.md "after perf"): one
+    worker beside this process saves at most ~0.3 s of wall time on a busy machine but
+    costs ~0.6 s more CPU (pickling, a second interpreter) and ~25-60 MB more peak
+    memory (the forked worker's pages count again), which breaks the 0.75x memory
+    target; so it stays opt-in."""
     try:
         return max(0, int(os.environ.get("TB_BOTTLENECKS_DECODE_PROCESSES", "0")))
     except ValueError:
@@ -1170,6 +1177,8 @@ def _get_pool():
             import atexit
 
             atexit.register(_drop_pool)  # shut the workers down before the interpreter tears down
+            # fork the workers now, before the caller starts its gunzip thread
+            _pool.submit(int).result()
         return _pool
 
 
@@ -1182,29 +1191,39 @@ def _drop_pool() -> None:
 
 
 class _ChunkSink:
-    """Sends chunks to the builder: in-process first, then (large files) to the pool.
+    """Sends chunks to the builder: in-process, and (large files) also to the pool.
 
-    Results are merged in file order. If the pool breaks (a worker killed, no
-    multiprocessing here), the chunks are decoded in this process instead.
+    With a pool, this thread keeps decoding too: a chunk goes to a worker while the
+    workers have fewer than ``_MAX_IN_FLIGHT_PER_WORKER`` chunks each, else it is decoded
+    here into a chunk builder of its own. Results are merged in file order (the same
+    string ids, rows and warnings as decoding every chunk here). If the pool breaks (a
+    worker killed, no multiprocessing here), the chunks are decoded in this process
+    instead.
     """
 
     def __init__(self, builder: _Builder, parallel: bool):
         self.builder = builder
         self.chunks = 0
         self.workers = _decode_workers() if parallel else 0
-        self.pending = collections.deque()  # (future, payload)
+        # file order: (future, payload) sent to a worker | (None, _Builder) decoded here
+        self.pending = collections.deque()
         if self.workers:
             try:
-                _get_pool()  # started before any thread of ours, so fork stays safe
-            except (OSError, ValueError, ImportError):
+                _get_pool()  # started (workers forked) before any thread of ours
+            except (OSError, ValueError, ImportError, RuntimeError):
                 self.workers = 0
 
     def add(self, payload) -> None:
         """``payload``: the JSON array text of whole events (bytes or a view, which is not
         kept after this call)."""
         self.chunks += 1
-        if self.workers == 0 or self.chunks <= PARALLEL_MIN_CHUNKS:
-            self.builder.add(_decode_events(payload, self.builder))
+        self._merge_ready()
+        if self.workers == 0 or self.chunks <= PARALLEL_MIN_CHUNKS or self._in_flight() >= \
+                self.workers * _MAX_IN_FLIGHT_PER_WORKER:
+            if not self.pending:  # nothing before it is still out: straight into the builder
+                self.builder.add(_decode_events(payload, self.builder))
+            else:
+                self.pending.append((None, _decode_chunk(payload)))
             return
         payload = bytes(payload)  # sent to a worker and kept for a fallback
         try:
@@ -1212,14 +1231,22 @@ class _ChunkSink:
         except RuntimeError:  # pool broken or shut down
             self._local_fallback()
             self.builder.add(_decode_events(payload, self.builder))
-            return
-        while len(self.pending) >= self.workers * _MAX_IN_FLIGHT_PER_WORKER:
+
+    def _in_flight(self) -> int:
+        return sum(1 for f, _ in self.pending if f is not None)
+
+    def _merge_ready(self) -> None:
+        while self.pending and (self.pending[0][0] is None or self.pending[0][0].done()):
             self._merge_oldest()
 
     def _merge_oldest(self) -> None:
         from concurrent.futures.process import BrokenProcessPool
 
-        future, payload = self.pending[0]
+        future, item = self.pending[0]
+        if future is None:
+            self.pending.popleft()
+            self.builder.merge(item)
+            return
         try:
             result = future.result()
         except BrokenProcessPool:
@@ -1232,8 +1259,11 @@ class _ChunkSink:
         _drop_pool()
         self.workers = 0
         pending, self.pending = self.pending, collections.deque()
-        for _, payload in pending:
-            self.builder.add(_decode_events(payload, self.builder))
+        for future, item in pending:
+            if future is None:
+                self.builder.merge(item)
+            else:
+                self.builder.add(_decode_events(item, self.builder))
 
     def drain(self) -> None:
         while self.pending:
@@ -1241,8 +1271,16 @@ class _ChunkSink:
 
     def cancel(self) -> None:
         for f, _ in self.pending:
-            f.cancel()
+            if f is not None:
+                f.cancel()
         self.pending.clear()
+
+    def close(self) -> None:
+        """Cancel what is left and end the decode workers: their memory (a forked copy
+        of this process plus one chunk's events) is not held while the analyses run."""
+        self.cancel()
+        if self.workers:
+            _drop_pool()
 
 
 # --------------------------------------------------------------------------- driver
@@ -1418,7 +1456,7 @@ def _load_stream(stream, source: str, gzipped: bool, progress, limit: int) -> mo
         sink.cancel()
         return _load_whole(stream, source, gzipped, fb.data, limit)
     finally:
-        sink.cancel()
+        sink.close()
         blocks.close()
     meta.warnings.extend(notes)
     return _finish(builder, meta, source)

@@ -168,8 +168,11 @@ def occupancy_calculator(props: dict, threads, registers, shared_memory,
     stack = np.stack([by_warps, by_regs, by_smem, by_blocks]).astype(np.int64)
     active = stack.min(axis=0)
     is_min = stack == active
-    limiting = np.array(["+".join(f for f, m in zip(FACTORS, col) if m) for col in is_min.T.tolist()],
-                        dtype=object) if len(threads) else np.zeros(0, dtype=object)
+    # the "+"-joined names of the limiting factors, one text per combination of them
+    combo = (is_min * (1 << np.arange(len(FACTORS)))[:, None]).sum(axis=0)
+    texts = np.array(["+".join(f for i, f in enumerate(FACTORS) if c >> i & 1) for c in range(1 << len(FACTORS))],
+                     dtype=object)
+    limiting = texts[combo] if len(threads) else np.zeros(0, dtype=object)
     theo = 100.0 * active * warps_block / (max_threads_sm // warp)
     return {"blocks_by_warps": by_warps, "blocks_by_registers": by_regs, "blocks_by_shared_memory": by_smem,
             "blocks_by_sm_limit": by_blocks, "active_blocks": active, "limiting_factor": limiting,

@@ -251,8 +251,8 @@ def operator_view(trace: TraceData, steps: Steps) -> dict:
                    "input": np.asarray(input_idx).astype(int).tolist(),
                    "calls": sums["calls"].astype(int).tolist(), "top_calls": sums["top_calls"].astype(int).tolist()}
     for f in VIEW_FIELDS:
-        if f not in _COUNT_FIELDS:
-            out["rows"][f] = [_us(v) for v in sums[f]]
+        if f not in _COUNT_FIELDS:  # _us of each value, on Python floats (v - v == 0: finite)
+            out["rows"][f] = [round(v, 3) if v - v == 0 else None for v in sums[f].tolist()]
     out["rows_merged"] = int(merged)
     return out
 

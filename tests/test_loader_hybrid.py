@@ -1,0 +1,85 @@
+"""The opt-in parallel decode (TB_BOTTLENECKS_DECODE_PROCESSES): this process decodes the
+chunks its worker is too busy for, and every chunk is merged in file order, so the
+result is exactly the in-process one (same rows, same string ids, same recorded
+inputs and warnings); a pool that breaks mid-file falls back to decoding here."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from tb_bottleneck_plugin import loader
+
+from conftest import TRACES  # noqa: E402
+
+NAME = "hta/trace_diff/control/control.json.gz"
+
+
+_DECODE_CHUNK = loader._decode_chunk
+
+
+def _slow_decode(payload):
+    """loader._decode_chunk, 50 ms slower (runs in the forked worker too)."""
+    time.sleep(0.05)
+    return _DECODE_CHUNK(payload)
+
+
+def _same(a, b):
+    assert a.strings == b.strings
+    for table in ("gpu", "cpu", "runtime", "memory", "gpu_annotations"):
+        for f in getattr(a, table).__dataclass_fields__:
+            np.testing.assert_array_equal(getattr(getattr(a, table), f), getattr(getattr(b, table), f),
+                                          err_msg=f"{table}.{f}")
+    assert a.op_inputs.dims == b.op_inputs.dims and a.op_inputs.types == b.op_inputs.types
+    assert a.meta.category_counts == b.meta.category_counts and a.meta.warnings == b.meta.warnings
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    monkeypatch.setattr(loader, "CHUNK_BYTES", 1 << 20)
+    monkeypatch.setattr(loader, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setenv("TB_BOTTLENECKS_DECODE_PROCESSES", "0")
+    return loader.load_trace(str(TRACES / NAME))
+
+
+def test_one_worker_and_this_process_share_the_chunks(monkeypatch, small_chunks):
+    monkeypatch.setenv("TB_BOTTLENECKS_DECODE_PROCESSES", "1")
+    kinds = []
+    original = loader._ChunkSink._merge_oldest
+
+    def merge_oldest(self):
+        kinds.append("here" if self.pending[0][0] is None else "worker")
+        original(self)
+
+    monkeypatch.setattr(loader._ChunkSink, "_merge_oldest", merge_oldest)
+    # a slow worker: this process must decode the chunks meanwhile, held back until
+    # the worker's earlier chunk is merged
+    monkeypatch.setattr(loader, "_decode_chunk", _slow_decode)
+    parallel = loader.load_trace(str(TRACES / NAME))
+    assert "worker" in kinds and "here" in kinds, kinds
+    _same(small_chunks, parallel)
+    assert loader._pool is None, "the decode workers end with the load"
+
+
+def test_broken_pool_falls_back_to_this_process(monkeypatch, small_chunks):
+    from concurrent.futures.process import BrokenProcessPool
+
+    monkeypatch.setenv("TB_BOTTLENECKS_DECODE_PROCESSES", "1")
+
+    class Broken:
+        def done(self):
+            return True
+
+        def result(self):
+            raise BrokenProcessPool("worker killed")
+
+        def cancel(self):
+            return False
+
+    class Pool:
+        def submit(self, fn, *args):
+            return Broken()
+
+    monkeypatch.setattr(loader, "_get_pool", lambda: Pool())
+    _same(small_chunks, loader.load_trace(str(TRACES / NAME)))
