@@ -48,6 +48,8 @@ from . import model
 from .errors import NotATraceError, TraceError, TruncatedTraceError
 
 CHUNK_BYTES = 8 << 20  # decoded text per chunk: big enough to amortise, small for memory
+# ... with decode workers: every process holds one chunk's events at a time, so smaller
+PARALLEL_CHUNK_BYTES = 2 << 20
 _READ_BYTES = 256 << 10  # compressed bytes per read
 _OUT_BYTES = 1 << 20  # most text one zlib call (or one plain read) may produce: a 1000x bomb stays 1 MB
 # Default cap on the decompressed text of one file: max(8 GiB, 40 x its stored size).
@@ -483,6 +485,7 @@ class _Builder:
         self.skipped_not_object = 0  # traceEvents entries that are not objects
         self._shape_name_cache: Dict[int, bool] = {}
         self._decoded_cache: Dict[bytes, Any] = {}  # recorded input text -> its value (_decoded)
+        self._raw_id_cache: Dict[bytes, int] = {}  # recorded input text -> its string id (_raw_ids)
 
     def note(self, rows: str, field: str, problem: str, n: int = 1) -> None:
         key = (rows, field, problem)
@@ -532,8 +535,19 @@ class _Builder:
         """String ids of undecoded JSON values (kept as their text, never parsed here); -1
         for an absent one. The operator view groups by them (metrics: Operator view)."""
         table = self.strings
-        return np.array([table.setdefault(str(r, "utf-8", "replace"), len(table)) if len(r) else -1 for r in raws],
-                        dtype=np.int32)
+        known = self._raw_id_cache  # raw bytes -> id: ops repeat a few hundred texts
+        out = []
+        append = out.append
+        for r in raws:
+            if not len(r):
+                append(-1)
+                continue
+            key = bytes(r)
+            i = known.get(key)
+            if i is None:
+                i = known[key] = table.setdefault(str(key, "utf-8", "replace"), len(table))
+            append(i)
+        return np.array(out, dtype=np.int32)
 
     def _decoded(self, raw):
         """A recorded input value (JSON text), decoded once per distinct text. Ops repeat
@@ -830,6 +844,7 @@ class _Builder:
         state = dict(self.__dict__)
         state["_shape_name_cache"] = {}
         state["_decoded_cache"] = {}
+        state["_raw_id_cache"] = {}
         return state
 
     def finish(self, meta: model.TraceMeta) -> model.TraceData:
@@ -1133,7 +1148,7 @@ def _decode_chunk(payload: bytes) -> _Builder:
 # Decoding is CPU-bound Python (msgspec holds the GIL), so large files can be decoded by
 # worker processes, one chunk each, while this process gunzips, decodes the chunks the
 # workers are too busy for, and merges in file order (_ChunkSink). Small files never
-# start the pool. Opt-in: TB_BOTTLENECKS_DECODE_PROCESSES=N (see _decode_workers).
+# start the pool; how many workers: _decode_workers.
 PARALLEL_MIN_CHUNKS = 2  # chunks decoded in-process before the pool is used
 PARALLEL_MIN_BYTES = 64 << 20  # estimated text size (gzip inflates traces >= 12x) worth a pool
 _MAX_IN_FLIGHT_PER_WORKER = 1  # a worker holds one chunk; meanwhile this process decodes the next
@@ -1142,17 +1157,31 @@ _pool_lock = threading.Lock()
 
 
 def _decode_workers() -> int:
-    """Worker processes that decode chunks of large files beside this process: 0
-    (in-process) unless TB_BOTTLENECKS_DECODE_PROCESSES=N asks for some. Measured on the
-    292 MB benchmark trace, 2 shared cores (benchmarks/README.md "after perf"): one
-    worker beside this process saves at most ~0.3 s of wall time on a busy machine but
-    costs ~0.6 s more CPU (pickling, a second interpreter) and ~25-60 MB more peak
-    memory (the forked worker's pages count again), which breaks the 0.75x memory
-    target; so it stays opt-in."""
+    """Worker processes that decode chunks of large files beside this process.
+
+    TB_BOTTLENECKS_DECODE_PROCESSES=N decides when set (0: in-process). Otherwise one
+    worker when this process may use two or more cores and about one of them is idle
+    (1-minute load average below cores - 0.5), else none: on the 292 MB benchmark trace
+    (2 cores, benchmarks/README.md "after perf") one worker with 2 MB chunks cut the
+    report from 2.69 to 2.30-2.40 s on a quiet machine at about the same peak memory, but
+    on a busy one (load 3-10) it saved little and cost ~0.5 s more CPU (pickling, a
+    second interpreter). Analyses of many spans at once load every core, so they decode
+    in-process."""
+    value = os.environ.get("TB_BOTTLENECKS_DECODE_PROCESSES")
+    if value is not None and value.strip():
+        try:
+            return max(0, int(value))
+        except ValueError:
+            return 0
     try:
-        return max(0, int(os.environ.get("TB_BOTTLENECKS_DECODE_PROCESSES", "0")))
-    except ValueError:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
         return 0
+    return 1 if cores >= 2 and load < cores - 0.5 else 0
 
 
 def _get_pool():
@@ -1361,6 +1390,7 @@ def _load_stream(stream, source: str, gzipped: bool, progress, limit: int) -> mo
     builder = _Builder(source)
     sink = _ChunkSink(builder, parallel=_raw_size(stream) * (12 if gzipped else 1) >= PARALLEL_MIN_BYTES)
     notes: List[str] = []  # from the reading thread: BOM, UTF-16, trailing gzip bytes
+    chunk_bytes = min(CHUNK_BYTES, PARALLEL_CHUNK_BYTES) if sink.workers else CHUNK_BYTES
     blocks = _Prefetcher(_text_blocks(stream, source, gzipped, notes, limit))
     buf = bytearray()
     consumed = 0  # decompressed bytes before buf[0]
@@ -1401,7 +1431,7 @@ def _load_stream(stream, source: str, gzipped: bool, progress, limit: int) -> mo
                 consumed += start - 1
                 del buf[:start - 1]
                 state = "events"
-            if state == "events" and len(buf) >= CHUNK_BYTES:
+            if state == "events" and len(buf) >= chunk_bytes:
                 cut = _last_boundary(buf)
                 if cut is None:
                     if len(buf) > _MAX_EVENT_BYTES:  # no progress: not events, or one absurd event

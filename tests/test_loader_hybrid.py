@@ -83,3 +83,20 @@ def test_broken_pool_falls_back_to_this_process(monkeypatch, small_chunks):
 
     monkeypatch.setattr(loader, "_get_pool", lambda: Pool())
     _same(small_chunks, loader.load_trace(str(TRACES / NAME)))
+
+
+def test_how_many_workers(monkeypatch):
+    """The setting decides when set; else one worker only with a core to spare."""
+    monkeypatch.setenv("TB_BOTTLENECKS_DECODE_PROCESSES", "3")
+    assert loader._decode_workers() == 3
+    monkeypatch.setenv("TB_BOTTLENECKS_DECODE_PROCESSES", "0")
+    assert loader._decode_workers() == 0
+    monkeypatch.delenv("TB_BOTTLENECKS_DECODE_PROCESSES")
+    monkeypatch.setattr(loader.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(loader.os, "getloadavg", lambda: (0.9, 0.0, 0.0))
+    assert loader._decode_workers() == 1
+    monkeypatch.setattr(loader.os, "getloadavg", lambda: (1.6, 0.0, 0.0))  # both cores busy
+    assert loader._decode_workers() == 0
+    monkeypatch.setattr(loader.os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    monkeypatch.setattr(loader.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert loader._decode_workers() == 0
