@@ -21,8 +21,10 @@ torch-tb-profiler and Holistic Trace Analysis, on the same big trace.
                    tb_bottleneck_plugin.cli): discovery + report.analyze_span (load +
                    every analysis) + JSON to a file. What the CLI and the tab compute
                    for one span; what a user waits for. The targets are this line's.
-     report-1worker  the same with TB_BOTTLENECKS_DECODE_PROCESSES=1 (the opt-in parallel
-                   decode: one forked worker decodes chunks beside the main process)
+     report-1proc  the same with TB_BOTTLENECKS_DECODE_PROCESSES=0 (all in one process)
+     report-1worker  the same with TB_BOTTLENECKS_DECODE_PROCESSES=1 (one forked worker
+                   decodes chunks beside the main process; what the default does when a
+                   core is idle: 1-minute load average < cores - 0.5)
      report-workers  the same with TB_BOTTLENECKS_DECODE_PROCESSES=2 (2 forked decode
                    workers beside the main process)
      tbp           torch-tb-profiler 0.4.3: RunProfileData.parse(...) then
@@ -299,7 +301,7 @@ def _tree_memory(pid: int, with_pss: bool):
 def _command(mode: str, path: str, result_path: Path, tmp: str, hta_python) -> list:
     if mode == "floor":
         return [sys.executable, str(FLOOR_SCRIPT), path]
-    if mode in ("report", "report-1worker", "report-workers"):
+    if mode in ("report", "report-1proc", "report-1worker", "report-workers"):
         return [sys.executable, "-m", "tb_bottleneck_plugin.cli", "report", path, "--json"]
     python = str(hta_python) if mode == "hta" else sys.executable
     return [python, str(Path(__file__).resolve()), "--child", mode, path, "--result", str(result_path),
@@ -317,7 +319,7 @@ def run_child(mode: str, path: str, out_dir: Path, timeout: float, hta_python=No
     log_path = out_dir / f"child-{mode.replace('+', '_')}.log"
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    if mode == "ours-1proc":
+    if mode in ("ours-1proc", "report-1proc"):
         env["TB_BOTTLENECKS_DECODE_PROCESSES"] = "0"
     if mode == "report-1worker":
         env["TB_BOTTLENECKS_DECODE_PROCESSES"] = "1"
@@ -364,7 +366,7 @@ def run_child(mode: str, path: str, out_dir: Path, timeout: float, hta_python=No
             words = stdout_path.read_text().split()
             r["op_seconds"] = float(words[2].rstrip("s"))
             r["info"]["events"] = int(words[0])
-        elif mode in ("report", "report-1worker", "report-workers"):
+        elif mode in ("report", "report-1proc", "report-1worker", "report-workers"):
             rep = json.loads(stdout_path.read_bytes())
             r["info"] = {"recommendations": len(rep.get("recommendations") or []), "errors": len(rep.get("errors") or []),
                          "avg_step_us": rep.get("avg_step_us"), "json_bytes": stdout_path.stat().st_size}
@@ -438,13 +440,14 @@ LABELS = {
     "ours": "ours: loader.load_trace",
     "ours-1proc": "ours: load_trace, DECODE_PROCESSES=0",
     "report": "ours: tb-bottlenecks report FILE --json",
+    "report-1proc": "same, TB_BOTTLENECKS_DECODE_PROCESSES=0",
     "report-1worker": "same, TB_BOTTLENECKS_DECODE_PROCESSES=1",
     "report-workers": "same, TB_BOTTLENECKS_DECODE_PROCESSES=2",
     "tbp": "torch-tb-profiler 0.4.3 parse + run profile",
     "hta": "HTA 0.5.0 parse + temporal breakdown",
 }
-ORDER = ("floor", "floor-loader", "floor-isal", "ours", "ours-1proc", "report", "report-1worker", "report-workers",
-         "tbp", "hta")
+ORDER = ("floor", "floor-loader", "floor-isal", "ours", "ours-1proc", "report", "report-1proc", "report-1worker",
+         "report-workers", "tbp", "hta")
 REPORT_WORKERS = 2  # decode worker processes of the report-workers line
 
 
@@ -598,7 +601,7 @@ def main(argv=None) -> int:
             skipped["floor-isal"] = "isal is not installed"
     modes += ["ours", "report"]  # the full report: what a user waits for
     if not a.skip_workers:
-        modes += ["report-1worker", "report-workers"]
+        modes += ["report-1proc", "report-1worker", "report-workers"]
     if os.environ.get("TB_BOTTLENECKS_DECODE_PROCESSES", "0") not in ("", "0"):
         modes.append("ours-1proc")
     if a.skip_tbp:
