@@ -275,3 +275,124 @@ def test_trace_without_steps_is_one_window_said_everywhere(tmp_path):
     doc = tl.chrome_trace(store)
     assert doc["otherData"]["steps_found"] is False and "no ProfilerStep" in doc["otherData"]["note"]
     assert {"aten::conv", "conv_k", DL} <= {e["name"] for e in doc["traceEvents"] if e["ph"] == "X"}
+
+
+# ----------------------------------------------------------------------------- HIP and empty lanes
+
+ROCM_TRACES = {  # ../shared/traces ROCm traces: (path, the runtime threads of the default step)
+    "mi300": "tracelens/mi300/resnet_act_checkpoint.json.gz",
+    "mi250": "hta/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz",
+}
+
+
+def _rocm_store(key):
+    from conftest import TRACES
+    from tb_bottleneck_plugin.loader import load_trace
+
+    path = TRACES / ROCM_TRACES[key]
+    if not path.exists():
+        pytest.skip(f"../shared/traces/{ROCM_TRACES[key]} is missing")
+    return tl.build_store(load_trace(str(path)))
+
+
+@pytest.mark.parametrize("key", sorted(ROCM_TRACES))
+def test_runtime_lane_is_named_hip_on_rocm_traces(key):
+    store = _rocm_store(key)
+    w = tl.window(store)
+    rt = [lane for lane in w["lanes"] if lane["kind"] == "runtime"]
+    assert rt and w["runtime_api"] == "HIP"
+    assert all(lane["label"].startswith("HIP runtime (thread ") for lane in rt), [lane["label"] for lane in rt]
+    assert not any("CUDA" in lane["label"] for lane in w["lanes"])
+    # the calls on those lanes are hip* calls (what the label says)
+    names = {w["names"][n] for lane in rt for n in lane["name"] if n is not None}
+    assert names and all(n.startswith("hip") for n in names), names
+    meta = [e["args"]["name"] for e in tl.chrome_trace(store)["traceEvents"]
+            if e["ph"] == "M" and e["name"] == "thread_name"]
+    assert any(m.startswith("HIP runtime") for m in meta) and not any(m.startswith("CUDA runtime") for m in meta)
+
+
+def test_runtime_api_from_call_names_props_and_old_stores(hand, tmp_path):
+    _, cuda_store = hand
+    assert tl.window(cuda_store, 1)["runtime_api"] == "CUDA"
+    # hip* calls without deviceProperties: HIP by the names
+    b = TraceBuilder(props=())
+    b.step(1, 0, 1000)
+    b.cpu("aten::mm", 100, 300)
+    b.launch("Cijk_Ailk_Bljk_SB_MT64x64x16_MI16x16x1", 110, 200, 100, call="hipLaunchKernel")
+    b.runtime("hipDeviceSynchronize", 400, 50)
+    store = tl.build_store(b.load(tmp_path))
+    w = tl.window(store, 1, px=100000)
+    assert w["runtime_api"] == "HIP"
+    assert _events(w, _lane(w, "HIP runtime (thread 1)")) == [
+        (110, 115, "hipLaunchKernel"), (400, 450, "hipDeviceSynchronize")]
+    # no runtime call at all: the device's vendor says
+    b = TraceBuilder(props=({"id": 0, "name": "AMD Instinct MI300X", "warpSize": 64},))
+    b.step(1, 0, 1000)
+    b.kernel("k", 100, 50)
+    assert tl.window(tl.build_store(b.load(tmp_path, "amd.pt.trace.json")))["runtime_api"] == "HIP"
+    # a store written before runtime_api existed: from its runtime events' names
+    old = {k: v for k, v in store.items() if k != "runtime_api"}
+    assert tl.window(old, 1, px=100000) == w
+    old_cuda = {k: v for k, v in cuda_store.items() if k != "runtime_api"}
+    assert tl.window(old_cuda, 1)["runtime_api"] == "CUDA"
+
+
+def test_lanes_without_an_event_in_the_step_are_not_sent(tmp_path):
+    """A thread busy in step 2 only: no lane in step 1 (counted in hidden_lanes), its lanes in
+    step 2, kept when zoomed into a stretch of step 2 where it has nothing; a step with no GPU
+    activity keeps the GPU lane (the idle time is shaded on it); idle lanes always sent."""
+    b = TraceBuilder()
+    b.step(1, 0, 1000)
+    b.cpu("aten::conv", 100, 200)
+    b.launch("conv_k", 110, 120, 100)
+    b.step(2, 1000, 1000)
+    b.cpu("aten::add", 1100, 100)
+    b.cpu("worker_region", 1500, 200, tid=2)
+    b.cpu("aten::mul", 1550, 50, tid=2)  # depth 1 of thread 2
+    trace = b.load(tmp_path)
+    store = tl.build_store(trace)
+    labels2 = ["CPU main thread", "CPU thread 2", "CPU thread 2 · depth 1", "DataLoader",
+               "CUDA runtime (thread 1)", "GPU 0 · stream 7"]
+    idle = [f"GPU idle: {tl.IDLE_LABELS[c]}" for c in tl.IDLE_CAUSES]
+    assert len(store["row_kind"]) == len(labels2) + len(idle)
+
+    w1 = tl.window(store, 1, px=100000)
+    assert [lane["label"] for lane in w1["lanes"]] == [
+        "CPU main thread", "CUDA runtime (thread 1)", "GPU 0 · stream 7"] + idle
+    assert w1["hidden_lanes"] == 3  # thread 2 (two depths) and the DataLoader: nothing in step 1
+    assert all(lane["t0"] for lane in w1["lanes"] if lane["kind"] != "idle")
+
+    w2 = tl.window(store, 2, px=100000)
+    # step 2 launches nothing: the runtime lane goes, the GPU lane stays (empty, shaded "other")
+    assert [lane["label"] for lane in w2["lanes"]] == [
+        "CPU main thread", "CPU thread 2", "CPU thread 2 · depth 1", "GPU 0 · stream 7"] + idle
+    assert w2["hidden_lanes"] == 2 and not _lane(w2, "GPU 0 · stream 7")["t0"]
+    assert w2["idle_us"]["other"] == pytest.approx(1000)
+    # zoomed into [0, 300] µs of step 2: thread 2 has nothing there, its lanes stay
+    z = tl.window(store, 2, t0=0, t1=300, px=1000)
+    assert [lane["label"] for lane in z["lanes"]] == [lane["label"] for lane in w2["lanes"]]
+    assert not _lane(z, "CPU thread 2")["t0"] and _lane(z, "CPU main thread")["t0"]
+    assert z["hidden_lanes"] == 2
+
+
+def test_mi300_slowest_step_sends_no_empty_lane():
+    """QA: on the MI300 trace the slowest step drew 8 CPU lanes with nothing in them."""
+    store = _rocm_store("mi300")
+    w = tl.window(store)
+    n_rows = len(store["row_kind"])
+    i = tl.step_index(store, w["step"])
+    # independent of window(): the rows with an event in the step, from the store's offsets
+    busy = [r for r in range(n_rows) if store["seg_off"][i * n_rows + r + 1] > store["seg_off"][i * n_rows + r]]
+    kinds = store["row_kind"]
+    want = sorted(set(busy) | {r for r in range(n_rows) if kinds[r] == tl.ROW_IDLE})
+    assert [lane["row"] for lane in w["lanes"]] == want
+    assert w["hidden_lanes"] == n_rows - len(want) >= 8
+    assert all(lane["t0"] for lane in w["lanes"] if lane["kind"] != "idle")
+    assert sum(1 for r in range(n_rows) if kinds[r] == tl.ROW_CPU) >= 8  # the lanes the QA saw
+    # the LOD invariants hold on what is sent
+    for px, cap in ((50, 10), (1200, 4000)):
+        v = tl.window(store, w["step"], px=px, cap=cap)
+        assert v["rects"] == sum(len(lane["t0"]) for lane in v["lanes"]) <= max(cap, len(v["lanes"]))
+        for lane in v["lanes"]:
+            whole = next(x for x in w["lanes"] if x["row"] == lane["row"])
+            assert sum(lane["busy_us"]) == pytest.approx(sum(whole["busy_us"]), rel=1e-9, abs=1e-6)

@@ -19,6 +19,15 @@ arrays (saved as an ``.npz`` next to the span's cached result):
 - steps: ``step_number``, ``step_start``/``step_end`` (stretched), ``step_host_start``/
   ``step_host_end``, ``step_included``.
 - ``names_blob``/``names_off``: the string table as UTF-8 bytes and offsets (no pickle).
+- ``runtime_api``: which runtime the runtime lanes hold (RUNTIME_APIS index): HIP when
+  the trace's runtime calls are mostly ``hip*`` (or, with no ``cu*``/``hip*`` call at all,
+  when its deviceProperties are AMD's), else CUDA. Stores written before it was added
+  get it from their own runtime events' names (``runtime_api``).
+
+A window answer holds only the lanes with at least one event in the step (the idle
+lanes, and the GPU lanes when no GPU lane has one, always): ``hidden_lanes`` counts
+the others. A lane empty in the zoomed window but not in the step stays (lanes do not
+come and go while zooming).
 
 Idle causes (rows of kind ROW_IDLE) use the report's own definitions, in this priority
 (every instant of a step in which no kernel runs, on any device, gets exactly one):
@@ -57,6 +66,7 @@ STORE_VERSION = 1
 
 ROW_CPU, ROW_DATALOADER, ROW_RUNTIME, ROW_GPU, ROW_IDLE = 0, 1, 2, 3, 4
 ROW_KINDS = ("cpu", "dataloader", "runtime", "gpu", "idle")
+RUNTIME_APIS = ("CUDA", "HIP")
 
 # Idle causes, in priority order (index = row_b of the idle rows).
 IDLE_CAUSES = ("h2d_copy", "input_wait", "sync", "launch", "other")
@@ -336,6 +346,7 @@ def build_store(trace: TraceData, steps=None, span=None) -> Dict[str, np.ndarray
     blob, off = _pack_strings(names)
 
     rows_arr = np.array(rows, np.int64).reshape(-1, 3)
+    rt_api = _runtime_api_of_trace(trace)
     return {
         "version": np.array([STORE_VERSION], np.int64),
         "row_kind": rows_arr[:, 0].astype(np.int8), "row_a": rows_arr[:, 1], "row_b": rows_arr[:, 2],
@@ -352,7 +363,47 @@ def build_store(trace: TraceData, steps=None, span=None) -> Dict[str, np.ndarray
         "step_included": steps.included.astype(bool),
         "steps_found": np.array([bool(steps.found)]),
         "names_blob": blob, "names_off": off,
+        "runtime_api": np.array([RUNTIME_APIS.index(rt_api)], np.int8),
     }
+
+
+def _api_of_names(counted) -> Optional[str]:
+    """HIP or CUDA by the runtime calls, (name, calls) pairs: more hip* calls than cu*
+    (cudaLaunchKernel, cuLaunchKernel) ones is HIP; None when neither occurs."""
+    hip = cu = 0
+    for n, k in counted:
+        if n.startswith("hip"):
+            hip += k
+        elif n.startswith("cu"):
+            cu += k
+    if hip == cu == 0:
+        return None
+    return "HIP" if hip > cu else "CUDA"
+
+
+def _runtime_api_of_trace(trace: TraceData) -> str:
+    rt = trace.runtime
+    if len(rt):
+        ids, counts = np.unique(rt.name, return_counts=True)
+        api = _api_of_names((trace.strings[i], c) for i, c in zip(ids.tolist(), counts.tolist()) if i >= 0)
+        if api is not None:
+            return api
+    from .occupancy import _is_rocm
+
+    return "HIP" if _is_rocm(trace) else "CUDA"
+
+
+def runtime_api(store) -> str:
+    """The runtime the store's runtime lanes hold ("CUDA" or "HIP"; see the module
+    docstring); for a store without ``runtime_api``, from its runtime events' names."""
+    if "runtime_api" in store:
+        return RUNTIME_APIS[int(store["runtime_api"][0])]
+    rows = np.flatnonzero(store["row_kind"] == ROW_RUNTIME)
+    if not len(rows):
+        return "CUDA"
+    ids, counts = np.unique(store["ev_name"][np.isin(store["ev_row"], rows)], return_counts=True)
+    names = store_names(store)
+    return _api_of_names((names[i], c) for i, c in zip(ids.tolist(), counts.tolist()) if i >= 0) or "CUDA"
 
 
 def _pack_strings(names: List[str]) -> Tuple[np.ndarray, np.ndarray]:
@@ -392,8 +443,8 @@ def steps_list(store) -> List[dict]:
                                     store["step_included"])]
 
 
-def row_label(kind: int, a: int, b: int, main: int) -> Tuple[str, str]:
-    """(lane group, label) of a row."""
+def row_label(kind: int, a: int, b: int, main: int, api: str = "CUDA") -> Tuple[str, str]:
+    """(lane group, label) of a row; ``api``: the runtime's name (runtime_api)."""
     if kind == ROW_CPU:
         tid = a & 0xFFFFFFFF
         who = "CPU main thread" if a == main else f"CPU thread {tid}"
@@ -401,7 +452,7 @@ def row_label(kind: int, a: int, b: int, main: int) -> Tuple[str, str]:
     if kind == ROW_DATALOADER:
         return "dataloader", "DataLoader"
     if kind == ROW_RUNTIME:
-        return "runtime", f"CUDA runtime (thread {a & 0xFFFFFFFF})"
+        return "runtime", f"{api} runtime (thread {a & 0xFFFFFFFF})"
     if kind == ROW_GPU:
         return "gpu", f"GPU {a} · stream {b}"
     return "idle", f"GPU idle: {IDLE_LABELS[IDLE_CAUSES[b]]}"
@@ -429,7 +480,9 @@ def window(store, step: Optional[int] = None, t0: Optional[float] = None, t1: Op
     the window [t0, t1] µs from the step start (default: the whole step), drawn ``px``
     pixels wide: per row, rectangles (events, or merged busy blocks with their count and
     busy time), at most ``cap`` rectangles in all (or one per non-empty row when there
-    are more such rows than ``cap``). Raises KeyError for an unknown step."""
+    are more such rows than ``cap``). Only the rows with an event in the step are sent
+    (see the module docstring; ``hidden_lanes`` counts the others). Raises KeyError for
+    an unknown step."""
     i = step_index(store, step)
     if i is None or i < 0:
         raise KeyError(step)
@@ -447,9 +500,17 @@ def window(store, step: Optional[int] = None, t0: Optional[float] = None, t1: Op
     n_rows = len(store["row_kind"])
     seg_off = store["seg_off"]
     ts, dur = store["ev_ts"], store["ev_dur"]
-    sel_rows = range(n_rows) if rows is None else rows
+    sel_rows = list(range(n_rows) if rows is None else rows)
+    # the lanes with an event in the step (idle lanes always; the GPU lanes when none has
+    # one, so that the step's GPU idle time has a lane to be shaded on)
+    kinds = store["row_kind"]
+    in_step = [int(seg_off[i * n_rows + r + 1]) > int(seg_off[i * n_rows + r]) for r in sel_rows]
+    gpu_busy = any(h_ for r, h_ in zip(sel_rows, in_step) if int(kinds[r]) == ROW_GPU)
+    shown = [r for r, h_ in zip(sel_rows, in_step)
+             if h_ or int(kinds[r]) == ROW_IDLE or (int(kinds[r]) == ROW_GPU and not gpu_busy)]
+    hidden = len(sel_rows) - len(shown)
     per_row = []
-    for r in sel_rows:
+    for r in shown:
         a, b = int(seg_off[i * n_rows + r]), int(seg_off[i * n_rows + r + 1])
         s = ts[a:b] - base
         e = s + dur[a:b]
@@ -481,6 +542,7 @@ def window(store, step: Optional[int] = None, t0: Optional[float] = None, t1: Op
         groups = [(np.zeros(len(cs), np.int64), 1 if len(cs) else 0) for _, _, cs, _ in per_row]
 
     main = int(store["main_thread"][0])
+    api = runtime_api(store)
     built = []
     for (r, ev, cs, ce), (gid, ng) in zip(per_row, groups):
         if ng:
@@ -510,7 +572,7 @@ def window(store, step: Optional[int] = None, t0: Optional[float] = None, t1: Op
     n_rects = 0
     for r, ng, t0s, t1s, cnt, busy, nm, lk, co in built:
         kind, a_, b_ = int(store["row_kind"][r]), int(store["row_a"][r]), int(store["row_b"][r])
-        group, label = row_label(kind, a_, b_, main)
+        group, label = row_label(kind, a_, b_, main, api)
         lane = {"row": int(r), "kind": ROW_KINDS[kind], "group": group, "label": label,
                 "t0": [], "t1": [], "count": [], "busy_us": [], "name": [], "link": [], "corr": []}
         if kind == ROW_IDLE:
@@ -535,6 +597,7 @@ def window(store, step: Optional[int] = None, t0: Optional[float] = None, t1: Op
         "step": int(store["step_number"][i]), "included": bool(store["step_included"][i]),
         "step_us": span_us, "t0": w0, "t1": w1, "px": px, "cap": cap,
         "detail_us": q, "rects": n_rects, "names": out_names, "lanes": lanes,
+        "hidden_lanes": hidden, "runtime_api": api,
         "idle_us": idle_us,
         "idle_pct": {k: (100.0 * v / span_us if span_us > 0 else None) for k, v in idle_us.items()},
         "steps": steps_list(store),
@@ -582,10 +645,11 @@ def chrome_trace(store, step: Optional[int] = None, t0: Optional[float] = None, 
     a, b = int(store["seg_off"][i * n_rows]), int(store["seg_off"][(i + 1) * n_rows])
     names = store_names(store)
     main = int(store["main_thread"][0])
+    api = runtime_api(store)
     events = []
     pids = {"cpu_main": 1, "cpu": 1, "dataloader": 1, "runtime": 1, "gpu": 2, "idle": 3}
     for r in range(n_rows):
-        group, label = row_label(int(store["row_kind"][r]), int(store["row_a"][r]), int(store["row_b"][r]), main)
+        group, label = row_label(int(store["row_kind"][r]), int(store["row_a"][r]), int(store["row_b"][r]), main, api)
         events.append({"ph": "M", "name": "thread_name", "pid": pids[group], "tid": r, "args": {"name": label}})
     for pid, pname in ((1, "host"), (2, "GPU"), (3, "GPU idle causes")):
         events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": pname}})
