@@ -410,22 +410,53 @@ def kernel_name_totals(trace: TraceData, krows: np.ndarray, w: np.ndarray) -> Di
 
 def combine_kernel_names(parts: List[Optional[Dict]]) -> Optional[Dict]:
     """Spans' kernel_name_totals summed per name (None when a span has none: an older
-    result; a total unknown in some span stays unknown)."""
-    from .units import total
-
+    result; a total unknown in some span stays unknown). Per row only a dict lookup; the
+    sums are numpy's, added in span and row order (the same numbers as row after row)."""
     if not parts or any(not isinstance(p, dict) for p in parts):
         return None
-    rows: Dict[str, dict] = {}
+    ids: Dict[str, int] = {}
+    first: List[dict] = []
+    gid: List[int] = []
+    calls: List[int] = []
+    totals: List[float] = []
     for p in parts:
         for r in p.get("rows") or []:
-            m = rows.get(r["name"])
-            if m is None:
-                rows[r["name"]] = dict(r)
-            else:
-                m["calls"] = int(m.get("calls") or 0) + int(r.get("calls") or 0)
-                m["total_us"] = total([m.get("total_us"), r.get("total_us")])
-    return {"rows": sorted(rows.values(), key=lambda r: -(r["total_us"] if r["total_us"] is not None else np.inf)),
+            name = r["name"]
+            g = ids.get(name)
+            if g is None:
+                g = ids[name] = len(first)
+                first.append(r)
+            gid.append(g)
+            calls.append(int(r.get("calls") or 0))
+            totals.append(_finite_or_nan(r.get("total_us")))
+    g_arr = np.asarray(gid, np.int64)
+    seen = np.bincount(g_arr, minlength=len(first))
+    call_sum = np.zeros(len(first), np.int64)
+    np.add.at(call_sum, g_arr, np.asarray(calls, np.int64))
+    total_sum = np.zeros(len(first), np.float64)
+    np.add.at(total_sum, g_arr, np.asarray(totals, np.float64))
+    rows = []
+    for i, r in enumerate(first):
+        row = dict(r)
+        if seen[i] > 1:
+            row["calls"] = int(call_sum[i])
+            t = float(total_sum[i])
+            row["total_us"] = t if t - t == 0 else None
+        rows.append(row)
+    key = np.array([-(r["total_us"] if r["total_us"] is not None else np.inf) for r in rows], np.float64)
+    return {"rows": [rows[i] for i in np.argsort(key, kind="stable").tolist()],
             "left_out": sum(int(p.get("left_out") or 0) for p in parts)}
+
+
+def _finite_or_nan(value) -> float:
+    """A finite number as a float; anything else (None, a bool, text, NaN, inf) NaN, so
+    that a sum it enters is unknown (units.total's rule)."""
+    if type(value) is float or type(value) is int:
+        return float(value) if value - value == 0 else np.nan
+    from .units import num
+
+    v = num(value)
+    return np.nan if v is None else v
 
 
 def _short_kernels(trace: TraceData, krows: np.ndarray, w: np.ndarray) -> Dict:
@@ -591,31 +622,52 @@ def _unit_finish(m: dict) -> dict:
 
 def combine_kernel_rows(tables: List[List[Dict]]) -> List[Dict]:
     """One row per kernel configuration over several spans' kernel tables; a total that is
-    unknown in some span stays unknown."""
+    unknown in some span stays unknown. Per row a key and a dict lookup; the sums are
+    numpy's, added in span and row order (the same numbers as row after row)."""
     import math
 
     from .units import num, pct, total
 
-    rows: Dict[tuple, dict] = {}
+    ids: Dict[tuple, int] = {}
+    first: List[dict] = []
+    gid: List[int] = []
+    calls: List[int] = []
+    totals: List[float] = []
     for table in tables:
         for k in table:
             if not isinstance(k, dict):
                 continue
             key = (str(k.get("name")), str(k.get("device")), str(k.get("grid")), str(k.get("block")),
                    str(k.get("registers_per_thread")), str(k.get("shared_memory_bytes")))
-            row = rows.get(key)
-            if row is None:
-                rows[key] = dict(k)
-            else:
-                row["calls"] = int(num(row.get("calls")) or 0) + int(num(k.get("calls")) or 0)
-                row["total_us"] = total([row.get("total_us"), k.get("total_us")])
-                row["mean_us"] = row["total_us"] / row["calls"] if row["calls"] and row["total_us"] is not None \
-                    else None
-    grand = total(r.get("total_us") for r in rows.values())
-    for r in rows.values():
+            g = ids.get(key)
+            if g is None:
+                g = ids[key] = len(first)
+                first.append(k)
+            gid.append(g)
+            c = k.get("calls")
+            calls.append(int(c) if type(c) is int else int(num(c) or 0))
+            totals.append(_finite_or_nan(k.get("total_us")))
+    g_arr = np.asarray(gid, np.int64)
+    seen = np.bincount(g_arr, minlength=len(first))
+    call_sum = np.zeros(len(first), np.int64)
+    np.add.at(call_sum, g_arr, np.asarray(calls, np.int64))
+    total_sum = np.zeros(len(first), np.float64)
+    np.add.at(total_sum, g_arr, np.asarray(totals, np.float64))
+    rows = []
+    for i, k in enumerate(first):
+        row = dict(k)
+        if seen[i] > 1:
+            row["calls"] = int(call_sum[i])
+            t = float(total_sum[i])
+            row["total_us"] = t if t - t == 0 else None
+            row["mean_us"] = row["total_us"] / row["calls"] if row["calls"] and row["total_us"] is not None \
+                else None
+        rows.append(row)
+    grand = total(r.get("total_us") for r in rows)
+    for r in rows:
         r["time_pct"] = pct(num(r.get("total_us")), grand)
-    return sorted(rows.values(), key=lambda r: -(num(r.get("total_us")) if num(r.get("total_us")) is not None
-                                                  else math.inf))
+    return sorted(rows, key=lambda r: -(num(r.get("total_us")) if num(r.get("total_us")) is not None
+                                        else math.inf))
 
 
 

@@ -351,43 +351,115 @@ def combine_views(views: List[dict]) -> Optional[dict]:
     """A worker/run view from span views: all steps together (step numbers of different
     files are not the same steps, so a view of several spans has no per-step rows:
     ``steps`` is empty and only step=all can be asked; a single span's view is kept as
-    it is). None when a span has no view."""
+    it is). None when a span has no view.
+
+    Rows are summed per (op name, recorded inputs) in span order, then row order (the
+    keys in the order they are first seen): each span's columns become numpy arrays at
+    once, its local name/input indices are mapped to the combined ones through a table
+    (Python work per distinct name, not per row), and the rows of up to ``COMBINE_CHUNK``
+    rows at a time are added in order with ``np.add.at`` (the same sums, in the same
+    order, as adding row after row), so memory stays bounded at 1,000 spans."""
     if not views or any(not isinstance(v, dict) for v in views):
         return None
     if len(views) == 1:
         return views[0]  # one span: its steps stay selectable
-    names: Dict[str, int] = {}
-    inputs: Dict[tuple, int] = {}
-    acc: Dict[tuple, np.ndarray] = {}
+    acc = _ViewSums()
     record = has_gpu = False
     merged = 0
     for v in views:
         record = record or bool(v.get("record_shapes"))
         has_gpu = has_gpu or bool(v.get("has_gpu", True))
         merged += int(v.get("rows_merged") or 0)
-        rows = v.get("rows") or {}
-        v_names, v_inputs = v.get("names") or [], v.get("inputs") or []
-        n_rows = len(rows.get("name") or [])
-        cols = [rows.get(f) or [0] * n_rows for f in VIEW_FIELDS]  # a field an older view lacks: 0
-        for i in range(n_rows):
-            nm = names.setdefault(v_names[rows["name"][i]], len(names))
-            inp = rows["input"][i]
-            if inp >= 0:
-                inp = inputs.setdefault(tuple(v_inputs[inp]), len(inputs))
-            key = (nm, inp)
-            vals = np.array([np.nan if c[i] is None else c[i] for c in cols], np.float64)
-            if key in acc:
-                acc[key] += vals
-            else:
-                acc[key] = vals
-    keys = list(acc)
-    out = {"steps": [], "names": list(names), "inputs": [list(k) for k in inputs], "record_shapes": record,
+        acc.add(v)
+    acc.flush()
+    keys = acc.keys
+    out = {"steps": [], "names": list(acc.names), "inputs": [list(k) for k in acc.inputs], "record_shapes": record,
            "has_gpu": has_gpu,
            "rows": {"step": [0] * len(keys), "name": [k[0] for k in keys], "input": [k[1] for k in keys]},
            "rows_merged": merged}
     for j, f in enumerate(VIEW_FIELDS):
-        out["rows"][f] = [int(acc[k][j]) if f in _COUNT_FIELDS else _us(acc[k][j]) for k in keys]
+        col = acc.sums[j, :len(keys)].tolist()
+        out["rows"][f] = [int(x) for x in col] if f in _COUNT_FIELDS \
+            else [round(x, 3) if x - x == 0 else None for x in col]  # _us of each
     return out
+
+
+COMBINE_CHUNK = 1 << 18  # rows added per np.add.at pass in combine_views (≈ 20 MB of columns)
+
+
+class _ViewSums:
+    """combine_views' accumulator: combined name/input/key tables (first-seen order) and
+    one row of VIEW_FIELDS sums per key."""
+
+    def __init__(self):
+        self.names: Dict[str, int] = {}
+        self.inputs: Dict[tuple, int] = {}
+        self.key_ids: Dict[tuple, int] = {}
+        self.keys: List[tuple] = []
+        self.sums = np.zeros((len(VIEW_FIELDS), 0), np.float64)  # one row per field
+        self._pending: List[tuple] = []
+        self._pending_rows = 0
+
+    @staticmethod
+    def _first_seen(col: np.ndarray) -> np.ndarray:
+        """The distinct values of ``col`` in the order of their first row."""
+        values, first = np.unique(col, return_index=True)
+        return values[np.argsort(first, kind="stable")]
+
+    def add(self, v: dict) -> None:
+        rows = v.get("rows") or {}
+        v_names, v_inputs = v.get("names") or [], v.get("inputs") or []
+        name_col = np.asarray(rows.get("name") or [], np.int64)
+        n = len(name_col)
+        if n == 0:
+            return
+        input_col = np.asarray(rows.get("input") or [], np.int64)
+        name_map = np.full(len(v_names), -1, np.int64)
+        for i in self._first_seen(name_col).tolist():  # ids given in the order rows name them
+            name_map[i] = self.names.setdefault(v_names[i], len(self.names))
+        has = input_col >= 0
+        inp = input_col.copy()
+        if has.any():
+            input_map = np.full(len(v_inputs), -1, np.int64)
+            for i in self._first_seen(input_col[has]).tolist():
+                input_map[i] = self.inputs.setdefault(tuple(v_inputs[i]), len(self.inputs))
+            inp[has] = input_map[input_col[has]]
+        # a field an older view lacks: 0; a null time: NaN (unknown in the sum)
+        vals = np.empty((len(VIEW_FIELDS), n), np.float64)
+        for j, f in enumerate(VIEW_FIELDS):
+            col = rows.get(f)
+            vals[j] = np.array(col, np.float64) if col else 0.0
+        self._pending.append((name_map[name_col], inp, vals))
+        self._pending_rows += n
+        if self._pending_rows >= COMBINE_CHUNK:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        name = np.concatenate([p[0] for p in self._pending])
+        inp = np.concatenate([p[1] for p in self._pending])
+        vals = np.concatenate([p[2] for p in self._pending], 1)
+        self._pending, self._pending_rows = [], 0
+        uniq, inv = factorize.unique_rows(np.stack([name, inp], 1))
+        first = np.zeros(len(uniq), np.int64)
+        first[inv[::-1]] = np.arange(len(inv) - 1, -1, -1)
+        gid = np.empty(len(uniq), np.int64)
+        for u in np.argsort(first, kind="stable").tolist():  # new keys in the order rows name them
+            key = (int(uniq[u, 0]), int(uniq[u, 1]))
+            k = self.key_ids.get(key)
+            if k is None:
+                k = self.key_ids[key] = len(self.keys)
+                self.keys.append(key)
+            gid[u] = k
+        have = self.sums.shape[1]
+        if len(self.keys) > have:
+            grown = np.zeros((len(VIEW_FIELDS), max(len(self.keys), 2 * have)), np.float64)
+            grown[:, :have] = self.sums
+            self.sums = grown
+        row_gid = gid[inv]
+        for j in range(len(VIEW_FIELDS)):
+            np.add.at(self.sums[j], row_gid, vals[j])  # in row order, onto the sums so far
 
 
 NAME_TOTAL_FIELDS = ("calls", "top_calls", "total_us", "self_us")
