@@ -1,8 +1,10 @@
 // The step timeline (METRICS.md "Step timeline"): one step of one span on one time axis,
 // lanes for the main CPU thread (top-level ops and record_function regions, then nested
-// levels), other CPU threads, the DataLoader, CUDA runtime calls and each GPU stream, and
-// the time no kernel ran shaded by its cause (the report's own definitions, computed by
-// the server). The server sends a level-of-detail summary of the visible window (at most
+// levels), other CPU threads, the DataLoader, CUDA (HIP on ROCm) runtime calls and each GPU
+// stream, and the time no kernel ran shaded by its cause (the report's own definitions,
+// computed by the server); lanes with no event in the step are not sent (hidden_lanes).
+// Colours are style.css custom properties (--tl-*), read with getComputedStyle at each
+// draw, so the canvas follows the light/dark theme (redrawn when the theme changes). The server sends a level-of-detail summary of the visible window (at most
 // a few thousand rectangles, sub-pixel events merged into busy blocks); wheel zoom and
 // drag pan ask for the new window at finer detail. Drawn on a canvas: trace names reach
 // the page only as canvas text or textContent (hover box), never as HTML.
@@ -26,11 +28,13 @@ const CAUSE_LABEL = {
   launch: "launch-bound (short kernels)",
   other: "other",
 };
+// Colours: style.css custom properties (light and dark values there); these are the
+// fallbacks when a property is missing (the light theme's values).
 const CAUSE_COLOR = {input_wait: "#e15759", h2d_copy: "#edc948", sync: "#b07aa1", launch: "#76b7b2", other: "#c9c3bf"};
-const CAUSE_TEXT_COLOR = {input_wait: "#b3262a", h2d_copy: "#8a6d00", sync: "#7b4a6f", launch: "#2f6f6a"};
-const KIND_COLOR = {cpu: "#4e79a7", dataloader: "#f28e2b", runtime: "#9c755f", gpu: "#59a14f"};
-const COPY_COLOR = "#d4a017";
-const KIND_LABEL = [["cpu", "CPU op"], ["dataloader", "DataLoader"], ["runtime", "CUDA runtime call"], ["gpu", "GPU kernel"]];
+const CAUSE_TEXT_COLOR = {input_wait: "#b3262a", h2d_copy: "#8a6d00", sync: "#7b4a6f", launch: "#2f6f6a", other: "#5f6368"};
+const KIND_COLOR = {cpu: "#4e79a7", dataloader: "#f28e2b", runtime: "#9c755f", gpu: "#59a14f", copy: "#d4a017"};
+const causeVar = (c) => `--tl-${c.replace("_", "-")}`;
+const KIND_LABEL = [["cpu", "CPU op"], ["dataloader", "DataLoader"], ["runtime", "runtime call"], ["gpu", "GPU kernel"]];
 const EMPTY_TEXT = "none in this window";
 const CAUSE_TEXT_MIN_PX = 90; // a shaded stretch this wide gets its cause written in the lane
 
@@ -45,9 +49,25 @@ function causeLine(cause, hasGpu) {
   return hasGpu ? `GPU idle: ${causeLabel(cause, hasGpu)}` : `no compute: ${causeLabel(cause, hasGpu)}`;
 }
 
-function laneColor(lane, name) {
-  if (lane.kind === "gpu" && name && /^Mem(cpy|set)/.test(name)) return COPY_COLOR;
-  return KIND_COLOR[lane.kind] || "#888";
+/** The timeline's colours in the theme of el (style.css --tl-* properties). */
+function palette(el) {
+  const css = getComputedStyle(el);
+  const v = (name, fallback) => css.getPropertyValue(name).trim() || fallback;
+  const num = (name, fallback) => { const x = parseFloat(v(name, "")); return Number.isFinite(x) ? x : fallback; };
+  const map = (keys, f) => Object.fromEntries(keys.map((k) => [k, f(k)]));
+  return {
+    fg: v("--fg", "#333"), muted: v("--muted", "#777"), grid: v("--grid", "#eee"), border: v("--border", "#ccc"),
+    shade: map(CAUSES, (c) => v(causeVar(c), CAUSE_COLOR[c])),
+    ink: map(CAUSES, (c) => v(`${causeVar(c)}-ink`, CAUSE_TEXT_COLOR[c])),
+    kind: map(Object.keys(KIND_COLOR), (k) => v(`--tl-${k}`, KIND_COLOR[k])),
+    shadeAlpha: num("--tl-shade-alpha", 0.22), otherAlpha: num("--tl-other-alpha", 0.12),
+    barText: v("--tl-bar-text", "#fff"), barTextOnLight: v("--tl-bar-text-on-light", "#222"),
+  };
+}
+
+function laneColor(pal, lane, name) {
+  if (lane.kind === "gpu" && name && /^Mem(cpy|set)/.test(name)) return pal.kind.copy;
+  return pal.kind[lane.kind] || pal.muted;
 }
 
 /** Renders the timeline panel of ctx's selection into container. */
@@ -62,7 +82,7 @@ export function renderTimeline(container, ctx) {
   const legend = h("div", {class: "tl-legend", style: {margin: "4px 0", "font-size": "12px"}});
   const canvas = h("canvas", {class: "tl-canvas", style: {width: "100%", display: "block", cursor: "grab"}});
   const tip = h("div", {class: "tl-tip", role: "tooltip", style: {position: "absolute", display: "none", "pointer-events": "none",
-    background: "rgba(20,20,20,0.92)", color: "#fff", padding: "4px 6px", "border-radius": "3px", "font-size": "12px",
+    background: "var(--tip-bg, rgba(20,20,20,0.92))", color: "var(--tip-fg, #fff)", padding: "4px 6px", "border-radius": "3px", "font-size": "12px",
     "white-space": "pre-wrap", "overflow-wrap": "anywhere", "max-width": "520px", "z-index": "10"}});
   const stage = h("div", {class: "tl-stage", style: {position: "relative"}}, canvas, tip);
   const body = h("div", {class: "tl-body"});
@@ -173,7 +193,7 @@ export function renderTimeline(container, ctx) {
     const items = CAUSES.filter((c) => isNum(d.idle_pct[c]) && d.idle_us[c] > 0).map((c) =>
       h("span", {class: "tl-cause", "data-cause": c, "data-pct": String(d.idle_pct[c]),
         "data-drawn-pct": drawn[c] === undefined ? "" : String(drawn[c]), style: {"margin-right": "14px"}},
-      h("span", {style: {display: "inline-block", width: "10px", height: "10px", background: CAUSE_COLOR[c],
+      h("span", {style: {display: "inline-block", width: "10px", height: "10px", background: `var(${causeVar(c)}, ${CAUSE_COLOR[c]})`,
         "margin-right": "4px", "vertical-align": "middle"}}),
       `${causeLabel(c, d.has_gpu)}: ${fmtPct(d.idle_pct[c])}`));
     const what = d.has_gpu ? "Shaded: GPU idle in this step (no kernel running), by cause: "
@@ -181,15 +201,21 @@ export function renderTimeline(container, ctx) {
     const swatch = (color, alpha) => h("span", {style: {display: "inline-block", width: "10px", height: "10px", background: color,
       opacity: String(alpha), "margin-right": "4px", "vertical-align": "middle"}});
     const kinds = new Set(d.lanes.map((l) => l.kind));
+    const kindSwatch = (k) => swatch(`var(--tl-${k}, ${KIND_COLOR[k]})`, 1);
     const bars = KIND_LABEL.filter(([k]) => kinds.has(k)).map(([k, text]) =>
-      h("span", {class: "tl-kind", style: {"margin-right": "14px"}}, swatch(KIND_COLOR[k], 1), text));
-    if (kinds.has("gpu")) bars.push(h("span", {class: "tl-kind", style: {"margin-right": "14px"}}, swatch(COPY_COLOR, 1), "memcpy / memset"));
+      h("span", {class: "tl-kind", "data-kind": k, style: {"margin-right": "14px"}}, kindSwatch(k),
+        k === "runtime" ? `${d.runtime_api || "CUDA"} ${text}` : text));
+    if (kinds.has("gpu")) bars.push(h("span", {class: "tl-kind", "data-kind": "copy", style: {"margin-right": "14px"}}, kindSwatch("copy"), "memcpy / memset"));
+    const hidden = d.hidden_lanes > 0
+      ? h("div", {class: "note tl-hidden", "data-hidden": String(d.hidden_lanes)},
+        `${d.hidden_lanes} ${d.hidden_lanes === 1 ? "lane has" : "lanes have"} no event in this step and ${d.hidden_lanes === 1 ? "is" : "are"} not shown (other steps may show ${d.hidden_lanes === 1 ? "it" : "them"}).`)
+      : null;
     canvas.setAttribute("role", "img");
     canvas.setAttribute("aria-label", `Step ${d.step} timeline, ${d.lanes.filter((l) => l.kind !== "idle").length} lanes. ${what}`
       + CAUSES.filter((c) => isNum(d.idle_pct[c]) && d.idle_us[c] > 0).map((c) => `${causeLabel(c, d.has_gpu)} ${fmtPct(d.idle_pct[c])}`).join(", "));
     mount(legend, h("div", {class: "tl-legend-causes"}, h("span", {class: "muted"}, what), items),
       h("div", {class: "tl-legend-kinds"}, h("span", {class: "muted"}, "Bars: "), bars,
-        h("span", {class: "muted"}, "(faded: several events merged at this zoom; zoom in to separate them)")));
+        h("span", {class: "muted"}, "(faded: several events merged at this zoom; zoom in to separate them)")), hidden);
   }
 
   /** Shaded share per cause from the rectangles of a whole-step answer (equals idle_pct). */
@@ -232,14 +258,13 @@ export function renderTimeline(container, ctx) {
     g.clearRect(0, 0, cssW, height);
     g.font = "11px sans-serif";
     g.textBaseline = "middle";
-    // text and grid in the theme's colours (style.css variables: TensorBoard's light or dark mode)
-    const css = getComputedStyle(container);
-    const themed = (name, fallback) => css.getPropertyValue(name).trim() || fallback;
-    const FG = themed("--fg", "#333");
-    const MUTED = themed("--muted", "#777");
-    const GRID = themed("--grid", "#eee");
-    // the cause words: dark shades on a light page, the bright cause colours on a dark one
-    const causeInk = /^#[0-9a-f]{6}$/i.test(FG) && parseInt(FG.slice(1, 3), 16) > 128 ? CAUSE_COLOR : CAUSE_TEXT_COLOR;
+    // every colour from the theme (style.css --tl-* and text variables: TensorBoard's light or
+    // dark mode); the cause words: dark shades on a light page, bright ones on a dark page
+    const pal = palette(container);
+    const FG = pal.fg;
+    const MUTED = pal.muted;
+    const GRID = pal.grid;
+    const causeInk = pal.ink;
     const [v0, v1] = st.view;
     const W = cssW - LABEL_W;
     const x = (t) => LABEL_W + ((t - v0) / (v1 - v0)) * W;
@@ -252,8 +277,8 @@ export function renderTimeline(container, ctx) {
       const top = shadeRows[0].y;
       const bottom = shadeRows[shadeRows.length - 1].y + LANE_H;
       for (const lane of idleRow.idle) {
-        g.fillStyle = CAUSE_COLOR[lane.cause];
-        g.globalAlpha = lane.cause === "other" ? 0.12 : 0.22;
+        g.fillStyle = pal.shade[lane.cause];
+        g.globalAlpha = lane.cause === "other" ? pal.otherAlpha : pal.shadeAlpha;
         for (let i = 0; i < lane.t0.length; i++) {
           const a = x(lane.t0[i]);
           g.fillRect(a, top, Math.max(1, x(lane.t1[i]) - a), bottom - top);
@@ -311,7 +336,7 @@ export function renderTimeline(container, ctx) {
           const w = Math.max(1, x(lane.t1[i]) - a);
           const nm = lane.name[i] !== null && lane.name[i] !== undefined ? d.names[lane.name[i]] : null;
           const merged = lane.count[i] > 1;
-          g.fillStyle = lane.kind === "idle" ? CAUSE_COLOR[lane.cause] : laneColor(lane, nm);
+          g.fillStyle = lane.kind === "idle" ? pal.shade[lane.cause] : laneColor(pal, lane, nm);
           g.globalAlpha = merged ? 0.55 : 1;
           g.fillRect(a, r.y + 2, w, r.h - 4);
           g.globalAlpha = 1;
@@ -321,7 +346,7 @@ export function renderTimeline(container, ctx) {
             g.beginPath();
             g.rect(a, r.y, w, r.h);
             g.clip();
-            g.fillStyle = lane.kind === "idle" && lane.cause !== "input_wait" ? "#222" : "#fff";
+            g.fillStyle = lane.kind === "idle" && lane.cause !== "input_wait" ? pal.barTextOnLight : pal.barText;
             g.fillText(text, a + 3, r.y + r.h / 2);
             g.restore();
           }
@@ -331,7 +356,7 @@ export function renderTimeline(container, ctx) {
     }
     // axis
     g.fillStyle = MUTED;
-    g.strokeStyle = themed("--border", "#ccc");
+    g.strokeStyle = pal.border;
     const ticks = niceTicks(v0, v1, Math.max(2, Math.floor(W / 110)));
     for (const t of ticks) {
       const xx = x(t);
@@ -346,7 +371,7 @@ export function renderTimeline(container, ctx) {
     canvas.dataset.window = `${v0.toFixed(3)},${v1.toFixed(3)}`;
     canvas.dataset.step = String(d.step);
     canvas.dataset.causeText = JSON.stringify({row: textRow ? textRow.lane.label : null, y: textRow ? textRow.y : null,
-      color: causeInk, shade: CAUSE_COLOR, labels: written});
+      color: causeInk, shade: pal.shade, labels: written});
     // where each row is drawn (CSS px), for tests and tools reading the canvas
     canvas.dataset.layout = JSON.stringify({label_w: LABEL_W, width: cssW, has_gpu: d.has_gpu,
       rows: rs.map((r) => ({label: r.lane ? r.lane.label : "idle", kind: r.lane ? r.lane.kind : "idle", y: r.y, h: r.h,
@@ -474,8 +499,16 @@ export function renderTimeline(container, ctx) {
 
   const onResize = () => { if (st.data && stage.isConnected) { draw(); schedule(); } };
   window.addEventListener("resize", onResize);
+  // the theme changes (index.js sets data-theme on <html>; or the OS's dark mode): redraw in its colours
+  const onTheme = () => { if (st.data && stage.isConnected) draw(); };
+  const themeObs = new MutationObserver(onTheme);
+  themeObs.observe(document.documentElement, {attributes: true, attributeFilter: ["data-theme", "class", "style"]});
+  const dark = window.matchMedia ? window.matchMedia("(prefers-color-scheme: dark)") : null;
+  if (dark && dark.addEventListener) dark.addEventListener("change", onTheme);
   if (ctx.signal) ctx.signal.addEventListener("abort", () => {
     window.removeEventListener("resize", onResize);
+    themeObs.disconnect();
+    if (dark && dark.removeEventListener) dark.removeEventListener("change", onTheme);
     window.removeEventListener("mouseup", onMouseUp);
     clearTimeout(st.timer);
     st.seq++;
@@ -488,6 +521,6 @@ registerPanel({
   id: "timeline",
   label: "Step timeline",
   order: 40,
-  info: "One step on one time axis: CPU threads, DataLoader, CUDA runtime and GPU streams, with the time no kernel ran shaded by its cause (the report's definitions). Default: the slowest included step.",
+  info: "One step on one time axis: CPU threads, DataLoader, CUDA (or HIP) runtime and GPU streams, with the time no kernel ran shaded by its cause (the report's definitions). Default: the slowest included step.",
   render: renderTimeline,
 });
