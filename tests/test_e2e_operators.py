@@ -2,8 +2,10 @@
 
 On the demo's input-bound run (demo_logs/input_bound_nw0, recorded with record_shapes=True)
 the table renders the route's rows, sorts by a clicked column, filters by name, switches to
-group-by-shape and to one step; on a hand-built run whose op names and dtypes look like HTML,
-they stay text (no element is created, no dialog opens).
+group-by-shape and to one step; ops whose calls carry no recorded input say "no inputs" (with
+why on hover), not "not recorded". On a hand-built run whose op names and dtypes look like HTML,
+they stay text (no element is created, no dialog opens). On a run profiled without
+record_shapes the shape columns show "—" with the hover "record_shapes=True was not set".
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from conftest import DEMO_LOGS, TraceBuilder, route_validator, wait_route
 
 RUN = "input_bound"
 HTML_RUN = "html_ops"
+NO_SHAPES_RUN = "no_shapes"
 EVIL = '<img src=x onerror="alert(1)">'
 EVIL_TYPE = "<b>float</b>"
 PANEL = "#bn-panel-operators"
@@ -39,6 +42,12 @@ def _logdir(tmp_path):
     b.cpu(EVIL, 1010, 300, **{"Input Dims": [[8, 16]], "Input type": [EVIL_TYPE]})
     b.launch("volta_sgemm_128x64_nn", 1020, kernel_ts=1100, kernel_dur=50)
     b.write(tmp_path / "logs" / HTML_RUN / "worker0.1700000000000.pt.trace.json.gz")
+    b = TraceBuilder()  # no "Input Dims" anywhere: profiled without record_shapes
+    for n, off in ((1, 0), (2, 1000)):
+        b.step(n, off, 1000)
+        b.cpu("aten::mm", off + 10, 300)
+        b.cpu("my_region", off + 400, 200, cat="user_annotation")
+    b.write(tmp_path / "logs" / NO_SHAPES_RUN / "worker0.1700000000002.pt.trace.json.gz")
     return tmp_path / "logs"
 
 
@@ -88,6 +97,19 @@ def test_operators_panel(tmp_path, tensorboard_server, browser_page):
     assert len(t["rows"]) == min(300, len(body["rows"]))
     by_self = sorted(body["rows"], key=lambda r: -r["self_us"])
     assert [r["name"] for r in t["rows"][:5]] == [r["name"] for r in by_self[:5]]
+    # ops whose calls have no recorded input (the DataLoader region here) say so, explicitly
+    empty = {r["name"]: sum(e["calls"] for e in r["top_inputs"] if e["dims"] is None and e["types"] is None)
+             for r in body["rows"] if any(e["dims"] is None and e["types"] is None for e in r.get("top_inputs") or [])}
+    assert any(n.startswith("enumerate(DataLoader)") for n in empty), sorted(empty)
+    cells = iframe.evaluate("""() => [...document.querySelectorAll('%s tbody tr')].map((tr) => [
+        tr.querySelector('td.opname').textContent,
+        [...tr.querySelectorAll('td.op-inputs .op-no-inputs')].map((d) => [d.textContent, d.title])])
+      .filter((x) => x[1].length)""" % PANEL)
+    assert {name for name, _ in cells} == {n for n in empty if n in {r["name"] for r in t["rows"]}} and cells
+    for name, divs in cells:
+        assert [text for text, _ in divs] == [f"×{empty[name]} no inputs"], (name, divs)
+        assert all("record_shapes=True" in title and "no input shapes recorded" in title.lower() for _, title in divs)
+    assert "not recorded" not in iframe.evaluate("() => document.querySelector('%s table.operators').textContent" % PANEL)
 
     # sorts by a clicked column (calls: descending, then ascending)
     iframe.click(f"{PANEL} th[data-key=calls]")
@@ -116,7 +138,14 @@ def test_operators_panel(tmp_path, tensorboard_server, browser_page):
     assert t["keys"][:2] == ["name", "calls"] and t["keys"][-2:] == ["dims", "types"]
     assert len(t["rows"]) == min(300, len(shaped["rows"])) and len(shaped["rows"]) > len(body["rows"])
     first = max(shaped["rows"], key=lambda r: r["self_us"])
-    assert (t["rows"][0]["name"], t["rows"][0]["dims"]) == (first["name"], first["dims"] or "n/a")
+    assert (t["rows"][0]["name"], t["rows"][0]["dims"]) == (first["name"], first["dims"] or "no inputs")
+    no_inputs = [r for r in shaped["rows"] if r["dims"] is None and r["types"] is None]
+    assert no_inputs
+    dims_cells = iframe.evaluate("() => [...document.querySelectorAll('%s td.op-no-inputs')].map((td) => td.textContent)"
+                                 % PANEL)
+    shown_names = {r["name"] for r in t["rows"]}
+    assert len(dims_cells) == 2 * sum(1 for r in no_inputs if r["name"] in shown_names) > 0  # dims and types cells
+    assert set(dims_cells) == {"no inputs"}
 
     # the worker summary (two spans) has no per-step rows; one span has
     assert body["steps"] == [] and sel.get("span") is None, sel
@@ -155,5 +184,22 @@ def test_operators_panel(tmp_path, tensorboard_server, browser_page):
     assert any(EVIL_TYPE in t for t in tops)
     os.makedirs("test-artifacts", exist_ok=True)
     frame.locator(PANEL).screenshot(path=os.path.join("test-artifacts", "operators_html.png"))
+
+    # a run profiled without record_shapes: "—" in the shape columns, the hover says why
+    frame.locator("#bn-run").select_option(NO_SHAPES_RUN)
+    iframe.wait_for_function("() => document.querySelector('#bn-run').value === '%s' && "
+                             "[...document.querySelectorAll('%s td.opname')].some((td) => td.textContent === 'my_region')"
+                             % (NO_SHAPES_RUN, PANEL), timeout=120_000)
+    ns = wait_route(base, "operators", run=NO_SHAPES_RUN, group="op_shape")
+    assert ns["record_shapes"] is False
+    if iframe.evaluate("() => document.querySelector('%s select.op-group').value" % PANEL) != "op_shape":
+        iframe.select_option(f"{PANEL} select.op-group", "op_shape")
+    iframe.wait_for_function("() => document.querySelectorAll('%s td.op-no-shapes').length === 4" % PANEL,
+                             timeout=60_000)
+    cells = iframe.evaluate("() => [...document.querySelectorAll('%s td.op-no-shapes')].map((td) => [td.textContent, td.title])"
+                            % PANEL)
+    assert all(text == "—" and title.startswith("record_shapes=True was not set") for text, title in cells), cells
+    assert not iframe.evaluate("() => document.querySelector('%s td.op-no-inputs')" % PANEL)
+    frame.locator(PANEL).screenshot(path=os.path.join("test-artifacts", "operators_no_shapes.png"))
     w.check_clean()
     shutil.rmtree(tmp_path / "logs", ignore_errors=True)

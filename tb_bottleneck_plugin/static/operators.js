@@ -25,8 +25,22 @@ const COL_DEFS = {
   top_inputs: "The op's most expensive recorded input shapes (by total CPU time), with their call counts.",
 };
 
+// Inputs that are not there, said explicitly: the whole trace was profiled without
+// record_shapes=True ("—"), or these calls carry no recorded input (record_function
+// regions, ops without tensor arguments) while others do ("no inputs").
+const NO_SHAPES_TEXT = "—";
+const NO_SHAPES_TITLE = "record_shapes=True was not set: profile with torch.profiler.profile(record_shapes=True) "
+  + "to see input shapes and dtypes";
+const NO_INPUTS_TEXT = "no inputs";
+const NO_INPUTS_TITLE = "No input shapes recorded for these calls (record_function regions and ops without "
+  + "tensor arguments have none), although the trace was profiled with record_shapes=True";
+
+function hasInputs(entry) {
+  return Boolean(entry) && !(entry.dims === null && entry.types === null);
+}
+
 function inputText(entry) {
-  if (!entry || (entry.dims === null && entry.types === null)) return "not recorded";
+  if (!hasInputs(entry)) return NO_INPUTS_TEXT;
   return `${entry.dims ?? "?"} ${entry.types ?? ""}`.trim();
 }
 
@@ -125,14 +139,20 @@ export function renderOperators(container, ctx) {
       if (c.key === "name") return h("td", {class: "opname", title: String(r.name ?? "")}, String(r.name ?? ""));
       if (c.key === "dims" || c.key === "types") {
         const v = r[c.key];
-        return h("td", {class: ["mono", "op-input"], title: v ?? "not recorded"}, v ?? "n/a");
+        if (v !== null && v !== undefined) return h("td", {class: ["mono", "op-input"], title: v}, v);
+        // nothing recorded: the whole trace (record_shapes off) or these calls (no inputs)
+        return data.record_shapes
+          ? h("td", {class: ["op-input", "muted", "op-no-inputs"], title: NO_INPUTS_TITLE}, NO_INPUTS_TEXT)
+          : h("td", {class: ["op-input", "muted", "op-no-shapes"], title: NO_SHAPES_TITLE}, NO_SHAPES_TEXT);
       }
       if (c.key === "top_inputs") {
         const list = Array.isArray(r.top_inputs) ? r.top_inputs : [];
         // the call count first: a long shape list is cut at the cell's end (full text on hover)
-        return h("td", {class: ["mono", "op-inputs"]}, list.map((e) =>
-          h("div", {title: `${inputText(e)}\n${e.calls} calls, ${fmtUs(e.total_us)} CPU`},
-            h("span", {class: "op-calls muted"}, `×${e.calls} `), inputText(e))));
+        return h("td", {class: ["mono", "op-inputs"]}, list.map((e) => hasInputs(e)
+          ? h("div", {title: `${inputText(e)}\n${e.calls} calls, ${fmtUs(e.total_us)} CPU`},
+            h("span", {class: "op-calls muted"}, `×${e.calls} `), inputText(e))
+          : h("div", {class: "op-no-inputs muted", title: `${NO_INPUTS_TITLE}\n${e.calls} calls, ${fmtUs(e.total_us)} CPU`},
+            h("span", {class: "op-calls"}, `×${e.calls} `), NO_INPUTS_TEXT)));
       }
       if (c.key === "tc_pct" && !isNum(r.tc_pct)) {
         return h("td", {class: "num muted", title: "n/a: the op launched no GPU work"}, "n/a");
