@@ -384,7 +384,7 @@ def combine_views(views: List[dict]) -> Optional[dict]:
     return out
 
 
-COMBINE_CHUNK = 1 << 18  # rows added per np.add.at pass in combine_views (≈ 20 MB of columns)
+COMBINE_CHUNK = 1 << 16  # rows added per np.add.at pass in combine_views (≈ 5 MB of columns)
 
 
 class _ViewSums:
@@ -401,10 +401,14 @@ class _ViewSums:
         self._pending_rows = 0
 
     @staticmethod
-    def _first_seen(col: np.ndarray) -> np.ndarray:
-        """The distinct values of ``col`` in the order of their first row."""
-        values, first = np.unique(col, return_index=True)
-        return values[np.argsort(first, kind="stable")]
+    def _first_seen(col: np.ndarray, size: int) -> np.ndarray:
+        """The distinct values of ``col`` (indices below ``size``) in the order of their
+        first row."""
+        n = len(col)
+        first = np.full(size, n, np.int64)
+        first[col[::-1]] = np.arange(n - 1, -1, -1)  # the last write wins: the first row
+        present = np.flatnonzero(first < n)
+        return present[np.argsort(first[present], kind="stable")]
 
     def add(self, v: dict) -> None:
         rows = v.get("rows") or {}
@@ -415,13 +419,13 @@ class _ViewSums:
             return
         input_col = np.asarray(rows.get("input") or [], np.int64)
         name_map = np.full(len(v_names), -1, np.int64)
-        for i in self._first_seen(name_col).tolist():  # ids given in the order rows name them
+        for i in self._first_seen(name_col, len(v_names)).tolist():  # ids given in the order rows name them
             name_map[i] = self.names.setdefault(v_names[i], len(self.names))
         has = input_col >= 0
         inp = input_col.copy()
         if has.any():
             input_map = np.full(len(v_inputs), -1, np.int64)
-            for i in self._first_seen(input_col[has]).tolist():
+            for i in self._first_seen(input_col[has], len(v_inputs)).tolist():
                 input_map[i] = self.inputs.setdefault(tuple(v_inputs[i]), len(self.inputs))
             inp[has] = input_map[input_col[has]]
         # a field an older view lacks: 0; a null time: NaN (unknown in the sum)

@@ -38,6 +38,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 def num(value) -> Optional[float]:
     """A finite number, else None (bools, strings, NaN, inf are unknown)."""
+    kind = type(value)
+    if kind is float or kind is int:  # the common case, first (summaries call this per value)
+        value = float(value)
+        return value if value - value == 0 else None
     if isinstance(value, bool):
         return None
     try:
@@ -102,9 +106,13 @@ def merge(partials: List[dict]) -> dict:
                 continue
             have = out[key]
             if kind == "sum":
-                out[key] = None if have is None or num(value) is None else have + num(value)
+                if have is not None:
+                    value = num(value)
+                    out[key] = None if value is None else have + value
             elif kind == "max":
-                out[key] = None if have is None or num(value) is None else max(have, num(value))
+                if have is not None:
+                    value = num(value)
+                    out[key] = None if value is None else max(have, value)
             elif kind == "any":
                 out[key] = bool(have) or bool(value)
             elif kind == "all":
