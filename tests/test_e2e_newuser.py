@@ -131,6 +131,10 @@ def test_input_wait_is_seen_without_numbers(run, demo_base, browser_page):
     lanes = {lane["label"]: lane for lane in d["lanes"] if lane["kind"] != "idle"}
     rows = {r["label"]: r for r in layout["rows"]}
     assert list(rows)[:-1] == list(lanes)  # every lane drawn, labelled with its name, in order
+    # no lane without an event in the step is drawn (the GPU lanes stay even when idle: the shading)
+    assert all(r["rects"] > 0 for r in layout["rows"] if r["kind"] not in ("idle", "gpu")), layout["rows"]
+    kinds = iframe.evaluate("() => [...document.querySelectorAll('%s .tl-kind')].map((e) => e.textContent)" % PANEL)
+    assert ("CUDA runtime call" in kinds) is layout["has_gpu"] and not any("HIP" in k for k in kinds), kinds
 
     # the DataLoader is busy ...
     dl = [lane for lane in d["lanes"] if lane["kind"] == "dataloader"]
