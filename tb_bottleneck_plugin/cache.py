@@ -20,7 +20,33 @@ from . import report
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CACHE_BYTES = 512 << 20
+DEFAULT_CACHE_BYTES = 512 << 20  # ≈ 1,000 resnet50-sized span results (≈ 0.5 MB each)
+CACHE_MAX_ENV = "TB_BOTTLENECKS_CACHE_MAX_MB"
+
+
+def cache_max_bytes(flag_mb=None) -> int:
+    """The disk cache's bound: ``--bottlenecks_cache_max_mb`` when given, else
+    ``$TB_BOTTLENECKS_CACHE_MAX_MB``, else 512 MiB. Megabytes are MiB; a value that is not
+    a positive number raises ValueError (the flag) or is ignored with a warning (the env)."""
+    if flag_mb is not None:
+        return _mb(flag_mb, "--bottlenecks_cache_max_mb")
+    env = os.environ.get(CACHE_MAX_ENV)
+    if env:
+        try:
+            return _mb(env, CACHE_MAX_ENV)
+        except ValueError as exc:
+            log.warning("%s; using the default %d MiB", exc, DEFAULT_CACHE_BYTES >> 20)
+    return DEFAULT_CACHE_BYTES
+
+
+def _mb(value, what: str) -> int:
+    try:
+        mb = float(value)
+    except (TypeError, ValueError):
+        mb = float("nan")
+    if isinstance(value, bool) or not mb > 0 or mb == float("inf"):
+        raise ValueError(f"{what} must be a positive number of MiB, not {value!r}")
+    return max(1, int(mb * (1 << 20)))
 
 
 def default_cache_dir() -> Path:

@@ -33,6 +33,7 @@ from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
 from .scheduler import parse_bytes
+from .cache import cache_max_bytes
 from .service import Analyzer, default_cache_dir
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,11 @@ class BottlenecksPlugin(base_plugin.TBPlugin):
         memory = memory if isinstance(memory, str) and memory else None
         dask_address = getattr(flags, "bottlenecks_dask_scheduler", None) if flags else None
         dask_address = dask_address if isinstance(dask_address, str) and dask_address else None
+        cache_mb = getattr(flags, "bottlenecks_cache_max_mb", None) if flags else None
+        cache_mb = cache_mb if isinstance(cache_mb, (int, float)) and not isinstance(cache_mb, bool) \
+            and 0 < cache_mb < float("inf") else None  # fix_flags refuses others
         self.analyzer = Analyzer(self._logdir, cache_dir=cache_dir, rescan_seconds=rescan or 30.0,
+                                 cache_max_bytes=cache_max_bytes(cache_mb),
                                  follow_symlinks=follow, max_workers=jobs + 1 if jobs else None,
                                  memory_budget=parse_bytes(memory) if memory else None,
                                  dask_scheduler=dask_address or None) if self._logdir else None

@@ -19,6 +19,15 @@ class BottlenecksLoader(base_plugin.TBLoader):
             "(default: ~/.cache/tb_bottleneck_plugin; 'none' disables the disk cache).",
         )
         group.add_argument(
+            "--bottlenecks_cache_max_mb",
+            metavar="MB",
+            type=float,
+            default=None,
+            help="Size bound of that disk cache in MiB; the least recently used reports are "
+            "evicted beyond it (default: $TB_BOTTLENECKS_CACHE_MAX_MB, else 512, about 1,000 "
+            "resnet50-sized spans).",
+        )
+        group.add_argument(
             "--bottlenecks_rescan_seconds",
             metavar="S",
             type=float,
@@ -63,6 +72,9 @@ class BottlenecksLoader(base_plugin.TBLoader):
         seconds = getattr(flags, "bottlenecks_rescan_seconds", 30.0)
         if seconds is not None and seconds <= 0:
             raise base_plugin.FlagsError("--bottlenecks_rescan_seconds must be positive")
+        cache_mb = getattr(flags, "bottlenecks_cache_max_mb", None)
+        if cache_mb is not None and not 0 < cache_mb < float("inf"):
+            raise base_plugin.FlagsError("--bottlenecks_cache_max_mb must be a positive number of MiB")
         jobs = getattr(flags, "bottlenecks_analysis_jobs", None)
         if jobs is not None and jobs <= 0:
             raise base_plugin.FlagsError("--bottlenecks_analysis_jobs must be positive")
