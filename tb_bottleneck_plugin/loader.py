@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import codecs
 import collections
+import logging
 import os
 import queue
 import re
@@ -46,6 +47,8 @@ import numpy as np
 
 from . import model
 from .errors import NotATraceError, TraceError, TruncatedTraceError
+
+log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 8 << 20  # decoded text per chunk: big enough to amortise, small for memory
 # ... with decode workers: every process holds one chunk's events at a time, so smaller
@@ -1179,7 +1182,11 @@ def _decode_workers() -> int:
         cores = os.cpu_count() or 1
     try:
         load = os.getloadavg()[0]
-    except (AttributeError, OSError):
+        import multiprocessing
+
+        if multiprocessing.current_process().daemon:  # e.g. a Dask worker: may not have children
+            return 0
+    except (AttributeError, OSError, ImportError):
         return 0
     return 1 if cores >= 2 and load < cores - 0.5 else 0
 
@@ -1239,7 +1246,10 @@ class _ChunkSink:
         if self.workers:
             try:
                 _get_pool()  # started (workers forked) before any thread of ours
-            except (OSError, ValueError, ImportError, RuntimeError):
+            except Exception:  # noqa: BLE001 - no pool here (e.g. a daemonic process may not fork
+                # children: AssertionError): decode in-process, never a failed load
+                log.debug("decode workers unavailable; decoding in-process", exc_info=True)
+                _drop_pool()
                 self.workers = 0
 
     def add(self, payload) -> None:

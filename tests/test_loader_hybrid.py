@@ -100,3 +100,21 @@ def test_how_many_workers(monkeypatch):
     monkeypatch.setattr(loader.os, "sched_getaffinity", lambda pid: {0}, raising=False)
     monkeypatch.setattr(loader.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     assert loader._decode_workers() == 0
+
+
+def test_a_daemonic_process_decodes_in_process(monkeypatch, small_chunks):
+    """A Dask worker (a daemonic process) may not fork children: no workers by default,
+    and a pool that cannot start (AssertionError there) means decoding in-process."""
+    import multiprocessing
+
+    monkeypatch.delenv("TB_BOTTLENECKS_DECODE_PROCESSES")
+    monkeypatch.setattr(loader.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(multiprocessing.current_process(), "daemon", True, raising=False)
+    assert loader._decode_workers() == 0
+    monkeypatch.setenv("TB_BOTTLENECKS_DECODE_PROCESSES", "1")
+
+    def no_children():
+        raise AssertionError("daemonic processes are not allowed to have children")
+
+    monkeypatch.setattr(loader, "_get_pool", no_children)
+    _same(small_chunks, loader.load_trace(str(TRACES / NAME)))
