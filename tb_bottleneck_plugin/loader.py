@@ -1213,8 +1213,8 @@ def _get_pool():
             import atexit
 
             atexit.register(_drop_pool)  # shut the workers down before the interpreter tears down
-            # fork the workers now, before the caller starts its gunzip thread
-            _pool.submit(int).result()
+            if context.get_start_method() == "fork":  # fork them now, before the caller's gunzip thread
+                _pool.submit(int).result()
         return _pool
 
 
