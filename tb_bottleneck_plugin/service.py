@@ -98,6 +98,9 @@ def _child_entry(fd: int, owner_pid: int, nice: int = ANALYSIS_NICE) -> None:
     """Entry point of an analysis child: analyse spans one after another until the
     parent closes the connection; one outcome per span."""
     procguard.die_with_parent(owner_pid)
+    # Analysis children already run one per core (scheduler.py), and the memory budget
+    # counts one process per span: no extra decode worker per child unless asked for.
+    os.environ.setdefault("TB_BOTTLENECKS_DECODE_PROCESSES", "0")
     from multiprocessing.connection import Connection
 
     try:
