@@ -25,6 +25,8 @@ import re
 from collections import deque
 from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
 
+from .errors import StorageError
+
 # Peak memory of one analysis (its whole child process) ~ PEAK_BASE_BYTES + PEAK_FACTOR x
 # the uncompressed JSON size. Measured (peak RSS, fresh process each): 252-270 MB for
 # `tb-bottlenecks report FILE --json` on the 315 MB scale trace (issue 14,
@@ -84,30 +86,32 @@ def default_slots() -> int:
 
 def uncompressed_size(span, read_tail: Optional[Callable[[Any, int], bytes]] = None) -> int:
     """The JSON size of a span's file: its size, or for ``.gz`` the gzip trailer's ISIZE
-    (``read_tail(span, 4)``; local files only by default) when plausible, else size x
+    (``read_tail(span, 4)``, by default read through storage for local files only) when plausible, else size x
     ``ASSUMED_GZIP_RATIO``."""
     size = int(getattr(span, "size", 0) or 0)
     if not str(getattr(span, "url", "")).endswith(".gz"):
         return size
-    tail = None
-    if read_tail is None and "://" not in str(span.url):
-        read_tail = _local_tail
-    if read_tail is not None and size >= 18:
+    isize = None
+    if size >= 18:  # a gzip member's header and trailer alone take 18 bytes
         try:
-            tail = read_tail(span, 4)
-        except (OSError, ValueError):
-            tail = None
-    if tail is not None and len(tail) == 4:
-        isize = int.from_bytes(tail, "little")
-        if isize >= size:  # ISIZE is modulo 4 GiB: smaller than the gzip is not the truth
-            return isize
+            if read_tail is not None:
+                tail = read_tail(span, 4)
+                isize = int.from_bytes(tail, "little") if len(tail) == 4 else None
+            elif "://" not in str(span.url):
+                isize = _local_isize(span)
+        except (OSError, ValueError, StorageError):
+            isize = None
+    if isize is not None and isize >= size:  # ISIZE is modulo 4 GiB: smaller than the gzip is not the truth
+        return isize
     return size * ASSUMED_GZIP_RATIO
 
 
-def _local_tail(span, n: int) -> bytes:
-    with open(span.path, "rb") as f:
-        f.seek(-n, os.SEEK_END)
-        return f.read(n)
+def _local_isize(span) -> Optional[int]:
+    """The gzip trailer's ISIZE of a local span, read through storage."""
+    from . import storage  # fsspec: not at import time (the TensorBoard entry point stays light)
+
+    fs, path = storage.get_fs(span.path)
+    return storage.gzip_uncompressed_size(fs, path, url=span.url)
 
 
 def estimate_peak_bytes(span, read_tail=None) -> int:
@@ -155,9 +159,6 @@ class Scheduler:
     def _startable(self, run: str) -> bool:
         queue = self._queues.get(run)
         return bool(queue) and self._inflight.get(run, 0) < self.per_run_limit and self._fits(queue[0][1])
-
-    def can_start(self) -> bool:
-        return self.running < self.slots and any(self._startable(r) for r in self._rr)
 
     def next(self) -> Optional[Tuple[str, Any, int]]:
         """(run, job, cost) to start now, counted as in flight until `done`; or None."""

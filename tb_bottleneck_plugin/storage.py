@@ -201,6 +201,20 @@ def read_head(fs, path: str, nbytes: int, url: Optional[str] = None) -> bytes:
         return fs.cat_file(path, start=0, end=nbytes)
 
 
+def read_tail(fs, path: str, nbytes: int, url: Optional[str] = None) -> bytes:
+    """The last ``nbytes`` raw bytes of a file (one ranged read)."""
+    url = url or to_url(fs, path)
+    with wrap_errors(url, "read"):
+        return fs.cat_file(path, start=-nbytes)
+
+
+def gzip_uncompressed_size(fs, path: str, url: Optional[str] = None) -> Optional[int]:
+    """A gzip file's ISIZE trailer (the uncompressed size modulo 4 GiB, RFC 1952), or None
+    when the file is too short to carry one. Raises StorageError when it cannot be read."""
+    tail = read_tail(fs, path, 4, url)
+    return int.from_bytes(tail, "little") if len(tail) == 4 else None
+
+
 def _stamp(value: Any) -> Optional[str]:
     if value is None or value == "":
         return None

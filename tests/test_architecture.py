@@ -239,8 +239,6 @@ _FILE_ACCESS_ALLOWED = {
     "tb_bottleneck_plugin.cache": "*",                # its own local disk cache of analysed reports
     "tb_bottleneck_plugin.timeline_store": "*",       # its own local store of step timelines
     "tb_bottleneck_plugin.plugin": {"_static_file"},  # the dashboard's files next to plugin.py
-    "tb_bottleneck_plugin.scheduler": {"_local_tail"},  # gzip ISIZE of a local span (a storage.read_tail
-                                                        # would move this into storage)
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .. import model
+from .occupancy import device_properties
 from .units import ALWAYS, Unit
 
 FIELDS = {"device_names": {}, "device_properties": [], "trace": None}
@@ -32,8 +33,8 @@ def trace_facts(trace: model.TraceData) -> dict:
 
 def _compute(span) -> dict:
     trace = span.trace
-    return {"device_names": {str(p.get("id", i)): p.get("name") or "unknown GPU"
-                             for i, p in enumerate(trace.meta.device_properties)},
+    # keyed by device id as every other unit looks a device up (occupancy.device_properties)
+    return {"device_names": {str(d): p.get("name") or "unknown GPU" for d, p in device_properties(trace).items()},
             "device_properties": trace.meta.device_properties,
             "trace": trace_facts(trace)}
 
