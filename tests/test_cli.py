@@ -13,7 +13,7 @@ import pytest
 
 from tb_bottleneck_plugin import cli
 
-from conftest import TRACES  # noqa: E402  (the one definition, tests/conftest.py)
+from conftest import TRACES, write_trace  # noqa: E402  (the one definition, tests/conftest.py)
 RESNET0 = TRACES / "kineto-tb-samples/resnet50_num_workers_0"
 CPU_NW0 = TRACES / "generated-cpu-torch2.13/nw0/worker0.1795274786665165565.pt.trace.json"
 
@@ -177,8 +177,7 @@ def _one_kernel_trace(path: Path, with_steps: bool):
     if with_steps:
         events.append({"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1,
                        "ts": 0, "dur": 3})
-    path.write_text(json.dumps({"traceEvents": events}))
-    return path
+    return write_trace(path, events)
 
 
 def test_text_of_a_run_directory_puts_the_run_summary_first(capsys):

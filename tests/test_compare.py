@@ -23,7 +23,7 @@ from tb_bottleneck_plugin.plugin import BottlenecksPlugin
 from tb_bottleneck_plugin.service import Analyzer
 
 REPO = Path(__file__).resolve().parents[1]
-from conftest import SHARED, TRACES  # noqa: E402  (the one definition, tests/conftest.py)
+from conftest import SHARED, TRACES, write_trace  # noqa: E402  (the one definition, tests/conftest.py)
 RESNET0 = TRACES / "kineto-tb-samples/resnet50_num_workers_0"
 RESNET4 = TRACES / "kineto-tb-samples/resnet50_num_workers_4"
 DEMO_NW0 = REPO / "demo_logs" / "input_bound_nw0"
@@ -55,12 +55,6 @@ def kineto_step(n, t0, step_len, dl_iter, dl_us, mm, kernels, relu=None):
     for i, (name, start, dur) in enumerate(kernels):
         ev.append(_x(name, "kernel", t0 + start, dur, pid=0, tid=7, device=0, stream=7, correlation=corr + i))
     return ev
-
-
-def write_trace(path: Path, events) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"schemaVersion": 1, "deviceProperties": [], "traceEvents": events}))
-    return path
 
 
 def hand_pair(tmp_path):

@@ -16,7 +16,7 @@ from tb_bottleneck_plugin import discovery, loader, ranks, report
 from tb_bottleneck_plugin.analysis import distributed
 from tb_bottleneck_plugin.analysis import steps as steps_mod
 
-from conftest import TRACES  # noqa: E402  (the one definition, tests/conftest.py)
+from conftest import TRACES, write_trace  # noqa: E402  (the one definition, tests/conftest.py)
 
 
 def _x(name, ts, dur, cat="cpu_op", tid=1, args=None, pid=100):
@@ -30,15 +30,10 @@ def _kernel(name, ts, dur):
     return _x(name, ts, dur, cat="kernel", pid=0, tid=7, args={"device": 0, "stream": 7})
 
 
-def _write(run_dir: Path, worker: str, events, rank=None, gz=True):
-    obj = {"schemaVersion": 1, "deviceProperties": [], "traceEvents": events}
-    if rank is not None:
-        obj["distributedInfo"] = {"backend": "gloo", "rank": rank, "world_size": 3}
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / f"{worker}.1795000000000000000.pt.trace.json.gz"
-    with gzip.open(path, "wt") as f:
-        json.dump(obj, f)
-    return path
+def _write(run_dir: Path, worker: str, events, rank=None):
+    """``<worker>.<ts>.pt.trace.json.gz`` in ``run_dir``, with distributedInfo when ``rank`` is given."""
+    return write_trace(run_dir / f"{worker}.1795000000000000000.pt.trace.json.gz", events,
+                       distributed_info=None if rank is None else {"backend": "gloo", "rank": rank, "world_size": 3})
 
 
 def _view(logdir: Path, run_name: str):
