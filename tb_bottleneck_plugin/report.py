@@ -38,6 +38,7 @@ def analyze_span(logdir_url: str, run, span, progress=None, timeline: bool = Fal
     ``timeline=True`` (the service) also leaves the span's step-timeline store (numpy
     arrays, not JSON) under ``result["timeline_store"]`` (None when it failed)."""
     fs, _ = storage.get_fs(span.url)
+    storage.forget_listing(fs, span.path)  # a reused analysis process may hold a stale listing
     trace = loader.load_trace(span.path, fs=fs, source=span.url, progress=progress)
     snapshot = _find_snapshot(fs, posixpath.dirname(span.path))
     return analyze_trace(trace, run=getattr(run, "name", None), worker=_worker_of(run, span),

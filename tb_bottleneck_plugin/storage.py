@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import posixpath
 import sys
 from contextlib import contextmanager
 from typing import Any, BinaryIO, Dict, Iterator, Optional, Tuple
@@ -189,8 +190,24 @@ def open_binary(fs, path: str, url: Optional[str] = None, **kwargs) -> BinaryIO:
     the filesystem raises them (the caller wraps its reads with `wrap_errors`).
     """
     url = url or to_url(fs, path)
+    forget_listing(fs, path)
     with wrap_errors(url, "open"):
         return fs.open(path, "rb", **kwargs)
+
+
+def forget_listing(fs, path: str) -> None:
+    """Drop the filesystem's cached listing of ``path``'s directory before opening it.
+
+    gcsfs answers ``open``/``info`` from its directory cache when it holds the parent:
+    a long-lived analysis process that listed a run directory for an earlier span (the
+    memory-snapshot lookup does) would otherwise report a trace uploaded since then as
+    "file not found". A dict pop; local filesystems keep no such cache."""
+    if is_local(fs):
+        return
+    try:
+        fs.invalidate_cache(posixpath.dirname(path.rstrip("/")))
+    except Exception:  # noqa: BLE001 - a cache we cannot drop only means a possibly stale listing
+        pass
 
 
 def read_head(fs, path: str, nbytes: int, url: Optional[str] = None) -> bytes:

@@ -268,3 +268,28 @@ def test_fingerprint_forms():
     assert storage.file_fingerprint({"size": 5, "mtime": when}) == f"5:m{when.timestamp()!r}"
     assert storage.file_fingerprint({"size": 5, "LastModified": "2026-01-01"}) == "5:u2026-01-01"
     assert storage.file_fingerprint({"size": 5}) == "5:"
+
+
+def test_an_object_uploaded_after_its_directory_was_listed_opens(gcs):
+    """A long-lived analysis process lists a run directory for one span (the memory-snapshot
+    lookup) and later analyses a span uploaded since: gcsfs answers from the cached listing
+    ("file not found") unless report.analyze_span drops it first (storage.forget_listing)."""
+    from tb_bottleneck_plugin import report
+
+    import dataclasses
+
+    bucket = gcs.new_bucket()
+    gcs.upload_file(bucket, f"live/run/{NW0.name}", NW0)
+    found = discovery.scan_logdir(f"gs://{bucket}/live")
+    run = found.runs[0]
+    old_span = run.workers[0].spans[0]
+    fs, _ = storage.get_fs(old_span.url)
+    assert len(fs.ls(f"{bucket}/live/run", detail=False)) == 1  # now cached by gcsfs
+    gcs.upload_file(bucket, f"live/run/{NW2.name}", NW2)  # uploaded after; no rescan here
+    path = f"{bucket}/live/run/{NW2.name}"
+    new_span = dataclasses.replace(old_span, name=NW2.name, path=path, url=f"gs://{path}")
+    # the mechanism: the stale listing hides the new object from this filesystem instance
+    with pytest.raises(FileNotFoundError):
+        fs.info(path)
+    result = report.analyze_span(f"gs://{bucket}/live", run, new_span)
+    assert result["report"]["spans"] == [new_span.url]
