@@ -6,6 +6,8 @@ The synthetic trace builder (tests/trace_builder.py) is re-exported here:
   ``from conftest import TraceBuilder, V100, write_trace`` (or the ``trace_builder`` fixture).
   ``write_trace(path, events, props=(), distributed_info=None)`` writes any hand-made event
   list as a Kineto file (.gz by name); use it instead of a per-file json.dumps wrapper.
+  ``write_html_names_trace(path, kernel_dur=500)``: a small trace whose kernel (``XSS_KERNEL``)
+  and operator (``XSS_OP``) are named like HTML, for the "trace strings stay text" checks.
 
 End-to-end helpers (a real ``tensorboard --logdir`` and a real headless Chromium):
   - ``tensorboard_server`` (module-scoped factory): ``base = tensorboard_server(logdir)``
@@ -42,7 +44,8 @@ import pytest  # noqa: E402
 
 from tb_bottleneck_plugin import discovery  # noqa: E402
 from trace_builder import (  # noqa: E402,F401  (re-exported: one trace builder for every test)
-    A100, B200, H100, MI250, MI300, V100, TraceBuilder, occupancy_args, write_trace)
+    A100, B200, H100, MI250, MI300, V100, XSS_KERNEL, XSS_OP, TraceBuilder, occupancy_args, write_html_names_trace,
+    write_trace)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"          # read-only data beside the checkout

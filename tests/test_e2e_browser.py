@@ -1,6 +1,6 @@
-"""End to end: a real `tensorboard --logdir` over demo_logs (plus a trace with an HTML-looking
-kernel name), a real headless Chromium (Debian's, driven by Playwright), the Bottlenecks tab
-inside TensorBoard's iframe.
+"""End to end: a real `tensorboard --logdir` over demo_logs (plus a trace whose kernel and
+operator are named like HTML, conftest.write_html_names_trace), a real headless Chromium
+(Debian's, driven by Playwright), the Bottlenecks tab inside TensorBoard's iframe.
 
 Checks, on each GPU demo run, that every headline card shows the route's number and every
 chart draws SVG marks; that "Open view in new tab" opens that view; that a kernel named like
@@ -10,67 +10,12 @@ Screenshots go to test-artifacts/ (git-ignored) for a person to look at.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-TRACES = REPO.parent / "shared" / "traces"
-CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = REPO / "test-artifacts"
-XSS = "<img src=x onerror=alert(1)>"
+from conftest import ARTIFACTS, DEMO_LOGS as DEMO, XSS_KERNEL as XSS, http_get, wait_route, write_html_names_trace
 
-
-def _browser_or_skip():
-    required = os.environ.get("BOTTLENECKS_REQUIRE_BROWSER") == "1"
-    try:
-        from playwright.sync_api import sync_playwright  # noqa: F401
-    except ImportError:
-        if required:
-            pytest.fail("playwright is not installed (pip install -e '.[test]')")
-        pytest.skip("playwright is not installed")
-    if not os.path.exists(CHROMIUM):
-        if required:
-            pytest.fail(f"{CHROMIUM} missing: apt-get install chromium")
-        pytest.skip(f"{CHROMIUM} missing (apt-get install chromium)")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get(url, timeout=5):
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return r.status, r.read()
-
-
-def _xss_trace(path: Path):
-    """A small trace whose only kernel carries an HTML-looking name."""
-    events = []
-    for step in range(3):
-        t0 = 1000 + step * 1000
-        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1,
-                       "ts": t0, "dur": 900})
-        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
-                       "ts": t0 + 100, "dur": 10, "args": {"correlation": step + 1}})
-        events.append({"ph": "X", "cat": "kernel", "name": XSS, "pid": 0, "tid": 7, "ts": t0 + 120, "dur": 500,
-                       "args": {"device": 0, "stream": 7, "correlation": step + 1, "grid": [1, 1, 1],
-                                "block": [128, 1, 1], "registers per thread": 32, "shared memory": 0,
-                                "blocks per SM": 0.0125, "est. achieved occupancy %": 6}})
-    path.write_text(json.dumps({"schemaVersion": 1, "deviceProperties": [], "traceEvents": events}))
-
-
-DEMO = REPO / "demo_logs"
 GPU_DEMO_RUNS = ("resnet50_v100_nw0", "resnet50_v100_nw4", "bert_h100_inference")
 # Cards whose value the trace cannot give, with the reason the card must show instead:
 # the 2021 V100 traces record [memory] events with Bytes only (no Total Reserved), so
@@ -82,81 +27,13 @@ CARDS = ("Input-bound", "GPU utilization", "Tensor Cores", "Est. achieved occupa
 
 
 @pytest.fixture(scope="module")
-def tensorboard(tmp_path_factory):
-    _browser_or_skip()
+def tensorboard(tmp_path_factory, tensorboard_server):
+    """A real TensorBoard (conftest.tensorboard_server) over every demo_logs run plus `xss`."""
     logdir = tmp_path_factory.mktemp("logdir")
     for run in sorted(p for p in DEMO.iterdir() if p.is_dir()):
         shutil.copytree(run, logdir / run.name)  # copies: directory symlinks out of the logdir are skipped
-    (logdir / "xss").mkdir()
-    _xss_trace(logdir / "xss" / "worker0.1700000000000.pt.trace.json")
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1",
-         "--port", str(port), "--bottlenecks_cache_dir", "none"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 90
-        while True:
-            try:
-                _get(base + "/data/plugins_listing")
-                break
-            except (urllib.error.URLError, ConnectionError):
-                if time.time() > deadline or proc.poll() is not None:
-                    raise RuntimeError("tensorboard did not start: " + proc.stderr.read(4000).decode())
-                time.sleep(0.3)
-        yield base
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
-
-
-def _ready_report(base, run):
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        try:
-            status, body = _get(f"{base}/data/plugin/bottlenecks/report?run={run}")
-            if status == 200:
-                return json.loads(body)
-        except urllib.error.HTTPError as e:
-            if e.code not in (202,):
-                raise
-        time.sleep(0.5)
-    raise TimeoutError(run)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    _browser_or_skip()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run", "--disable-quic"])
-        try:
-            yield b
-        finally:
-            b.close()
-
-
-class Watched:
-    """A page with every request, dialog and page error recorded."""
-
-    def __init__(self, browser, base):
-        self.base = base
-        self.requests, self.dialogs, self.errors = [], [], []
-        self.page = browser.new_page(viewport={"width": 1280, "height": 800})
-        self.page.on("request", lambda r: self.requests.append(r.url))
-        self.page.on("dialog", lambda d: (self.dialogs.append(d.message), d.dismiss()))
-        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
-
-    def check_clean(self):
-        assert not self.dialogs, self.dialogs
-        assert not self.errors, self.errors
-        foreign = [u for u in self.requests if not u.startswith(self.base)
-                   and not u.startswith(("data:", "blob:", "about:"))]
-        assert not foreign, foreign
+    write_html_names_trace(logdir / "xss" / "worker0.1700000000000.pt.trace.json")
+    return tensorboard_server(logdir)
 
 
 # Per panel (by its title): the number of drawn SVG marks (rect/path/line/polyline/circle
@@ -183,18 +60,16 @@ def _select_run(frame, run):
     frame.locator(".card").first.wait_for(timeout=60_000)
 
 
-def test_gpu_demo_runs_show_every_number_and_draw_every_chart(tensorboard, browser):
+def test_gpu_demo_runs_show_every_number_and_draw_every_chart(tensorboard, browser_page):
     """demo_logs' GPU runs in a real TensorBoard: every headline card has a number and every
     chart section has drawn SVG marks (the check that would have caught the ts_ms bug: the
     memory chart drew nothing while the Peak memory card read 2.60 GiB)."""
     base = tensorboard
-    reports = {run: _ready_report(base, run) for run in GPU_DEMO_RUNS}
+    reports = {run: wait_route(base, "report", run=run) for run in GPU_DEMO_RUNS}
     ARTIFACTS.mkdir(exist_ok=True)
-    w = Watched(browser, base)
+    w = browser_page(base)
     page = w.page
-    page.goto(base + "/#bottlenecks", wait_until="domcontentloaded")
-    frame = page.frame_locator("iframe")
-    frame.locator("#bn-run").wait_for(timeout=60_000)
+    frame = w.open_tab()
     for run in GPU_DEMO_RUNS:
         report = reports[run]
         _select_run(frame, run)
@@ -239,21 +114,19 @@ def test_gpu_demo_runs_show_every_number_and_draw_every_chart(tensorboard, brows
     w.check_clean()
 
 
-def test_open_view_in_new_tab_link(tensorboard, browser):
+def test_open_view_in_new_tab_link(tensorboard, browser_page, chromium):
     """The share link is an absolute URL of the plugin's own page with the view in the hash:
     opened on its own it answers 200 and shows that view (it used to 404 under <base>)."""
     base = tensorboard
-    _ready_report(base, "resnet50_v100_nw4")
-    w = Watched(browser, base)
+    wait_route(base, "report", run="resnet50_v100_nw4")
+    w = browser_page(base)
     page = w.page
-    page.goto(base + "/#bottlenecks", wait_until="domcontentloaded")
-    frame = page.frame_locator("iframe")
-    frame.locator("#bn-run").wait_for(timeout=60_000)
+    frame = w.open_tab()
     _select_run(frame, "resnet50_v100_nw4")
     href = frame.locator("a.share").get_attribute("href")
     assert href.startswith(base + "/data/plugin_entry.html?name=bottlenecks#"), href
     assert "run=resnet50_v100_nw4" in href
-    tab = browser.new_page(viewport={"width": 1280, "height": 800})
+    tab = chromium.new_page(viewport={"width": 1280, "height": 800})
     tab.on("pageerror", lambda e: w.errors.append(str(e)))
     resp = tab.goto(href, wait_until="domcontentloaded")
     assert resp.status == 200
@@ -265,16 +138,14 @@ def test_open_view_in_new_tab_link(tensorboard, browser):
     w.check_clean()
 
 
-def test_trace_strings_stay_text(tensorboard, browser):
+def test_trace_strings_stay_text(tensorboard, browser_page):
     """A kernel named like an HTML tag is shown as text; nothing from another origin loads."""
     base = tensorboard
-    _ready_report(base, "xss")
+    wait_route(base, "report", run="xss")
     ARTIFACTS.mkdir(exist_ok=True)
-    w = Watched(browser, base)
+    w = browser_page(base)
     page = w.page
-    page.goto(base + "/#bottlenecks", wait_until="domcontentloaded")
-    frame = page.frame_locator("iframe")
-    frame.locator("#bn-run").wait_for(timeout=60_000)
+    frame = w.open_tab()
     _select_run(frame, "xss")
     iframe = next(f for f in page.frames if "plugin" in f.url)
     # The kernel table shows the name as text (long names may sit in a title too).
@@ -282,8 +153,8 @@ def test_trace_strings_stay_text(tensorboard, browser):
         "(name) => [...document.querySelectorAll('td, [title]')].some("
         "e => e.textContent.includes(name) || (e.getAttribute('title') || '').includes(name))",
         arg=XSS, timeout=60_000)
-    # ... and as text only: no <img src=x> element exists and no alert fired.
-    assert iframe.evaluate("document.querySelectorAll('img[src=\"x\"]').length") == 0
+    # ... and as text only: no <img src=x> (kernel) or #injected (operator) element exists and no alert fired.
+    assert iframe.evaluate("document.querySelectorAll('img[src=\"x\"], #injected').length") == 0
     page.screenshot(path=str(ARTIFACTS / "bottlenecks_xss_kernel.png"), full_page=True)
     page.close()
     w.check_clean()
@@ -316,7 +187,7 @@ CARD_STATE_JS = """() => [...document.querySelectorAll('.card[data-card]')].map(
     title: c.getAttribute('title') || ''}))"""
 
 
-def test_every_card_colour_is_the_servers_verdict(tensorboard, browser):
+def test_every_card_colour_is_the_servers_verdict(tensorboard, browser_page):
     """Issue 11 item 2: on every demo_logs run (and the xss run) in a real TensorBoard, every
     card's colour class is `sev-<report.verdicts[id].severity>` of the real report route for the
     selection on screen, its number and words are the verdict's, and the thresholds named in its
@@ -327,17 +198,17 @@ def test_every_card_colour_is_the_servers_verdict(tensorboard, browser):
     base = tensorboard
     runs = sorted(p.name for p in DEMO.iterdir() if p.is_dir()) + ["xss"]
     seen = {}
-    w = Watched(browser, base)
+    w = browser_page(base)
     page = w.page
     for run in runs:
-        _ready_report(base, run)
+        wait_route(base, "report", run=run)
         page.goto(f"{base}/data/plugin_entry.html?name=bottlenecks#run={run}", wait_until="domcontentloaded")
         page.locator(".card[data-card]").first.wait_for(timeout=60_000)
         assert page.locator("#bn-run").input_value() == run
         worker, span = page.locator("#bn-worker").input_value(), page.locator("#bn-span").input_value()
         q = f"run={run}" + (f"&worker={worker}" if worker and worker != "all" else "") + \
             (f"&span={span}" if span and span != "all" else "")
-        status, body = _get(f"{base}/data/plugin/bottlenecks/report?{q}", timeout=60)
+        status, body = http_get(f"{base}/data/plugin/bottlenecks/report?{q}", timeout=60)
         assert status == 200, (q, status)
         verdicts = json.loads(body)["verdicts"]
         cards = page.evaluate(CARD_STATE_JS)

@@ -14,111 +14,45 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import time
-import urllib.error
-from pathlib import Path
 
 import pytest
 
-from test_e2e_browser import CHROMIUM, Watched, _browser_or_skip, _free_port, _get
+from conftest import (ARTIFACTS, DEMO_LOGS as DEMO, ROUTE_SCHEMA_PATH, XSS_KERNEL, XSS_OP, http_get, route_validator,
+                      write_html_names_trace)
 
-REPO = Path(__file__).resolve().parents[1]
-DEMO = REPO / "demo_logs"
-ARTIFACTS = REPO / "test-artifacts"
-SCHEMA = json.loads((REPO / "docs" / "route-schema.json").read_text())
+SCHEMA = json.loads(ROUTE_SCHEMA_PATH.read_text())
 BASE_RUN, CAND_RUN = "input_bound_nw0", "input_fixed_nw4"
-XSS_KERNEL = "<img src=x onerror=alert(1)>"
-XSS_OP = "<b id=injected>op</b>"
-
-
-def _xss_trace(path: Path, kernel_dur: int):
-    """Three steps; one kernel and one CPU operator, both named like HTML."""
-    events = []
-    for step in range(3):
-        t0 = 1000 + step * 1000
-        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1,
-                       "ts": t0, "dur": 900})
-        events.append({"ph": "X", "cat": "cpu_op", "name": XSS_OP, "pid": 1, "tid": 1, "ts": t0 + 50, "dur": 200})
-        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
-                       "ts": t0 + 100, "dur": 10, "args": {"correlation": step + 1}})
-        events.append({"ph": "X", "cat": "kernel", "name": XSS_KERNEL, "pid": 0, "tid": 7, "ts": t0 + 120,
-                       "dur": kernel_dur, "args": {"device": 0, "stream": 7, "correlation": step + 1,
-                                                   "grid": [1, 1, 1], "block": [128, 1, 1]}})
-    path.write_text(json.dumps({"schemaVersion": 1, "deviceProperties": [], "traceEvents": events}))
 
 
 @pytest.fixture(scope="module")
-def tensorboard(tmp_path_factory):
-    _browser_or_skip()
+def tensorboard(tmp_path_factory, tensorboard_server):
+    """A real TensorBoard (conftest.tensorboard_server) over the demo pair and two HTML-named traces."""
     logdir = tmp_path_factory.mktemp("logdir")
     for run in (BASE_RUN, CAND_RUN):
         shutil.copytree(DEMO / run, logdir / run)
     for run, dur in (("xss_a", 500), ("xss_b", 300)):
-        (logdir / run).mkdir()
-        _xss_trace(logdir / run / "worker0.1700000000000.pt.trace.json", dur)
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1",
-         "--port", str(port), "--bottlenecks_cache_dir", "none"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 90
-        while True:
-            try:
-                _get(base + "/data/plugins_listing")
-                break
-            except (urllib.error.URLError, ConnectionError):
-                if time.time() > deadline or proc.poll() is not None:
-                    raise RuntimeError("tensorboard did not start: " + proc.stderr.read(4000).decode())
-                time.sleep(0.3)
-        yield base
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
+        write_html_names_trace(logdir / run / "worker0.1700000000000.pt.trace.json", kernel_dur=dur)
+    return tensorboard_server(logdir)
 
 
 def _compare(base, base_run, cand_run):
     """The compare route's 200 body (after any 202 while the sides load), schema-checked."""
-    import jsonschema
-
     url = f"{base}/data/plugin/bottlenecks/compare?base_run={base_run}&cand_run={cand_run}"
     deadline = time.time() + 120
     while True:
-        status, body = _get(url)
+        status, body = http_get(url)
         if status == 200:
             break
         assert status == 202, status
-        validator(jsonschema, "loading").validate(json.loads(body))
+        route_validator("loading").validate(json.loads(body))
         assert time.time() < deadline, "compare route kept answering 202"
         time.sleep(0.5)
     data = json.loads(body)
     assert SCHEMA["x-routes"]["compare"]["200"] == "compare"
-    errors = list(validator(jsonschema, "compare").iter_errors(data))
+    errors = list(route_validator("compare").iter_errors(data))
     assert not errors, [f"{'/'.join(map(str, e.path))}: {e.message[:200]}" for e in errors[:8]]
     return data
-
-
-def validator(jsonschema, name):
-    return jsonschema.Draft202012Validator({"$schema": SCHEMA["$schema"], "$defs": SCHEMA["$defs"],
-                                            "$ref": f"#/$defs/{name}"})
-
-
-@pytest.fixture(scope="module")
-def browser():
-    _browser_or_skip()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run", "--disable-quic"])
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 def _pct(v):  # format.js fmtPct(v, 1)
@@ -138,15 +72,14 @@ MARKS_JS = """(sel) => { let n = 0; for (const el of document.querySelectorAll(s
   const b = el.getBBox(); if (b.width > 0 && b.height > 0) n++; } return n; }"""
 
 
-def test_shared_link_shows_the_demo_comparison(tensorboard, browser):
+def test_shared_link_shows_the_demo_comparison(tensorboard, browser_page):
     base = tensorboard
     cmp = _compare(base, BASE_RUN, CAND_RUN)
     ib = next(m for m in cmp["metrics"] if m["key"] == "input_bound_pct")
     assert ib["better"] == "lower" and ib["verdict"] == "better" and ib["delta"] < 0
     ARTIFACTS.mkdir(exist_ok=True)
-    w = Watched(browser, base)
+    w = browser_page(base, viewport=(1280, 900))
     page = w.page
-    page.set_viewport_size({"width": 1280, "height": 900})
     page.goto(f"{base}/data/plugin_entry.html?name=bottlenecks#compare=1&base={BASE_RUN}&cand={CAND_RUN}",
               wait_until="domcontentloaded")
     page.locator(".cmp-card").first.wait_for(timeout=60_000)
@@ -169,7 +102,7 @@ def test_shared_link_shows_the_demo_comparison(tensorboard, browser):
         Object.fromEntries([...r.querySelectorAll('.card[data-card]')].map(c => [c.getAttribute('data-card'),
           [...c.classList].filter(k => k.startsWith('sev-'))])))""")
     for run, row in zip((BASE_RUN, CAND_RUN), rows):
-        status, body = _get(f"{base}/data/plugin/bottlenecks/report?run={run}")
+        status, body = http_get(f"{base}/data/plugin/bottlenecks/report?run={run}")
         assert status == 200
         verdicts = json.loads(body)["verdicts"]
         assert row and set(row) <= set(verdicts), (run, row)
@@ -218,16 +151,15 @@ def test_shared_link_shows_the_demo_comparison(tensorboard, browser):
     w.check_clean()
 
 
-def test_compare_toggle_inside_tensorboard_and_names_stay_text(tensorboard, browser):
+def test_compare_toggle_inside_tensorboard_and_names_stay_text(tensorboard, browser_page):
     base = tensorboard
     cmp = _compare(base, "xss_a", "xss_b")
     # the kernel is matched by its normalised name (template-like <...> collapsed), the raw name kept
     krow = next(r for r in cmp["kernels"]["rows"] if XSS_KERNEL in r["raw_names"])
     assert krow["status"] == "changed" and krow["delta_total_us_per_step"] == pytest.approx(-200)
-    w = Watched(browser, base)
+    w = browser_page(base)
     page = w.page
-    page.goto(base + "/#bottlenecks", wait_until="domcontentloaded")
-    frame = page.frame_locator("iframe")
+    frame = w.open_tab()
     frame.locator("#bn-compare-toggle").wait_for(timeout=60_000)
     frame.locator("#bn-compare-toggle").click()
     frame.locator("#bn-cmp-base-run").select_option("xss_a")

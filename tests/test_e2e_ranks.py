@@ -16,96 +16,40 @@ from __future__ import annotations
 import copy
 import json
 import shutil
-import socket
 import statistics
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
-from pathlib import Path
 
 import pytest
 
-from test_e2e_browser import CHROMIUM, _browser_or_skip, _get
+from conftest import ARTIFACTS, DEMO_LOGS as DEMO, ROUTE_SCHEMA_PATH, http_get, route_validator
 
-REPO = Path(__file__).resolve().parents[1]
-DEMO = REPO / "demo_logs"
-ARTIFACTS = REPO / "test-artifacts"
 STRAGGLER, BALANCED, SINGLE = "ddp_straggler_2rank", "ddp_balanced_2rank", "input_bound_nw0"
-SCHEMA = json.loads((REPO / "docs" / "route-schema.json").read_text())
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+SCHEMA = json.loads(ROUTE_SCHEMA_PATH.read_text())
 
 
 @pytest.fixture(scope="module")
-def tensorboard(tmp_path_factory):
-    _browser_or_skip()
+def tensorboard(tmp_path_factory, tensorboard_server):
+    """A real TensorBoard (conftest.tensorboard_server) over the two DDP demo runs and one single-worker run."""
     logdir = tmp_path_factory.mktemp("logdir")
     for name in (STRAGGLER, BALANCED, SINGLE):
         shutil.copytree(DEMO / name, logdir / name)  # copies: symlinks leaving the logdir are skipped
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1",
-         "--port", str(port), "--bottlenecks_cache_dir", "none"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 90
-        while True:
-            try:
-                urllib.request.urlopen(base + "/data/plugins_listing", timeout=5).read()
-                break
-            except (urllib.error.URLError, ConnectionError):
-                if time.time() > deadline or proc.poll() is not None:
-                    raise RuntimeError("tensorboard did not start: " + proc.stderr.read(4000).decode())
-                time.sleep(0.3)
-        yield base
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
+    return tensorboard_server(logdir)
 
 
 def _ranks(base, run):
     """The ranks route's 200 answer (202 while the spans load), checked against the schema."""
-    import jsonschema
-
     deadline = time.time() + 120
     while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(f"{base}/data/plugin/bottlenecks/ranks?run={run}", timeout=10) as r:
-                status, body = r.status, json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            status, body = e.code, json.loads(e.read())
+        status, body = http_get(f"{base}/data/plugin/bottlenecks/ranks?run={run}")
+        body = json.loads(body)
         name = SCHEMA["x-routes"]["ranks"][str(status)]
-        validator = jsonschema.Draft202012Validator(
-            {"$schema": SCHEMA["$schema"], "$defs": SCHEMA["$defs"], "$ref": f"#/$defs/{name}"})
-        errors = [f"{'/'.join(map(str, e.path))}: {e.message[:200]}" for e in validator.iter_errors(body)]
+        errors = [f"{'/'.join(map(str, e.path))}: {e.message[:200]}" for e in route_validator(name).iter_errors(body)]
         assert not errors, (run, status, errors)
         if status == 200:
             return body
         assert status == 202, (run, status, body)
         time.sleep(0.5)
     raise TimeoutError(run)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    _browser_or_skip()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run", "--disable-quic"])
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 # ---------------------------------------------------------------- the dashboard's formatting (format.js)
@@ -161,20 +105,17 @@ PANEL_JS = """() => {
 }"""
 
 
-def _open(browser, base, errors):
-    page = browser.new_page(viewport={"width": 1280, "height": 1500})
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(base + "/#bottlenecks", wait_until="domcontentloaded")
-    frame = page.frame_locator("iframe")
-    frame.locator("#bn-run").wait_for(timeout=60_000)
-    return page, frame
+def _open(browser_page, base):
+    """A watched page (conftest.Watched: dialogs, page errors, foreign requests) on the tab, 1280 x 1500."""
+    w = browser_page(base, viewport=(1280, 1500))
+    return w, w.page, w.open_tab()
 
 
 def _iframe(page):
     return next(f for f in page.frames if "plugin" in f.url)
 
 
-def test_straggler_pair_in_the_ranks_panel(tensorboard, browser):
+def test_straggler_pair_in_the_ranks_panel(tensorboard, browser_page):
     base = tensorboard
     view = _ranks(base, STRAGGLER)
     balanced = _ranks(base, BALANCED)
@@ -182,8 +123,7 @@ def test_straggler_pair_in_the_ranks_panel(tensorboard, browser):
     assert view["flagged"] and view["recommendation"]["rank"] == 1  # the injected straggler
     assert not balanced["flagged"] and not single["available"]
     ARTIFACTS.mkdir(exist_ok=True)
-    errors = []
-    page, frame = _open(browser, base, errors)
+    w, page, frame = _open(browser_page, base)
     frame.locator("#bn-run").select_option(STRAGGLER)
     iframe = _iframe(page)
     iframe.wait_for_function("() => document.querySelector('#bn-ranks canvas.heatmap') && "
@@ -222,7 +162,7 @@ def test_straggler_pair_in_the_ranks_panel(tensorboard, browser):
     assert card_rows[0][0] == f"{rec['worker']} (flagged)", card_rows
     for label, cards in card_rows:
         worker = label.split(" ")[0]
-        status, body = _get(f"{base}/data/plugin/bottlenecks/report?run={STRAGGLER}&worker={worker}")
+        status, body = http_get(f"{base}/data/plugin/bottlenecks/report?run={STRAGGLER}&worker={worker}")
         assert status == 200
         verdicts = json.loads(body)["verdicts"]
         assert cards and set(cards) <= set(verdicts), (worker, cards)
@@ -269,7 +209,7 @@ def test_straggler_pair_in_the_ranks_panel(tensorboard, browser):
     assert iframe.evaluate("() => !document.querySelector('#bn-ranks, #bn-ranks-slot')")
     assert iframe.evaluate("() => !document.querySelector('.banner-warn, .banner-error')")
     page.close()
-    assert not errors, errors
+    w.check_clean()
 
 
 def synthetic_view(view: dict, n: int) -> dict:
@@ -313,14 +253,13 @@ RENDER_JS = """async (view) => {
 }"""
 
 
-def test_ranks_panel_render_time_at_1024_ranks(tensorboard, browser):
+def test_ranks_panel_render_time_at_1024_ranks(tensorboard, browser_page):
     """1,024 ranks x 6 steps: one canvas (rows grouped), at most 100 bars, 100 table rows
     until "Show all". Prints the render time in the page and through the intercepted route."""
     base = tensorboard
     view = synthetic_view(_ranks(base, STRAGGLER), 1024)
     body = json.dumps(view)
-    errors = []
-    page, frame = _open(browser, base, errors)
+    w, page, frame = _open(browser_page, base)
     iframe = _iframe(page)
     iframe.wait_for_function("() => document.querySelector('.card')", timeout=60_000)
     times = [iframe.evaluate(RENDER_JS, view) for _ in range(5)]
@@ -345,4 +284,4 @@ def test_ranks_panel_render_time_at_1024_ranks(tensorboard, browser):
           f"run select -> heatmap drawn (report + intercepted ranks route) {e2e * 1000:.0f} ms; "
           f"{last['elements']} elements, heatmap {last['rows']} rows")
     page.close()
-    assert not errors, errors
+    w.check_clean()

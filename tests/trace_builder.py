@@ -96,3 +96,21 @@ def occupancy_args(pct, bps, grid=(80, 1, 1), block=(256, 1, 1), regs=64, smem=0
     """The launch arguments Kineto writes on a CUDA kernel."""
     return {"grid": list(grid), "block": list(block), "registers per thread": regs, "shared memory": smem,
             "blocks per SM": bps, "est. achieved occupancy %": pct}
+
+
+XSS_KERNEL = "<img src=x onerror=alert(1)>"  # a kernel named like an HTML tag
+XSS_OP = "<b id=injected>op</b>"             # a CPU operator named like markup
+
+
+def write_html_names_trace(path, kernel_dur=500):
+    """Three 900 µs steps, each with one CPU operator ``XSS_OP`` and one launched kernel
+    ``XSS_KERNEL`` of ``kernel_dur`` µs (with Kineto's occupancy arguments): every trace
+    string the dashboard shows must stay text. Returns the path."""
+    b = TraceBuilder(props=())
+    for step in range(3):
+        t0 = 1000 + step * 1000
+        b.step(step, t0, 900)
+        b.cpu(XSS_OP, t0 + 50, 200)
+        b.launch(XSS_KERNEL, t0 + 100, t0 + 120, kernel_dur, call_dur=10,
+                 **occupancy_args(6, 0.0125, grid=(1, 1, 1), block=(128, 1, 1), regs=32))
+    return b.write(path)
