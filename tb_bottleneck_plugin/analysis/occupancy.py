@@ -414,23 +414,35 @@ def combine_kernel_names(parts: List[Optional[Dict]]) -> Optional[Dict]:
     sums are numpy's, added in span and row order (the same numbers as row after row)."""
     if not parts or any(not isinstance(p, dict) for p in parts):
         return None
-    ids: Dict[str, int] = {}
+    rows, _ = _sum_by_first_seen((r["name"], r, int(r.get("calls") or 0), r.get("total_us"))
+                                 for p in parts for r in p.get("rows") or [])
+    key = np.array([-(r["total_us"] if r["total_us"] is not None else np.inf) for r in rows], np.float64)
+    return {"rows": [rows[i] for i in np.argsort(key, kind="stable").tolist()],
+            "left_out": sum(int(p.get("left_out") or 0) for p in parts)}
+
+
+def _sum_by_first_seen(entries) -> Tuple[List[dict], np.ndarray]:
+    """Rows grouped by key, in the order the keys are first seen: each group's first row
+    (a copy) and, where a key stands more than once, its "calls" and "total_us" replaced
+    by the group's sums (a total unknown in some entry stays unknown: None). ``entries``
+    yields (key, row, calls, total_us). Per entry only a dict lookup; the sums are numpy's
+    ``np.add.at``, added in entry order (the same numbers as row after row). Returns the
+    rows and, per row, whether it was summed."""
+    ids: Dict = {}
     first: List[dict] = []
     gid: List[int] = []
     calls: List[int] = []
     totals: List[float] = []
-    for p in parts:
-        for r in p.get("rows") or []:
-            name = r["name"]
-            g = ids.get(name)
-            if g is None:
-                g = ids[name] = len(first)
-                first.append(r)
-            gid.append(g)
-            calls.append(int(r.get("calls") or 0))
-            totals.append(_finite_or_nan(r.get("total_us")))
+    for key, row, c, t in entries:
+        g = ids.get(key)
+        if g is None:
+            g = ids[key] = len(first)
+            first.append(row)
+        gid.append(g)
+        calls.append(c)
+        totals.append(_finite_or_nan(t))
     g_arr = np.asarray(gid, np.int64)
-    seen = np.bincount(g_arr, minlength=len(first))
+    summed = np.bincount(g_arr, minlength=len(first)) > 1
     call_sum = np.zeros(len(first), np.int64)
     np.add.at(call_sum, g_arr, np.asarray(calls, np.int64))
     total_sum = np.zeros(len(first), np.float64)
@@ -438,14 +450,12 @@ def combine_kernel_names(parts: List[Optional[Dict]]) -> Optional[Dict]:
     rows = []
     for i, r in enumerate(first):
         row = dict(r)
-        if seen[i] > 1:
+        if summed[i]:
             row["calls"] = int(call_sum[i])
             t = float(total_sum[i])
             row["total_us"] = t if t - t == 0 else None
         rows.append(row)
-    key = np.array([-(r["total_us"] if r["total_us"] is not None else np.inf) for r in rows], np.float64)
-    return {"rows": [rows[i] for i in np.argsort(key, kind="stable").tolist()],
-            "left_out": sum(int(p.get("left_out") or 0) for p in parts)}
+    return rows, summed
 
 
 def _finite_or_nan(value) -> float:
@@ -628,41 +638,21 @@ def combine_kernel_rows(tables: List[List[Dict]]) -> List[Dict]:
 
     from .units import num, pct, total
 
-    ids: Dict[tuple, int] = {}
-    first: List[dict] = []
-    gid: List[int] = []
-    calls: List[int] = []
-    totals: List[float] = []
-    for table in tables:
-        for k in table:
-            if not isinstance(k, dict):
-                continue
-            key = (str(k.get("name")), str(k.get("device")), str(k.get("grid")), str(k.get("block")),
-                   str(k.get("registers_per_thread")), str(k.get("shared_memory_bytes")))
-            g = ids.get(key)
-            if g is None:
-                g = ids[key] = len(first)
-                first.append(k)
-            gid.append(g)
-            c = k.get("calls")
-            calls.append(int(c) if type(c) is int else int(num(c) or 0))
-            totals.append(_finite_or_nan(k.get("total_us")))
-    g_arr = np.asarray(gid, np.int64)
-    seen = np.bincount(g_arr, minlength=len(first))
-    call_sum = np.zeros(len(first), np.int64)
-    np.add.at(call_sum, g_arr, np.asarray(calls, np.int64))
-    total_sum = np.zeros(len(first), np.float64)
-    np.add.at(total_sum, g_arr, np.asarray(totals, np.float64))
-    rows = []
-    for i, k in enumerate(first):
-        row = dict(k)
-        if seen[i] > 1:
-            row["calls"] = int(call_sum[i])
-            t = float(total_sum[i])
-            row["total_us"] = t if t - t == 0 else None
+    def entries():
+        for table in tables:
+            for k in table:
+                if not isinstance(k, dict):
+                    continue
+                key = (str(k.get("name")), str(k.get("device")), str(k.get("grid")), str(k.get("block")),
+                       str(k.get("registers_per_thread")), str(k.get("shared_memory_bytes")))
+                c = k.get("calls")
+                yield key, k, int(c) if type(c) is int else int(num(c) or 0), k.get("total_us")
+
+    rows, summed = _sum_by_first_seen(entries())
+    for row, s in zip(rows, summed.tolist()):
+        if s:
             row["mean_us"] = row["total_us"] / row["calls"] if row["calls"] and row["total_us"] is not None \
                 else None
-        rows.append(row)
     grand = total(r.get("total_us") for r in rows)
     for r in rows:
         r["time_pct"] = pct(num(r.get("total_us")), grand)
