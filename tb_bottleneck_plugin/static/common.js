@@ -1,7 +1,7 @@
 // Small helpers shared by the view modules: reading a report (devices, not-available
 // reasons) and the building blocks of a panel. No fetching, no thresholds.
 
-import {h} from "./dom.js";
+import {h, mount} from "./dom.js";
 import {isNum} from "./format.js";
 
 const SEVERITIES = new Set(["high", "medium", "low", "ok", "na"]);
@@ -94,4 +94,48 @@ export function note(text, cls = "") {
 export function verdictSeverity(report, id) {
   const v = report && report.verdicts && typeof report.verdicts === "object" ? report.verdicts[id] : null;
   return severityClass(v && v.severity);
+}
+
+// A sortable, filterable table (the kernel table, the operator view): columns are
+// {key, label, text, sortGet, get}; state holds {sortKey, dir} (1 ascending, -1 descending).
+
+/** Draws a sortable table's header row into thead: a click (or Enter/Space) on a column
+ * sorts by it (text columns first ascending, numbers descending; again: reversed), redraws
+ * the header and calls onSort (which redraws the body). titles: column key -> header title. */
+export function sortableHead(thead, cols, state, titles, onSort) {
+  const sortBy = (c) => {
+    if (state.sortKey === c.key) state.dir = -state.dir;
+    else { state.sortKey = c.key; state.dir = c.text ? 1 : -1; }
+    sortableHead(thead, cols, state, titles, onSort);
+    onSort();
+  };
+  mount(thead, h("tr", {}, cols.map((c) => {
+    const active = state.sortKey === c.key;
+    return h("th", {class: [c.text ? null : "num", "sortable", active ? "sorted" : null], title: titles[c.key] || null,
+      "data-key": c.key, "aria-sort": active ? (state.dir > 0 ? "ascending" : "descending") : "none", tabindex: "0",
+      onclick: () => sortBy(c), onkeydown: (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); sortBy(c); } }},
+    c.label, h("span", {class: "sort-ind"}, active ? (state.dir > 0 ? " ▲" : " ▼") : ""));
+  })));
+}
+
+/** Sorts rows in place by state's column (cols[0] when it is gone): its sortGet, get or
+ * field; strings compared as text, numbers as numbers with a missing number lowest. */
+export function sortRows(rows, cols, state) {
+  const col = cols.find((c) => c.key === state.sortKey) || cols[0];
+  const value = (r) => (col.sortGet ? col.sortGet(r) : col.get ? col.get(r) : r[col.key]);
+  return rows.sort((a, b) => {
+    const va = value(a);
+    const vb = value(b);
+    if (typeof va === "string" || typeof vb === "string") return state.dir * String(va ?? "").localeCompare(String(vb ?? ""));
+    const na = isNum(va) ? va : -Infinity;
+    const nb = isNum(vb) ? vb : -Infinity;
+    return state.dir * (na - nb);
+  });
+}
+
+/** The line beside a filtered table: how many rows match and how many are drawn (limit). */
+export function matchCount(matching, total, limit, unit) {
+  return matching > limit
+    ? `showing ${limit} of ${matching} matching (${total} total); refine the filter`
+    : `${matching} of ${total} ${unit}`;
 }

@@ -4,7 +4,7 @@
 import {h, clear, mount} from "./dom.js";
 import {isNum, fmtPct, fmtUs, fmtBytes, fmtCount, fmtNum, shortenKernelName} from "./format.js";
 import {KERNEL_COL_DEFS} from "./defs.js";
-import {panel, note, naReason} from "./common.js";
+import {panel, note, naReason, sortableHead, sortRows, matchCount} from "./common.js";
 import {renderLoading, renderError} from "./states.js";
 
 /** Launch dimensions, or null when the trace has none (null, or ROCm's -1). */
@@ -84,38 +84,12 @@ function kernelTable(body, kernels, report, warning) {
   const table = h("table", {class: "grid-table kernels"}, thead, tbody);
   const LIMIT = 200;
 
-  const value = (k, c) => (c.sortGet ? c.sortGet(k) : c.get ? c.get(k) : k[c.key]);
-
-  function drawHead() {
-    mount(thead, h("tr", {}, cols.map((c) => {
-      const active = state.sortKey === c.key;
-      return h("th", {class: [c.text ? null : "num", "sortable", active ? "sorted" : null], title: KERNEL_COL_DEFS[c.key] || null,
-        "aria-sort": active ? (state.dir > 0 ? "ascending" : "descending") : "none", tabindex: "0",
-        onclick: () => sortBy(c), onkeydown: (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); sortBy(c); } }},
-      c.label, h("span", {class: "sort-ind"}, active ? (state.dir > 0 ? " ▲" : " ▼") : ""));
-    })));
-  }
-
-  function sortBy(c) {
-    if (state.sortKey === c.key) state.dir = -state.dir;
-    else { state.sortKey = c.key; state.dir = c.text ? 1 : -1; }
-    drawHead();
-    drawBody();
-  }
+  const drawHead = () => sortableHead(thead, cols, state, KERNEL_COL_DEFS, drawBody);
 
   function drawBody() {
     const f = state.filter.trim().toLowerCase();
-    const col = cols.find((c) => c.key === state.sortKey) || cols[0];
-    const rows = kernels.filter((k) => !f || String(k.name ?? "").toLowerCase().includes(f)
-      || String(k.limiting_factor ?? "").toLowerCase().includes(f));
-    rows.sort((a, b) => {
-      const va = value(a, col);
-      const vb = value(b, col);
-      if (typeof va === "string" || typeof vb === "string") return state.dir * String(va ?? "").localeCompare(String(vb ?? ""));
-      const na = isNum(va) ? va : -Infinity;
-      const nb = isNum(vb) ? vb : -Infinity;
-      return state.dir * (na - nb);
-    });
+    const rows = sortRows(kernels.filter((k) => !f || String(k.name ?? "").toLowerCase().includes(f)
+      || String(k.limiting_factor ?? "").toLowerCase().includes(f)), cols, state);
     const shown = rows.slice(0, LIMIT);
     mount(tbody, shown.map((k) => h("tr", {}, cols.map((c) => {
       if (c.key === "name") {
@@ -131,9 +105,7 @@ function kernelTable(body, kernels, report, warning) {
       return h("td", {class: ["num", c.cls]}, c.get ? v : c.fmt(v));
     }))));
     if (!shown.length) tbody.appendChild(h("tr", {}, h("td", {colspan: String(cols.length), class: "empty-row"}, "No kernel matches the filter.")));
-    count.textContent = rows.length > LIMIT
-      ? `showing ${LIMIT} of ${rows.length} matching (${kernels.length} total); refine the filter`
-      : `${rows.length} of ${kernels.length} kernels`;
+    count.textContent = matchCount(rows.length, kernels.length, LIMIT, "kernels");
   }
 
   filterBox.addEventListener("input", () => { state.filter = filterBox.value; drawBody(); });

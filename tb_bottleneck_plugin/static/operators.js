@@ -6,7 +6,7 @@
 
 import {h, mount} from "./dom.js";
 import {isNum, fmtPct, fmtUs, fmtCount} from "./format.js";
-import {note} from "./common.js";
+import {note, sortableHead, sortRows, matchCount} from "./common.js";
 import {registerPanel} from "./panels.js";
 import {renderLoading, renderError} from "./states.js";
 
@@ -115,25 +115,9 @@ export function renderOperators(container, ctx) {
     const thead = h("thead");
     const tbody = h("tbody");
     const table = h("table", {class: "grid-table operators"}, thead, tbody);
-    const value = (r, c) => (c.sortGet ? c.sortGet(r) : r[c.key]);
     if (!cols.some((c) => c.key === state.sortKey)) { state.sortKey = "self_us"; state.dir = -1; }
 
-    function drawHead() {
-      mount(thead, h("tr", {}, cols.map((c) => {
-        const active = state.sortKey === c.key;
-        return h("th", {class: [c.text ? null : "num", "sortable", active ? "sorted" : null], title: COL_DEFS[c.key] || null,
-          "data-key": c.key, "aria-sort": active ? (state.dir > 0 ? "ascending" : "descending") : "none", tabindex: "0",
-          onclick: () => sortBy(c), onkeydown: (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); sortBy(c); } }},
-        c.label, h("span", {class: "sort-ind"}, active ? (state.dir > 0 ? " ▲" : " ▼") : ""));
-      })));
-    }
-
-    function sortBy(c) {
-      if (state.sortKey === c.key) state.dir = -state.dir;
-      else { state.sortKey = c.key; state.dir = c.text ? 1 : -1; }
-      drawHead();
-      drawBody();
-    }
+    const drawHead = () => sortableHead(thead, cols, state, COL_DEFS, drawBody);
 
     function cell(r, c) {
       if (c.key === "name") return h("td", {class: "opname", title: String(r.name ?? "")}, String(r.name ?? ""));
@@ -162,18 +146,9 @@ export function renderOperators(container, ctx) {
 
     function drawBody() {
       const f = state.filter.trim().toLowerCase();
-      const col = cols.find((c) => c.key === state.sortKey) || cols[0];
       const hay = (r) => [r.name, r.dims, r.types, ...(r.top_inputs || []).map((e) => e.dims)]
         .map((x) => String(x ?? "").toLowerCase()).join("\n");
-      const shown = rows.filter((r) => !f || hay(r).includes(f));
-      shown.sort((a, b) => {
-        const va = value(a, col);
-        const vb = value(b, col);
-        if (typeof va === "string" || typeof vb === "string") return state.dir * String(va ?? "").localeCompare(String(vb ?? ""));
-        const na = isNum(va) ? va : -Infinity;
-        const nb = isNum(vb) ? vb : -Infinity;
-        return state.dir * (na - nb);
-      });
+      const shown = sortRows(rows.filter((r) => !f || hay(r).includes(f)), cols, state);
       const page = shown.slice(0, LIMIT);
       mount(tbody, page.map((r) => h("tr", {}, cols.map((c) => cell(r, c)))));
       if (!page.length) {
@@ -182,9 +157,7 @@ export function renderOperators(container, ctx) {
       }
       const unit = data.group === "op_shape" ? "operator/shape rows" : "operators";
       if (state.count) {
-        state.count.textContent = shown.length > LIMIT
-          ? `showing ${LIMIT} of ${shown.length} matching (${rows.length} total); refine the filter`
-          : `${shown.length} of ${rows.length} ${unit}`;
+        state.count.textContent = matchCount(shown.length, rows.length, LIMIT, unit);
       }
     }
 
