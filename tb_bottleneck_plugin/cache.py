@@ -120,15 +120,9 @@ class DiskCache:
                 and entry.get("key") == key and valid_result(entry.get("result"))):
             log.warning("bottlenecks: discarding an invalid report cache entry %s", path)
             self.discarded += 1
-            try:
-                path.unlink()
-            except OSError:
-                pass
+            discard(path)
             return None
-        try:
-            os.utime(path)  # recently used: evicted last
-        except OSError:
-            pass
+        mark_used(path)
         return entry["result"]
 
     def put(self, key: str, value: dict) -> None:
@@ -142,32 +136,62 @@ class DiskCache:
             self._prune(keep=key)
         except (OSError, TypeError, ValueError) as exc:  # a read-only or full disk must not break the tab
             log.warning("bottlenecks: cannot write the report cache in %s: %s", self.directory, exc)
-            try:
-                tmp.unlink()
-            except OSError:
-                pass
+            discard(tmp)
 
     def _prune(self, keep: Optional[str] = None) -> None:
         """Evict least recently used entries until the total fits in ``max_bytes``
         (the entry just written is kept even if it alone is larger)."""
         with self._lock:
-            files = []
-            for path in self.directory.glob("*.json"):
-                try:
-                    st = path.stat()
-                except OSError:  # removed meanwhile (another process pruned it)
-                    continue
-                files.append((st.st_mtime, st.st_size, path))
-            total = sum(size for _, size, _ in files)
-            for _, size, path in sorted(files, key=lambda f: f[0]):
-                if total <= self.max_bytes:
-                    break
-                if path.stem == keep:
-                    continue
-                try:
-                    path.unlink()
-                except FileNotFoundError:
-                    pass
-                except OSError:
-                    continue
-                total -= size
+            evict_oldest(self.directory, "*.json", self.max_bytes,
+                         keep=self.directory / f"{keep}.json" if keep is not None else None)
+
+
+# The bounded on-disk store's pieces, shared with timeline_store.TimelineStores: an entry
+# that does not validate is discarded, one that is used is marked used (its mtime), and
+# the least recently used go first when the files exceed their bound.
+
+def discard(path: Path) -> None:
+    """Removes a file; quietly when it is gone already or cannot be removed."""
+    try:
+        path.unlink()
+    except OSError:
+        pass
+
+
+def mark_used(path: Path) -> None:
+    """Sets a file's mtime to now: recently used, evicted last (`evict_oldest`)."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def evict_oldest(directory: Path, pattern: str, max_bytes: int, keep: Optional[Path] = None) -> None:
+    """Removes the files of ``directory`` matching ``pattern``, least recently modified
+    first, until their total size fits in ``max_bytes``; ``keep`` (the entry just written)
+    stays even if it alone is larger. A file removed meanwhile (another process pruned it)
+    counts as removed; one that cannot be removed is passed over."""
+    files = []
+    try:
+        paths = list(directory.glob(pattern))
+    except OSError:
+        return
+    for path in paths:
+        try:
+            st = path.stat()
+        except OSError:  # removed meanwhile
+            continue
+        files.append((st.st_mtime, st.st_size, path))
+    total = sum(size for _, size, _ in files)
+    for _, size, path in sorted(files, key=lambda f: f[0]):
+        if total <= max_bytes:
+            break
+        if path == keep:
+            continue
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError:
+            continue
+        total -= size

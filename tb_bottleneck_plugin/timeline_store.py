@@ -19,6 +19,8 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
+from .cache import discard, evict_oldest, mark_used
+
 log = logging.getLogger(__name__)
 
 MEMORY_STORES = 8  # stores kept in memory
@@ -77,10 +79,7 @@ class TimelineStores:
             os.replace(tmp, path)
         except OSError as exc:
             log.warning("bottlenecks: cannot write a timeline store in %s: %s", path.parent, exc)
-            try:
-                tmp.unlink()
-            except OSError:
-                pass
+            discard(tmp)
             return
         self._prune(keep=path)
 
@@ -112,38 +111,15 @@ class TimelineStores:
                 raise ValueError("old store version")
         except Exception as exc:  # noqa: BLE001 - a broken file is a missing store
             log.warning("bottlenecks: discarding an unreadable timeline store %s: %s", path, exc)
-            try:
-                path.unlink()
-            except OSError:
-                pass
+            discard(path)
             return None
-        try:
-            os.utime(path)
-        except OSError:
-            pass
+        mark_used(path)
         self.loads += 1
         self._remember(key, store)
         return store
 
     def _prune(self, keep: Optional[Path] = None) -> None:
-        try:
-            files = []
-            for p in self.directory.glob("*" + SUFFIX):
-                st = p.stat()
-                files.append((st.st_mtime, st.st_size, p))
-        except OSError:
-            return
-        total = sum(size for _, size, _ in files)
-        for _, size, p in sorted(files):
-            if total <= self.disk_bytes:
-                break
-            if p == keep:
-                continue
-            try:
-                p.unlink()
-                total -= size
-            except OSError:
-                pass
+        evict_oldest(self.directory, "*" + SUFFIX, self.disk_bytes, keep=keep)
 
 
 # ----------------------------------------------------------------------------- routes
