@@ -67,6 +67,19 @@ def _fresh_sniff_cache():
     discovery.clear_sniff_cache()
 
 
+def link_demo_run(logs: Path, run: str, demo: str = "input_bound_nw0") -> Path:
+    """``logs/run`` holding links to the trace files of ``demo_logs/<demo>`` (the test is
+    skipped when that demo run is missing)."""
+    files = sorted((DEMO_LOGS / demo).glob("*.pt.trace.json.gz"))
+    if not files:
+        pytest.skip(f"demo_logs/{demo} is missing")
+    dest = logs / run
+    dest.mkdir(parents=True)
+    for f in files:
+        os.symlink(f, dest / f.name)
+    return dest
+
+
 @pytest.fixture
 def trace_builder():
     """The synthetic-trace builder class (tests/trace_builder.py): ``trace_builder(props=(A100,))``."""

@@ -13,9 +13,7 @@ import json
 import os
 import shutil
 
-import pytest
-
-from conftest import DEMO_LOGS, TraceBuilder, route_validator, wait_route
+from conftest import TraceBuilder, link_demo_run, route_validator, wait_route
 
 RUN = "input_bound"
 HTML_RUN = "html_ops"
@@ -26,14 +24,7 @@ PANEL = "#bn-panel-operators"
 
 
 def _logdir(tmp_path):
-    src = DEMO_LOGS / "input_bound_nw0"
-    files = sorted(src.glob("*.pt.trace.json.gz"))
-    if not files:
-        pytest.skip("demo_logs/input_bound_nw0 is missing")
-    run = tmp_path / "logs" / RUN
-    run.mkdir(parents=True)
-    for f in files:
-        os.symlink(f, run / f.name)
+    link_demo_run(tmp_path / "logs", RUN)
     b = TraceBuilder()
     b.step(1, 0, 1000)
     b.cpu(EVIL, 10, 300, **{"Input Dims": [[8, 16]], "Input type": [EVIL_TYPE]})

@@ -13,13 +13,12 @@ say HIP, and the lanes with no event in the step are not drawn (the legend says 
 from __future__ import annotations
 
 import json
-import os
 import re
 import urllib.parse
 
 import pytest
 
-from conftest import ARTIFACTS, DEMO_LOGS, TraceBuilder, http_get, route_validator, wait_route
+from conftest import ARTIFACTS, TraceBuilder, http_get, link_demo_run, route_validator, wait_route
 
 RUN = "input_bound"
 HTML_RUN = "html_names"
@@ -30,13 +29,7 @@ LABEL_W, AXIS_H, LANE_H = 190, 22, 18  # static/timeline.js layout
 
 
 def _logdir(tmp_path):
-    files = sorted((DEMO_LOGS / "input_bound_nw0").glob("*.pt.trace.json.gz"))
-    if not files:
-        pytest.skip("demo_logs/input_bound_nw0 is missing")
-    run = tmp_path / "logs" / RUN
-    run.mkdir(parents=True)
-    for f in files:
-        os.symlink(f, run / f.name)
+    link_demo_run(tmp_path / "logs", RUN)
     b = TraceBuilder()
     for n, off in ((1, 0), (2, 1000)):
         b.step(n, off, 1000)
