@@ -28,12 +28,8 @@ first request to the first JSON report answer once the server is up.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import http.client
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -44,6 +40,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import bench_load  # noqa: E402  (the benchmark trace and the /proc memory sampling)
+from _common import free_port, http_get as _get, stop_group, warm_page_cache, write_results  # noqa: E402
 
 PREFIX = "/data/plugin/bottlenecks"
 # TensorBoard without torch-tb-profiler's plugin (installed here for bench_load.py): it
@@ -55,22 +52,6 @@ _LAUNCH_WITHOUT_TBP = (
     "sys.argv[0] = 'tensorboard'; m.run_main()")
 TARGET_WARM_MS = 50.0
 MB = 1_000_000
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get(port: int, path: str, timeout: float = 30.0):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        conn.request("GET", path)
-        resp = conn.getresponse()
-        return resp.status, resp.read()
-    finally:
-        conn.close()
 
 
 class _TreeSampler(threading.Thread):
@@ -92,7 +73,7 @@ class _TreeSampler(threading.Thread):
 
 def start_once(logdir: Path, cache: Path, work: Path, label: str, timeout: float, browser: bool = True,
                other_plugins: bool = False) -> dict:
-    port = _free_port()
+    port = free_port()
     log = open(work / f"tensorboard-{label}.log", "wb")
     launch = ["-m", "tensorboard.main"] if other_plugins else ["-c", _LAUNCH_WITHOUT_TBP]
     t0 = time.perf_counter()
@@ -154,12 +135,7 @@ def start_once(logdir: Path, cache: Path, work: Path, label: str, timeout: float
         })
         return out
     finally:
-        try:
-            os.killpg(tb.pid, signal.SIGTERM)
-            tb.wait(timeout=15)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(tb.pid, signal.SIGKILL)
-            tb.wait()
+        stop_group(tb)
         sampler.stop.set()
         sampler.join()
         out["peak_tree_rss_mb"] = round(sampler.peak / MB, 1)
@@ -187,9 +163,7 @@ def main(argv=None) -> int:
         trace = Path(bench_load.build_trace(bench_load.DEFAULT_SOURCE, bench_load.DEFAULT_OUT, a.times, False)["path"])
     name = trace.name if trace.name.endswith((".pt.trace.json", ".pt.trace.json.gz")) else \
         "worker0.1700000000000.pt.trace.json" + (".gz" if trace.name.endswith(".gz") else "")
-    with open(trace, "rb") as f:  # page cache warm: not a disk benchmark
-        while f.read(8 << 20):
-            pass
+    warm_page_cache(trace)
     load_before = os.getloadavg()
     print(f"trace {trace} ({trace.stat().st_size / MB:.1f} MB on disk); {os.cpu_count()} CPUs, load average "
           f"{bench_load._load(load_before)}", flush=True)
@@ -234,15 +208,12 @@ def main(argv=None) -> int:
     load_after = os.getloadavg()
     print(f"  load average before {bench_load._load(load_before)}, after {bench_load._load(load_after)}")
     if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps({
-            "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"), "cpus": os.cpu_count(),
+        write_results(a.json, {
             "trace": str(trace), "trace_bytes": trace.stat().st_size, "repeats": a.repeats,
             "other_plugins": a.with_other_plugins,
             "load_average_before": load_before, "load_average_after": load_after, "runs": rows, "summary": summary,
             "targets": [{"target": f"warm first JSON report <= {TARGET_WARM_MS:.0f} ms after up (median)",
-                         "value": warm, "threshold": TARGET_WARM_MS, "met": met}]}, indent=1))
-        print(f"wrote {a.json}")
+                         "value": warm, "threshold": TARGET_WARM_MS, "met": met}]})
     return 0
 
 

@@ -23,11 +23,9 @@ line per measurement, the speed-ups against the first N, and writes JSON (--out)
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +38,9 @@ REPO = HERE.parent
 SHARED = REPO.parent / "shared"
 SOURCE = SHARED / "traces" / "kineto-tb-samples" / "resnet50_num_workers_0" / "worker0.1623143089861.pt.trace.json.gz"
 PREFIX = "/data/plugin/bottlenecks"
+
+sys.path.insert(0, str(HERE))
+from _common import free_port, http_get  # noqa: E402
 
 
 class PeakRss:
@@ -99,20 +100,8 @@ def _cli(logdir: Path, *args: str) -> dict:
     return {"wall_s": round(wall, 2), "peak_rss_mb": peak.peak and round(peak.peak / 2**20), "spans": spans}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _runs(port: int):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        conn.request("GET", f"{PREFIX}/runs")
-        resp = conn.getresponse()
-        return resp.status, resp.read()
-    finally:
-        conn.close()
+    return http_get(port, f"{PREFIX}/runs", timeout=10)
 
 
 # TensorBoard with its built-in plugins and ours only: other installed plugins (entry
@@ -128,7 +117,7 @@ _TB_ONLY_OURS = (
 
 
 def _tab(logdir: Path, jobs: int, work: Path, ranks: int, timeout: float, nice=None) -> dict:
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
     if nice is not None:
         env["TB_BOTTLENECKS_ANALYSIS_NICE"] = str(nice)

@@ -15,8 +15,6 @@ issue-14 bound: the 30x file must finish under 1.5 GB peak.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
 import os
 import sys
 from pathlib import Path
@@ -24,6 +22,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import bench_load  # noqa: E402
+from _common import warm_page_cache, write_results  # noqa: E402
 
 MB = bench_load.MB
 LIMIT_30X_MB = 1500.0
@@ -47,9 +46,7 @@ def main(argv=None) -> int:
     for i in range(a.runs):
         for k in sizes:
             path = traces[k]["path"]
-            with open(path, "rb") as f:  # page cache
-                while f.read(8 << 20):
-                    pass
+            warm_page_cache(path)
             for mode in lines:
                 r = bench_load.run_child(mode, path, bench_load.DEFAULT_OUT, a.timeout)
                 if "error" in r:
@@ -96,12 +93,9 @@ def main(argv=None) -> int:
     load_after = os.getloadavg()
     print(f"  load average before {bench_load._load(load_before)}, after {bench_load._load(load_after)}")
     if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps({
-            "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"), "cpus": os.cpu_count(),
+        write_results(a.json, {
             "traces": traces, "runs": a.runs, "load_average_before": load_before, "load_average_after": load_after,
-            "rows": rows, "growth": growth, "targets": targets}, indent=1))
-        print(f"wrote {a.json}")
+            "rows": rows, "growth": growth, "targets": targets})
     return 0
 
 

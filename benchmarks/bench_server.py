@@ -17,11 +17,8 @@ the whole window, and writes JSON (--out).
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,21 +34,8 @@ BIG_SOURCE = SHARED / "traces" / "kineto-tb-samples" / "resnet50_num_workers_0" 
     "worker0.1623143089861.pt.trace.json.gz"
 PREFIX = "/data/plugin/bottlenecks"
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get(port: int, path: str, timeout: float = 30.0):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        conn.request("GET", path)
-        resp = conn.getresponse()
-        return resp.status, resp.read()
-    finally:
-        conn.close()
+sys.path.insert(0, str(HERE))
+from _common import free_port, http_get as _get, stop_group  # noqa: E402
 
 
 def make_big(dest: Path, times: int) -> Path:
@@ -72,7 +56,7 @@ def run_mode(mode: str, big: Path, work: Path, clients: int, seconds: float, max
     (logdir / "big").mkdir(parents=True)
     (logdir / "small" / SMALL.name).symlink_to(SMALL)
     (logdir / "big" / "worker0.1700000000000.pt.trace.json").symlink_to(big.resolve())
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, TB_BOTTLENECKS_ANALYSIS_PROCESSES="0" if mode == "threads" else "1")
     log = open(work / f"tensorboard-{mode}.log", "wb")
     tb = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--port", str(port),
@@ -149,12 +133,7 @@ def run_mode(mode: str, big: Path, work: Path, clients: int, seconds: float, max
                 "mean_ms": round(1000 * statistics.mean(lat), 1) if lat else None,
                 "big_loading_throughout": bool(big_states) and all(s == "loading" for s in big_states)}
     finally:
-        try:
-            os.killpg(tb.pid, signal.SIGTERM)
-            tb.wait(timeout=15)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(tb.pid, signal.SIGKILL)
-            tb.wait()
+        stop_group(tb)
         log.close()
 
 
