@@ -135,6 +135,16 @@ def test_timeline_panel(tmp_path, tensorboard_server, browser_page):
     iframe.wait_for_function("() => JSON.parse(document.querySelector('%s canvas.tl-canvas').dataset.causeText)"
                              ".shade.input_wait === '#e15759'" % PANEL, timeout=30_000)
 
+    # the theme follows TensorBoard's own dark mode (index.js sets data-theme from the host's
+    # body.dark-mode; style.css has one dark palette, under data-theme="dark")
+    w.page.evaluate("() => document.body.classList.add('dark-mode')")
+    iframe.wait_for_function("() => document.documentElement.getAttribute('data-theme') === 'dark'", timeout=30_000)
+    iframe.wait_for_function("(c) => JSON.parse(document.querySelector('%s canvas.tl-canvas').dataset.causeText)"
+                             ".shade.input_wait === c" % PANEL, arg=dark[1], timeout=30_000)
+    w.page.evaluate("() => document.body.classList.remove('dark-mode')")
+    iframe.wait_for_function("() => JSON.parse(document.querySelector('%s canvas.tl-canvas').dataset.causeText)"
+                             ".shade.input_wait === '#e15759'" % PANEL, timeout=30_000)
+
     # wheel zoom asks the server for a narrower window; reset brings the whole step back
     iframe.locator(f"{PANEL} canvas.tl-canvas").scroll_into_view_if_needed()
     box = iframe.locator(f"{PANEL} canvas.tl-canvas").bounding_box()

@@ -97,9 +97,10 @@ function buildShell() {
 // ------------------------------------------------------------ theme
 
 function setupTheme() {
-  // Follow TensorBoard's own dark mode when the host page is TensorBoard
-  // (same origin: TensorBoard toggles body.dark-mode); otherwise style.css
-  // follows prefers-color-scheme.
+  // One place decides the theme: <html data-theme="light|dark">, which style.css
+  // (one dark palette) and the canvas panels (timeline.js observes the attribute)
+  // follow. In TensorBoard (same origin) it follows TensorBoard's own dark mode
+  // (body.dark-mode); elsewhere, or cross-origin, the OS's prefers-color-scheme.
   const root = document.documentElement;
   let hostBody = null;
   try {
@@ -110,13 +111,15 @@ function setupTheme() {
       }
     }
   } catch (e) {
-    hostBody = null; // cross-origin host: keep prefers-color-scheme
+    hostBody = null; // cross-origin host: follow prefers-color-scheme
   }
-  if (!hostBody) return;
-  const apply = () => root.setAttribute("data-theme", hostBody.classList.contains("dark-mode") ? "dark" : "light");
+  const os = window.matchMedia ? window.matchMedia("(prefers-color-scheme: dark)") : null;
+  const isDark = () => (hostBody ? hostBody.classList.contains("dark-mode") : Boolean(os && os.matches));
+  const apply = () => root.setAttribute("data-theme", isDark() ? "dark" : "light");
   apply();
   try {
-    new MutationObserver(apply).observe(hostBody, {attributes: true, attributeFilter: ["class"]});
+    if (hostBody) new MutationObserver(apply).observe(hostBody, {attributes: true, attributeFilter: ["class"]});
+    else if (os && os.addEventListener) os.addEventListener("change", apply);
   } catch (e) {
     // ignore: the theme then only follows the host at load time
   }

@@ -499,16 +499,13 @@ export function renderTimeline(container, ctx) {
 
   const onResize = () => { if (st.data && stage.isConnected) { draw(); schedule(); } };
   window.addEventListener("resize", onResize);
-  // the theme changes (index.js sets data-theme on <html>; or the OS's dark mode): redraw in its colours
+  // the theme changes (index.js sets data-theme on <html>, following TensorBoard or the OS): redraw
   const onTheme = () => { if (st.data && stage.isConnected) draw(); };
   const themeObs = new MutationObserver(onTheme);
   themeObs.observe(document.documentElement, {attributes: true, attributeFilter: ["data-theme", "class", "style"]});
-  const dark = window.matchMedia ? window.matchMedia("(prefers-color-scheme: dark)") : null;
-  if (dark && dark.addEventListener) dark.addEventListener("change", onTheme);
   if (ctx.signal) ctx.signal.addEventListener("abort", () => {
     window.removeEventListener("resize", onResize);
     themeObs.disconnect();
-    if (dark && dark.removeEventListener) dark.removeEventListener("change", onTheme);
     window.removeEventListener("mouseup", onMouseUp);
     clearTimeout(st.timer);
     st.seq++;
