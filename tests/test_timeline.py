@@ -396,3 +396,52 @@ def test_mi300_slowest_step_sends_no_empty_lane():
         for lane in v["lanes"]:
             whole = next(x for x in w["lanes"] if x["row"] == lane["row"])
             assert sum(lane["busy_us"]) == pytest.approx(sum(whole["busy_us"]), rel=1e-9, abs=1e-6)
+
+
+def test_export_names_only_the_lanes_that_carry_events(tmp_path):
+    """The step_trace export lists thread_name (and process_name) metadata only for lanes
+    with an exported event: a thread busy in step 2 only is not named in step 1's export,
+    and a zoomed window names only the lanes with an event in it. Hand-built: every event
+    and its lane known."""
+    b = TraceBuilder()
+    b.step(1, 0, 1000)
+    b.cpu("aten::conv", 100, 200)
+    b.launch("conv_k", 110, 120, 100)
+    b.step(2, 1000, 1000)
+    b.cpu("aten::add", 1100, 100)
+    b.cpu("worker_region", 1500, 200, tid=2)
+    store = tl.build_store(b.load(tmp_path))
+
+    def meta(doc, what):
+        return sorted(e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == what)
+
+    def lanes_with_events(doc):
+        names = {(e["pid"], e["tid"]): e["args"]["name"] for e in doc["traceEvents"]
+                 if e["ph"] == "M" and e["name"] == "thread_name"}
+        used = {(e["pid"], e["tid"]) for e in doc["traceEvents"] if e["ph"] == "X"}
+        assert used <= set(names), "an exported event on an unnamed lane"
+        return sorted(names[k] for k in used)
+
+    d1 = tl.chrome_trace(store, 1)
+    # step 1: the main thread (step span, conv), the runtime call, the kernel, and the idle
+    # causes of the GPU's 900 µs without a kernel (the step's own interval is its only cause)
+    want1 = ["CPU main thread", "CUDA runtime (thread 1)", "GPU 0 · stream 7"]
+    assert [m for m in meta(d1, "thread_name") if not m.startswith("GPU idle")] == want1
+    assert meta(d1, "thread_name") == lanes_with_events(d1)
+    assert "CPU thread 2" not in meta(d1, "thread_name") and "DataLoader" not in meta(d1, "thread_name")
+    assert meta(d1, "process_name") == ["GPU", "GPU idle causes", "host"]
+
+    d2 = tl.chrome_trace(store, 2)
+    assert [m for m in meta(d2, "thread_name") if not m.startswith("GPU idle")] == \
+        ["CPU main thread", "CPU thread 2"]  # no kernel, no runtime call in step 2
+    assert meta(d2, "thread_name") == lanes_with_events(d2)
+    assert meta(d2, "process_name") == ["GPU idle causes", "host"]  # no GPU event in step 2
+
+    # zoomed into [450, 750] µs of step 2: only thread 2's region (and the idle track) overlap it
+    # (the ProfilerStep span is the step itself, not an event of a lane)
+    z = tl.chrome_trace(store, 2, 450, 750)
+    assert [m for m in meta(z, "thread_name") if not m.startswith("GPU idle")] == ["CPU thread 2"]
+    assert meta(z, "thread_name") == lanes_with_events(z)
+    z2 = tl.chrome_trace(store, 2, 800, 900)  # nothing but the GPU's idle time
+    assert meta(z2, "thread_name") == lanes_with_events(z2) == ["GPU idle: other"]
+    assert meta(z2, "process_name") == ["GPU idle causes"]

@@ -646,13 +646,7 @@ def chrome_trace(store, step: Optional[int] = None, t0: Optional[float] = None, 
     names = store_names(store)
     main = int(store["main_thread"][0])
     api = runtime_api(store)
-    events = []
     pids = {"cpu_main": 1, "cpu": 1, "dataloader": 1, "runtime": 1, "gpu": 2, "idle": 3}
-    for r in range(n_rows):
-        group, label = row_label(int(store["row_kind"][r]), int(store["row_a"][r]), int(store["row_b"][r]), main, api)
-        events.append({"ph": "M", "name": "thread_name", "pid": pids[group], "tid": r, "args": {"name": label}})
-    for pid, pname in ((1, "host"), (2, "GPU"), (3, "GPU idle causes")):
-        events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": pname}})
     # columns of the step's events, then one dict per event (no per-event numpy access)
     base = float(store["step_start"][i])
     span_us = float(store["step_end"][i]) - base
@@ -670,6 +664,15 @@ def chrome_trace(store, step: Optional[int] = None, t0: Optional[float] = None, 
         sel = np.sort(sel[np.argsort(store["ev_ts"][sel], kind="stable")[:cap]])
     row = store["ev_row"][sel].astype(np.int64)
     kinds = store["row_kind"].astype(np.int64)
+    # metadata only for the lanes (threads) and processes that carry an exported event
+    events, used_pids = [], set()
+    for r in np.unique(row).tolist():
+        group, label = row_label(int(kinds[r]), int(store["row_a"][r]), int(store["row_b"][r]), main, api)
+        used_pids.add(pids[group])
+        events.append({"ph": "M", "name": "thread_name", "pid": pids[group], "tid": r, "args": {"name": label}})
+    for pid, pname in ((1, "host"), (2, "GPU"), (3, "GPU idle causes")):
+        if pid in used_pids:
+            events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": pname}})
     kind = kinds[row]
     label_of_row = {r: IDLE_LABELS[IDLE_CAUSES[int(store["row_b"][r])]] for r in range(n_rows)
                     if int(kinds[r]) == ROW_IDLE}
