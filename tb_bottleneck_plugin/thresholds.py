@@ -70,8 +70,8 @@ STRAGGLER_WAIT_HIGH_PCT = 20.0
 # --- §11 comparing two runs: the noise band of a change (compare.py) --------------------
 # A change inside the band is "unchanged" (neither better nor worse, not coloured).
 # Percentages: |candidate - baseline| <= this many percentage points ...
-COMPARE_NOISE_PP = 1.0
+COMPARE_NOISE_PP = 0.5
 # ... other numbers (times, bytes, throughput, counts; a kernel's or operator's time per
 # step in the diff tables): |candidate - baseline| <= this % of |baseline|. A step-time
 # category's change is held to this % of the baseline's average step time (its whole).
-COMPARE_NOISE_REL_PCT = 2.0
+COMPARE_NOISE_REL_PCT = 3.0
