@@ -11,7 +11,8 @@ The synthetic trace builder (tests/trace_builder.py) is re-exported here:
 
 End-to-end helpers (a real ``tensorboard --logdir`` and a real headless Chromium):
   - ``tensorboard_server`` (module-scoped factory): ``base = tensorboard_server(logdir)``
-    starts ``python -m tensorboard.main --logdir LOGDIR`` on a free port with the disk cache
+    starts TensorBoard (``start_tensorboard``: every installed plugin but torch-tb-profiler's,
+    see TENSORBOARD_WITHOUT_TBP) with ``--logdir LOGDIR`` on a free port with the disk cache
     off, waits until it answers, returns ``http://127.0.0.1:PORT``; killed at module end.
   - ``chromium`` (module-scoped): a Playwright Browser on Debian's /usr/bin/chromium.
   - ``browser_page`` (function-scoped factory): ``w = browser_page(base)`` is a
@@ -57,6 +58,24 @@ ROUTE_SCHEMA_PATH = REPO / "docs" / "route-schema.json"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ("--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic")
+
+# torch-tb-profiler is in the [test] extra (tests compare against it live), so a plain
+# ``python -m tensorboard.main`` also loads ITS plugin, which parses every trace of the logdir
+# in spawned worker processes: seconds to minutes of CPU on a busy 2-core machine, GBs on big
+# traces, and children that outlive their parent (CI once failed on one of its zombies). The
+# tests' TensorBoards therefore load every installed plugin but that one (ours still comes in
+# through its real entry point); tests/test_e2e_beside_torch_tb_profiler.py runs the one real
+# TensorBoard with every plugin, as a user migrating from torch-tb-profiler has it.
+TENSORBOARD_ALL_PLUGINS = (sys.executable, "-m", "tensorboard.main")
+TENSORBOARD_WITHOUT_TBP = (sys.executable, "-c", "\n".join((
+    "import sys",
+    "from importlib import metadata",
+    "import tensorboard.default as d",
+    "import tensorboard.main as m",
+    "d.get_dynamic_plugins = lambda: [e.load() for e in metadata.entry_points(group='tensorboard_plugins')",
+    "                                 if e.module.split('.')[0] != 'torch_tb_profiler']",
+    "sys.argv[0] = 'tensorboard'",
+    "m.run_main()")))
 
 
 @pytest.fixture(autouse=True)
@@ -145,16 +164,18 @@ def route_validator(name):
 
 
 @contextlib.contextmanager
-def start_tensorboard(logdir, extra_args=(), startup_timeout=90):
+def start_tensorboard(logdir, extra_args=(), startup_timeout=90, all_plugins=False):
     """A real ``tensorboard --logdir`` subprocess (disk cache off unless extra_args set it);
-    yields its base URL; killed (with its process group) on exit."""
+    yields its base URL; killed (with its process group) on exit. Every installed plugin but
+    torch-tb-profiler's is loaded, unless ``all_plugins`` (see TENSORBOARD_WITHOUT_TBP)."""
     args = list(extra_args)
     if not any(a.startswith("--bottlenecks_cache_dir") for a in args):
         args += ["--bottlenecks_cache_dir", "none"]
     port = free_port()
     with tempfile.TemporaryFile() as err:  # a file, not a pipe: a chatty server never blocks
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1",
+            [*(TENSORBOARD_ALL_PLUGINS if all_plugins else TENSORBOARD_WITHOUT_TBP),
+             "--logdir", str(logdir), "--host", "127.0.0.1",
              "--port", str(port), *args],
             stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
         base = f"http://127.0.0.1:{port}"
@@ -180,10 +201,12 @@ def start_tensorboard(logdir, extra_args=(), startup_timeout=90):
 
 @pytest.fixture(scope="module")
 def tensorboard_server():
-    """Factory: ``base = tensorboard_server(logdir, extra_args=())``; servers end with the module."""
+    """Factory: ``base = tensorboard_server(logdir, extra_args=(), all_plugins=False)``; servers
+    end with the module."""
     browser_or_skip()  # every user of a real TensorBoard here drives it with the browser
     with contextlib.ExitStack() as stack:
-        yield lambda logdir, extra_args=(): stack.enter_context(start_tensorboard(logdir, extra_args))
+        yield lambda logdir, extra_args=(), all_plugins=False: stack.enter_context(
+            start_tensorboard(logdir, extra_args, all_plugins=all_plugins))
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,9 @@ listed in /data/plugins_listing, runs and reports served over HTTP (local and gs
 logdirs), the frontend served as JavaScript, and the entry point import kept light.
 
 Every TensorBoard runs in its own session (process group) and is killed in `finally`
-with its children (torch-tb-profiler, when installed, starts worker processes).
+with its children. Each loads every installed plugin but torch-tb-profiler's (conftest.
+TENSORBOARD_WITHOUT_TBP: that plugin parses every trace of the logdir in worker processes);
+tests/test_e2e_beside_torch_tb_profiler.py runs ours beside it.
 `--bottlenecks_cache_dir` always points into tmp_path: tests never write ~/.cache.
 """
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Dict, Iterator, Optional, Tuple
 
 import pytest
 
-from conftest import TRACES  # noqa: E402  (the one definition, tests/conftest.py)
+from conftest import TENSORBOARD_WITHOUT_TBP, TRACES  # noqa: E402  (the one definition, tests/conftest.py)
 CPU_NW0 = TRACES / "generated-cpu-torch2.13" / "nw0" / "worker0.1795274786665165565.pt.trace.json"
 CPU_NW2 = TRACES / "generated-cpu-torch2.13" / "nw2_gzip" / "worker0.1795274789574029385.pt.trace.json.gz"
 PREFIX = "/data/plugin/bottlenecks"
@@ -86,7 +88,7 @@ def tensorboard(logdir: str, tmp_path: Path, *, cache_dir: Optional[str] = None,
                 env: Optional[Dict[str, str]] = None, command=None) -> Iterator[TB]:
     port = _free_port()
     log = tmp_path / f"tensorboard-{port}.log"
-    cmd = list(command or [sys.executable, "-m", "tensorboard.main"]) + [
+    cmd = list(command or TENSORBOARD_WITHOUT_TBP) + [
         "--logdir", logdir, "--port", str(port), "--host", "127.0.0.1"]
     if command is None:
         cmd += ["--bottlenecks_cache_dir", cache_dir or str(tmp_path / "bottlenecks-cache"),
@@ -439,7 +441,7 @@ def test_tensorboard_start_time_with_and_without_the_plugin(tmp_path):
         if __name__ == "__main__":
             main_lib.global_init()
             dynamic = [e.load() for e in metadata.entry_points(group="tensorboard_plugins")
-                       if e.name != "bottlenecks"]
+                       if e.name != "bottlenecks" and e.module.split(".")[0] != "torch_tb_profiler"]
             tb = program.TensorBoard(plugins=default.get_static_plugins() + dynamic)
             app.run(tb.main, flags_parser=tb.configure)
     """))
