@@ -66,6 +66,14 @@ def _is_amd(report) -> bool:
     return False
 
 
+def _device_words(key: str) -> str:
+    """A memory device key as the tab and the CLI name it: 'cuda:1' -> 'GPU 1', 'cpu' -> 'CPU'."""
+    kind, _, num = str(key).partition(":")
+    if kind == "cuda" and num:
+        return f"GPU {num}"
+    return "CPU" if key == "cpu" else str(key)
+
+
 def _kernel_share(report) -> float:
     """Share of step time in GPU kernels (0-100), for gain estimates."""
     return float(_get(report, "breakdown_pct", "kernel", default=0.0) or 0.0)
@@ -89,18 +97,29 @@ def rule_input_bound(report) -> Optional[dict]:
     if pageable:
         evidence.append(f"{pageable} host-to-device copies from pageable memory")
     loop = "training loop" if _is_training(report) else "inference loop"
-    who = "The GPU waits" if (report.get("trace") or {}).get("gpu_devices") else f"The {loop} waits"
+    has_gpu = bool((report.get("trace") or {}).get("gpu_devices"))
+    who = "The GPU waits" if has_gpu else f"The {loop} waits"
     if ev.get("num_workers_zero"):
         title = f"{who} for the DataLoader: it loads batches in the main process (num_workers=0)"
-        action = ("Load batches in worker processes: DataLoader(dataset, batch_size=..., num_workers=4, "
-                  "pin_memory=True, persistent_workers=True, prefetch_factor=2) — start with num_workers "
-                  "= number of CPU cores per GPU and raise it until the DataLoader share drops below "
-                  f"{T.INPUT_BOUND_MODERATE_PCT:g} %.")
+        if has_gpu:
+            action = ("Load batches in worker processes: DataLoader(dataset, batch_size=..., num_workers=4, "
+                      "pin_memory=True, persistent_workers=True, prefetch_factor=2) — start with num_workers "
+                      "= number of CPU cores per GPU and raise it until the DataLoader share drops below "
+                      f"{T.INPUT_BOUND_MODERATE_PCT:g} %.")
+        else:
+            # CPU-only: no GPU to copy to (pin_memory needs an accelerator), and the workers
+            # share the cores with the loop's own intra-op threads.
+            action = ("Load batches in worker processes: DataLoader(dataset, batch_size=..., num_workers=4, "
+                      "persistent_workers=True, prefetch_factor=2) — on a CPU-only run the workers share the "
+                      "cores with the loop's own threads (torch.get_num_threads()): start with a few workers "
+                      "and raise num_workers until the DataLoader share drops below "
+                      f"{T.INPUT_BOUND_MODERATE_PCT:g} %.")
     else:
         title = f"{who} for the DataLoader: its workers do not keep up"
         action = ("Give the input pipeline more throughput: raise num_workers and prefetch_factor, keep "
-                  "persistent_workers=True and pin_memory=True, and move heavy per-sample transforms to "
-                  "the GPU or precompute them.")
+                  "persistent_workers=True" + (" and pin_memory=True" if has_gpu else "")
+                  + ", and move heavy per-sample transforms "
+                  + ("to the GPU or precompute them." if has_gpu else "out of the loop or precompute them."))
     if pageable and "pin_memory" not in action:
         action += " Set pin_memory=True so host-to-device copies are asynchronous."
     return {
@@ -169,6 +188,18 @@ def rule_tensor_cores(report) -> Optional[dict]:
                       "`scaler = torch.amp.GradScaler(\"cuda\")` with `scaler.scale(loss).backward()`, "
                       "`scaler.step(optimizer)`, `scaler.update()` (this GPU has fp16 Tensor Cores only: "
                       "no bf16, no TF32).")
+    elif major is None:
+        # No deviceProperties (2020-era traces): the generation is unknown, so bf16/TF32
+        # (Ampere and newer) cannot be assumed; say which dtype fits which GPU.
+        action = ("The trace does not record the GPU model: on Ampere or newer (A100, H100, ...) use "
+                  "`with torch.autocast(\"cuda\", dtype=torch.bfloat16):` around the "
+                  + ("model call inside `torch.inference_mode()`" if inference else
+                     "forward pass (bf16 needs no GradScaler)")
+                  + " or `torch.set_float32_matmul_precision(\"high\")` (TF32); on Volta/Turing (V100, T4) "
+                  "use `dtype=torch.float16`"
+                  + ("." if inference else
+                     " with `scaler = torch.amp.GradScaler(\"cuda\")` (`scaler.scale(loss).backward()`, "
+                     "`scaler.step(optimizer)`, `scaler.update()`)."))
     elif inference:
         action = ("Use Tensor Cores: `with torch.inference_mode(), torch.autocast(\"cuda\", dtype=torch.bfloat16):` "
                   "around the model call (or `model.to(torch.bfloat16)`), or at least "
@@ -187,7 +218,8 @@ def rule_tensor_cores(report) -> Optional[dict]:
     gain = pct * _kernel_share(report) / 100 * 0.5
     return {
         "rule": "tensor_cores_unused", "severity": "high" if pct >= T.TC_ELIGIBLE_NOT_USING_HIGH_PCT else "medium",
-        "title": f"{pct:.0f} % of GPU kernel time is matmul/conv work that does not use Tensor Cores",
+        "title": f"{pct:.0f} % of GPU kernel time is matmul/conv work that does not use "
+                 + ("matrix cores" if _is_amd(report) else "Tensor Cores"),
         "action": action,
         "numbers": {"eligible_not_using_pct": round(pct, 2), "tensor_core_pct": tc.get("tensor_core_pct")},
         "evidence": evidence,
@@ -224,14 +256,39 @@ def rule_small_kernels(report) -> Optional[dict]:
     if not reasons:
         return None
     severity = "medium" if len(reasons) > 1 or "gpu_utilization_pct" in numbers else "low"
+    if len(reasons) == 1 and "gpu_utilization_pct" in numbers:
+        # Neither short nor low-occupancy kernels: the GPU idles because the host does
+        # not give it work (CPU-side code between launches), not because of launch cost.
+        title = (f"The GPU is idle {100 - gpu_util:.0f} % of the steps, and not because of input: "
+                 "the host does not keep it busy")
+        action = _host_bound_action(report)
+    else:
+        title = "Many small or low-occupancy kernels: the GPU is launch- or latency-bound"
+        action = _small_kernels_action(report)
     return {
         "rule": "small_kernels", "severity": severity,
-        "title": "Many small or low-occupancy kernels: the GPU is launch- or latency-bound",
-        "action": _small_kernels_action(report),
+        "title": title,
+        "action": action,
         "numbers": numbers, "evidence": reasons,
         "estimated_gain_pct": round(max(short_pct * _kernel_share(report) / 100,
                                         (100 - gpu_util) / 2 if "gpu_utilization_pct" in numbers else 0), 2),
     }
+
+
+def _host_bound_action(report) -> str:
+    """The GPU waits on the host's own work (not input, not launch cost of tiny kernels)."""
+    ctx = _context(report)
+    cpu = _get(report, "breakdown_pct", "cpu_exec")
+    where = (f"the host runs CPU operators with no GPU work for {cpu:.0f} % of the step" if isinstance(cpu, (int, float)) and cpu >= 1
+             else "the host is busy between kernels")
+    text = ("Find what keeps the host busy between kernels (" + where + "; see the Step timeline and "
+            "the Operator view: CPU time with little GPU time): move CPU-side preprocessing, Python loops "
+            "over tensors and per-step logging out of the step")
+    if ctx.get("torch_compile"):
+        text += ", and remove graph breaks that leave eager regions (`TORCH_LOGS=\"graph_breaks\"`)."
+    else:
+        text += ", and cut Python overhead with `model = torch.compile(model)`."
+    return text
 
 
 def _small_kernels_action(report) -> str:
@@ -269,7 +326,8 @@ def rule_allocator_slack(report) -> Optional[dict]:
             worst = (dev, slack, mem)
     if worst is None or worst[1] < T.SLACK_FRAGMENTATION_PCT:
         return None
-    dev, slack, mem = worst
+    key, slack, mem = worst
+    dev = _device_words(key)
     gib = 1 << 30
     return {
         "rule": "allocator_slack", "severity": "high" if slack >= T.SLACK_FRAGMENTATION_HIGH_PCT else "medium",
@@ -287,9 +345,10 @@ def rule_allocator_slack(report) -> Optional[dict]:
 
 
 def rule_memory_growth(report) -> Optional[dict]:
-    for dev, mem in (report.get("memory") or {}).items():
+    for key, mem in (report.get("memory") or {}).items():
         growth = mem.get("growth") or {}
         if growth.get("possible_leak"):
+            dev = _device_words(key)
             steps = growth.get("per_step") or []
             return {
                 "rule": "memory_growth", "severity": "medium",

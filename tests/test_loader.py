@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tb_bottleneck_plugin import loader, model
+from tb_bottleneck_plugin import loader, loader_text, loader_workers, model
 from tb_bottleneck_plugin.errors import NotATraceError, TraceError, TruncatedTraceError
 
 from conftest import SHARED, TRACES  # noqa: E402  (the one definition, tests/conftest.py)
@@ -147,7 +147,7 @@ def test_streaming_equals_whole_file(monkeypatch):
     path = TRACES / "tracelens/h100/gaunernst_bert-small-uncased__1016001.json.gz"
     whole = loader._load_whole(open(path, "rb"), str(path), True, None)
     monkeypatch.setattr(loader, "CHUNK_BYTES", 4096)
-    monkeypatch.setattr(loader, "_OUT_BYTES", 8192)  # many blocks, so many chunks
+    monkeypatch.setattr(loader_text, "_OUT_BYTES", 8192)  # many blocks, so many chunks
     chunked = loader.load_trace(str(path))
     for table in ("gpu", "cpu", "runtime", "memory", "gpu_annotations"):
         assert len(getattr(whole, table)) == len(getattr(chunked, table)) > 0 or table == "gpu_annotations"
@@ -309,7 +309,7 @@ def test_parallel_decoding_equals_in_process(monkeypatch, name):
     monkeypatch.setenv("TB_BOTTLENECKS_DECODE_PROCESSES", "0")
     local = loader.load_trace(path)
     monkeypatch.setenv("TB_BOTTLENECKS_DECODE_PROCESSES", "2")
-    monkeypatch.setattr(loader, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(loader_workers, "PARALLEL_MIN_BYTES", 0)
     merges = []
     original = loader._Builder.merge
     monkeypatch.setattr(loader._Builder, "merge", lambda self, other: (merges.append(1), original(self, other)))

@@ -19,7 +19,7 @@ import zlib
 import numpy as np
 import pytest
 
-from tb_bottleneck_plugin import loader, model, report
+from tb_bottleneck_plugin import loader, loader_text, model, report
 from tb_bottleneck_plugin.analysis.occupancy import device_properties
 from tb_bottleneck_plugin.errors import NotATraceError, TraceError, TruncatedTraceError
 
@@ -134,7 +134,7 @@ def test_bare_array_with_args_as_a_list(tmp_path):
 def test_bad_fields_in_every_chunk_of_a_streamed_file(tmp_path, monkeypatch):
     """The lenient path per chunk: every chunk has a bad event, all others count."""
     monkeypatch.setattr(loader, "CHUNK_BYTES", 2048)
-    monkeypatch.setattr(loader, "_OUT_BYTES", 1024)
+    monkeypatch.setattr(loader_text, "_OUT_BYTES", 1024)
     n = 400
     events = [kernel(i, args="x") if i % 50 == 0 else kernel(i) for i in range(n)] + [STEP]
     trace = load(tmp_path, json.dumps({"traceEvents": events}).encode())
@@ -223,7 +223,7 @@ def test_deeply_nested_event_is_skipped(tmp_path):
 
 def test_deeply_nested_event_in_a_streamed_chunk(tmp_path, monkeypatch):
     monkeypatch.setattr(loader, "CHUNK_BYTES", 2048)
-    monkeypatch.setattr(loader, "_OUT_BYTES", 1024)
+    monkeypatch.setattr(loader_text, "_OUT_BYTES", 1024)
     events = [kernel(i) for i in range(200)]
     text = json.dumps({"traceEvents": events}).encode()
     deep = b'{"args": {"x": ' + b"[" * 3000 + b"]" * 3000 + b"}}, "

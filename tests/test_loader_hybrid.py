@@ -9,18 +9,18 @@ import time
 import numpy as np
 import pytest
 
-from tb_bottleneck_plugin import loader
+from tb_bottleneck_plugin import loader, loader_workers
 
 from conftest import TRACES  # noqa: E402
 
 NAME = "hta/trace_diff/control/control.json.gz"
 
 
-_DECODE_CHUNK = loader._decode_chunk
+_DECODE_CHUNK = loader_workers._decode_chunk
 
 
 def _slow_decode(payload):
-    """loader._decode_chunk, 50 ms slower (runs in the forked worker too)."""
+    """loader_workers._decode_chunk, 50 ms slower (runs in the forked worker too)."""
     time.sleep(0.05)
     return _DECODE_CHUNK(payload)
 
@@ -38,7 +38,7 @@ def _same(a, b):
 @pytest.fixture
 def small_chunks(monkeypatch):
     monkeypatch.setattr(loader, "CHUNK_BYTES", 1 << 20)
-    monkeypatch.setattr(loader, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(loader_workers, "PARALLEL_MIN_BYTES", 0)
     monkeypatch.setenv("TB_BOTTLENECKS_DECODE_PROCESSES", "0")
     return loader.load_trace(str(TRACES / NAME))
 
@@ -46,20 +46,20 @@ def small_chunks(monkeypatch):
 def test_one_worker_and_this_process_share_the_chunks(monkeypatch, small_chunks):
     monkeypatch.setenv("TB_BOTTLENECKS_DECODE_PROCESSES", "1")
     kinds = []
-    original = loader._ChunkSink._merge_oldest
+    original = loader_workers._ChunkSink._merge_oldest
 
     def merge_oldest(self):
         kinds.append("here" if self.pending[0][0] is None else "worker")
         original(self)
 
-    monkeypatch.setattr(loader._ChunkSink, "_merge_oldest", merge_oldest)
+    monkeypatch.setattr(loader_workers._ChunkSink, "_merge_oldest", merge_oldest)
     # a slow worker: this process must decode the chunks meanwhile, held back until
     # the worker's earlier chunk is merged
-    monkeypatch.setattr(loader, "_decode_chunk", _slow_decode)
+    monkeypatch.setattr(loader_workers, "_decode_chunk", _slow_decode)
     parallel = loader.load_trace(str(TRACES / NAME))
     assert "worker" in kinds and "here" in kinds, kinds
     _same(small_chunks, parallel)
-    assert loader._pool is None, "the decode workers end with the load"
+    assert loader_workers._pool is None, "the decode workers end with the load"
 
 
 def test_broken_pool_falls_back_to_this_process(monkeypatch, small_chunks):
@@ -81,25 +81,25 @@ def test_broken_pool_falls_back_to_this_process(monkeypatch, small_chunks):
         def submit(self, fn, *args):
             return Broken()
 
-    monkeypatch.setattr(loader, "_get_pool", lambda: Pool())
+    monkeypatch.setattr(loader_workers, "_get_pool", lambda: Pool())
     _same(small_chunks, loader.load_trace(str(TRACES / NAME)))
 
 
 def test_how_many_workers(monkeypatch):
     """The setting decides when set; else one worker only with a core to spare."""
     monkeypatch.setenv("TB_BOTTLENECKS_DECODE_PROCESSES", "3")
-    assert loader._decode_workers() == 3
+    assert loader_workers._decode_workers() == 3
     monkeypatch.setenv("TB_BOTTLENECKS_DECODE_PROCESSES", "0")
-    assert loader._decode_workers() == 0
+    assert loader_workers._decode_workers() == 0
     monkeypatch.delenv("TB_BOTTLENECKS_DECODE_PROCESSES")
-    monkeypatch.setattr(loader.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    monkeypatch.setattr(loader.os, "getloadavg", lambda: (0.9, 0.0, 0.0))
-    assert loader._decode_workers() == 1
-    monkeypatch.setattr(loader.os, "getloadavg", lambda: (1.6, 0.0, 0.0))  # both cores busy
-    assert loader._decode_workers() == 0
-    monkeypatch.setattr(loader.os, "sched_getaffinity", lambda pid: {0}, raising=False)
-    monkeypatch.setattr(loader.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
-    assert loader._decode_workers() == 0
+    monkeypatch.setattr(loader_workers.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(loader_workers.os, "getloadavg", lambda: (0.9, 0.0, 0.0))
+    assert loader_workers._decode_workers() == 1
+    monkeypatch.setattr(loader_workers.os, "getloadavg", lambda: (1.6, 0.0, 0.0))  # both cores busy
+    assert loader_workers._decode_workers() == 0
+    monkeypatch.setattr(loader_workers.os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    monkeypatch.setattr(loader_workers.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert loader_workers._decode_workers() == 0
 
 
 def test_a_daemonic_process_decodes_in_process(monkeypatch, small_chunks):
@@ -108,13 +108,13 @@ def test_a_daemonic_process_decodes_in_process(monkeypatch, small_chunks):
     import multiprocessing
 
     monkeypatch.delenv("TB_BOTTLENECKS_DECODE_PROCESSES")
-    monkeypatch.setattr(loader.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(loader_workers.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     monkeypatch.setattr(multiprocessing.current_process(), "daemon", True, raising=False)
-    assert loader._decode_workers() == 0
+    assert loader_workers._decode_workers() == 0
     monkeypatch.setenv("TB_BOTTLENECKS_DECODE_PROCESSES", "1")
 
     def no_children():
         raise AssertionError("daemonic processes are not allowed to have children")
 
-    monkeypatch.setattr(loader, "_get_pool", no_children)
+    monkeypatch.setattr(loader_workers, "_get_pool", no_children)
     _same(small_chunks, loader.load_trace(str(TRACES / NAME)))

@@ -1,0 +1,537 @@
+"""Typed events -> numpy columns, the string table and the recorded inputs (`_Builder`).
+
+Part of the loader (`loader.py` feeds it chunk by chunk; decode workers build a chunk's
+columns in their own `_Builder`, merged in file order by `_Builder.merge`). Values that
+pass the schema but cannot be right (integers beyond int64, negative sizes) are treated
+as absent with a warning; complete events without a usable ts/dur are dropped and
+counted. `_Builder.finish` makes the `model.TraceData`.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from . import model
+from .loader_events import _EMPTY_RAW, _NO_ARGS, Event, _checked_int, _decode_raw
+
+# CPU op names whose recorded input shapes/dtypes the Tensor Core analysis reports
+# ("eligible but not using", metrics §5). Matched as substrings of the op name.
+SHAPE_OP_MARKERS = (
+    "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
+    "conv", "aten::einsum", "scaled_dot_product", "flash_attention", "efficient_attention",
+    "lstm", "gru", "rnn",
+    # collective spans (nccl:all_reduce, gloo:broadcast, ...): their input size is the
+    # collective's bytes in the rank view (metrics §12)
+    "nccl:", "gloo:", "rccl:",
+)
+
+# Raw (lower-cased) categories -> what the event is. See trace-format.md §4.
+_GPU_KIND = {"kernel": model.GPU_KERNEL, "gpu_memcpy": model.GPU_MEMCPY, "memcpy": model.GPU_MEMCPY,
+             "gpu_memset": model.GPU_MEMSET, "memset": model.GPU_MEMSET}
+_RUNTIME = {"cuda_runtime": False, "runtime": False, "cuda_driver": True}
+_CPU_KIND = {"cpu_op": model.CPU_OP, "operator": model.CPU_OP, None: model.CPU_OP,
+             "user_annotation": model.CPU_USER_ANNOTATION,
+             "python_function": model.CPU_PYTHON, "python": model.CPU_OP}
+_GPU_ANNOTATION = {"gpu_user_annotation", "user"}
+_GPU_ROWS = ("kernels", "memcpys", "memsets")  # by GpuTable.kind, for warnings
+_NOT_HOST = {"trace", "flow", "overhead"}  # synthetic spans, CUPTI overhead (pid -1)
+
+
+def _float_col(values: list) -> np.ndarray:
+    try:
+        return np.array(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        return np.array([_to_float(v) for v in values], dtype=np.float64)
+
+
+def _to_float(v) -> float:
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            return float("nan")
+    return float("nan")
+
+
+def _int_col(values: list, bad: Optional[list] = None) -> np.ndarray:
+    """int64 column, -1 where missing. The one-call conversion takes well-formed
+    columns; anything else goes value by value, and ``bad`` (if given) collects
+    (row, problem) for values that are there but wrong (not for missing ones or for
+    strings, which old exporters write: "stream 7", "N/A")."""
+    try:
+        return np.array(values, dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        pass
+    try:  # absent values (None) are common: -1 for them, still one call for the rest
+        return np.array([-1 if v is None else v for v in values], dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        out = np.empty(len(values), dtype=np.int64)
+        for row, v in enumerate(values):
+            x, problem = _checked_int(v)
+            out[row] = x
+            if problem and bad is not None:
+                bad.append((row, problem))
+        return out
+
+
+class _Builder:
+    """Accumulates per-chunk column blocks and the string table."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.strings: Dict[str, int] = {}
+        self.gpu: List[model.GpuTable] = []
+        self.cpu: List[model.CpuTable] = []
+        self.runtime: List[model.RuntimeTable] = []
+        self.memory: List[model.MemoryTable] = []
+        self.annotations: List[model.GpuAnnotationTable] = []
+        self.op_inputs = model.OpInputs()
+        self.cpu_rows = 0
+        self.category_counts: Dict[str, int] = {}
+        self.event_count = 0
+        self.first_ts = float("inf")
+        self.last_ts = float("-inf")
+        self.dropped_missing_dur = 0
+        self.dropped_bad_ts = 0
+        self.negative_dur = 0
+        # (what rows, JSON field, problem) -> count, for values treated as absent
+        self.field_problems: Dict[Tuple[str, str, str], int] = {}
+        self.skipped_deep = 0  # events nested beyond msgspec's recursion limit
+        self.skipped_not_object = 0  # traceEvents entries that are not objects
+        self._shape_name_cache: Dict[int, bool] = {}
+        self._decoded_cache: Dict[bytes, Any] = {}  # recorded input text -> its value (_decoded)
+        self._raw_id_cache: Dict[bytes, int] = {}  # recorded input text -> its string id (_raw_ids)
+
+    def note(self, rows: str, field: str, problem: str, n: int = 1) -> None:
+        key = (rows, field, problem)
+        self.field_problems[key] = self.field_problems.get(key, 0) + n
+
+    def _noted(self, bad: list, rows: str, field: str, kinds: Optional[np.ndarray]) -> None:
+        for row, problem in bad:
+            self.note(_GPU_ROWS[kinds[row]] if kinds is not None else rows, field, problem)
+
+    def _ints(self, values: list, rows: str, field: str, kinds=None, min_value=None,
+              int32: bool = False) -> np.ndarray:
+        """An int column whose wrong values (wrong type, beyond int64/int32, below
+        ``min_value``) are -1 (absent) and counted per field."""
+        bad: list = []
+        col = _int_col(values, bad)
+        if min_value is not None or int32:
+            low = col < (min_value if min_value is not None else -(1 << 31))
+            high = col >= (1 << 31) if int32 else np.zeros(len(col), dtype=np.bool_)
+            if low.any() or high.any():
+                bad += [(row, "negative" if min_value is not None else "beyond int32")
+                        for row in np.flatnonzero(low).tolist()]
+                bad += [(row, "beyond int32") for row in np.flatnonzero(high).tolist()]
+                col = np.where(low | high, -1, col)
+        if bad:
+            self._noted(bad, rows, field, kinds)
+        return col.astype(np.int32) if int32 else col
+
+    def _floats(self, values: list, rows: str, field: str, kinds=None) -> np.ndarray:
+        """A non-negative float column (occupancy figures); a negative value is NaN."""
+        col = _float_col(values)
+        with np.errstate(invalid="ignore"):
+            neg = col < 0
+        if neg.any():
+            self._noted([(row, "negative") for row in np.flatnonzero(neg).tolist()], rows, field, kinds)
+            col = np.where(neg, np.nan, col)
+        return col
+
+    def intern(self, names: list) -> np.ndarray:
+        table = self.strings
+        ids = list(map(table.get, names))  # names seen before: one C-level lookup each
+        if None in ids:  # new names (and non-strings, keyed by str()) get ids in first-seen order
+            ids = [i if i is not None else table.setdefault(n if isinstance(n, str) else str(n), len(table))
+                   for i, n in zip(ids, names)]
+        return np.array(ids, dtype=np.int32)
+
+    def _raw_ids(self, raws: list) -> np.ndarray:
+        """String ids of undecoded JSON values (kept as their text, never parsed here); -1
+        for an absent one. The operator view groups by them (metrics: Operator view)."""
+        table = self.strings
+        known = self._raw_id_cache  # raw bytes -> id: ops repeat a few hundred texts
+        out = []
+        append = out.append
+        for r in raws:
+            if not len(r):
+                append(-1)
+                continue
+            key = bytes(r)
+            i = known.get(key)
+            if i is None:
+                i = known[key] = table.setdefault(str(key, "utf-8", "replace"), len(table))
+            append(i)
+        return np.array(out, dtype=np.int32)
+
+    def _decoded(self, raw):
+        """A recorded input value (JSON text), decoded once per distinct text. Ops repeat
+        a few hundred shapes tens of thousands of times: one shared (read-only) object per
+        text instead of nested lists per call, which every collection walked (on the
+        292 MB benchmark trace 269k tracked objects and 17 full collections became 24k
+        and 2: load 3.0-3.5 s -> 2.2-2.7 s)."""
+        key = bytes(raw)
+        cache = self._decoded_cache
+        value = cache.get(key, cache)
+        if value is cache:
+            value = cache[key] = _decode_raw(key)
+        return value
+
+    def add(self, events: List[Event]) -> None:
+        self.event_count += len(events)
+        by_cat: Dict[Any, List[Event]] = {}
+        memory: List[Event] = []
+        for e in events:
+            if e.ph == "X":
+                if e.name == "[memory]":
+                    memory.append(e)
+                else:
+                    lst = by_cat.get(e.cat)
+                    if lst is None:
+                        by_cat[e.cat] = [e]
+                    else:
+                        lst.append(e)
+            elif e.name == "[memory]":
+                memory.append(e)
+        gpu: List[Event] = []
+        gpu_kind: List[int] = []
+        runtime: List[Event] = []
+        driver: List[bool] = []
+        cpu: List[Event] = []
+        cpu_kind: List[int] = []
+        annotations: List[Event] = []
+        counts = self.category_counts
+        for cat, evs in by_cat.items():
+            key = cat if isinstance(cat, str) else ("" if cat is None else str(cat))
+            counts[key] = counts.get(key, 0) + len(evs)
+            low = cat.lower() if isinstance(cat, str) else None
+            if low in _GPU_KIND:
+                gpu += evs
+                gpu_kind += [_GPU_KIND[low]] * len(evs)
+            elif low in _RUNTIME:
+                runtime += evs
+                driver += [_RUNTIME[low]] * len(evs)
+            elif low in _GPU_ANNOTATION or (low is not None and low.startswith("gpu_user")):
+                annotations += evs
+            elif low in _NOT_HOST:
+                if low == "trace":
+                    continue
+            else:
+                cpu += evs
+                cpu_kind += [_CPU_KIND.get(low, model.CPU_OTHER)] * len(evs)
+        if memory:
+            counts["[memory]"] = counts.get("[memory]", 0) + len(memory)
+        self._add_gpu(gpu, gpu_kind)
+        self._add_runtime(runtime, driver)
+        self._add_cpu(cpu, cpu_kind)
+        self._add_memory(memory)
+        self._add_annotations(annotations)
+
+    # Shared checks on complete events: drop those without usable ts/dur.
+    def _times(self, evs: List[Event]):
+        ts = _float_col([e.ts for e in evs])
+        dur = _float_col([e.dur for e in evs])
+        bad_ts = ~np.isfinite(ts)
+        bad_dur = ~np.isfinite(dur)
+        keep = None
+        if bad_ts.any() or bad_dur.any():
+            self.dropped_bad_ts += int(bad_ts.sum())
+            self.dropped_missing_dur += int((bad_dur & ~bad_ts).sum())
+            keep = ~(bad_ts | bad_dur)
+        neg = dur < 0
+        if neg.any():
+            self.negative_dur += int(neg.sum())
+            dur = np.where(neg, 0.0, dur)
+        with np.errstate(over="ignore", invalid="ignore"):
+            overflow = ~np.isfinite(ts + dur) & np.isfinite(ts) & np.isfinite(dur)
+        if overflow.any():  # 1e308 + 1e308: no analysis can use such an end
+            self.note("events", "dur", "so large that ts + dur is infinite (event ignored)", int(overflow.sum()))
+            keep = ~overflow if keep is None else keep & ~overflow
+        return ts, dur, keep
+
+    def _span(self, ts: np.ndarray, end: np.ndarray):
+        if len(ts):
+            self.first_ts = min(self.first_ts, float(ts.min()))
+            self.last_ts = max(self.last_ts, float(end.max()))
+
+    def _add_gpu(self, evs: List[Event], kinds: List[int]) -> None:
+        if not evs:
+            return
+        ts, dur, keep = self._times(evs)
+        args = [e.args or _NO_ARGS for e in evs]
+        kind = np.array(kinds, dtype=np.int8)
+        device = [a.device for a in args]
+        if any(d is None for d in device):
+            device = [a.device if a.device is not None else e.pid for a, e in zip(args, evs)]
+        stream = [a.stream for a in args]
+        if any(s is None for s in stream):
+            stream = [a.stream if a.stream is not None else e.tid for a, e in zip(args, evs)]
+        ext = [a.external_id if a.external_id is not None else a.external_id_old for a in args]
+        dims = {}
+        for field in ("grid", "block"):
+            bad: list = []
+            dims[field] = _dims([getattr(a, field) for a in args], bad)
+            self._noted(bad, "", field, kind)
+        grid, block = dims["grid"], dims["block"]
+        limits = [_limiting_factors(a.occupancy) for a in args]
+        table = model.GpuTable(
+            kind=kind,
+            name=self.intern([e.name for e in evs]),
+            ts=ts, dur=dur,
+            device=self._ints(device, "", "device", kind, int32=True),
+            stream=self._ints(stream, "", "stream", kind),
+            correlation=self._ints([a.correlation for a in args], "", "correlation", kind),
+            external_id=self._ints(ext, "", "External id", kind),
+            grid_x=grid[:, 0], grid_y=grid[:, 1], grid_z=grid[:, 2],
+            block_x=block[:, 0], block_y=block[:, 1], block_z=block[:, 2],
+            registers_per_thread=self._ints([a.registers for a in args], "", "registers per thread", kind,
+                                            min_value=-1),
+            shared_memory=self._ints([a.shared_memory for a in args], "", "shared memory", kind, min_value=-1),
+            blocks_per_sm=self._floats([a.blocks_per_sm for a in args], "", "blocks per SM", kind),
+            warps_per_sm=self._floats([a.warps_per_sm for a in args], "", "warps per SM", kind),
+            achieved_occupancy_pct=self._floats([a.occupancy_pct for a in args], "",
+                                                "est. achieved occupancy %", kind),
+            occupancy_limit=np.array([-1 if x is None else self.strings.setdefault(x, len(self.strings))
+                                      for x in limits], dtype=np.int32),
+            bytes=self._ints([a.bytes if a.bytes is not None else a.size for a in args], "", "bytes", kind,
+                             min_value=-1),
+            msg_nelems=self._ints([a.msg_in_nelems for a in args], "", "In msg nelems", kind, min_value=-1),
+            msg_dtype=np.array([-1 if a.msg_dtype is None else self.strings.setdefault(a.msg_dtype, len(self.strings))
+                                for a in args], dtype=np.int32),
+        )
+        if keep is not None:
+            table = table.take(keep)
+        self._span(table.ts, table.ts + table.dur)
+        self.gpu.append(table)
+
+    def _add_runtime(self, evs: List[Event], driver: List[bool]) -> None:
+        if not evs:
+            return
+        ts, dur, keep = self._times(evs)
+        args = [e.args or _NO_ARGS for e in evs]
+        rows = "runtime calls"
+        table = model.RuntimeTable(
+            name=self.intern([e.name for e in evs]),
+            pid=self._ints([e.pid for e in evs], rows, "pid"), tid=self._ints([e.tid for e in evs], rows, "tid"),
+            ts=ts, dur=dur,
+            correlation=self._ints([a.correlation for a in args], rows, "correlation"),
+            external_id=self._ints([a.external_id if a.external_id is not None else a.external_id_old
+                                    for a in args], rows, "External id"),
+            is_driver=np.array(driver, dtype=np.bool_),
+        )
+        if keep is not None:
+            table = table.take(keep)
+        self._span(table.ts, table.ts + table.dur)
+        self.runtime.append(table)
+
+    def _add_cpu(self, evs: List[Event], kinds: List[int]) -> None:
+        if not evs:
+            return
+        ts, dur, keep = self._times(evs)
+        names = self.intern([e.name for e in evs])
+        cats = self.intern([e.cat if e.cat is not None else "" for e in evs])
+        table = model.CpuTable(
+            kind=np.array(kinds, dtype=np.int8), category=cats, name=names,
+            pid=self._ints([e.pid for e in evs], "CPU events", "pid"),
+            tid=self._ints([e.tid for e in evs], "CPU events", "tid"),
+            ts=ts, dur=dur,
+            external_id=self._ints([(e.args or _NO_ARGS).external_id for e in evs], "CPU events", "External id"),
+            input_dims=self._raw_ids([(a.input_dims if len(a.input_dims) else a.input_dims_2020) if a else _EMPTY_RAW
+                                      for a in (e.args for e in evs)]),
+            input_types=self._raw_ids([e.args.input_type if e.args else _EMPTY_RAW for e in evs]),
+        )
+        rows = np.arange(len(evs))
+        if keep is not None:
+            table = table.take(keep)
+            rows = rows[keep]
+        # Shapes and dtypes only for the few ops the Tensor Core analysis reports: the
+        # rows of those names, found per distinct name (not per row).
+        cache = self._shape_name_cache
+        strings = None
+        ids, inverse = np.unique(table.name, return_inverse=True)
+        flags = []
+        for nid in ids.tolist():
+            wanted = cache.get(nid)
+            if wanted is None:
+                if strings is None:
+                    strings = list(self.strings)
+                low = strings[nid].lower()
+                wanted = cache[nid] = any(m in low for m in SHAPE_OP_MARKERS)
+            flags.append(wanted)
+        picked = np.flatnonzero(np.array(flags, dtype=np.bool_)[inverse]) if flags else np.empty(0, np.int64)
+        for local, row in zip(picked.tolist(), rows[picked].tolist()):
+            a = evs[row].args
+            if a is not None:
+                raw_dims = a.input_dims if len(a.input_dims) else a.input_dims_2020
+                index = self.cpu_rows + local
+                if len(raw_dims):
+                    self.op_inputs.dims[index] = self._decoded(raw_dims)
+                if len(a.input_type):
+                    self.op_inputs.types[index] = self._decoded(a.input_type)
+        self.cpu_rows += len(table)
+        self._span(table.ts, table.ts + table.dur)
+        self.cpu.append(table)
+
+    def _add_memory(self, evs: List[Event]) -> None:
+        if not evs:
+            return
+        ts = _float_col([e.ts for e in evs])
+        keep = np.isfinite(ts)
+        args = [e.args or _NO_ARGS for e in evs]
+        rows = "[memory] events"
+        table = model.MemoryTable(
+            ts=ts,
+            device_type=self._ints([a.device_type for a in args], rows, "Device Type", int32=True),
+            device_id=self._ints([a.device_id for a in args], rows, "Device Id", int32=True),
+            bytes=self._ints([a.mem_bytes for a in args], rows, "Bytes"),
+            total_allocated=self._ints([a.total_allocated for a in args], rows, "Total Allocated", min_value=-1),
+            total_reserved=self._ints([a.total_reserved for a in args], rows, "Total Reserved", min_value=-1),
+            addr=self._ints([a.addr for a in args], rows, "Addr"),
+        )
+        if not keep.all():
+            self.dropped_bad_ts += int((~keep).sum())
+            table = table.take(keep)
+        self._span(table.ts, table.ts)
+        self.memory.append(table)
+
+    def _add_annotations(self, evs: List[Event]) -> None:
+        if not evs:
+            return
+        ts, dur, keep = self._times(evs)
+        args = [e.args or _NO_ARGS for e in evs]
+        table = model.GpuAnnotationTable(
+            name=self.intern([e.name for e in evs]), ts=ts, dur=dur,
+            device=self._ints([a.device if a.device is not None else e.pid for a, e in zip(args, evs)],
+                              "GPU annotations", "device", int32=True),
+            stream=self._ints([a.stream if a.stream is not None else e.tid for a, e in zip(args, evs)],
+                              "GPU annotations", "stream"),
+        )
+        if keep is not None:
+            table = table.take(keep)
+        self.annotations.append(table)
+
+    def merge(self, other: "_Builder") -> None:
+        """Append a chunk decoded elsewhere (another process): remap its string ids."""
+        table = self.strings
+        remap = np.array([table.setdefault(s, len(table)) for s in other.strings] or [0], dtype=np.int32)
+
+        def ids(col):
+            return remap[col] if len(col) else col
+
+        for t in other.gpu:
+            t.name = ids(t.name)
+            t.occupancy_limit = np.where(t.occupancy_limit >= 0, remap[np.maximum(t.occupancy_limit, 0)], -1) \
+                .astype(np.int32)
+            t.msg_dtype = np.where(t.msg_dtype >= 0, remap[np.maximum(t.msg_dtype, 0)], -1).astype(np.int32)
+            self.gpu.append(t)
+        for t in other.cpu:
+            t.name, t.category = ids(t.name), ids(t.category)
+            for col in ("input_dims", "input_types"):
+                v = getattr(t, col)
+                setattr(t, col, np.where(v >= 0, remap[np.maximum(v, 0)], -1).astype(np.int32))
+            self.cpu.append(t)
+        for t in other.runtime:
+            t.name = ids(t.name)
+            self.runtime.append(t)
+        for t in other.annotations:
+            t.name = ids(t.name)
+            self.annotations.append(t)
+        self.memory.extend(other.memory)
+        for row, dims in other.op_inputs.dims.items():
+            self.op_inputs.dims[self.cpu_rows + row] = dims
+        for row, types in other.op_inputs.types.items():
+            self.op_inputs.types[self.cpu_rows + row] = types
+        self.cpu_rows += other.cpu_rows
+        for cat, n in other.category_counts.items():
+            self.category_counts[cat] = self.category_counts.get(cat, 0) + n
+        self.event_count += other.event_count
+        self.first_ts = min(self.first_ts, other.first_ts)
+        self.last_ts = max(self.last_ts, other.last_ts)
+        self.dropped_missing_dur += other.dropped_missing_dur
+        self.dropped_bad_ts += other.dropped_bad_ts
+        self.negative_dur += other.negative_dur
+        for key, n in other.field_problems.items():
+            self.note(*key, n=n)
+        self.skipped_deep += other.skipped_deep
+        self.skipped_not_object += other.skipped_not_object
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_shape_name_cache"] = {}
+        state["_decoded_cache"] = {}
+        state["_raw_id_cache"] = {}
+        return state
+
+    def finish(self, meta: model.TraceMeta) -> model.TraceData:
+        meta.category_counts = self.category_counts
+        meta.event_count = self.event_count
+        if self.first_ts <= self.last_ts:
+            meta.first_ts, meta.last_ts = self.first_ts, self.last_ts
+        if self.dropped_missing_dur:
+            meta.warnings.append(f"{self.dropped_missing_dur} complete events without a usable 'dur' were ignored")
+        if self.dropped_bad_ts:
+            meta.warnings.append(f"{self.dropped_bad_ts} events without a usable 'ts' were ignored")
+        if self.negative_dur:
+            meta.warnings.append(f"{self.negative_dur} events with a negative 'dur' were counted as 0 µs")
+        for (rows, field, problem), n in self.field_problems.items():
+            meta.warnings.append(f"{n} {rows}: `{field}` {problem}"
+                                 + ("" if "ignored" in problem else " (treated as absent)"))
+        if self.skipped_deep:
+            meta.warnings.append(f"{self.skipped_deep} events nested deeper than {sys.getrecursionlimit()} levels "
+                                 "were skipped")
+        if self.skipped_not_object:
+            meta.warnings.append(f"{self.skipped_not_object} entries of traceEvents are not objects and were skipped")
+        strings = list(self.strings)
+        return model.TraceData(
+            meta=meta, strings=strings,
+            gpu=model.GpuTable.concat(self.gpu), cpu=model.CpuTable.concat(self.cpu),
+            runtime=model.RuntimeTable.concat(self.runtime), memory=model.MemoryTable.concat(self.memory),
+            gpu_annotations=model.GpuAnnotationTable.concat(self.annotations),
+            op_inputs=self.op_inputs,
+        )
+
+
+_NO_DIM = (-1, -1, -1)
+
+
+def _dims(values: list, bad: Optional[list] = None) -> np.ndarray:
+    """(n, 3) int64 grid/block dims; a value that is not a list of 3 integers in int64
+    (ROCm's -1 included as "unknown") becomes (-1, -1, -1), noted in ``bad``."""
+    fixed = []
+    for row, v in enumerate(values):
+        if v is None:
+            fixed.append(_NO_DIM)
+        elif len(v) == 3:
+            fixed.append(v)
+        else:
+            fixed.append(_NO_DIM)
+            if bad is not None:
+                bad.append((row, "not a list of 3 ints"))
+    try:
+        out = np.array(fixed, dtype=np.int64)
+        if out.shape == (len(fixed), 3) and not (out < -1).any():
+            return out
+    except (TypeError, ValueError, OverflowError):
+        pass
+    out = np.empty((len(fixed), 3), dtype=np.int64)
+    for row, v in enumerate(fixed):
+        dims = [_checked_int(x) if not isinstance(x, str) or x.strip().lstrip("-").isdigit() else (-1, "text")
+                for x in v]
+        if all(p is None and x >= -1 for x, p in dims):
+            out[row] = [x for x, _ in dims]
+        else:
+            out[row] = _NO_DIM
+            if bad is not None:
+                bad.append((row, "not a list of 3 ints"))
+    return out
+
+
+def _limiting_factors(occ) -> Optional[str]:
+    if not occ:
+        return None
+    lf = occ.get("limitingFactors") or occ.get("limitingFactor")
+    return str(lf) if lf else None
