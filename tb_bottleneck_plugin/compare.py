@@ -11,10 +11,13 @@ from __future__ import annotations
 import re
 from typing import Dict, List, Optional, Tuple
 
+from . import thresholds as T
 from .analysis import breakdown, operators
 
 COMPARE_SCHEMA_VERSION = 1
 LOWER, HIGHER = "lower", "higher"
+# the direction words the route sends beside `better` (the frontend colours by verdict only)
+DIRECTION_WORDS = {LOWER: "lower_is_better", HIGHER: "higher_is_better", None: "neutral"}
 _SEVERITY_RANK = {"low": 1, "medium": 2, "high": 3}
 
 
@@ -129,11 +132,24 @@ def _why_na(rep: dict, key: str, na_keys, batch_size) -> str:
     return "not available in this report"
 
 
-def _verdict(better: Optional[str], delta: Optional[float]) -> str:
+def noise_band(unit: str, scale: Optional[float]) -> Optional[float]:
+    """The |change| at or below which a change is "unchanged" (METRICS.md §11), in the
+    number's unit: COMPARE_NOISE_PP points for a percentage, else COMPARE_NOISE_REL_PCT % of
+    |scale| (the baseline value, or for a step-time category the baseline's step time)."""
+    if unit == "%":
+        return T.COMPARE_NOISE_PP
+    if scale is None:
+        return None
+    return T.COMPARE_NOISE_REL_PCT / 100.0 * abs(scale)
+
+
+def _verdict(better: Optional[str], delta: Optional[float], band: Optional[float] = 0.0) -> str:
+    """better / worse / unchanged (|delta| within the noise band) / changed (a number with
+    no better direction, outside the band) / n/a (a side is n/a)."""
     if delta is None:
         return "n/a"
-    if delta == 0:
-        return "same"
+    if abs(delta) <= (band or 0.0):
+        return "unchanged"
     if better is None:
         return "changed"
     return "better" if (delta < 0) == (better == LOWER) else "worse"
@@ -145,9 +161,11 @@ def _metric_rows(base_rep, cand_rep, batch_sizes) -> Tuple[List[dict], Dict[str,
         b = headline_value(base_rep, key, batch_sizes[0])
         c = headline_value(cand_rep, key, batch_sizes[1])
         delta = c - b if b is not None and c is not None else None
-        row = {"key": key, "label": label, "unit": unit, "better": better, "base": b, "cand": c,
+        band = noise_band(unit, b) if delta is not None else None
+        row = {"key": key, "label": label, "unit": unit, "better": better, "direction": DIRECTION_WORDS[better],
+               "base": b, "cand": c,
                "delta": delta, "rel_pct": 100.0 * delta / abs(b) if delta is not None and b else None,
-               "verdict": _verdict(better, delta)}
+               "noise_band": band, "verdict": _verdict(better, delta, band)}
         if b is None:
             not_available[f"metrics.{key}.base"] = _why_na(base_rep, key, na_keys, batch_sizes[0])
         if c is None:
@@ -166,6 +184,7 @@ def _step_time(base_rep, cand_rep) -> Tuple[Optional[dict], Optional[str]]:
         if avg is None or any(bd.get(cat) is None for cat in breakdown.CATEGORIES):
             return None, f"the {side} has no step-time breakdown (no included step)"
     delta = c_avg - b_avg
+    band = noise_band("us", b_avg)  # every category is held to a share of the whole step
     cats = []
     for cat in breakdown.CATEGORIES:
         d = c_bd[cat] - b_bd[cat]
@@ -173,10 +192,11 @@ def _step_time(base_rep, cand_rep) -> Tuple[Optional[dict], Optional[str]]:
                      "base_pct": 100.0 * b_bd[cat] / b_avg if b_avg else None,
                      "cand_pct": 100.0 * c_bd[cat] / c_avg if c_avg else None,
                      "share_of_change_pct": 100.0 * d / delta if delta else None,
-                     "verdict": _verdict(LOWER, d)})
+                     "verdict": _verdict(LOWER, d, band)})
     largest = max(cats, key=lambda r: abs(r["delta_us"]))
     return {"base_avg_step_us": b_avg, "cand_avg_step_us": c_avg, "delta_us": delta,
-            "rel_pct": 100.0 * delta / b_avg if b_avg else None, "verdict": _verdict(LOWER, delta),
+            "rel_pct": 100.0 * delta / b_avg if b_avg else None, "direction": DIRECTION_WORDS[LOWER],
+            "noise_band_us": band, "verdict": _verdict(LOWER, delta, band),
             "categories": cats,
             # breakdown_us adds up to avg_step_us in each report; this is what the float
             # sums leave over (0 up to rounding), shown rather than hidden in a category.
@@ -276,20 +296,32 @@ def _per_step(value, steps):
     return None if value is None else value / steps
 
 
+def _per_step_label(field: str) -> str:
+    return field.replace("_us", "_us_per_step") if field.endswith("_us") else field + "_per_step"
+
+
 def _diff_table(base_rows, cand_rows, base_steps, cand_steps, normalise, fields, sort_field,
                 base_truncated, cand_truncated) -> dict:
+    """Rows per normalised name; each row's ``verdicts`` judge each per-step change: times
+    are costs (lower is better), counts have no direction (fewer calls can mean fusion or a
+    smaller model); a change within the noise band of the row's baseline is "unchanged"."""
     b = _group(base_rows, normalise, fields)
     c = _group(cand_rows, normalise, fields)
+    directions = {_per_step_label(f): DIRECTION_WORDS[LOWER if f.endswith("_us") else None] for f in fields}
     rows = []
     for name in set(b) | set(c):
         row = {"name": name}
         in_b, in_c = name in b, name in c
+        verdicts = {}
         for f in fields:
             bv = _per_step(b[name][f], base_steps) if in_b else (None if base_truncated else 0.0)
             cv = _per_step(c[name][f], cand_steps) if in_c else (None if cand_truncated else 0.0)
-            label = f.replace("_us", "_us_per_step") if f.endswith("_us") else f + "_per_step"
+            label = _per_step_label(f)
             row["base_" + label], row["cand_" + label] = bv, cv
-            row["delta_" + label] = cv - bv if bv is not None and cv is not None else None
+            delta = cv - bv if bv is not None and cv is not None else None
+            row["delta_" + label] = delta
+            verdicts[label] = _verdict(LOWER if f.endswith("_us") else None, delta, noise_band("", bv))
+        row["verdicts"] = verdicts
         if in_b and in_c:
             same = all(_per_step(b[name][f], base_steps) == _per_step(c[name][f], cand_steps) for f in fields)
             row["status"] = "same" if same else "changed"
@@ -308,7 +340,7 @@ def _diff_table(base_rows, cand_rows, base_steps, cand_steps, normalise, fields,
         values = [g[sort_field] for g in groups.values()]
         totals[f"{side}_{sort_field.replace('_us', '_us_per_step')}"] = \
             None if any(v is None for v in values) else sum(values) / steps
-    return {"rows": rows[:MAX_DIFF_ROWS], "rows_left_out": max(0, len(rows) - MAX_DIFF_ROWS),
+    return {"rows": rows[:MAX_DIFF_ROWS], "rows_left_out": max(0, len(rows) - MAX_DIFF_ROWS), "directions": directions,
             "new": statuses.count("new"), "vanished": statuses.count("vanished"),
             "changed": statuses.count("changed"), "unknown": statuses.count("unknown"), **totals}
 

@@ -122,7 +122,7 @@ def test_hand_built_pair_every_delta_known(tmp_path):
     assert m["base"] == pytest.approx(30.0) and m["cand"] == pytest.approx(100 * 500 / 1200)
     assert m["verdict"] == "better" and m["better"] == "higher"
     m = metric(cmp, "tensor_core_pct")
-    assert (m["base"], m["cand"], m["verdict"]) == (0.0, 0.0, "same")
+    assert (m["base"], m["cand"], m["verdict"]) == (0.0, 0.0, "unchanged")
     assert metric(cmp, "throughput_samples_per_s")["verdict"] == "n/a"
     assert "batch size" in cmp["not_available"]["metrics.throughput_samples_per_s.base"]
 
@@ -158,6 +158,10 @@ def test_hand_built_pair_every_delta_known(tmp_path):
     ew = row(k, "elementwise_kernel")
     assert ew["status"] == "new" and ew["base_total_us_per_step"] == 0.0 and ew["cand_total_us_per_step"] == 50.0
     assert (k["new"], k["vanished"], k["changed"]) == (1, 0, 1)
+    # verdicts per row and field: time is a cost, a count has no direction
+    assert k["directions"] == {"total_us_per_step": "lower_is_better", "calls_per_step": "neutral"}
+    assert gemm["verdicts"] == {"total_us_per_step": "better", "calls_per_step": "unchanged"}  # 300 -> 200 µs
+    assert ew["verdicts"] == {"total_us_per_step": "worse", "calls_per_step": "changed"}  # new: 0 -> 50 µs, 0 -> 1
     assert k["base_total_us_per_step"] == 300.0 and k["cand_total_us_per_step"] == 250.0
 
     # CPU operators (the Operator view of METRICS §13 summed over the included steps):
@@ -167,6 +171,8 @@ def test_hand_built_pair_every_delta_known(tmp_path):
     assert (dl["base_self_us_per_step"], dl["cand_self_us_per_step"], dl["delta_self_us_per_step"]) == \
         (400.0, 100.0, -300.0)
     assert dl["top_level"] is True and dl["status"] == "changed"
+    assert dl["verdicts"]["self_us_per_step"] == "better"  # 400 -> 100 µs
+    assert set(row(ops, "aten::mm")["verdicts"].values()) == {"unchanged"}  # the same on both sides
     assert ops["rows"][0]["name"] == dl["name"]  # largest self-time change first
     mm = row(ops, "aten::mm")  # self = 200 µs minus its 10 µs cudaLaunchKernel, on both sides
     assert mm["status"] == "same" and mm["base_total_us_per_step"] == 200.0
@@ -197,7 +203,7 @@ def test_throughput_from_batch_size(tmp_path):
 def test_comparing_a_run_with_itself_changes_nothing(tmp_path):
     base_path, _ = hand_pair(tmp_path)
     cmp = compare.compare(result_of(base_path), result_of(base_path))
-    assert all(m["verdict"] in ("same", "n/a") for m in cmp["metrics"])
+    assert all(m["verdict"] in ("unchanged", "n/a") for m in cmp["metrics"])
     assert all(c["delta_us"] == 0 for c in cmp["step_time"]["categories"])
     assert cmp["step_time"]["largest_change"] is None
     assert all(r["status"] == "same" for r in cmp["kernels"]["rows"] + cmp["ops"]["rows"])
@@ -414,7 +420,7 @@ def test_resnet50_run_pair_deltas_equal_oracle_ratio_of_sums():
     rec = {r["rule"]: r for r in cmp["recommendations"]}
     assert rec["input_bound"]["status"] == "resolved"
     # FP32 on a V100 both times: Tensor Cores unused, unchanged
-    assert metric(cmp, "tensor_core_pct")["verdict"] == "same"
+    assert metric(cmp, "tensor_core_pct")["verdict"] == "unchanged"
     assert rec["tensor_cores_unused"]["status"] == "unchanged"
     dl = row(cmp["ops"], "enumerate(DataLoader)#<iterator>.__next__")
     assert dl["delta_total_us_per_step"] < -30000
@@ -520,3 +526,95 @@ def test_compare_route_is_202_while_a_side_loads(tmp_path, route_client):
         stub.release.set()
     assert plugin.analyzer.wait_idle(30)
     assert metric(get(200, base_run="base", cand_run="cand"), "avg_step_us")["delta"] == -400.0
+
+
+# ---------------------------------------------------------------------------- verdicts: direction and noise band
+
+
+def _bare(rep):
+    return {"report": rep}
+
+
+@pytest.mark.parametrize("base,cand,key,want", [
+    # percentages: unchanged within 0.5 percentage points (thresholds.COMPARE_NOISE_PP)
+    ({"input": {"input_bound_pct": 10.0}}, {"input": {"input_bound_pct": 10.5}}, "input_bound_pct", "unchanged"),
+    ({"input": {"input_bound_pct": 10.0}}, {"input": {"input_bound_pct": 10.6}}, "input_bound_pct", "worse"),
+    ({"input": {"input_bound_pct": 10.0}}, {"input": {"input_bound_pct": 9.4}}, "input_bound_pct", "better"),
+    ({"tensor_cores": {"tensor_core_pct": 20.0}}, {"tensor_cores": {"tensor_core_pct": 30.0}}, "tensor_core_pct",
+     "better"),  # up is better here
+    ({"gpu": {"0": {"utilization_pct": 60.0}}}, {"gpu": {"0": {"utilization_pct": 50.0}}}, "gpu_utilization_pct",
+     "worse"),
+    # other numbers: unchanged within 3 % of the baseline (thresholds.COMPARE_NOISE_REL_PCT)
+    ({"avg_step_us": 1000.0}, {"avg_step_us": 1030.0}, "avg_step_us", "unchanged"),
+    ({"avg_step_us": 1000.0}, {"avg_step_us": 1031.0}, "avg_step_us", "worse"),
+    ({"avg_step_us": 1000.0}, {"avg_step_us": 969.0}, "avg_step_us", "better"),
+    ({"memory": {"cuda:0": {"peak_allocated_bytes": 1000}}}, {"memory": {"cuda:0": {"peak_allocated_bytes": 2000}}},
+     "peak_gpu_allocated_bytes", "worse"),
+    # a count has no better direction: changed, or unchanged inside the band
+    ({"launch": {"kernels_per_step": 100.0}}, {"launch": {"kernels_per_step": 50.0}}, "kernels_per_step", "changed"),
+    ({"launch": {"kernels_per_step": 100.0}}, {"launch": {"kernels_per_step": 102.0}}, "kernels_per_step",
+     "unchanged"),
+    ({"avg_step_us": 1000.0}, {}, "avg_step_us", "n/a"),
+])
+def test_metric_verdict_from_direction_and_noise_band(base, cand, key, want):
+    m = metric(compare.compare(_bare(base), _bare(cand)), key)
+    assert m["verdict"] == want, m
+    assert m["direction"] == {"lower": "lower_is_better", "higher": "higher_is_better", None: "neutral"}[m["better"]]
+
+
+@needs_shared
+def test_resnet50_run_pair_verdicts_by_hand():
+    """Every headline verdict and step-time category verdict of the kineto resnet50 pair
+    (num_workers 0 -> 4), hand-computed with the §11 rule (percentages: 0.5 pp band;
+    others: 3 % of the baseline; categories: 3 % of the baseline step, 166252 µs -> 4988 µs)
+    from the values noted below: torch-tb-profiler's (../shared/oracles, over the 12 steps)
+    for the step time, DataLoader share, GPU utilisation, SM efficiency, occupancy and the
+    categories (the test above holds ours to them), the report's for the rest."""
+    cmp = compare.compare(result_of(RESNET0), result_of(RESNET4))
+    want = {
+        "avg_step_us": "better",  # 166252 -> 141938 µs: -14.6 %
+        "input_bound_pct": "better",  # DataLoader 28.5 % -> 0.5 %: -28.0 pp, lower is better
+        "input_transfer_pct": "worse",  # 1.10 % -> 2.13 %: +1.03 pp, lower is better
+        "gpu_utilization_pct": "better",  # 59.3 % -> 69.8 %: up, higher is better
+        "est_sm_efficiency_pct": "better",  # 58.4 % -> 68.8 %
+        "tensor_core_pct": "unchanged",  # 0 -> 0 (FP32 on a V100)
+        "tc_eligible_not_using_pct": "unchanged",  # 67.6 -> 67.8 %: +0.17 pp
+        "est_achieved_occupancy_pct": "unchanged",  # 49.1 -> 48.9 %: -0.22 pp
+        "grid_too_small_pct": "unchanged",  # 5.83 -> 5.70 %
+        "short_kernel_time_pct": "unchanged",  # 1.42 -> 1.40 %
+        "peak_gpu_allocated_bytes": "unchanged",  # 2791.6 MB -> 2791.5 MB
+        "peak_cpu_allocated_bytes": "unchanged",  # +256 B
+        "sync_pct": "unchanged",  # 0.05 -> 0.05 %
+        "launch_pct": "worse",  # 8.5 % -> 11.8 %: the runtime grew with 4 workers
+        "kernels_per_step": "unchanged",  # 1462 -> 1478: +1.1 %, no direction
+        "comm_pct_of_kernel_time": "unchanged",  # no communication
+        "throughput_samples_per_s": "n/a", "peak_gpu_reserved_bytes": "n/a", "allocator_slack_pct": "n/a",
+    }
+    assert {m["key"]: m["verdict"] for m in cmp["metrics"]} == want
+    cats = {  # µs per step, baseline -> candidate (oracle's breakdown_us, mean over the steps)
+        "kernel": "unchanged",  # 98562 -> 99094: +532
+        "memcpy": "unchanged",  # 1825 -> 3022: +1198
+        "memset": "unchanged", "communication": "unchanged",
+        "runtime": "worse",  # 3480 -> 10572: +7092 > 4988
+        "dataloader": "better",  # 47383 -> 739: -46644
+        "cpu_exec": "unchanged",  # 13730 -> 18489: +4759 < 4988
+        "other": "worse",  # 1183 -> 9924: +8741
+    }
+    assert {c["category"]: c["verdict"] for c in cmp["step_time"]["categories"]} == cats
+    assert cmp["step_time"]["verdict"] == "better" and cmp["step_time"]["direction"] == "lower_is_better"
+    # diff tables: time rows judged against their own baseline, counts neutral
+    dl = row(cmp["ops"], "enumerate(DataLoader)#<iterator>.__next__")
+    assert dl["verdicts"]["total_us_per_step"] == "better"
+    for table in (cmp["kernels"], cmp["ops"]):
+        for r in table["rows"]:
+            for field, verdict in r["verdicts"].items():
+                b, d = r["base_" + field], r["delta_" + field]
+                if d is None:
+                    assert verdict == "n/a"
+                elif abs(d) <= 0.03 * abs(b):
+                    assert verdict == "unchanged", (r["name"], field)
+                elif field.endswith("_us_per_step"):
+                    assert verdict == ("better" if d < 0 else "worse"), (r["name"], field)
+                else:
+                    assert verdict == "changed", (r["name"], field)
+

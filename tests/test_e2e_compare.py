@@ -68,6 +68,18 @@ CARD_JS = """(key) => { const c = document.querySelector(`.cmp-card[data-key="${
           delta: (c.querySelector('.cmp-delta-value') || {}).textContent || '',
           verdict: c.getAttribute('data-verdict'), deltaClass: c.querySelector('.cmp-delta').className}; }"""
 
+VERDICT_CLASS = {"better": "sev-text-ok", "worse": "sev-text-high", "unchanged": "muted", "changed": "muted"}
+COLOURED = {"sev-text-ok", "sev-text-high"}
+DELTA_CELLS_JS = """(kind) => { const t = document.querySelector(`table.cmp-diff-${kind}`);
+  const cols = [...t.querySelectorAll('thead th')].map((th) => th.dataset.col);
+  const out = [];
+  for (const tr of t.querySelectorAll('tbody tr[data-status]')) {
+    const name = tr.querySelector('td.cmp-name').title.split('\\n')[0];
+    [...tr.children].forEach((td, i) => { if ((cols[i] || '').startsWith('delta_'))
+      out.push([name, cols[i], td.dataset.verdict || null, [...td.classList]]); });
+  }
+  return out; }"""
+
 MARKS_JS = """(sel) => { let n = 0; for (const el of document.querySelectorAll(sel + ' svg rect')) {
   const b = el.getBBox(); if (b.width > 0 && b.height > 0) n++; } return n; }"""
 
@@ -91,10 +103,16 @@ def test_shared_link_shows_the_demo_comparison(tensorboard, browser_page):
     assert card["base"] == _pct(ib["base"]) and card["cand"] == _pct(ib["cand"]), (card, ib)
     assert card["delta"] == _pp_delta(ib["delta"]), (card, ib)
     assert card["verdict"] == "better" and "sev-text-ok" in card["deltaClass"], card
-    # a metric that got worse is coloured as such (peak CPU memory grows by 2 MiB in this pair)
+    # every card is coloured by the server's verdict, not by the sign of its change: peak CPU
+    # memory grows by 2 MiB (1.8 %, inside the 3 % noise band) and stays uncoloured
     for m in cmp["metrics"]:
-        if m["verdict"] == "worse":
-            assert "sev-text-high" in page.evaluate(CARD_JS, m["key"])["deltaClass"], m
+        if m["base"] is None and m["cand"] is None:
+            continue
+        cls = page.evaluate(CARD_JS, m["key"])["deltaClass"].split()
+        want = VERDICT_CLASS.get(m["verdict"], "muted")
+        assert want in cls and not (COLOURED - {want}) & set(cls), (m, cls)
+    mem = next(m for m in cmp["metrics"] if m["key"] == "peak_cpu_allocated_bytes")
+    assert mem["delta"] > 0 and mem["verdict"] == "unchanged", mem
     # the side-by-side verdict cards are the single-run cards (cards.js renderCards with two
     # reports): one row per side, each card coloured by that side's own report.verdicts
     page.wait_for_function("() => document.querySelectorAll('#bn-cmp-cards .cards-row').length === 2", timeout=60_000)
@@ -122,6 +140,17 @@ def test_shared_link_shows_the_demo_comparison(tensorboard, browser_page):
     ops = page.locator("table.cmp-diff-ops tbody tr")
     assert ops.count() == min(len(cmp["ops"]["rows"]), 200) > 5
     assert ops.first.locator("td.cmp-name").text_content().startswith("enumerate(DataLoader)#<iterator>.__next__")
+    # each delta cell carries the class of the row's verdict for that field (the route's words)
+    by_name = {r["name"]: r for r in cmp["ops"]["rows"]}
+    cells = page.evaluate(DELTA_CELLS_JS, "ops")
+    assert len(cells) > 10
+    seen = set()
+    for name, col, verdict, classes in cells:
+        want = by_name[name]["verdicts"][col[len("delta_"):]]
+        assert verdict == want, (name, col, verdict, want)
+        assert set(classes) & (COLOURED | {"muted"}) == {VERDICT_CLASS[want]}, (name, col, classes, want)
+        seen.add(want)
+    assert {"better", "worse", "unchanged"} <= seen, seen
     # click a header: sorted by that column (names ascending)
     page.locator("table.cmp-diff-ops th[data-col=name]").click()
     names = page.eval_on_selector_all("table.cmp-diff-ops tbody td.cmp-name", "els => els.map(e => e.firstChild.textContent)")

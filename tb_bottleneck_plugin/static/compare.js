@@ -1,9 +1,11 @@
 // Compare mode of the Bottlenecks tab: a baseline and a candidate (runs, optionally one
 // worker/span each) side by side, from the `compare` route (compare.py, METRICS.md §11).
 //
-// Every judgement comes from the server: a metric's direction ("better": "lower"/"higher")
-// and its verdict ("better"/"worse"/"same"/"changed"/"n/a"). This file decides colours from
-// those words only; it holds no numeric threshold. Names from a trace (kernels, operators,
+// Every judgement comes from the server: a number's direction ("lower_is_better",
+// "higher_is_better", "neutral": metrics[].direction, step_time.direction, kernels/ops.directions)
+// and the verdict of its change ("better"/"worse", "unchanged" within the server's noise band,
+// "changed" for a neutral number, "n/a"). This file decides colours from those words only;
+// it holds no numeric threshold and never reads a change's sign to judge it. Names from a trace (kernels, operators,
 // runs) are inserted as text through dom.js.
 //
 // State lives in the URL hash: #compare=1&base=RUN&cand=RUN[&base_worker=&base_span=&cand_worker=&cand_span=]
@@ -24,7 +26,9 @@ const SIDE_NAMES = {base: "Baseline", cand: "Candidate"};
 const TABLE_LIMIT = 200; // rows drawn per diff table (the filter finds the rest)
 const catColor = (k) => `var(--c-${String(k).replace("_", "-")})`;
 // Verdict word (from the server) -> colour class already defined in style.css.
-const VERDICT_CLASS = {better: "sev-text-ok", worse: "sev-text-high"};
+const VERDICT_CLASS = {better: "sev-text-ok", worse: "sev-text-high", unchanged: "muted", changed: "muted"};
+const DIRECTION_TEXT = {lower_is_better: "lower is better", higher_is_better: "higher is better", neutral: "no better/worse direction"};
+const VERDICT_TEXT = {unchanged: "unchanged (within noise)"};
 const REC_STATUS_CLASS = {resolved: "sev-ok", better: "sev-ok", new: "sev-high", worse: "sev-high", unchanged: "sev-low"};
 
 // ------------------------------------------------------------ hash state
@@ -258,7 +262,8 @@ function summary(cmp) {
     const largest = (st.categories || []).find((c) => c.category === st.largest_change);
     lines.push(h("div", {class: "cmp-headline", style: {"margin-top": "6px", "font-size": "15px"}},
       "Avg step time ", fmtUs(st.base_avg_step_us), " → ", fmtUs(st.cand_avg_step_us), " ",
-      h("span", {class: VERDICT_CLASS[st.verdict] || null}, `${fmtDelta(st.delta_us, "us")} (${fmtRel(st.rel_pct)})`),
+      h("span", {class: ["cmp-headline-delta", VERDICT_CLASS[st.verdict] || null], "data-verdict": st.verdict || null},
+        `${fmtDelta(st.delta_us, "us")} (${fmtRel(st.rel_pct)})`),
       largest ? ` — largest change: ${CAT_NAMES[largest.category] || largest.category} ${fmtDelta(largest.delta_us, "us")} per step` : ""));
   }
   return h("section", {class: "panel cmp-summary"}, h("div", {class: "panel-body"}, lines));
@@ -274,8 +279,10 @@ function metricCards(metrics) {
   if (!shown.length) return h("p", {class: "note"}, "No headline number is available on either side.");
   return h("div", {class: "cards"}, shown.map((m) => {
     const cls = VERDICT_CLASS[m.verdict] || "muted";
-    const dir = m.better === "lower" ? "lower is better" : m.better === "higher" ? "higher is better" : "no better/worse direction";
-    return h("div", {class: "card cmp-card", "data-key": m.key, "data-verdict": m.verdict, tabindex: "0"},
+    const dir = DIRECTION_TEXT[m.direction] || DIRECTION_TEXT.neutral;
+    const band = isNum(m.noise_band) ? `changes within ±${fmtDelta(m.noise_band, m.unit).slice(1)} count as unchanged` : null;
+    return h("div", {class: "card cmp-card", "data-key": m.key, "data-verdict": m.verdict, "data-direction": m.direction || null,
+      title: band, tabindex: "0"},
       h("div", {class: "card-label"}, m.label, h("span", {class: "card-sublabel"}, dir)),
       h("div", {class: "cmp-values", style: {"font-size": "18px", "margin-top": "4px"}},
         h("span", {class: "cmp-base"}, fmtValue(m.base, m.unit)), " → ",
@@ -283,7 +290,7 @@ function metricCards(metrics) {
       h("div", {class: ["card-verdict", "cmp-delta", cls]},
         isNum(m.delta) ? h("span", {class: "cmp-delta-value"}, fmtDelta(m.delta, m.unit)) : "n/a on one side",
         isNum(m.rel_pct) && m.unit !== "%" ? ` (${fmtRel(m.rel_pct)})` : "",
-        " ", h("span", {class: "cmp-verdict"}, m.verdict)));
+        " ", h("span", {class: "cmp-verdict"}, VERDICT_TEXT[m.verdict] || m.verdict)));
   }));
 }
 
@@ -301,7 +308,7 @@ function stepTimePanel(st, why) {
     h("tbody", {}, moved.map((c) => h("tr", {},
       h("td", {}, h("span", {class: "swatch", style: {background: catColor(c.category)}}), " ", CAT_NAMES[c.category] || c.category),
       h("td", {class: "num"}, fmtUs(c.base_us)), h("td", {class: "num"}, fmtUs(c.cand_us)),
-      h("td", {class: ["num", VERDICT_CLASS[c.verdict]]}, fmtDelta(c.delta_us, "us") || "±0"),
+      h("td", {class: ["num", "cmp-cat-delta", VERDICT_CLASS[c.verdict]], "data-verdict": c.verdict || null}, fmtDelta(c.delta_us, "us") || "±0"),
       h("td", {class: "num"}, isNum(c.share_of_change_pct) ? fmtPct(c.share_of_change_pct, 1) : "n/a")))));
   const residual = isNum(st.residual_us) && st.residual_us !== 0 ? h("p", {class: "note"}, `Rounding residual: ${fmtUs(st.residual_us)}`) : null;
   return panel("Step-time change by category", {id: "bn-cmp-steptime",
@@ -474,9 +481,10 @@ function diffPanel(title, kind, table, why) {
         return h("td", {}, h("span", {class: cls}, String(r.status ?? "")));
       }
       const v = r[c.key];
-      // a delta's colour: lower time per step is better (METRICS.md §11: every table field is a cost)
-      const vcls = c.delta && isNum(v) && v !== 0 ? (v < 0 ? "sev-text-ok" : "sev-text-high") : null;
-      return h("td", {class: ["num", vcls]}, isNum(v) ? c.fmt(v) : "n/a");
+      // a delta's colour: the server's verdict of that change (its direction and noise band)
+      const verdict = c.delta && r.verdicts && typeof r.verdicts === "object" ? r.verdicts[c.key.replace(/^delta_/, "")] : null;
+      const vcls = verdict ? VERDICT_CLASS[verdict] || null : null;
+      return h("td", {class: ["num", vcls], "data-verdict": typeof verdict === "string" ? verdict : null}, isNum(v) ? c.fmt(v) : "n/a");
     }))));
     if (!shown.length) tbody.appendChild(h("tr", {}, h("td", {colspan: String(cols.length), class: "empty-row"}, "No row matches the filter.")));
     count.textContent = shownRows.length > TABLE_LIMIT
