@@ -9,9 +9,13 @@ from __future__ import annotations
 import posixpath
 from typing import Dict, Iterable, List, Optional
 
+from .recommendations import _is_amd
 from .report import not_available_label
 
 _PLURALS = {"memcpy": "memcpys", "memset": "memsets"}
+# Step-time categories (metrics §2) as the tab's legend names them.
+_CATEGORY_WORDS = {"kernel": "Kernel", "memcpy": "Memcpy", "memset": "Memset", "communication": "Communication",
+                   "runtime": "Runtime", "dataloader": "DataLoader", "cpu_exec": "CPU Exec", "other": "Other (idle)"}
 
 
 def plural(count, word: str, words: Optional[str] = None) -> str:
@@ -82,21 +86,25 @@ def format_report(rep: dict, indent: str = "", heading: Optional[str] = None) ->
     st = rep.get("steps")
     if st:
         if st.get("found"):
-            add(f"{indent}steps {st.get('numbers')}" + (
+            numbers = list(st.get("numbers") or [])
+            unique = list(dict.fromkeys(numbers))  # a run summary of several ranks repeats each step
+            add(f"{indent}steps {unique}" + (f" (numbers repeated across spans: {len(numbers)} step windows)"
+                                               if len(unique) < len(numbers) else "") + (
                 "; excluded " + ", ".join(f"{e.get('number')} ({e.get('reason')})" for e in st.get("excluded", []))
                 if st.get("excluded") else ""))
         else:
             add(f"{indent}no steps found (no ProfilerStep#N): the whole trace is one window")
     if rep.get("avg_step_us") is not None:
         add(f"{indent}average step {duration(rep['avg_step_us'])}: " + ", ".join(
-            f"{k} {v:.1f}%" for k, v in (rep.get("breakdown_pct") or {}).items() if v))
+            f"{_CATEGORY_WORDS.get(k, k)} {v:.1f}%" for k, v in (rep.get("breakdown_pct") or {}).items() if v))
     inp = rep.get("input") or {}
     if inp.get("input_bound_pct") is not None:
         add(f"{indent}input-bound {inp['input_bound_pct']:.2f}% ({inp.get('verdict')})")
+    cores = "matrix cores" if _is_amd(rep) else "Tensor Cores"  # AMD's word for its MFMA units
     for dev, g in (rep.get("gpu") or {}).items():
         parts = [f"{label} {g[key]:.2f}%" for key, label in (
             ("utilization_pct", "utilization"), ("est_sm_efficiency_pct", "estimated SM efficiency"),
-            ("est_achieved_occupancy_pct", "estimated occupancy"), ("tensor_core_pct", "Tensor Cores"))
+            ("est_achieved_occupancy_pct", "estimated occupancy"), ("tensor_core_pct", cores))
             if g.get(key) is not None]
         add(f"{indent}GPU {dev}: " + (", ".join(parts) if parts else "n/a"))
     launch = rep.get("launch") or {}

@@ -133,3 +133,35 @@ def test_memory_advice_names_the_device_as_the_tab_does():
     assert rec["title"] == "48 % of the memory reserved on GPU 1 was never used by tensors, even at the peak"
     assert rec["evidence"][0].startswith("GPU 1: peak reserved 11.90 GiB")
     assert "cuda:" not in rec["title"]
+
+
+# ------------------------------------------------------------------ the CLI's words (text_report.py)
+MI250_TRAIN = "hta/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz"
+
+
+@needs_traces
+def test_cli_says_matrix_cores_on_amd_and_tensor_cores_on_nvidia():
+    from tb_bottleneck_plugin.text_report import format_report
+
+    amd = format_report(real(MI250_TRAIN))
+    assert "GPU 2: utilization 1.19%, matrix cores 27.27%" in amd and "Tensor Cores" not in amd
+    nvidia = format_report(real(H100_BERT))
+    assert "Tensor Cores 76.50%" in nvidia and "matrix cores" not in nvidia
+
+
+@needs_traces
+def test_cli_names_step_categories_as_the_tab_does():
+    from tb_bottleneck_plugin.text_report import format_report
+
+    text = format_report(real(H100_BERT))
+    assert ("average step 4.43 ms: Kernel 6.9%, Memcpy 0.1%, Runtime 8.6%, CPU Exec 35.9%, Other (idle) 48.5%"
+            in text)
+    assert "cpu_exec" not in text
+
+
+def test_cli_step_list_of_a_multi_rank_summary_has_each_number_once():
+    from tb_bottleneck_plugin.text_report import format_report
+
+    text = format_report({"source": "x", "steps": {"found": True, "numbers": [2, 3, 4, 2, 3, 4]}})
+    assert "steps [2, 3, 4] (numbers repeated across spans: 6 step windows)" in text
+    assert "steps [5, 6]\n" in format_report({"source": "x", "steps": {"found": True, "numbers": [5, 6]}}) + "\n"

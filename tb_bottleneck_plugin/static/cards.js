@@ -10,10 +10,10 @@
 // (and its METRICS.md entry server-side). A verdict without a descriptor is still shown, as a
 // plain card titled by its id (value, colour and words are the server's anyway). Fields:
 //   id        key in report.verdicts
-//   label     card title;             sublabel(report)? -> small text beside it
+//   label     card title (or label(report), e.g. "Matrix cores" on AMD); sublabel(report)? -> small text beside it
 //   field     where the report holds the number (a path, shown only when the report has no
 //             verdict for the card, i.e. its "verdicts" section failed; the card is then uncoloured)
-//   explain   one line under the verdict;   def: hover text (definition, from defs.js)
+//   explain   one line under the verdict (or explain(report));   def: hover text (definition, from defs.js)
 //   details(report)? -> extra lines (strings or nodes) read from the report's sections
 //   optional  true: no card when the value is n/a or exactly 0 (communication on one GPU:
 //             nothing to show; a display choice, not a verdict)
@@ -50,6 +50,19 @@ function memoryOf(report, v) {
   const key = (v && typeof v.device === "string" && mem[v.device]) ? v.device
     : keys.find((k) => k.startsWith("cuda:")) || keys[0] || null;
   return key ? [key, mem[key] || {}] : [null, null];
+}
+
+/** True when the trace's devices are AMD GPUs (ROCm): deviceProperties name them AMD / Instinct /
+ * Radeon, or give a warp size of 64 or a gcnArchName (the rule recommendations.py uses). */
+export function isAmd(report) {
+  const props = report && Array.isArray(report.device_properties) ? report.device_properties : [];
+  return props.some((p) => p && typeof p === "object"
+    && (/AMD|Instinct|Radeon/.test(String(p.name ?? "")) || p.warpSize === 64 || "gcnArchName" in p));
+}
+
+/** NVIDIA's "Tensor Cores" are AMD's "matrix cores" (MFMA): the word that fits the trace. */
+export function coresWord(report) {
+  return isAmd(report) ? "Matrix cores" : "Tensor Cores";
 }
 
 export const CARDS = [
@@ -94,10 +107,10 @@ export const CARDS = [
   },
   {
     id: "tensor_cores",
-    label: "Tensor Cores",
+    label: (report) => coresWord(report),
     field: ["tensor_cores", "tensor_core_pct"],
     unit: "pct",
-    explain: "Share of kernel time in Tensor Core kernels.",
+    explain: (report) => (isAmd(report) ? "Share of kernel time in matrix-core (MFMA) kernels." : "Share of kernel time in Tensor Core kernels."),
     def: `${DEFS.tc}\n\n${DEFS.eligible}`,
     details(report) {
       const tc = report.tensor_cores || {};
@@ -269,12 +282,14 @@ function cardEl(desc, report) {
   const sub = desc.sublabel ? desc.sublabel(report, st.v) : null;
   const details = st.na ? [] : (desc.details ? desc.details(report, st.v) : []).filter(Boolean);
   const title = [desc.def, st.thresholds, st.rule ? `Recommendation rule: ${st.rule}` : ""].filter(Boolean).join("\n\n");
+  const label = typeof desc.label === "function" ? desc.label(report) : desc.label;
+  const explain = typeof desc.explain === "function" ? desc.explain(report) : desc.explain;
   return h("div", {class: ["card", `sev-${st.severity}`], title: title || null, tabindex: "0",
     "data-card": desc.id, "data-severity": st.severity},
-  h("div", {class: "card-label"}, desc.label, sub ? h("span", {class: "card-sublabel"}, sub) : null),
+  h("div", {class: "card-label"}, label, sub ? h("span", {class: "card-sublabel"}, sub) : null),
   h("div", {class: "card-value"}, st.value),
   st.verdict ? h("div", {class: ["card-verdict", st.na ? "na" : null], title: st.na ? st.verdict : null}, st.verdict) : null,
-  desc.explain ? h("div", {class: "card-explain"}, desc.explain) : null,
+  explain ? h("div", {class: "card-explain"}, explain) : null,
   ...details.map((d) => h("div", {class: "card-detail", title: typeof d === "string" ? d : null}, d)));
 }
 

@@ -11,7 +11,7 @@ import {CATEGORIES, CAT_NAMES, CAT_COLORS, CAT_DEFS, BREAKDOWN_DEF, DEFS} from "
 import {
   panel, kv, note, naReason, gpuEntries, isCpuOnly, cpuOnlyReason, deviceName, memoryDevices, verdictSeverity,
 } from "./common.js";
-import {renderCards} from "./cards.js";
+import {renderCards, coresWord} from "./cards.js";
 import {recommendationsPanel} from "./recommendations.js";
 import {memoryPanel} from "./memory_view.js";
 import {kernelPanel} from "./kernel_table.js";
@@ -202,17 +202,31 @@ function occupancyPanel(report, cpuOnly) {
         "Many short kernels with small launch gaps point at launch overhead: torch.compile or CUDA graphs help."] : null,
     ]),
     chart,
-    note("Computed by Kineto with the CUDA occupancy calculator for each launch: theoretical, not measured."));
+    note(occupancySourceText(occ)));
+}
+
+/** Where the occupancy values come from (metrics §4): Kineto's per-launch estimate, or the
+ * plugin's calculator where Kineto's is missing or a 0 artefact (calculator_kernel_time_pct). */
+export function occupancySourceText(occ) {
+  const calc = occ && isNum(occ.calculator_kernel_time_pct) ? occ.calculator_kernel_time_pct : null;
+  if (calc !== null && calc >= 99.95) {
+    return "Computed by this plugin's CUDA occupancy calculator for each launch (Kineto wrote no usable estimate): theoretical, not measured.";
+  }
+  if (calc !== null && calc > 0) {
+    return `Kineto's estimate for each launch (CUDA occupancy calculator); this plugin's calculator where Kineto's is missing or a 0 artefact (${fmtPct(calc)} of kernel time, marked "calc" in the kernel table): theoretical, not measured.`;
+  }
+  return "Computed by Kineto with the CUDA occupancy calculator for each launch: theoretical, not measured.";
 }
 
 // ------------------------------------------------------------ tensor cores
 
 function tensorCorePanel(report, cpuOnly) {
   const tc = report.tensor_cores || {};
-  if (cpuOnly) return panel("Tensor Cores", {info: DEFS.tc}, note("CPU-only trace: no GPU metrics."));
+  const word = coresWord(report); // "Matrix cores" on AMD
+  if (cpuOnly) return panel(word, {info: DEFS.tc}, note("CPU-only trace: no GPU metrics."));
   const per = tc.per_device && typeof tc.per_device === "object" ? Object.entries(tc.per_device) : [];
   const rows = [
-    ["Tensor Core kernel time", fmtPct(tc.tensor_core_pct), DEFS.tc],
+    [`${word === "Tensor Cores" ? "Tensor Core" : "Matrix-core"} kernel time`, fmtPct(tc.tensor_core_pct), DEFS.tc],
     per.length > 1 ? ["Per device", per.map(([d, v]) => `GPU ${d}: ${fmtPct(v)}`).join(" · ")] : null,
     ["Eligible but not using", isNum(tc.eligible_not_using_pct)
       ? h("span", {class: `sev-text-${verdictSeverity(report, "tensor_cores")}`},
@@ -236,7 +250,7 @@ function tensorCorePanel(report, cpuOnly) {
   const top = Array.isArray(tc.top_eligible_not_using) ? tc.top_eligible_not_using : [];
   const topTable = top.length ? h("div", {class: "table-scroll"}, h("table", {class: "grid-table compact wrap"},
     h("thead", {}, h("tr", {},
-      h("th", {}, "Eligible op not on Tensor Cores"), h("th", {class: "num"}, "Kernel time"), h("th", {class: "num", title: "Share of all kernel time"}, "Share"),
+      h("th", {}, `Eligible op not on ${word}`), h("th", {class: "num"}, "Kernel time"), h("th", {class: "num", title: "Share of all kernel time"}, "Share"),
       h("th", {}, "Input types"), h("th", {title: "Whether the op's sizes are multiples of 8 (Tensor Core friendly)."}, "×8 sizes"))),
     h("tbody", {}, top.map((o) => h("tr", {},
       h("td", {class: "mono"}, String(o.op ?? "")),
@@ -244,7 +258,7 @@ function tensorCorePanel(report, cpuOnly) {
       h("td", {class: "num"}, fmtPct(o.pct)),
       h("td", {class: "mono"}, Array.isArray(o.input_types) ? o.input_types.join(", ") : ""),
       h("td", {}, o.shapes_multiple_of_8 === true ? "yes" : o.shapes_multiple_of_8 === false ? "no" : "unknown")))))) : null;
-  return panel("Tensor Cores", {info: `${DEFS.tc}\n\n${DEFS.eligible}`}, kv(rows), splitBar, topTable);
+  return panel(word, {info: `${DEFS.tc}\n\n${DEFS.eligible}`}, kv(rows), splitBar, topTable);
 }
 
 // ------------------------------------------------------------ other signals
