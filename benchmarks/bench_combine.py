@@ -10,7 +10,9 @@ No trace is loaded again.
 
     python benchmarks/bench_combine.py [--spans 64 1000] [--repeat 3] [--memory] [--profile N]
 
-Prints, per size: combine_results time (min/median), the summary's JSON size, the rank view
+Prints, per size: combine_results time (min/median; and split: the summary alone with
+``views=False``, what the service computes first, and ``combine_views``, the Operator view
+and kernel names made only when a route asks), the summary's JSON size, the rank view
 time at that many ranks (one span per worker), and with ``--memory`` the peak of Python
 allocations (tracemalloc) during one combine. ``--profile N`` prints a cProfile of one
 combine of N spans. ``--json PATH`` writes the numbers.
@@ -87,7 +89,8 @@ def copies(seed: dict, n: int) -> list:
         if isinstance(view, dict):
             view["rows"] = {k: ([x * f if isinstance(x, float) else x for x in v] if k.endswith("_us") else v)
                             for k, v in view["rows"].items()}
-        r["partials"] = _scale(r.get("partials"), f)
+        # partials from the renamed report (they tag per-step rows with worker/span), then scaled
+        r["partials"] = _scale(report.span_partials(r["report"]), f)
         out.append(r)
     return out
 
@@ -127,10 +130,15 @@ def main() -> int:
     for n in args.spans:
         results = copies(seed, n)
         combined, times = timed(lambda: report.combine_results(results, run="bench"), args.repeat)
+        # what the service computes for a summary (the report, memory, kernels routes) and,
+        # only when the operators route or compare asks, the run-level views
+        _, stimes = timed(lambda: report.combine_results(results, run="bench", views=False), args.repeat)
+        _, vtimes = timed(lambda: report.combine_views(results), args.repeat)
         summary_kb = len(json.dumps(combined["report"])) / 1024
         by_worker = {f"worker{i}": [r] for i, r in enumerate(results)}
         view, rtimes = timed(lambda: ranks.rank_view(by_worker), args.repeat)
         row = {"spans": n, "combine_s_min": min(times), "combine_s_median": statistics.median(times),
+               "summary_only_s_min": min(stimes), "views_s_min": min(vtimes),
                "summary_kb": round(summary_kb, 1), "rank_view_s_min": min(rtimes),
                "rank_view_s_median": statistics.median(rtimes), "load_avg": os.getloadavg()[0]}
         if args.memory:
@@ -139,8 +147,10 @@ def main() -> int:
             row["combine_peak_mb"] = tracemalloc.get_traced_memory()[1] / 2**20
             tracemalloc.stop()
         rows.append(row)
-        print(f"{n:5d} spans: combine_results min {row['combine_s_min']:.3f} s, median {row['combine_s_median']:.3f} s; "
-              f"summary {summary_kb:.0f} KB; rank_view min {row['rank_view_s_min']:.3f} s"
+        print(f"{n:5d} spans: combine_results min {row['combine_s_min']:.3f} s, median {row['combine_s_median']:.3f} s "
+              f"(summary alone, views=False: {row['summary_only_s_min']:.3f} s; combine_views: "
+              f"{row['views_s_min']:.3f} s); summary {summary_kb:.0f} KB; "
+              f"rank_view min {row['rank_view_s_min']:.3f} s"
               + (f"; combine peak (tracemalloc) {row['combine_peak_mb']:.1f} MB" if args.memory else "")
               + f"; load average {row['load_avg']:.1f}", flush=True)
         del results, by_worker

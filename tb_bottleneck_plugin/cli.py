@@ -18,6 +18,7 @@ internal error. `--debug` prints tracebacks; without it every error is one line.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import math
@@ -189,14 +190,14 @@ def _report(path: str, *, as_json: bool, debug: bool = False, jobs: Optional[int
                 entry = {"run": run.name, "workers": []}
                 all_ready = [results[s.url] for w in run.workers for s in w.spans if s.url in results]
                 if len(run.workers) > 1 and len(all_ready) > 1:
-                    entry["summary"] = report.combine_results(all_ready, run=run.name)["report"]
+                    entry["summary"] = report.combine_results(all_ready, run=run.name, views=False)["report"]
                     entry["ranks"] = ranks.rank_view({w.name: [results[s.url] for s in w.spans if s.url in results]
                                                       for w in run.workers})
                 for worker in run.workers:
                     ready = [results[s.url] for s in worker.spans if s.url in results]
                     entry["workers"].append({
                         "worker": worker.name,
-                        "summary": report.combine_results(ready, run=run.name, worker=worker.name)["report"]
+                        "summary": report.combine_results(ready, run=run.name, worker=worker.name, views=False)["report"]
                         if len(ready) > 1 else (ready[0]["report"] if ready else None),
                         "spans": [r["report"] for r in ready],
                     })
@@ -204,7 +205,8 @@ def _report(path: str, *, as_json: bool, debug: bool = False, jobs: Optional[int
         json.dump(_json_safe(out), sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
-        print(text_report.format_logdir(logdir, results, report.combine_results, single_file=single_file))
+        summary = functools.partial(report.combine_results, views=False)  # the text reads only "report"
+        print(text_report.format_logdir(logdir, results, summary, single_file=single_file))
     for line in text_report.section_errors(results.values()):
         print(f"tb-bottlenecks: {line}", file=sys.stderr)
     for e in errors:

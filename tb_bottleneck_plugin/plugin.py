@@ -207,8 +207,9 @@ class BottlenecksPlugin(base_plugin.TBPlugin):
     def _key(self, request, route: str) -> tuple:
         return (route, request.args.get("run"), request.args.get("worker") or None, request.args.get("span") or None)
 
-    def _result(self, request):
-        """(result, None) or (None, error response) for the run/worker/span of a request."""
+    def _result(self, request, views: bool = False):
+        """(result, None) or (None, error response) for the run/worker/span of a request;
+        ``views``: with a summary's Operator view and kernel names (service.Analyzer.result)."""
         if self.analyzer is None:
             return None, _error(request, self._problem, 404)
         run = request.args.get("run")
@@ -222,7 +223,7 @@ class BottlenecksPlugin(base_plugin.TBPlugin):
                 or len(span or "") > MAX_NAME_CHARS or "\x00" in run + (worker or "") + (span or "")):
             return None, _error(request, "unknown run, worker or span (name too long or not a name)", 404)
         try:
-            result = self.analyzer.result(run, worker, span)
+            result = self.analyzer.result(run, worker, span, views=views)
         except KeyError:
             if self.analyzer.activity()[1] is None:  # not scanned yet: the name may well exist
                 return None, http_util.Respond(request, {"state": "loading", "progress": 0.0, "scan": "pending"},
@@ -299,7 +300,7 @@ class BottlenecksPlugin(base_plugin.TBPlugin):
     def _serve_operators(self, request):
         from .analysis.operators import route_answer  # METRICS.md: Operator view
 
-        result, failure = self._result(request)
+        result, failure = self._result(request, views=True)
         if failure is not None:
             return failure
         view = result.get("operator_view")

@@ -272,7 +272,7 @@ def _recommendation(row: dict, straggler: Optional[dict], imbalance: Optional[fl
     """Names the rank and quotes its own report's top bottleneck (metrics §12)."""
     from . import report as report_mod  # the rank's own report, all its spans combined
 
-    rep = report_mod.combine_results(results, worker=row["worker"])["report"] if len(results) > 1 \
+    rep = report_mod.combine_results(results, worker=row["worker"], views=False)["report"] if len(results) > 1 \
         else (results[0].get("report") or {})
     own = (rep.get("recommendations") or [])
     top_kernel = next(iter((rep.get("occupancy") or {}).get("kernels") or []), None)

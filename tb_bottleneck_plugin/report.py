@@ -281,10 +281,16 @@ def not_available_labels(not_available: Dict[str, str]) -> Dict[str, str]:
 # ---------------------------------------------------------------------------- summaries
 
 
-def combine_results(results: List[dict], *, run=None, worker=None) -> dict:
+def combine_results(results: List[dict], *, run=None, worker=None, views: bool = True) -> dict:
     """A worker or run summary from span results: each unit's partials merged
     (analysis/units.merge: sums, maxima, rows) and finished as ratios of sums over all
-    included steps of all spans (metrics §1), never means of percentages.
+    included steps of all spans (metrics §1), never means of percentages. Per-step parts
+    are one row per step number across the spans (units.per_step_across_spans): the
+    summary grows with steps, not with spans × steps; a span's own rows are its report.
+
+    ``views=False`` leaves out the run-level Operator view and kernel names (the heavy
+    part at many spans, read only by the operators route and compare): `combine_views`
+    computes them when asked for (the service caches them beside the summary).
 
     Never raises for data reasons: each combined section runs isolated as in
     `analyze_trace`; a section that failed (is null) in some span is null here too, with
@@ -318,13 +324,25 @@ def combine_results(results: List[dict], *, run=None, worker=None) -> dict:
         kernels = []
     if out["occupancy"] is not None:
         out["occupancy"]["kernels"] = kernels[:KERNELS_IN_REPORT]
-    op_view = sec.run("operator_view", operators.combine_views, [r.get("operator_view") for r in results])
-    kernel_names = sec.run("kernel_names", occupancy.combine_kernel_names, [r.get("kernel_names") for r in results])
+    extra = _combine_views(results, sec) if views else {}
     out["errors"] = [dict(e, span=r.get("span")) for r in reports for e in (r.get("errors") or [])
                      if isinstance(e, dict)] + sec.errors
     out["not_available_labels"] = not_available_labels(not_available)
-    return {"report": _clean(out), "memory": curves, "kernels": _clean(kernels),
-            "operator_view": op_view, "kernel_names": kernel_names}
+    return {"report": _clean(out), "memory": curves, "kernels": _clean(kernels), **extra}
+
+
+def combine_views(results: List[dict]) -> dict:
+    """{"operator_view", "kernel_names"} of a group of spans (what ``combine_results``
+    leaves out with ``views=False``); each None when it cannot be made (logged, isolated)."""
+    if len(results) == 1:
+        return {k: results[0].get(k) for k in ("operator_view", "kernel_names")}
+    return _combine_views(results, _Sections({}, source="run-level views"))
+
+
+def _combine_views(results: List[dict], sec: _Sections) -> dict:
+    op_view = sec.run("operator_view", operators.combine_views, [r.get("operator_view") for r in results])
+    kernel_names = sec.run("kernel_names", occupancy.combine_kernel_names, [r.get("kernel_names") for r in results])
+    return {"operator_view": op_view, "kernel_names": kernel_names}
 
 
 def _finish(unit, results: List[dict], reports: List[dict]):

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
-from . import discovery, procguard, report
+from . import discovery, procguard, report, storage
 from .cache import DEFAULT_CACHE_BYTES, DiskCache, default_cache_dir, valid_result  # noqa: F401 (re-exported)
 from .errors import BottleneckError, TruncatedTraceError
 from .timeline_store import TimelineStores, pop_store
@@ -45,11 +45,17 @@ from .scheduler import Scheduler, default_memory_budget, default_slots, estimate
 log = logging.getLogger(__name__)
 
 # Bump when a metric definition or the report layout changes: old disk caches are ignored.
-ANALYSIS_VERSION = f"{report.SCHEMA_VERSION}.7"  # .7: kernel_names (compare's kernel rows); .6: operators table gone (compare reads operator_view, top_calls); .5: partials (metric units), communication.kernel_union_us; .4: operator_view; .3: verdicts; .2: context, operators, distributed partial, occupancy_source
+ANALYSIS_VERSION = f"{report.SCHEMA_VERSION}.8"  # .8: partials tag per-step rows with worker/span (summaries: one row per step across spans); .7: kernel_names (compare's kernel rows); .6: operators table gone (compare reads operator_view, top_calls); .5: partials (metric units), communication.kernel_union_us; .4: operator_view; .3: verdicts; .2: context, operators, distributed partial, occupancy_source
 
 # A truncated file whose fingerprint does not change is analysed again this many times
 # (on later scans) before it is left alone; any change of the file retries it again.
 SAME_FILE_RETRIES = 2
+# A file listed by the scan but gone when its analysis opens it (log rotation, a run being
+# deleted or rewritten, a bucket listing that lags) is analysed again after a back-off of
+# MISSING_FILE_BACKOFF_S, doubled each time, at most MISSING_FILE_RETRIES times; then its
+# error names the file. A scan that no longer lists it drops the span (no stale error).
+MISSING_FILE_RETRIES = 3
+MISSING_FILE_BACKOFF_S = 1.0
 
 
 # ---------------------------------------------------------------------------- analysis children
@@ -369,6 +375,7 @@ class SpanState:
     error: Optional[str] = None
     retry: bool = False  # a truncated file: analysed again when it changes (or on a later scan)
     attempts: int = 0  # analyses of this fingerprint that ended in a truncated-file error
+    missing: int = 0  # analyses that failed because the file had vanished (not found)
     fingerprint: str = ""
     result: Optional[dict] = None  # {"report", "memory", "kernels"}
 
@@ -377,6 +384,10 @@ class SpanState:
 class _Summary:
     key: Tuple[str, ...]
     value: dict = field(default_factory=dict)
+    # the run-level Operator view and kernel names (report.combine_views): made when a
+    # route asks for them, then kept with the summary
+    views: Optional[dict] = None
+    views_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class Analyzer:
@@ -659,6 +670,9 @@ class Analyzer:
             if self.processes or self._dask is not None:
                 log.error("bottlenecks: analysing %s failed: %s", span.url, value)
             value = f"{span.url}: internal error while analysing ({value.splitlines()[0] if value else ''})"
+        if kind not in ("ok", "died") and self._vanished(span):
+            self._missing_file(run, span, state)
+            return
         if kind != "ok":
             with self._lock:
                 # a truncated file (still being written) or a child that died (killed, out of
@@ -674,6 +688,44 @@ class Analyzer:
             self._cache.put(self._cache.key_for(span.url, span.fingerprint), result)
         with self._lock:
             state.result, state.state, state.progress = self._paths.view(result), "ready", 1.0
+
+    @staticmethod
+    def _vanished(span) -> bool:
+        """True when the file of a failed analysis is not there now (storage says "not found")."""
+        try:
+            fs, _ = storage.get_fs(span.url)
+            return storage.exists(fs, span.path) is False
+        except Exception:  # noqa: BLE001 - cannot tell: the failure stands as it is
+            return False
+
+    def _missing_file(self, run, span, state: SpanState) -> None:
+        """The file vanished between the scan that listed it and its analysis: analysed
+        again after a back-off (MISSING_FILE_BACKOFF_S, doubled each time), at most
+        MISSING_FILE_RETRIES times, queued meanwhile; then an error naming the file."""
+        with self._lock:
+            state.missing += 1
+            if state.missing > MISSING_FILE_RETRIES:
+                waited = MISSING_FILE_BACKOFF_S * (2 ** MISSING_FILE_RETRIES - 1)
+                state.state, state.progress, state.retry = "error", 0.0, False
+                state.error = (f"{span.url}: file not found: the scan listed it but it was gone when read "
+                               f"(deleted, renamed or rotated?); tried {state.missing} times over {waited:g} s. "
+                               "A file gone for good leaves the list at the next scan.")
+                return
+            state.state, state.progress, state.error = "queued", 0.0, None
+        delay = MISSING_FILE_BACKOFF_S * 2 ** (state.missing - 1)
+        timer = threading.Timer(delay, self._requeue, args=(run, span, state))
+        timer.daemon = True
+        timer.start()
+
+    def _requeue(self, run, span, state: SpanState) -> None:
+        """Queue a vanished file's span again after its back-off, unless a scan dropped or
+        replaced it meanwhile (or the Analyzer stopped)."""
+        cost = self._cost(span)
+        with self._lock:
+            if self._stopped or self._spans.get(span.url) is not state or state.state != "queued":
+                return
+            self._sched.push(run.name, (run, span, state), cost)
+            self._kick()
 
     # ------------------------------------------------------------------ queries
     def runs_view(self) -> dict:
@@ -730,10 +782,13 @@ class Analyzer:
             selection = self.lookup(run, worker, span)
             return [(w, s, self._spans.get(s.url) or SpanState()) for w, s in selection.items]
 
-    def result(self, run: str, worker: Optional[str] = None, span: Optional[str] = None) -> dict:
+    def result(self, run: str, worker: Optional[str] = None, span: Optional[str] = None, *,
+               views: bool = True) -> dict:
         """{"state": "loading"|"error"|"ready", ...}: for one span its result, for a
         worker or run the combined report over all its ready spans. Never starts a
-        load (scans do); a run asked for while loading goes first in the queue."""
+        load (scans do); a run asked for while loading goes first in the queue.
+        ``views=False``: a summary without its Operator view and kernel names (the
+        report, memory and kernels routes do not read them; made lazily, then cached)."""
         selected = self.span_states(run, worker, span)
         states = [st for _, _, st in selected]
         if any(st.state in ("loading", "queued") for st in states):
@@ -753,7 +808,8 @@ class Analyzer:
             cached = self._summaries.get(key)
         if cached is None:
             try:
-                combined = report.combine_results([st.result for _, _, st in ready], run=run, worker=worker)
+                combined = report.combine_results([st.result for _, _, st in ready], run=run, worker=worker,
+                                                  views=False)
             except Exception as exc:  # noqa: BLE001 - one run's summary must not break the tab
                 log.exception("bottlenecks: combining the spans of run %r failed", run)
                 what = f"run {run!r}" + (f", worker {worker!r}" if worker else "")
@@ -764,7 +820,11 @@ class Analyzer:
                 self._summaries[key] = cached
         if "error" in cached.value:  # kept: the same spans fail the same way until one changes
             return {"state": "error", "error": cached.value["error"], "errors": errors}
-        return {"state": "ready", **cached.value, "errors": errors}
+        if views and cached.views is None:
+            with cached.views_lock:  # one computation per summary, however many ask at once
+                if cached.views is None:
+                    cached.views = report.combine_views([st.result for _, _, st in ready])
+        return {"state": "ready", **cached.value, **(cached.views if views else {}), "errors": errors}
 
 
 def _combined_state(states: List[SpanState]) -> str:

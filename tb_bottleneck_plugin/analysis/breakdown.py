@@ -195,12 +195,13 @@ def _unit_compute(span):
 
 
 def _unit_partial(report: dict) -> dict:
-    return {"rows:per_step": [dict(s, span=report.get("span")) for s in (report.get("breakdown_per_step") or [])
+    span, worker = report.get("span"), report.get("worker")
+    return {"rows:per_step": [dict(s, span=span, worker=worker) for s in (report.get("breakdown_per_step") or [])
                               if isinstance(s, dict)]}
 
 
 def _unit_finish(m: dict) -> dict:
-    from .units import pct, total
+    from .units import pct, per_step_across_spans, total
 
     per_step = m["rows:per_step"]
     n = len(per_step)
@@ -211,7 +212,9 @@ def _unit_finish(m: dict) -> dict:
     return {"breakdown_us": {c: v / n if v is not None else None for c, v in sums.items()},
             "breakdown_pct": {c: pct(v, step_total) for c, v in sums.items()},
             "avg_step_us": step_total / n if step_total is not None else None,
-            "breakdown_per_step": per_step}
+            # one row per step number across the spans (mean, min/max total, the slowest
+            # span's worker): bounded by steps, not spans × steps (METRICS.md §2)
+            "breakdown_per_step": per_step_across_spans(per_step, ("total_us",) + CATEGORIES, "total_us")}
 
 
 def _unit():

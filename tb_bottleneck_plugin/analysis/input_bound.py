@@ -121,29 +121,37 @@ def _unit_partial(report: dict) -> dict:
     from .units import total, wpair
 
     inp = report.get("input") or {}
-    per_step = [s for s in (inp.get("per_step") or []) if isinstance(s, dict)]
+    span, worker = report.get("span"), report.get("worker")
+    per_step = [dict(s, span=span, worker=worker) for s in (inp.get("per_step") or []) if isinstance(s, dict)]
     step_us = total(s.get("step_us") for s in per_step)
     ev = inp.get("evidence") or {}
     return {"rows:per_step": per_step, "sum:step_us": step_us,
             "sum:dataloader_us": total(s.get("dataloader_us") for s in per_step),
             "wmean:input_transfer_pct": wpair(inp.get("input_transfer_pct"), step_us),
-            "rows:slowest_steps": [s for s in (ev.get("slowest_steps") or []) if isinstance(s, dict)],
+            "rows:slowest_steps": [dict(s, span=span, worker=worker) for s in (ev.get("slowest_steps") or [])
+                                   if isinstance(s, dict)],
             "rows:dataloader_iterators": [str(i) for i in (ev.get("dataloader_iterators") or [])],
             "sum:pageable_h2d_copies": ev.get("pageable_h2d_copies") or 0,
             "sum:pageable_h2d_us": ev.get("pageable_h2d_us") or 0.0}
 
 
 def _unit_finish(m: dict) -> dict:
-    from .units import num, wmean
+    from .units import num, per_step_across_spans, wmean
 
-    per_step, step_us, dataloader_us = m["rows:per_step"], m["sum:step_us"], m["sum:dataloader_us"]
-    if not per_step or not step_us or step_us <= 0 or dataloader_us is None:
+    rows, step_us, dataloader_us = m["rows:per_step"], m["sum:step_us"], m["sum:dataloader_us"]
+    # one row per step number across the spans: mean DataLoader and step µs, their ratio,
+    # min/max of the spans' own % and the worker/span of the max (METRICS.md §3)
+    per_step = per_step_across_spans(rows, ("dataloader_us", "step_us"), "input_bound_pct")
+    for r in per_step:
+        r["input_bound_pct"] = input_bound_pct(r["dataloader_us"], r["step_us"]) \
+            if r["dataloader_us"] is not None and r["step_us"] else None
+    if not rows or not step_us or step_us <= 0 or dataloader_us is None:
         return {"input_bound_pct": None, "input_transfer_pct": None, "xprof_input_pct": None,
                 "verdict": None, "severity": None, "per_step": per_step, "stats": None, "evidence": {}}
     pct = input_bound_pct(dataloader_us, step_us)
     transfer = wmean(m["wmean:input_transfer_pct"]) or 0.0
     verdict, severity = verdict_for(pct)
-    values = np.array([v for v in (num(s.get("input_bound_pct")) for s in per_step) if v is not None])
+    values = np.array([v for v in (num(s.get("input_bound_pct")) for s in rows) if v is not None])
     slow = sorted(m["rows:slowest_steps"], key=lambda s: -(num(s.get("step_us")) or 0.0))
     iters = sorted(set(m["rows:dataloader_iterators"]))
     return {

@@ -329,6 +329,7 @@ def _unit_compute(span) -> dict:
 
 def _unit_partial(report: dict) -> dict:
     devices = {}
+    span, worker = report.get("span"), report.get("worker")
     for key, e in (report.get("memory") or {}).items():
         if not isinstance(e, dict):
             continue
@@ -341,12 +342,16 @@ def _unit_partial(report: dict) -> dict:
             "sum:events": e.get("events") or 0,
             "all:slack_known": e.get("slack_fragmentation_pct") is not None,
             "sum:reserved_byte_us": e.get("reserved_byte_us"), "sum:slack_byte_us": e.get("slack_byte_us"),
-            "rows:growth": list(growth.get("per_step") or []), "any:possible_leak": bool(growth.get("possible_leak")),
+            "rows:growth": [dict(g, span=span, worker=worker) for g in (growth.get("per_step") or [])
+                            if isinstance(g, dict)],
+            "any:possible_leak": bool(growth.get("possible_leak")),
         }
     return {"keyed:devices": devices}
 
 
 def _unit_finish(m: dict) -> dict:
+    from .units import per_step_across_spans
+
     out = {}
     for key in sorted(m["keyed:devices"]):
         d = m["keyed:devices"][key]
@@ -362,7 +367,11 @@ def _unit_finish(m: dict) -> dict:
         res_int, slack_int = d["sum:reserved_byte_us"], d["sum:slack_byte_us"]
         merged["slack_fragmentation_time_weighted_pct"] = slack_time_weighted_pct(slack_int, res_int)
         merged["reserved_byte_us"], merged["slack_byte_us"] = res_int or None, slack_int
-        merged["growth"] = {"per_step": d["rows:growth"], "possible_leak": d["any:possible_leak"]}
+        # per step number across the spans: mean allocated bytes, min/max and the worker/span
+        # of the max (each span's clock is its own: no ts_us); bounded by steps (METRICS.md §5)
+        merged["growth"] = {"per_step": per_step_across_spans(d["rows:growth"], ("allocated_bytes",),
+                                                              "allocated_bytes"),
+                            "possible_leak": d["any:possible_leak"]}
         out[key] = merged
     return out
 

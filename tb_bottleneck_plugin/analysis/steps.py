@@ -258,7 +258,18 @@ def _unit_partial(report: dict) -> dict:
 
 
 def _unit_finish(m: dict) -> dict:
-    return {"count": int(m["sum:count"] or 0), "numbers": m["rows:numbers"], "excluded": m["rows:excluded"],
+    # A group's step numbers and exclusions once per number (ranks share step numbers):
+    # bounded by steps, not spans × steps; ``count`` stays the included steps of all spans.
+    numbers = sorted({n for n in m["rows:numbers"] if isinstance(n, int) and not isinstance(n, bool)})
+    excluded: dict = {}
+    for e in m["rows:excluded"]:
+        if isinstance(e, dict):
+            key = (str(e.get("number")), str(e.get("reason")))
+            if key in excluded:
+                excluded[key]["spans"] += 1
+            else:
+                excluded[key] = dict(e, spans=1)
+    return {"count": int(m["sum:count"] or 0), "numbers": numbers, "excluded": list(excluded.values()),
             "found": bool(m["any:found"]), "window_us": m["sum:window_us"]}
 
 

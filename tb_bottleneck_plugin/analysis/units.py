@@ -86,6 +86,47 @@ def wmean(pair) -> Optional[float]:
     return pair[0] / pair[1] if pair and pair[1] else None
 
 
+def per_step_across_spans(rows: List[dict], fields, rank_by: str, rank_value=None) -> List[dict]:
+    """A group's per-step view, bounded by the number of steps, not by spans × steps.
+
+    ``rows``: the merged ``rows:`` of per-span per-step rows (each ``{"step", <fields>,
+    "span", "worker"}``; the partials tag them). Returns one row per step number, in step
+    order: ``{"step", "spans": n, <field>: mean over the n spans that have that step (None
+    when unknown in one of them), "min_<rank_by>", "max_<rank_by>", "max_worker",
+    "max_span"}``; the min/max over the spans whose ``rank_value(row)`` (default: the row's
+    ``rank_by``) is known, and the worker/span of the maximum (the first such span on a
+    tie), so the rank to open is named. Rows without an integer step are left out."""
+    value_of = rank_value or (lambda r: r.get(rank_by))
+    groups: Dict[int, list] = {}
+    for r in rows:
+        step = r.get("step")
+        if isinstance(step, int) and not isinstance(step, bool):
+            groups.setdefault(step, []).append(r)
+    out = []
+    for step in sorted(groups):
+        group = groups[step]
+        n = len(group)
+        row: Dict[str, Any] = {"step": step, "spans": n}
+        for f in fields:
+            s = total(r.get(f) for r in group)
+            row[f] = s / n if s is not None else None
+        lo = hi = None
+        top = None
+        for r in group:
+            v = num(value_of(r))
+            if v is None:
+                continue
+            if lo is None or v < lo:
+                lo = v
+            if hi is None or v > hi:
+                hi, top = v, r
+        row[f"min_{rank_by}"], row[f"max_{rank_by}"] = lo, hi
+        row["max_worker"] = top.get("worker") if top is not None else None
+        row["max_span"] = top.get("span") if top is not None else None
+        out.append(row)
+    return out
+
+
 def merge(partials: List[dict]) -> dict:
     """Merge partials field by field, by the field's prefix (module docstring)."""
     out: dict = {}
