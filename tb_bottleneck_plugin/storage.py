@@ -183,6 +183,19 @@ def info(fs, path: str, url: Optional[str] = None) -> dict:
         return fs.info(path)
 
 
+def exists(fs, path: str) -> Optional[bool]:
+    """Whether the file ``path`` exists now (its directory's cached listing dropped first):
+    True/False, or None when storage cannot tell (an error other than "not found")."""
+    forget_listing(fs, path)
+    try:
+        fs.info(path)
+        return True
+    except FileNotFoundError:
+        return False
+    except _storage_exception_types():
+        return None
+
+
 def open_binary(fs, path: str, url: Optional[str] = None, **kwargs) -> BinaryIO:
     """A readable binary stream of the raw bytes (no decompression: the loader gunzips).
 
