@@ -107,7 +107,7 @@ function summaryBar(report, ctx) {
   if (steps.found === false) lines.push(note("No ProfilerStep found: the whole trace is analysed as one window.", "warn"));
   const excl = Array.isArray(steps.excluded) ? steps.excluded : [];
   if (excl.length) {
-    lines.push(note(`Excluded: ${excl.map((e) => `step ${e.number} (${e.reason})`).join("; ")}`));
+    lines.push(note(`Excluded: ${excl.map((e) => `step ${e.number} (${e.reason}${isNum(e.spans) && e.spans > 1 ? `, in ${e.spans} spans` : ""})`).join("; ")}`));
   }
   const warnings = Array.isArray(tr.warnings) ? tr.warnings : [];
   for (const w of warnings) lines.push(note(`⚠ ${w}`, "warn"));
@@ -121,9 +121,14 @@ function breakdownPanel(report) {
   const per = Array.isArray(report.breakdown_per_step) ? report.breakdown_per_step : [];
   const pct = report.breakdown_pct || {};
   const us = report.breakdown_us || {};
-  // Summaries tag each step with its span: the same step number can come from several files.
-  const multiSpan = new Set(per.map((p) => p.span).filter((x) => x !== undefined && x !== null)).size > 1;
-  let bars = per.map((p) => ({label: `#${p.step}`, title: multiSpan ? `Step ${p.step} (span ${p.span})` : `Step ${p.step}`, total: p.total_us,
+  // A summary has one bar per step number across its spans (the mean; "spans" how many
+  // have that step, min/max and the worker/span of the slowest): bounded by steps, not ranks.
+  const stepTitle = (p) => {
+    if (!isNum(p.spans) || p.spans <= 1) return `Step ${p.step}`;
+    const slowest = p.max_worker != null ? ` · slowest ${fmtUs(p.max_total_us)} (worker ${p.max_worker}, span ${p.max_span})` : "";
+    return `Step ${p.step}: mean of ${p.spans} spans · fastest ${fmtUs(p.min_total_us)}${slowest}`;
+  };
+  let bars = per.map((p) => ({label: `#${p.step}`, title: stepTitle(p), total: p.total_us,
     parts: Object.fromEntries(CATEGORIES.map((k) => [k, p[k]]))}));
   if (!bars.length && Object.keys(us).length) {
     bars = [{label: "avg", title: "Average step", total: report.avg_step_us, parts: us}];
