@@ -694,7 +694,7 @@ class Analyzer:
         """True when the file of a failed analysis is not there now (storage says "not found")."""
         try:
             fs, _ = storage.get_fs(span.url)
-            return storage.exists(fs, span.path) is False
+            return storage.is_missing(fs, span.path) is True
         except Exception:  # noqa: BLE001 - cannot tell: the failure stands as it is
             return False
 

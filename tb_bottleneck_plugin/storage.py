@@ -183,15 +183,16 @@ def info(fs, path: str, url: Optional[str] = None) -> dict:
         return fs.info(path)
 
 
-def exists(fs, path: str) -> Optional[bool]:
-    """Whether the file ``path`` exists now (its directory's cached listing dropped first):
-    True/False, or None when storage cannot tell (an error other than "not found")."""
+def is_missing(fs, path: str) -> Optional[bool]:
+    """Whether the file ``path`` is gone now (its directory's cached listing dropped first):
+    True when storage answers "not found", False when it is there, None when storage
+    cannot tell (another error)."""
     forget_listing(fs, path)
     try:
         fs.info(path)
-        return True
-    except FileNotFoundError:
         return False
+    except FileNotFoundError:
+        return True
     except _storage_exception_types():
         return None
 
