@@ -184,3 +184,52 @@ def test_vanished_file_with_real_analysis_children(logdir, monkeypatch):
         assert seen.count(str(target)) == 2
     finally:
         a.stop()
+
+
+def test_a_bucket_object_deleted_after_the_listing_is_retried(gcs, monkeypatch):
+    """On gs:// (the fake-gcs-server emulator, through gcsfs): an object listed by the scan
+    and deleted before its analysis opens it (a rewrite, or a listing that lags), uploaded
+    again 0.05 s later: ready after a retry. Deleted for good: the error names the object,
+    and the next scan drops the span."""
+    import urllib.parse
+
+    src = SRC[0]
+    bucket = gcs.new_bucket()
+    name = f"live/run/{src.name}"
+    gcs.upload_file(bucket, name, src)
+    gcs.upload_file(bucket, f"live/run/{SRC[1].name}", SRC[1])
+    obj = f"/storage/v1/b/{bucket}/o/{urllib.parse.quote(name, safe='')}"
+    calls, mode = [], {"back": True}
+
+    def analyze(url, run, span, progress=None):
+        calls.append(span.url)
+        if span.url.endswith(src.name) and calls.count(span.url) == 1:
+            gcs._request("DELETE", obj)
+            if mode["back"]:
+                threading.Timer(0.05, gcs.upload_file, args=(bucket, name, src)).start()
+        return report.analyze_span(url, run, span, progress=progress, timeline=True)
+
+    monkeypatch.setattr(service, "MISSING_FILE_BACKOFF_S", 0.5)
+    a = Analyzer(f"gs://{bucket}/live", analyze_span=analyze, rescan_seconds=3600.0)
+    try:
+        assert a.wait_idle(120)
+        st = _span_state(a, src.name)
+        assert st.state == "ready" and st.missing == 1, (st.state, st.error)
+        assert calls.count(f"gs://{bucket}/{name}") == 2
+    finally:
+        a.stop()
+
+    # gone for good
+    calls.clear()
+    mode["back"] = False
+    monkeypatch.setattr(service, "MISSING_FILE_BACKOFF_S", 0.05)
+    a = Analyzer(f"gs://{bucket}/live", analyze_span=analyze, rescan_seconds=3600.0)
+    try:
+        assert a.wait_idle(120)
+        view = _file_views(a)[f"run/{src.name}"]
+        assert view["state"] == "error" and view["error"].startswith(f"run/{src.name}: file not found"), view
+        assert calls.count(f"gs://{bucket}/{name}") == service.MISSING_FILE_RETRIES + 1
+        assert a.wait_scan(60) and a.wait_idle(60)
+        assert list(_file_views(a)) == [f"run/{SRC[1].name}"]
+    finally:
+        a.stop()
