@@ -58,19 +58,20 @@ def seed_result(trace_path: str) -> dict:
     return result
 
 
-def _scale(value, f):
+def _scale(value, f, timey=False):
+    """Floats under a time-like key (at any depth: partials nest them per unit) times f."""
     if isinstance(value, dict):
-        return {k: _scale(v, f) if _timey(k) else v for k, v in value.items()}
+        return {k: _scale(v, f, timey or _timey(k)) for k, v in value.items()}
     if isinstance(value, list):
-        return [_scale(v, f) for v in value]
-    if isinstance(value, float):
+        return [_scale(v, f, timey) for v in value]
+    if isinstance(value, float) and timey:
         return value * f
     return value
 
 
 def _timey(key) -> bool:
     key = str(key)
-    return key.endswith("_us") or key.startswith("sum:") or key in ("rows",) or "_us" in key
+    return key.endswith("_us") or key.startswith(("sum:", "rows:")) or key in ("rows",) or "_us" in key
 
 
 def copies(seed: dict, n: int) -> list:
