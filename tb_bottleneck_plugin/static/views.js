@@ -147,7 +147,10 @@ function breakdownPanel(report) {
     fmt: fmtUs, axisFmt: fmtUsTick}));
   const avg = isNum(report.avg_step_us) ? `average step ${fmtUs(report.avg_step_us)}` : null;
   return panel("Step-time breakdown", {info: BREAKDOWN_DEF, subtitle: avg}, legend, chart,
-    note("Percentages in the legend are shares of the average step. Hover a segment for its time."));
+    note("Percentages in the legend are shares of the average step. Hover a segment for its time."),
+    per.some((p) => isNum(p.spans) && p.spans > 1)
+      ? note("Each bar is one step number: the mean over the trace files that ran it; its tooltip names the slowest (open that worker for its own steps).")
+      : null);
 }
 
 // ------------------------------------------------------------ input pipeline
