@@ -8,13 +8,15 @@ counted. `_Builder.finish` makes the `model.TraceData`.
 """
 from __future__ import annotations
 
+import collections
 import sys
+from itertools import chain
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from . import model
-from .loader_events import _EMPTY_RAW, _NO_ARGS, Event, _checked_int, _decode_raw
+from .loader_events import _NO_ARGS, Event, _checked_int, _decode_raw
 
 # CPU op names whose recorded input shapes/dtypes the Tensor Core analysis reports
 # ("eligible but not using", metrics §5). Matched as substrings of the op name.
@@ -81,9 +83,13 @@ def _int_col(values: list, bad: Optional[list] = None) -> np.ndarray:
 class _Builder:
     """Accumulates per-chunk column blocks and the string table."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, seed: Optional[Tuple[Dict[str, int], Dict[bytes, int]]] = None):
+        """``seed``: (string table, recorded-input ids) of the builder this one's chunk will
+        be merged into (`seed`), so that names seen before keep their ids here and are
+        looked up in one C-level pass instead of being interned again per chunk."""
         self.path = path
-        self.strings: Dict[str, int] = {}
+        self.strings: Dict[str, int] = seed[0] if seed else {}
+        self._base = len(self.strings)  # ids below this are the seeding builder's own
         self.gpu: List[model.GpuTable] = []
         self.cpu: List[model.CpuTable] = []
         self.runtime: List[model.RuntimeTable] = []
@@ -104,7 +110,13 @@ class _Builder:
         self.skipped_not_object = 0  # traceEvents entries that are not objects
         self._shape_name_cache: Dict[int, bool] = {}
         self._decoded_cache: Dict[bytes, Any] = {}  # recorded input text -> its value (_decoded)
-        self._raw_id_cache: Dict[bytes, int] = {}  # recorded input text -> its string id (_raw_ids)
+        # recorded input text -> its string id (_raw_ids)
+        self._raw_id_cache: Dict[bytes, int] = seed[1] if seed else {b"": -1}
+
+    def seed(self) -> Tuple[Dict[str, int], Dict[bytes, int]]:
+        """What a chunk builder whose result `merge` takes starts from (see __init__): copies,
+        as a pool pickles them later, while this builder may grow."""
+        return dict(self.strings), dict(self._raw_id_cache)
 
     def note(self, rows: str, field: str, problem: str, n: int = 1) -> None:
         key = (rows, field, problem)
@@ -153,20 +165,19 @@ class _Builder:
     def _raw_ids(self, raws: list) -> np.ndarray:
         """String ids of undecoded JSON values (kept as their text, never parsed here); -1
         for an absent one. The operator view groups by them (metrics: Operator view)."""
-        table = self.strings
-        known = self._raw_id_cache  # raw bytes -> id: ops repeat a few hundred texts
-        out = []
-        append = out.append
-        for r in raws:
-            if not len(r):
-                append(-1)
-                continue
-            key = bytes(r)
-            i = known.get(key)
-            if i is None:
-                i = known[key] = table.setdefault(str(key, "utf-8", "replace"), len(table))
-            append(i)
-        return np.array(out, dtype=np.int32)
+        known = self._raw_id_cache  # raw bytes -> id (b"" -> -1): ops repeat a few hundred texts
+        keys = list(map(bytes, raws))
+        ids = list(map(known.get, keys))  # one C-level pass; texts seen before
+        if None in ids:  # new texts get string ids in first-seen order
+            table = self.strings
+            for row, i in enumerate(ids):
+                if i is None:
+                    key = keys[row]
+                    i = known.get(key)
+                    if i is None:
+                        i = known[key] = table.setdefault(str(key, "utf-8", "replace"), len(table))
+                    ids[row] = i
+        return np.array(ids, dtype=np.int32)
 
     def _decoded(self, raw):
         """A recorded input value (JSON text), decoded once per distinct text. Ops repeat
@@ -183,20 +194,14 @@ class _Builder:
 
     def add(self, events: List[Event]) -> None:
         self.event_count += len(events)
-        by_cat: Dict[Any, List[Event]] = {}
+        # complete ('X') events by raw category, in first-seen order; [memory] events of any ph
+        by_cat: Dict[Any, List[Event]] = collections.defaultdict(list)
         memory: List[Event] = []
         for e in events:
-            if e.ph == "X":
-                if e.name == "[memory]":
-                    memory.append(e)
-                else:
-                    lst = by_cat.get(e.cat)
-                    if lst is None:
-                        by_cat[e.cat] = [e]
-                    else:
-                        lst.append(e)
-            elif e.name == "[memory]":
+            if e.name == "[memory]":
                 memory.append(e)
+            elif e.ph == "X":
+                by_cat[e.cat].append(e)
         gpu: List[Event] = []
         gpu_kind: List[int] = []
         runtime: List[Event] = []
@@ -265,10 +270,10 @@ class _Builder:
         args = [e.args or _NO_ARGS for e in evs]
         kind = np.array(kinds, dtype=np.int8)
         device = [a.device for a in args]
-        if any(d is None for d in device):
+        if None in device:
             device = [a.device if a.device is not None else e.pid for a, e in zip(args, evs)]
         stream = [a.stream for a in args]
-        if any(s is None for s in stream):
+        if None in stream:
             stream = [a.stream if a.stream is not None else e.tid for a, e in zip(args, evs)]
         ext = [a.external_id if a.external_id is not None else a.external_id_old for a in args]
         dims = {}
@@ -277,7 +282,7 @@ class _Builder:
             dims[field] = _dims([getattr(a, field) for a in args], bad)
             self._noted(bad, "", field, kind)
         grid, block = dims["grid"], dims["block"]
-        limits = [_limiting_factors(a.occupancy) for a in args]
+        limits = [None if a.occupancy is None else _limiting_factors(a.occupancy) for a in args]
         table = model.GpuTable(
             kind=kind,
             name=self.intern([e.name for e in evs]),
@@ -334,15 +339,18 @@ class _Builder:
         ts, dur, keep = self._times(evs)
         names = self.intern([e.name for e in evs])
         cats = self.intern([e.cat if e.cat is not None else "" for e in evs])
+        args = [e.args or _NO_ARGS for e in evs]
+        dims = [a.input_dims for a in args]
+        if any(map(len, [a.input_dims_2020 for a in args])):  # traces of 2020: "Input dims"
+            dims = [d if len(d) else a.input_dims_2020 for d, a in zip(dims, args)]
         table = model.CpuTable(
             kind=np.array(kinds, dtype=np.int8), category=cats, name=names,
             pid=self._ints([e.pid for e in evs], "CPU events", "pid"),
             tid=self._ints([e.tid for e in evs], "CPU events", "tid"),
             ts=ts, dur=dur,
-            external_id=self._ints([(e.args or _NO_ARGS).external_id for e in evs], "CPU events", "External id"),
-            input_dims=self._raw_ids([(a.input_dims if len(a.input_dims) else a.input_dims_2020) if a else _EMPTY_RAW
-                                      for a in (e.args for e in evs)]),
-            input_types=self._raw_ids([e.args.input_type if e.args else _EMPTY_RAW for e in evs]),
+            external_id=self._ints([a.external_id for a in args], "CPU events", "External id"),
+            input_dims=self._raw_ids(dims),
+            input_types=self._raw_ids([a.input_type for a in args]),
         )
         rows = np.arange(len(evs))
         if keep is not None:
@@ -415,24 +423,37 @@ class _Builder:
         self.annotations.append(table)
 
     def merge(self, other: "_Builder") -> None:
-        """Append a chunk decoded elsewhere (another process): remap its string ids."""
+        """Append a chunk decoded elsewhere (another process, or a chunk builder of this
+        one): remap its string ids. The first ``other._base`` strings are this builder's,
+        with the same ids (this table only grows); the others are added in the order the
+        chunk met them, exactly as if it had been decoded here."""
         table = self.strings
-        remap = np.array([table.setdefault(s, len(table)) for s in other.strings] or [0], dtype=np.int32)
+        base = other._base
+        new = list(other.strings)[base:] if len(other.strings) > base else []
+        new_ids = [table.setdefault(s, len(table)) for s in new]
+        if new_ids == list(range(base, base + len(new))):  # same ids here (the usual case)
+            def ids(col):
+                return col
 
-        def ids(col):
-            return remap[col] if len(col) else col
+            def optional_ids(col):
+                return col
+        else:
+            remap = np.array(list(range(base)) + new_ids or [0], dtype=np.int32)
+
+            def ids(col):
+                return remap[col] if len(col) else col
+
+            def optional_ids(col):  # -1: none
+                return np.where(col >= 0, remap[np.maximum(col, 0)], -1).astype(np.int32)
 
         for t in other.gpu:
             t.name = ids(t.name)
-            t.occupancy_limit = np.where(t.occupancy_limit >= 0, remap[np.maximum(t.occupancy_limit, 0)], -1) \
-                .astype(np.int32)
-            t.msg_dtype = np.where(t.msg_dtype >= 0, remap[np.maximum(t.msg_dtype, 0)], -1).astype(np.int32)
+            t.occupancy_limit = optional_ids(t.occupancy_limit)
+            t.msg_dtype = optional_ids(t.msg_dtype)
             self.gpu.append(t)
         for t in other.cpu:
             t.name, t.category = ids(t.name), ids(t.category)
-            for col in ("input_dims", "input_types"):
-                v = getattr(t, col)
-                setattr(t, col, np.where(v >= 0, remap[np.maximum(v, 0)], -1).astype(np.int32))
+            t.input_dims, t.input_types = optional_ids(t.input_dims), optional_ids(t.input_types)
             self.cpu.append(t)
         for t in other.runtime:
             t.name = ids(t.name)
@@ -463,7 +484,7 @@ class _Builder:
         state = dict(self.__dict__)
         state["_shape_name_cache"] = {}
         state["_decoded_cache"] = {}
-        state["_raw_id_cache"] = {}
+        state["_raw_id_cache"] = {b"": -1}
         return state
 
     def finish(self, meta: model.TraceMeta) -> model.TraceData:
@@ -501,6 +522,16 @@ _NO_DIM = (-1, -1, -1)
 def _dims(values: list, bad: Optional[list] = None) -> np.ndarray:
     """(n, 3) int64 grid/block dims; a value that is not a list of 3 integers in int64
     (ROCm's -1 included as "unknown") becomes (-1, -1, -1), noted in ``bad``."""
+    # Fast path (every clean trace): each value absent or 3 long, converted as one flat
+    # list (a list of lists costs numpy ~4x more); anything else takes the path below.
+    fixed = [_NO_DIM if v is None else v for v in values]
+    if not fixed or set(map(len, fixed)) == {3}:
+        try:
+            flat = np.array(list(chain.from_iterable(fixed)), dtype=np.int64)
+            if flat.shape == (3 * len(fixed),) and not (flat < -1).any():
+                return flat.reshape(len(fixed), 3)
+        except (TypeError, ValueError, OverflowError):
+            pass
     fixed = []
     for row, v in enumerate(values):
         if v is None:

@@ -18,9 +18,11 @@ from .loader_events import _decode_events
 log = logging.getLogger(__name__)
 
 
-def _decode_chunk(payload: bytes) -> _Builder:
-    """Decode one chunk of whole events into columns (runs in a worker process)."""
-    builder = _Builder("")
+def _decode_chunk(payload: bytes, seed=None) -> _Builder:
+    """Decode one chunk of whole events into columns of its own (in a worker process, or
+    here while the chunks before it are still out). ``seed``: `_Builder.seed()` of the
+    builder it will be merged into."""
+    builder = _Builder("", seed)
     builder.add(_decode_events(payload, builder))
     return builder
 
@@ -140,11 +142,11 @@ class _ChunkSink:
             if not self.pending:  # nothing before it is still out: straight into the builder
                 self.builder.add(_decode_events(payload, self.builder))
             else:
-                self.pending.append((None, _decode_chunk(payload)))
+                self.pending.append((None, _decode_chunk(payload, self.builder.seed())))
             return
         payload = bytes(payload)  # sent to a worker and kept for a fallback
         try:
-            self.pending.append((_get_pool().submit(_decode_chunk, payload), payload))
+            self.pending.append((_get_pool().submit(_decode_chunk, payload, self.builder.seed()), payload))
         except RuntimeError:  # pool broken or shut down
             self._local_fallback()
             self.builder.add(_decode_events(payload, self.builder))

@@ -19,10 +19,10 @@ NAME = "hta/trace_diff/control/control.json.gz"
 _DECODE_CHUNK = loader_workers._decode_chunk
 
 
-def _slow_decode(payload):
+def _slow_decode(payload, seed=None):
     """loader_workers._decode_chunk, 50 ms slower (runs in the forked worker too)."""
     time.sleep(0.05)
-    return _DECODE_CHUNK(payload)
+    return _DECODE_CHUNK(payload, seed)
 
 
 def _same(a, b):
