@@ -23,6 +23,7 @@ import argparse
 import copy
 import cProfile
 import json
+import math
 import os
 import pickle
 import pstats
@@ -96,13 +97,18 @@ def copies(seed: dict, n: int) -> list:
     return out
 
 
+CPU_TIMES: dict = {}  # the process CPU seconds of the last timed() call's runs (less load-dependent)
+
+
 def timed(fn, repeat: int):
-    times = []
+    times, cpu = [], []
     value = None
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         value = fn()
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    CPU_TIMES["last"] = cpu
     return value, times
 
 
@@ -131,15 +137,22 @@ def main() -> int:
     for n in args.spans:
         results = copies(seed, n)
         combined, times = timed(lambda: report.combine_results(results, run="bench"), args.repeat)
+        cpu = CPU_TIMES["last"]
         # what the service computes for a summary (the report, memory, kernels routes) and,
-        # only when the operators route or compare asks, the run-level views
-        _, stimes = timed(lambda: report.combine_results(results, run="bench", views=False), args.repeat)
-        _, vtimes = timed(lambda: report.combine_views(results), args.repeat)
+        # only when the operators route or compare asks, the run-level views (a checkout
+        # before 0e1215d has no views=False: the full combine is all it has)
+        stimes = vtimes = scpu = vcpu = [math.nan]
+        if hasattr(report, "combine_views"):
+            _, stimes = timed(lambda: report.combine_results(results, run="bench", views=False), args.repeat)
+            scpu = CPU_TIMES["last"]
+            _, vtimes = timed(lambda: report.combine_views(results), args.repeat)
+            vcpu = CPU_TIMES["last"]
         summary_kb = len(json.dumps(combined["report"])) / 1024
         by_worker = {f"worker{i}": [r] for i, r in enumerate(results)}
         view, rtimes = timed(lambda: ranks.rank_view(by_worker), args.repeat)
         row = {"spans": n, "combine_s_min": min(times), "combine_s_median": statistics.median(times),
-               "summary_only_s_min": min(stimes), "views_s_min": min(vtimes),
+               "combine_cpu_s_min": min(cpu), "summary_only_s_min": min(stimes), "views_s_min": min(vtimes),
+               "summary_only_cpu_s_min": min(scpu), "views_cpu_s_min": min(vcpu),
                "summary_kb": round(summary_kb, 1), "rank_view_s_min": min(rtimes),
                "rank_view_s_median": statistics.median(rtimes), "load_avg": os.getloadavg()[0]}
         if args.memory:
@@ -148,9 +161,10 @@ def main() -> int:
             row["combine_peak_mb"] = tracemalloc.get_traced_memory()[1] / 2**20
             tracemalloc.stop()
         rows.append(row)
-        print(f"{n:5d} spans: combine_results min {row['combine_s_min']:.3f} s, median {row['combine_s_median']:.3f} s "
-              f"(summary alone, views=False: {row['summary_only_s_min']:.3f} s; combine_views: "
-              f"{row['views_s_min']:.3f} s); summary {summary_kb:.0f} KB; "
+        print(f"{n:5d} spans: combine_results min {row['combine_s_min']:.3f} s, median {row['combine_s_median']:.3f} s, "
+              f"CPU min {row['combine_cpu_s_min']:.3f} s (summary alone, views=False: {row['summary_only_s_min']:.3f} s, "
+              f"CPU {row['summary_only_cpu_s_min']:.3f} s; combine_views: {row['views_s_min']:.3f} s, "
+              f"CPU {row['views_cpu_s_min']:.3f} s); summary {summary_kb:.0f} KB; "
               f"rank_view min {row['rank_view_s_min']:.3f} s"
               + (f"; combine peak (tracemalloc) {row['combine_peak_mb']:.1f} MB" if args.memory else "")
               + f"; load average {row['load_avg']:.1f}", flush=True)
