@@ -336,8 +336,10 @@ def rule_allocator_slack(report) -> Optional[dict]:
                    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; avoid many distinct tensor shapes "
                    "(pad or bucket variable-length batches)."),
         "numbers": {"slack_fragmentation_pct": round(slack, 2),
-                    "peak_reserved_gib": round(mem["peak_reserved_bytes"] / gib, 2),
-                    "peak_allocated_gib": round((mem.get("peak_allocated_bytes") or 0) / gib, 2)},
+                    # bytes, so the tab's chips format them with a unit (a bare "gib" key read
+                    # "peak reserved gib: 11.9")
+                    "peak_reserved_bytes": mem["peak_reserved_bytes"],
+                    "peak_allocated_bytes": mem.get("peak_allocated_bytes")},
         "evidence": [f"{dev}: peak reserved {mem['peak_reserved_bytes'] / gib:.2f} GiB, peak allocated "
                      f"{(mem.get('peak_allocated_bytes') or 0) / gib:.2f} GiB"],
         "estimated_gain_pct": 0.0,  # memory headroom, not time

@@ -92,3 +92,23 @@ def test_occupancy_note_says_which_values_are_the_calculators(trust_base, browse
     assert f"{calc:.1f}% of kernel time" in note and '"calc"' in note, note
     assert "Computed by Kineto with the CUDA occupancy calculator for each launch" not in note
     w.check_clean()
+
+
+def test_recommendation_chips_carry_units(trust_base, browser_page):
+    """The allocator-slack advice on HTA's V100 memory trace, as the server makes it, drawn by
+    the tab's own recommendations panel: its numbers read as sizes ("peak reserved: 11.9 GiB"),
+    not as bare numbers under a unit-named key ("peak reserved gib: 11.9")."""
+    from tb_bottleneck_plugin import report as report_mod
+    from tb_bottleneck_plugin.loader import load_trace
+
+    path = TRACES / "hta/df_index_resolver/df_index_resolver.json.gz"
+    rep = report_mod.analyze_trace(load_trace(str(path)))["report"]
+    rec = next(r for r in rep["recommendations"] if r["rule"] == "allocator_slack")
+    w = browser_page(trust_base)
+    _open_run(w, "h100_bert")
+    chips = w.plugin_frame().evaluate("""async (rec) => {
+      const m = await import(new URL('static/recommendations.js', document.baseURI).href);
+      const el = m.recommendationsPanel({recommendations: [rec]});
+      return [...el.querySelectorAll('.chip')].map((c) => c.textContent.replace(/\\s+/g, ' ').trim()); }""", rec)
+    assert chips == ["slack fragmentation: 48.1%", "peak reserved: 11.9 GiB", "peak allocated: 6.17 GiB"], chips
+    w.check_clean()

@@ -165,3 +165,13 @@ def test_cli_step_list_of_a_multi_rank_summary_has_each_number_once():
     text = format_report({"source": "x", "steps": {"found": True, "numbers": [2, 3, 4, 2, 3, 4]}})
     assert "steps [2, 3, 4] (numbers repeated across spans: 6 step windows)" in text
     assert "steps [5, 6]\n" in format_report({"source": "x", "steps": {"found": True, "numbers": [5, 6]}}) + "\n"
+
+
+@needs_traces
+def test_memory_advice_numbers_are_bytes_the_tab_formats_with_a_unit():
+    rec = rules(real(V100_MEM))["allocator_slack"]
+    nums = rec["numbers"]
+    assert set(nums) == {"slack_fragmentation_pct", "peak_reserved_bytes", "peak_allocated_bytes"}
+    # 11.90 GiB reserved, 6.17 GiB allocated (the evidence line and the Memory panel say the same)
+    assert nums["peak_reserved_bytes"] / (1 << 30) == pytest.approx(11.90, abs=0.005)
+    assert nums["peak_allocated_bytes"] / (1 << 30) == pytest.approx(6.17, abs=0.005)
