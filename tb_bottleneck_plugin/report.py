@@ -140,8 +140,9 @@ def analyze_trace(trace: model.TraceData, *, run=None, worker=None, span=None, s
         if kernels is None:
             kernels = []
             rep["occupancy"]["kernels"] = []
-    op_view = sec.run("operator_view", operators.operator_view, trace, found) if found is not None else None
-    dist_part = sec.run("distributed", distributed.span_partial, trace, found)  # ranks.rank_view input
+    # the operator view and the rank partial reuse the span's op nesting and GPU->runtime index (ctx)
+    op_view = sec.run("operator_view", operators.operator_view, trace, found, span=ctx) if found is not None else None
+    dist_part = sec.run("distributed", distributed.span_partial, trace, found, span=ctx)  # ranks.rank_view input
     store = None
     if timeline:  # the step-timeline store, from the same per-span context (steps, unions)
         from .analysis import timeline as _timeline

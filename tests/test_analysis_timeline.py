@@ -241,7 +241,8 @@ def test_sm_efficiency_with_concurrent_kernels():
                         (K, "c", 15, 10, 3, 0, 7, np.inf, 10),  # "inf": skipped; half outside
                         (K, "d", 0, 1, 4, 1, 7, np.nan, np.nan)])
     s = find_steps(t)
-    g, na = gpu_metrics(t, s)
+    na = {}
+    g = gpu_metrics(t, s, not_available=na)
     assert g["0"]["utilization_pct"] == pytest.approx(100)
     assert g["0"]["est_sm_efficiency_pct"] == pytest.approx(100 * (2.5 + 5 + 3.75) / 20)
     # weights clipped to the window: 10, 10, 5
@@ -253,7 +254,8 @@ def test_sm_efficiency_with_concurrent_kernels():
 
 def test_cpu_only_has_no_gpu():
     t = make_trace(cpu=[("ProfilerStep#1", 0, 20, UA)])
-    g, na = gpu_metrics(t, find_steps(t))
+    na = {}
+    g = gpu_metrics(t, find_steps(t), not_available=na)
     assert g == {} and "gpu" in na
 
 

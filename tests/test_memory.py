@@ -41,7 +41,8 @@ def test_peaks_capacity_and_slack(tmp_path):
         _span(0, 40),  # trace ends at 40
     ]
     tr = write(tmp_path, ev, [{"id": 0, "totalGlobalMem": 32 * GIB}])
-    r = mem.memory_usage(tr)
+    na = {}
+    r = mem.memory_usage(tr, not_available=na)
     assert set(r) == {"cpu", "cuda:0"}
     g = r["cuda:0"]
     assert g["peak_allocated_bytes"] == 2 * GIB and g["peak_reserved_bytes"] == 4 * GIB
@@ -49,26 +50,32 @@ def test_peaks_capacity_and_slack(tmp_path):
     assert g["slack_fragmentation_pct"] == pytest.approx(50.0)
     # ∫(res-alloc) = 1*10 + 2*20 + 3*10 = 80 GiB·us; ∫res = 2*10 + 4*20 + 4*10 = 140
     assert g["slack_fragmentation_time_weighted_pct"] == pytest.approx(100 * 80 / 140)
-    assert g["free_block_fragmentation_pct"] is None and "snapshot" in g["not_available"]["free_block_fragmentation_pct"]
+    assert g["free_block_fragmentation_pct"] is None and "snapshot" in na["memory.cuda:0.free_block_fragmentation_pct"]
     c = r["cpu"]
     assert c["peak_allocated_bytes"] == 100 and c["slack_fragmentation_pct"] is None
-    assert "GPU devices only" in c["not_available"]["slack_fragmentation_pct"]
+    assert "GPU devices only" in na["memory.cpu.slack_fragmentation_pct"]
+    # the report's one convention (analysis/units.py): full keys in the dict passed in, none in the section
+    assert all(k.startswith(("memory.cpu.", "memory.cuda:0.")) for k in na)
+    assert "not_available" not in g and "not_available" not in c
+    assert mem.memory_usage(tr) == r  # without a dict to fill, the same section
 
 
 def test_hip_device_is_cuda_key_without_capacity(tmp_path):
     tr = write(tmp_path, [_m(0, 6, 0, 512, 512, 2048), _span(0, 10)], [{"id": 0, "totalGlobalMem": 64 * GIB}])
-    r = mem.memory_usage(tr)
+    na = {}
+    r = mem.memory_usage(tr, not_available=na)
     assert list(r) == ["cuda:0"]
-    assert r["cuda:0"]["capacity_bytes"] is None and "ROCm" in r["cuda:0"]["not_available"]["capacity_bytes"]
+    assert r["cuda:0"]["capacity_bytes"] is None and "ROCm" in na["memory.cuda:0.capacity_bytes"]
     assert r["cuda:0"]["slack_fragmentation_pct"] == pytest.approx(75.0)
 
 
 def test_2021_format_relative_allocated(tmp_path):
     ev = [_m(0, 1, 0, 100), _m(1, 1, 0, 300), _m(2, 1, 0, -100), _m(3, 1, 0, 50), _span(0, 5)]
-    r = mem.memory_usage(write(tmp_path, ev))["cuda:0"]
+    na = {}
+    r = mem.memory_usage(write(tmp_path, ev), not_available=na)["cuda:0"]
     assert r["allocated_is_relative"] is True
     assert r["peak_allocated_bytes"] == 400
-    assert r["peak_reserved_bytes"] is None and "reserved" in r["not_available"]["peak_reserved_bytes"]
+    assert r["peak_reserved_bytes"] is None and "reserved" in na["memory.cuda:0.peak_reserved_bytes"]
     assert r["slack_fragmentation_pct"] is None
     assert r["curve"]["allocated_bytes"] == [100, 400, 300, 350]
 

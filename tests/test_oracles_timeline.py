@@ -98,7 +98,8 @@ def analysed(rel):
     # tbp's view of occupancy: Kineto's values alone. The tab replaces Kineto's 0 by the
     # calculator's estimate (metrics.md §6 deliberate difference, pinned in
     # test_oracles_kernels_memory.py::test_shown_occupancy_deliberate_difference).
-    g, na = gpu_metrics(t, s, kineto_only=True)
+    na = {}
+    g = gpu_metrics(t, s, kineto_only=True, not_available=na)
     return t, s, b, ib, g, na
 
 

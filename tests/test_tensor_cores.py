@@ -137,8 +137,11 @@ def test_usage_on_hand_made_trace(tmp_path):
 def test_cpu_only_is_not_available(tmp_path):
     p = tmp_path / "c.pt.trace.json"
     p.write_text(json.dumps({"traceEvents": [_x("aten::mm", "cpu_op", 0, 10)]}))
-    r = tc.tensor_core_usage(load_trace(str(p)))
-    assert r["tensor_core_pct"] is None and "CPU-only" in r["not_available"]["tensor_core_pct"]
+    na = {}
+    r = tc.tensor_core_usage(load_trace(str(p)), not_available=na)
+    assert r["tensor_core_pct"] is None and "CPU-only" in na["tensor_cores.tensor_core_pct"]
+    assert set(na) == {"tensor_cores.tensor_core_pct", "tensor_cores.eligible_not_using_pct",
+                       "tensor_cores.precision_split_pct"} and "not_available" not in r
 
 
 def test_multiple_of_8_rules():

@@ -58,7 +58,9 @@ def _world_size(trace: TraceData) -> Optional[int]:
     return int(min(ws, 1 << 31))
 
 
-def detect(trace: TraceData) -> Dict:
+def detect(trace: TraceData, gpu_runtime: Optional[np.ndarray] = None) -> Dict:
+    """The run's context (module docstring). ``gpu_runtime``: linking.gpu_runtime_index(trace)
+    when the caller has it."""
     cpu = trace.cpu
     ops = (cpu.kind == CPU_OP) | (cpu.kind == CPU_USER_ANNOTATION)
     op_names = cpu.name[ops]
@@ -79,7 +81,7 @@ def detect(trace: TraceData) -> Dict:
     g = trace.gpu
     graph_kernels = 0
     if is_launch.any() and len(g):
-        g_rt = gpu_runtime_index(trace)
+        g_rt = gpu_runtime_index(trace) if gpu_runtime is None else gpu_runtime
         graph_kernels = int(((g.kind == GPU_KERNEL) & (g_rt >= 0) & is_launch[np.maximum(g_rt, 0)]).sum())
 
     kernel_names = g.name[g.kind == GPU_KERNEL]
@@ -128,7 +130,9 @@ def combine(contexts) -> Optional[Dict]:
 
 
 def _unit_compute(span) -> Dict:
-    return detect(span.trace)
+    from .linking import span_gpu_runtime
+
+    return detect(span.trace, gpu_runtime=span_gpu_runtime(span))
 
 
 def _unit():

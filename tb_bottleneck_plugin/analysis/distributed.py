@@ -20,7 +20,7 @@ import numpy as np
 from ..model import CPU_OP, CPU_USER_ANNOTATION, GPU_KERNEL, TraceData
 from . import intervals as iv
 from .breakdown import COMM_CPU_PREFIXES, comm_kernel_mask
-from .linking import gpu_runtime_index, innermost_enclosing
+from .linking import gpu_runtime_index, innermost_enclosing, span_gpu_runtime
 from .steps import Steps
 
 PARTIAL_VERSION = 1
@@ -132,7 +132,7 @@ def _host_compute(c, is_comp: np.ndarray, is_comm: np.ndarray) -> iv.Intervals:
     return iv.merge(np.concatenate(starts), np.concatenate(ends))
 
 
-def span_partial(trace: TraceData, steps: Optional[Steps]) -> dict:
+def span_partial(trace: TraceData, steps: Optional[Steps], span=None) -> dict:
     """The rank view's input from one trace file (metrics §12).
 
     ``{"version", "rank", "world_size", "backend", "pg_count", "device": "gpu"|"cpu",
@@ -140,7 +140,8 @@ def span_partial(trace: TraceData, steps: Optional[Steps]) -> dict:
     "compute_only_us", "overlapped_us", "exposed_comm_us", "other_us", "collectives":
     {"kind": [...], "dur_us": [...], "bytes": [...]}}], "collectives_truncated": bool}``.
     With no steps (or ``steps`` None after a failed steps section) ``steps`` is [] and
-    ``not_available`` says why.
+    ``not_available`` ({"distributed.steps": reason}, the report's convention) says why. ``span``: the report's per-span context
+    (analysis/units.SpanContext), whose GPU→runtime index is reused.
     """
     info = trace.meta.distributed_info if isinstance(trace.meta.distributed_info, dict) else {}
     rank = info.get("rank")
@@ -153,7 +154,7 @@ def span_partial(trace: TraceData, steps: Optional[Steps]) -> dict:
         "device": None, "comm_source": None, "steps": [], "collectives_truncated": False,
     }
     if steps is None or steps.count == 0:
-        out["not_available"] = "no included step"
+        out["not_available"] = {"distributed.steps": "no included step"}
         return out
     g, c = trace.gpu, trace.cpu
     kernels = g.kind == GPU_KERNEL
@@ -194,7 +195,7 @@ def span_partial(trace: TraceData, steps: Optional[Steps]) -> dict:
         # and carries the recorded input size.
         cpu_of = np.full(len(rows), -1, np.int64)
         if len(coll_rows):
-            rt = gpu_runtime_index(trace)[rows]
+            rt = (gpu_runtime_index(trace) if span is None else span_gpu_runtime(span))[rows]
             linked = rt >= 0
             if linked.any():
                 cpu_of[linked] = innermost_enclosing(trace, coll_rows, rt[linked])

@@ -1,10 +1,10 @@
 """Per-device GPU metrics (metrics.md §4 and §6's est. achieved occupancy).
 
-``gpu_metrics(trace, steps) -> (per_device, not_available)`` where ``per_device`` is the
-report's ``gpu`` object: ``{"<device id>": {utilization_pct, est_sm_efficiency_pct,
+``gpu_metrics(trace, steps, not_available=None) -> per_device``, the report's ``gpu``
+object: ``{"<device id>": {utilization_pct, est_sm_efficiency_pct,
 est_achieved_occupancy_pct, idle: {...}}}`` (``tensor_core_pct`` is added by the Tensor
-Core analysis). ``not_available`` maps metric names (``gpu``, ``gpu.<dev>.est_sm_efficiency_pct``,
-...) to the reason.
+Core analysis). Reasons go into ``not_available`` under the report's keys (``gpu``,
+``gpu.<dev>.est_sm_efficiency_pct``, ...; analysis/units.py).
 
 Helpers reused elsewhere: ``clipped_kernel_weights``, ``sm_efficiency_integral``,
 ``hta_gpu_mask``, ``idle_breakdown``. ``UNIT``: the metric unit (analysis/units.py).
@@ -59,12 +59,13 @@ def sm_efficiency_integral(starts: np.ndarray, ends: np.ndarray, blocks: np.ndar
     return float((lv * dt).sum())
 
 
-def hta_gpu_mask(trace: TraceData) -> np.ndarray:
+def hta_gpu_mask(trace: TraceData, gpu_runtime: Optional[np.ndarray] = None) -> np.ndarray:
     """HTA-compatible selection of trace.gpu rows (HTA 0.5.0 defaults,
     include_last_profiler_step=False): with at least two distinct `ProfilerStep#N`
     names (CPU spans and gpu_user_annotation copies alike), the cut-off is the latest
     start of any event so named; GPU activity is kept only when its launching runtime
-    call starts before the cut-off. With fewer names every GPU row is kept."""
+    call starts before the cut-off. With fewer names every GPU row is kept.
+    ``gpu_runtime``: linking.gpu_runtime_index(trace) when the caller has it."""
     n = len(trace.gpu)
     rows, _ = step_rows(trace)
     names = set(trace.cpu.name[rows].tolist())
@@ -78,14 +79,15 @@ def hta_gpu_mask(trace: TraceData) -> np.ndarray:
     if len({trace.strings[i] for i in names}) < 2:
         return np.ones(n, bool)
     cutoff = max(starts)
-    g_rt = gpu_runtime_index(trace)
+    g_rt = gpu_runtime_index(trace) if gpu_runtime is None else gpu_runtime
     ok = g_rt >= 0
     keep = np.zeros(n, bool)
     keep[ok] = trace.runtime.ts[g_rt[ok]] < cutoff
     return keep
 
 
-def idle_breakdown(trace: TraceData, mask: np.ndarray, integer_us: bool = False) -> dict:
+def idle_breakdown(trace: TraceData, mask: np.ndarray, integer_us: bool = False,
+                   gpu_runtime: Optional[np.ndarray] = None) -> dict:
     """HTA's temporal idle and idle-time breakdown over the GPU rows in ``mask``.
 
     span = first start to last end of the selected activity, idle = span − Union;
@@ -93,7 +95,8 @@ def idle_breakdown(trace: TraceData, mask: np.ndarray, integer_us: bool = False)
     host_wait when the next activity's launching call started after the previous one
     ended, else kernel_wait when shorter than thresholds.HTA_KERNEL_WAIT_US, else other.
     ``integer_us``: truncate ts and dur to whole µs first, as HTA does (it matters on
-    ns-resolution traces).
+    ns-resolution traces). ``gpu_runtime``: linking.gpu_runtime_index(trace) when the
+    caller has it.
     Returns {span_us, idle_us, idle_pct, host_wait_us, kernel_wait_us, other_us}."""
     g = trace.gpu
     rows = np.flatnonzero(mask)
@@ -107,7 +110,7 @@ def idle_breakdown(trace: TraceData, mask: np.ndarray, integer_us: bool = False)
     end = ts + dur
     span = float(end.max() - ts.min())
     idle = span - iv.union_length(ts, end)
-    g_rt = gpu_runtime_index(trace)[rows]
+    g_rt = (gpu_runtime_index(trace) if gpu_runtime is None else gpu_runtime)[rows]
     rt_ts = np.floor(trace.runtime.ts - base) if integer_us else trace.runtime.ts
     launch = np.full(len(rows), -np.inf)
     if len(rt_ts):
@@ -129,29 +132,34 @@ def idle_breakdown(trace: TraceData, mask: np.ndarray, integer_us: bool = False)
 
 
 def gpu_metrics(trace: TraceData, steps: Steps, hta_compatible: bool = True, kineto_only: bool = False,
-                shown: Optional[np.ndarray] = None):
+                shown: Optional[np.ndarray] = None, not_available: Optional[Dict[str, str]] = None,
+                gpu_runtime: Optional[np.ndarray] = None) -> Dict[str, dict]:
     """Per-device metrics over the steps window (§4, §6).
 
-    Returns ``(gpu, not_available)``: ``gpu = {"<dev>": {"utilization_pct",
-    "est_sm_efficiency_pct", "est_achieved_occupancy_pct", "kernel_us",
-    "idle": idle_breakdown(...) plus "view": "hta"|"all"}}``; a metric that cannot be
-    computed is None and named in ``not_available`` as ``gpu.<dev>.<metric>``.
+    Returns ``{"<dev>": {"utilization_pct", "est_sm_efficiency_pct",
+    "est_achieved_occupancy_pct", "kernel_us", "idle": idle_breakdown(...) plus "view":
+    "hta"|"all"}}``; a metric that cannot be computed is None and its reason is written
+    to ``not_available`` (the report's dict, analysis/units.py) as ``gpu.<dev>.<metric>``
+    (``gpu`` when the trace has no GPU activity).
     ``hta_compatible`` selects the GPU rows of the idle breakdown with hta_gpu_mask
     (HTA drops the last step) and truncates times to whole µs as HTA does; otherwise all
     GPU activity counts, at full resolution. The occupancy of each kernel is the one
     shown in the kernel table (occupancy.shown_occupancy; ``kineto_only``: Kineto's
     values alone, torch-tb-profiler's view; ``shown``: that array when the caller already
-    has it)."""
-    not_available: Dict[str, str] = {}
+    has it; ``gpu_runtime``: linking.gpu_runtime_index(trace) when the caller has it)."""
+    if not_available is None:
+        not_available = {}
     out: Dict[str, dict] = {}
     g = trace.gpu
     if len(g) == 0:
         not_available["gpu"] = NA_NO_GPU
-        return out, not_available
+        return out
     lo, hi = steps.window
     win = hi - lo if np.isfinite(lo) else 0.0
     weights = clipped_kernel_weights(trace, (lo, hi)) if win > 0 else np.zeros(len(g))
-    sel_idle = hta_gpu_mask(trace) if hta_compatible else np.ones(len(g), bool)
+    if gpu_runtime is None:
+        gpu_runtime = gpu_runtime_index(trace)
+    sel_idle = hta_gpu_mask(trace, gpu_runtime) if hta_compatible else np.ones(len(g), bool)
     is_k = g.kind == GPU_KERNEL
     if shown is None:
         shown, _, _ = shown_occupancy(trace, kineto_only)
@@ -192,22 +200,22 @@ def gpu_metrics(trace: TraceData, steps: Steps, hta_compatible: bool = True, kin
                 not_available[f"gpu.{key}.est_achieved_occupancy_pct"] = NA_NO_KERNELS
             else:
                 m["est_achieved_occupancy_pct"] = float((occ[good] * w[good]).sum() / w[good].sum())
-        idle = idle_breakdown(trace, on & sel_idle, integer_us=hta_compatible)
+        idle = idle_breakdown(trace, on & sel_idle, integer_us=hta_compatible, gpu_runtime=gpu_runtime)
         idle["view"] = "hta" if hta_compatible else "all"
         m["idle"] = idle
         out[key] = m
-    return out, not_available
+    return out
 
 
 # ---------------------------------------------------------------- metric unit (analysis/units.py)
 
 
 def _unit_compute(span) -> dict:
+    from .linking import span_gpu_runtime
     from .occupancy import span_shown_occupancy
 
-    gpu, na = gpu_metrics(span.trace, span.found, shown=span_shown_occupancy(span)[0])
-    span.not_available.update(na)
-    return gpu
+    return gpu_metrics(span.trace, span.found, shown=span_shown_occupancy(span)[0],
+                       not_available=span.not_available, gpu_runtime=span_gpu_runtime(span))
 
 
 def _unit_partial(report: dict) -> dict:

@@ -19,7 +19,7 @@ import numpy as np
 from ..model import TraceData
 from . import factorize
 
-__all__ = ["gpu_runtime_index", "runtime_gpu_rows", "calls_inside", "gpu_ops_pairs",
+__all__ = ["gpu_runtime_index", "span_gpu_runtime", "runtime_gpu_rows", "calls_inside", "gpu_ops_pairs",
            "innermost_enclosing"]
 
 
@@ -40,6 +40,13 @@ def gpu_runtime_index(trace: TraceData) -> np.ndarray:
     hit = (pos < len(sorted_corr)) & (sorted_corr[pos_c] == gcorr) & (gcorr >= 0)
     out[hit] = order[pos_c[hit]]
     return out
+
+
+def span_gpu_runtime(span) -> np.ndarray:
+    """``gpu_runtime_index(span.trace)`` once per span (analysis/units.SpanContext): the
+    steps, GPU, Tensor Core, sync, context, operator, rank and timeline analyses of one
+    span share it (every function that needs it takes it as ``gpu_runtime``)."""
+    return span.once("gpu_runtime", lambda: gpu_runtime_index(span.trace))
 
 
 def runtime_gpu_rows(trace: TraceData, gpu_runtime: np.ndarray = None) -> Tuple[np.ndarray, np.ndarray]:

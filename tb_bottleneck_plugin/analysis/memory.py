@@ -9,10 +9,11 @@ Public API
   ``slack_fragmentation_pct``, ``slack_fragmentation_time_weighted_pct``,
   ``free_block_fragmentation_pct`` (always None here: it needs a snapshot, see below),
   ``allocated_is_relative``, ``events``, ``curve`` ({``ts_us``, ``allocated_bytes``,
-  ``reserved_bytes``}), ``growth`` ({``per_step``: [{``step``, ``ts_us``,
-  ``allocated_bytes``}], ``possible_leak``, ``rises``, ``growth_bytes``}) and
-  ``not_available`` ({metric: reason}). An empty dict when the trace has no
-  ``[memory]`` events (see ``memory_not_available_reason``).
+  ``reserved_bytes``}) and ``growth`` ({``per_step``: [{``step``, ``ts_us``,
+  ``allocated_bytes``}], ``possible_leak``, ``rises``, ``growth_bytes``}); reasons go into
+  ``memory_usage(..., not_available=na)`` under the report's keys
+  (``memory.<device key>.<metric>``; analysis/units.py). An empty dict when the trace
+  has no ``[memory]`` events (see ``memory_not_available_reason``).
 - ``memory_not_available_reason(trace) -> str | None``.
 - ``memory_snapshot_fragmentation(fileobj_or_bytes) -> {device_key: pct}`` for a CUDA
   memory snapshot (``torch.cuda.memory._dump_snapshot``); ``MEMORY_SNAPSHOT_PATTERNS``
@@ -151,9 +152,11 @@ def _growth(ts, allocated, step_boundaries, relative: bool) -> Dict:
 
 
 def memory_usage(trace: TraceData, step_boundaries: Optional[Iterable[Tuple[int, float]]] = None,
-                 max_points: int = 2000) -> Dict[str, Dict]:
+                 max_points: int = 2000, not_available: Optional[Dict[str, str]] = None) -> Dict[str, Dict]:
     """§7 per device key. ``step_boundaries``: [(step number, step start ts µs)] of the
-    included steps, for the growth check."""
+    included steps, for the growth check. A metric that has no answer is None, its reason
+    in ``not_available`` as ``memory.<device key>.<metric>``."""
+    na = {} if not_available is None else not_available
     mem = trace.memory
     out: Dict[str, Dict] = {}
     if len(mem) == 0:
@@ -169,7 +172,7 @@ def memory_usage(trace: TraceData, step_boundaries: Optional[Iterable[Tuple[int,
         ts = mem.ts[rows]
         key = device_key(dtype, did)
         is_gpu = dtype in GPU_DEVICE_TYPES
-        na: Dict[str, str] = {}
+        p = f"memory.{key}."  # this device's not_available keys
         tot_alloc = mem.total_allocated[rows]
         has_totals = bool((tot_alloc >= 0).all())
         if has_totals:
@@ -177,19 +180,19 @@ def memory_usage(trace: TraceData, step_boundaries: Optional[Iterable[Tuple[int,
             reserved = mem.total_reserved[rows].astype(np.float64)
             if (reserved < 0).any():
                 reserved = None
-                na["peak_reserved_bytes"] = "[memory] events carry no Total Reserved"
+                na[p + "peak_reserved_bytes"] = "[memory] events carry no Total Reserved"
             elif not is_gpu and not reserved.any() and allocated.any():
                 # PyTorch's CPU allocator has no cache: it writes Total Reserved 0 next to
                 # real allocations, so "peak reserved 0 B" would be a wrong number.
                 reserved = None
-                na["peak_reserved_bytes"] = ("the CPU allocator does not report reserved memory "
+                na[p + "peak_reserved_bytes"] = ("the CPU allocator does not report reserved memory "
                                              "(Total Reserved is 0 in every CPU [memory] event)")
             relative = False
         else:
             allocated = np.cumsum(np.maximum(mem.bytes[rows], -(1 << 62)).astype(np.float64))
             reserved = None
             relative = True
-            na["peak_reserved_bytes"] = ("2021-format [memory] events carry only signed Bytes: reserved memory "
+            na[p + "peak_reserved_bytes"] = ("2021-format [memory] events carry only signed Bytes: reserved memory "
                                          "is not available")
         # durations each value holds: until the next event, the last until the trace end
         t_end = end_ts if np.isfinite(end_ts) and end_ts >= ts[-1] else ts[-1]
@@ -201,29 +204,29 @@ def memory_usage(trace: TraceData, step_boundaries: Optional[Iterable[Tuple[int,
         if dtype == DEVICE_TYPE_CUDA and total_mem:
             capacity = total_mem
         elif dtype == DEVICE_TYPE_HIP:
-            na["capacity_bytes"] = ("HIP device ids are not joined to deviceProperties (ROCm device numbering "
+            na[p + "capacity_bytes"] = ("HIP device ids are not joined to deviceProperties (ROCm device numbering "
                                     "differs)")
         elif is_gpu:
-            na["capacity_bytes"] = ("no deviceProperties entry for this device" if did not in props
+            na[p + "capacity_bytes"] = ("no deviceProperties entry for this device" if did not in props
                                     else "deviceProperties 'totalGlobalMem' of this device is not a valid size")
         else:
-            na["capacity_bytes"] = "traces do not record the host's memory size"
+            na[p + "capacity_bytes"] = "traces do not record the host's memory size"
         slack = slack_tw = None
         res_int = slack_int = None  # byte·µs integrals, kept so summaries are ratios of sums
         if not is_gpu:
             reason = "CPU [memory] events mix allocators: allocator slack is defined for GPU devices only"
-            na["slack_fragmentation_pct"] = reason
-            na["slack_fragmentation_time_weighted_pct"] = reason
+            na[p + "slack_fragmentation_pct"] = reason
+            na[p + "slack_fragmentation_time_weighted_pct"] = reason
         elif reserved is None:
-            reason = na["peak_reserved_bytes"]
-            na["slack_fragmentation_pct"] = reason
-            na["slack_fragmentation_time_weighted_pct"] = reason
+            reason = na[p + "peak_reserved_bytes"]
+            na[p + "slack_fragmentation_pct"] = reason
+            na[p + "slack_fragmentation_time_weighted_pct"] = reason
         else:
             slack = slack_pct(peak_res, peak_alloc)
             res_int = float((reserved * hold).sum())
             slack_int = float(((reserved - allocated) * hold).sum())
             slack_tw = slack_time_weighted_pct(slack_int, res_int)
-        na["free_block_fragmentation_pct"] = ("needs a CUDA memory snapshot (torch.cuda.memory._dump_snapshot) "
+        na[p + "free_block_fragmentation_pct"] = ("needs a CUDA memory snapshot (torch.cuda.memory._dump_snapshot) "
                                               "in the run directory" if is_gpu else "GPU devices only")
         idx = _downsample(ts, [allocated] + ([reserved] if reserved is not None else []), max_points)
         curve = {"ts_us": ts[idx].tolist(), "allocated_bytes": allocated[idx].astype(np.int64).tolist(),
@@ -241,7 +244,6 @@ def memory_usage(trace: TraceData, step_boundaries: Optional[Iterable[Tuple[int,
             "events": int(len(rows)),
             "curve": curve,
             "growth": _growth(ts, allocated, steps, relative),
-            "not_available": na,
         }
     return out
 
@@ -304,15 +306,13 @@ def _unit_compute(span) -> dict:
     trace, found, not_available = span.trace, span.found, span.not_available
     boundaries = ([(int(n), float(t)) for n, t in zip(found.inc_numbers, found.inc_start)]
                   if found is not None and found.found else [])
-    mem = memory_usage(trace, step_boundaries=boundaries, max_points=MEMORY_CURVE_POINTS)
     na: Dict[str, str] = {}
+    mem = memory_usage(trace, step_boundaries=boundaries, max_points=MEMORY_CURVE_POINTS, not_available=na)
     devices = {}
     for key, entry in mem.items():
         curve = entry.pop("curve", None)
         if curve:
             devices[key] = curve
-        for metric, why in entry.pop("not_available", {}).items():
-            na[f"memory.{key}.{metric}"] = why
     not_available.update(na)
     span.extras["memory"]["devices"].update(devices)
     failed = span.sections.failed if span.sections is not None else {}

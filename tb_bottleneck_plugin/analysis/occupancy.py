@@ -14,10 +14,11 @@ Public API
   ``theoretical_occupancy_pct``).
 - ``kineto_estimate(props, threads, registers, shared_memory, blocks_per_sm)`` -> the
   integer ``est. achieved occupancy %`` Kineto would have written.
-- ``kernel_occupancy(trace, window=None, top_n=200)`` -> dict with keys
+- ``kernel_occupancy(trace, window=None, top_n=200, not_available=None)`` -> dict with keys
   ``est_achieved_occupancy_pct``, ``per_device``, ``histogram``, ``grid_too_small_pct``,
   ``short_kernels``, ``kernels``, ``weighted_kernel_us``, ``kernel_names`` (per-name totals,
-  ``kernel_name_totals``), ``not_available``.
+  ``kernel_name_totals``); reasons go into ``not_available`` under the report's keys
+  (``occupancy.<metric>``; analysis/units.py).
 - ``UNIT``: the metric unit (analysis/units.py); ``combine_kernel_rows`` merges kernel
   tables of several spans.
 
@@ -328,20 +329,25 @@ def _wmean(values: np.ndarray, weights: np.ndarray) -> Optional[float]:
 
 
 def kernel_occupancy(trace: TraceData, window: Optional[Tuple[float, float]] = None,
-                     top_n: int = 200, kineto_only: bool = False, shown=None) -> Dict:
+                     top_n: int = 200, kineto_only: bool = False, shown=None,
+                     not_available: Optional[Dict[str, str]] = None) -> Dict:
     """§6 over all devices, kernels weighted by their duration clipped to ``window``
     (the steps window; None = whole trace). The occupancy per kernel is
     ``shown_occupancy`` (``kineto_only``: Kineto's values alone, torch-tb-profiler's
-    view; ``shown``: ``shown_occupancy``'s result when the caller already has it)."""
+    view; ``shown``: ``shown_occupancy``'s result when the caller already has it). A value
+    that has no answer is None (or empty), its reason in ``not_available`` as
+    ``occupancy.<metric>``."""
+    if not_available is None:
+        not_available = {}
     gpu = trace.gpu
     krows = np.flatnonzero(gpu.kind == GPU_KERNEL)
     out: Dict = {"est_achieved_occupancy_pct": None, "per_device": {}, "histogram": [],
                  "grid_too_small_pct": None, "short_kernels": None, "kernels": [],
-                 "weighted_kernel_us": 0.0, "kernel_names": {"rows": [], "left_out": 0}, "not_available": {}}
+                 "weighted_kernel_us": 0.0, "kernel_names": {"rows": [], "left_out": 0}}
     if len(krows) == 0:
         reason = _not_available_reason(trace, False)
-        out["not_available"] = {k: reason for k in ("est_achieved_occupancy_pct", "grid_too_small_pct",
-                                                    "short_kernels", "kernels")}
+        for metric in ("est_achieved_occupancy_pct", "grid_too_small_pct", "short_kernels", "kernels"):
+            not_available[f"occupancy.{metric}"] = reason
         return out
     w_all = clipped_weights(gpu.ts[krows], gpu.dur[krows], window)
     sel = w_all > 0
@@ -373,8 +379,8 @@ def kernel_occupancy(trace: TraceData, window: Optional[Tuple[float, float]] = N
                                      "us": float(hist[i])})
     else:
         reason = _not_available_reason(trace, True, calc_reasons)
-        out["not_available"]["est_achieved_occupancy_pct"] = reason
-        out["not_available"]["histogram"] = reason
+        not_available["occupancy.est_achieved_occupancy_pct"] = reason
+        not_available["occupancy.histogram"] = reason
 
     # Grid too small: numeric (finite) blocks per SM < 1.
     bps = gpu.blocks_per_sm[krows]
@@ -382,7 +388,7 @@ def kernel_occupancy(trace: TraceData, window: Optional[Tuple[float, float]] = N
     if numeric.any():
         out["grid_too_small_pct"] = 100.0 * float(w[numeric & (bps < 1)].sum()) / float(w[numeric].sum())
     else:
-        out["not_available"]["grid_too_small_pct"] = _not_available_reason(trace, True)
+        not_available["occupancy.grid_too_small_pct"] = _not_available_reason(trace, True)
 
     out["short_kernels"] = _short_kernels(trace, krows, w)
     out["kernels"] = _kernel_table(trace, krows, w, top_n, occ, src)
@@ -578,9 +584,9 @@ def span_shown_occupancy(span):
 
 def _unit_compute(span) -> dict:
     found = span.found
-    occ = kernel_occupancy(span.trace, found.window if found.count else None, shown=span_shown_occupancy(span))
+    occ = kernel_occupancy(span.trace, found.window if found.count else None, shown=span_shown_occupancy(span),
+                           not_available=span.not_available)
     span.extras["kernel_names"] = occ.pop("kernel_names")  # beside the report, not in it (report.py)
-    span.not_available.update({f"occupancy.{k}": v for k, v in occ.pop("not_available", {}).items()})
     return occ
 
 

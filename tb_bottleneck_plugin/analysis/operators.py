@@ -87,24 +87,45 @@ VIEW_FIELDS = ("calls", "total_us", "self_us", "gpu_us", "gpu_self_us", "tc_us",
 _COUNT_FIELDS = ("calls", "top_calls")
 
 
-def _op_instances(trace: TraceData):
+def op_nesting(trace: TraceData) -> Dict[str, np.ndarray]:
+    """The CPU op nesting of one trace, the one computation of it (the Operator view and
+    the step timeline's lanes use it): every CPU op / user annotation except
+    ProfilerStep#N, ``rows`` (into trace.cpu), ``ts``, ``dur`` (NaN/negative as 0),
+    ``end``, ``depth`` (0 = inside no other op of the set on its thread) and ``parent``
+    (index into ``rows`` of the direct parent, -1 for none); see ``_nesting``. Read-only."""
+    cpu = trace.cpu
+    step_ids = trace.string_ids(lambda s: s.startswith("ProfilerStep#"))
+    rows = np.flatnonzero(((cpu.kind == CPU_OP) | (cpu.kind == CPU_USER_ANNOTATION))
+                          & ~np.isin(cpu.name, step_ids))
+    ts = cpu.ts[rows]
+    dur = np.maximum(np.nan_to_num(cpu.dur[rows], nan=0.0), 0.0)
+    end = ts + dur
+    depth, parent = _nesting(cpu.pid[rows], cpu.tid[rows], ts, end) if len(rows) else (np.zeros(0, np.int64),) * 2
+    return {"rows": rows, "ts": ts, "dur": dur, "end": end, "depth": depth, "parent": parent}
+
+
+def span_op_nesting(span) -> Dict[str, np.ndarray]:
+    """``op_nesting(span.trace)`` once per span (analysis/units.SpanContext)."""
+    return span.once("op_nesting", lambda: op_nesting(span.trace))
+
+
+def _op_instances(trace: TraceData, nesting: Optional[Dict[str, np.ndarray]] = None,
+                  gpu_runtime: Optional[np.ndarray] = None):
     """Every CPU op / user annotation except ProfilerStep#N, with its nesting and times.
 
     Returns a dict of arrays over those rows: ``rows`` (into trace.cpu), ``total``,
     ``self`` (duration minus direct child ops minus runtime calls made directly), ``gpu``
     (GPU activities launched by the op or any descendant), ``gpu_self`` (launched by its
-    own runtime calls), ``tc`` (Tensor Core kernels among ``gpu``)."""
+    own runtime calls), ``tc`` (Tensor Core kernels among ``gpu``). ``nesting``:
+    ``op_nesting(trace)``, ``gpu_runtime``: linking.gpu_runtime_index(trace), when the
+    caller has them."""
     from . import linking, tensor_cores
 
     cpu = trace.cpu
-    step_ids = trace.string_ids(lambda s: s.startswith("ProfilerStep#"))
-    rows = np.flatnonzero(((cpu.kind == CPU_OP) | (cpu.kind == CPU_USER_ANNOTATION))
-                          & ~np.isin(cpu.name, step_ids))
+    nest = op_nesting(trace) if nesting is None else nesting
+    rows, ts, dur = nest["rows"], nest["ts"], nest["dur"]
+    depth, parent = nest["depth"], nest["parent"]
     n = len(rows)
-    ts = cpu.ts[rows]
-    dur = np.maximum(np.nan_to_num(cpu.dur[rows], nan=0.0), 0.0)
-    end = ts + dur
-    depth, parent = _nesting(cpu.pid[rows], cpu.tid[rows], ts, end) if n else (np.zeros(0, np.int64),) * 2
     alias = _merged_into(parent, cpu.name[rows], cpu.kind[rows])
     merged = alias != np.arange(n)
     parent = np.where(parent >= 0, alias[np.maximum(parent, 0)], -1)
@@ -128,7 +149,7 @@ def _op_instances(trace: TraceData):
         op, call = op[~merged[op]], call[~merged[op]]
         rt_dur = np.maximum(np.nan_to_num(trace.runtime.dur, nan=0.0), 0.0)
         self_t -= np.bincount(inner_op, weights=rt_dur[inner_call], minlength=n)
-        gpu_rt = linking.gpu_runtime_index(trace)
+        gpu_rt = linking.gpu_runtime_index(trace) if gpu_runtime is None else gpu_runtime
         linked = np.flatnonzero(gpu_rt >= 0)
         if len(linked) and len(call):
             g_dur = np.maximum(np.nan_to_num(trace.gpu.dur, nan=0.0), 0.0)
@@ -168,7 +189,7 @@ def _merged_into(parent, name, kind) -> np.ndarray:
     return alias
 
 
-def operator_view(trace: TraceData, steps: Steps) -> dict:
+def operator_view(trace: TraceData, steps: Steps, span=None) -> dict:
     """The span's operator view: one row per (included step, op name, recorded inputs).
 
     An op instance belongs to the included step whose host span (ProfilerStep#N on the
@@ -180,6 +201,8 @@ def operator_view(trace: TraceData, steps: Steps) -> dict:
          "rows_merged": k, "has_gpu": bool}
 
     ``has_gpu`` is False for a trace without any GPU activity: its GPU columns are n/a, not 0.
+    ``span``: the report's per-span context (analysis/units.SpanContext), whose op nesting
+    and GPU→runtime index are reused.
     """
     out = {"steps": [], "names": [], "inputs": [], "record_shapes": False,
            "rows": {k: [] for k in ("step", "name", "input") + VIEW_FIELDS}, "rows_merged": 0,
@@ -187,7 +210,12 @@ def operator_view(trace: TraceData, steps: Steps) -> dict:
     if steps.count == 0:
         return out
     out["steps"] = [int(x) for x in steps.inc_numbers]
-    inst = _op_instances(trace)
+    if span is not None:
+        from .linking import span_gpu_runtime
+
+        inst = _op_instances(trace, span_op_nesting(span), span_gpu_runtime(span))
+    else:
+        inst = _op_instances(trace)
     rows = inst["rows"]
     if len(rows) == 0:
         return out

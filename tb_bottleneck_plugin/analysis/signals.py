@@ -5,13 +5,18 @@ launch overhead.
   "calls": [{name, us, count}]}``
 - ``communication_signal(trace, steps) -> {"comm_us", "overlap_pct", "comm_pct_of_kernel_time",
   "kernel_union_us"}``
-- ``launch_signal(trace, steps) -> {"launch_us", "kernels_per_step", "launch_pct"}``
+- ``launch_signal(trace, steps, not_available=None) -> {"launch_us", "kernels_per_step",
+  "launch_pct"}``; reasons go into ``not_available`` under the report's keys
+  (``launch.kernels_per_step``; analysis/units.py)
+
+``gpu_runtime`` arguments: linking.gpu_runtime_index(trace) when the caller has it (the
+report computes it once per span, linking.span_gpu_runtime).
 
 ``SYNC_UNIT``, ``COMMUNICATION_UNIT``, ``LAUNCH_UNIT``: the metric units (analysis/units.py).
 """
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -48,13 +53,13 @@ def _clipped_to(starts, ends, lo, hi) -> np.ndarray:
     return iv.covered_in(merged, starts, ends)
 
 
-def sync_rows(trace: TraceData) -> np.ndarray:
+def sync_rows(trace: TraceData, gpu_runtime: Optional[np.ndarray] = None) -> np.ndarray:
     """Runtime rows that block the host (§8)."""
     rt = trace.runtime
     always = np.isin(rt.name, trace.string_ids(lambda s: s in SYNC_CALLS))
     copy_calls = np.isin(rt.name, trace.string_ids(lambda s: s in SYNC_MEMCPY_CALLS))
     if copy_calls.any() and len(trace.gpu):
-        g_rt = gpu_runtime_index(trace)
+        g_rt = gpu_runtime_index(trace) if gpu_runtime is None else gpu_runtime
         dtoh = (trace.gpu.kind == GPU_MEMCPY) & np.isin(trace.gpu.name, trace.string_ids(lambda s: "DtoH" in s))
         hit = np.zeros(len(rt), bool)
         hit[g_rt[dtoh & (g_rt >= 0)]] = True
@@ -62,11 +67,11 @@ def sync_rows(trace: TraceData) -> np.ndarray:
     return np.flatnonzero(always)
 
 
-def sync_signal(trace: TraceData, steps: Steps) -> dict:
+def sync_signal(trace: TraceData, steps: Steps, gpu_runtime: Optional[np.ndarray] = None) -> dict:
     """Host time in blocking sync calls, clipped to the host spans of the included
     steps; ``sync_pct`` = 100 * sync_us / Σ included (stretched) step time; ``top_ops``:
     the innermost enclosing CPU op of each call (``"(no op)"`` when none), by µs."""
-    rows = sync_rows(trace)
+    rows = sync_rows(trace, gpu_runtime)
     rt = trace.runtime
     total_steps = float(steps.durations.sum()) if steps.count else 0.0
     us = _clipped_to(rt.ts[rows], rt.ts[rows] + rt.dur[rows], steps.inc_host_start, steps.inc_host_end)
@@ -138,14 +143,17 @@ def communication_signal(trace: TraceData, steps: Steps) -> dict:
             "kernel_union_us": all_k}
 
 
-def launch_signal(trace: TraceData, steps: Steps) -> dict:
+def launch_signal(trace: TraceData, steps: Steps, not_available: Optional[Dict[str, str]] = None) -> dict:
     """CPU time in kernel-launch calls within the included steps (sum of durations
     clipped to the stretched steps), its share of step time, and the mean number of
-    kernels launched per included step."""
+    kernels launched per included step (None, with its reason in ``not_available`` as
+    ``launch.kernels_per_step``, without a found, included step)."""
+    if not_available is None:
+        not_available = {}
     rt = trace.runtime
     if steps.count == 0:
-        return {"launch_us": 0.0, "kernels_per_step": None, "launch_pct": None,
-                "not_available": {"kernels_per_step": "no included step"}}
+        not_available["launch.kernels_per_step"] = "no included step"
+        return {"launch_us": 0.0, "kernels_per_step": None, "launch_pct": None}
     m = np.isin(rt.name, trace.string_ids(lambda s: s in LAUNCH_CALLS))
     us = _clipped_to(rt.ts[m], rt.ts[m] + rt.dur[m], steps.inc_start, steps.inc_end)
     launch_us = float(us.sum())
@@ -162,7 +170,7 @@ def launch_signal(trace: TraceData, steps: Steps) -> dict:
         # One window over the whole trace is not a step: a count "per step" would be
         # the trace's kernel count under another name.
         out["kernels_per_step"] = None
-        out["not_available"] = {"kernels_per_step": "no steps found (no ProfilerStep#N)"}
+        not_available["launch.kernels_per_step"] = "no steps found (no ProfilerStep#N)"
     return out
 
 
@@ -178,7 +186,9 @@ def _steps_us(report: dict):
 
 
 def _sync_compute(span) -> dict:
-    return sync_signal(span.trace, span.found)
+    from .linking import span_gpu_runtime
+
+    return sync_signal(span.trace, span.found, gpu_runtime=span_gpu_runtime(span))
 
 
 def _sync_partial(report: dict) -> dict:
@@ -240,9 +250,7 @@ def _comm_finish(m: dict) -> dict:
 
 
 def _launch_compute(span) -> dict:
-    out = launch_signal(span.trace, span.found)
-    span.not_available.update({f"launch.{k}": v for k, v in (out.pop("not_available", None) or {}).items()})
-    return out
+    return launch_signal(span.trace, span.found, not_available=span.not_available)
 
 
 def _launch_partial(report: dict) -> dict:

@@ -146,7 +146,7 @@ def runtime_step_index(trace: TraceData, host_start: np.ndarray, host_end: np.nd
     return out
 
 
-def find_steps(trace: TraceData) -> Steps:
+def find_steps(trace: TraceData, gpu_runtime: Optional[np.ndarray] = None) -> Steps:
     """Steps of one trace file, following metrics.md §1 exactly.
 
     - Steps are CPU `ProfilerStep#N` spans only.
@@ -161,6 +161,8 @@ def find_steps(trace: TraceData) -> Steps:
       launched no GPU activity, and the last launching step when it launched fewer
       than 80 % of the GPU activities of the step before it.
     - No ProfilerStep: one window over the whole trace (``found=False``).
+
+    ``gpu_runtime``: linking.gpu_runtime_index(trace) when the caller has it.
     """
     rows, numbers = step_rows(trace)
     n_gpu = len(trace.gpu)
@@ -183,7 +185,7 @@ def find_steps(trace: TraceData) -> Steps:
 
     # GPU activity -> runtime call -> step whose host span holds the call.
     rt_step = runtime_step_index(trace, host_start, host_end)
-    g_rt = gpu_runtime_index(trace)
+    g_rt = gpu_runtime_index(trace) if gpu_runtime is None else gpu_runtime
     gpu_step = np.where(g_rt >= 0, rt_step[np.maximum(g_rt, 0)], -1) if n_gpu and len(rt_step) \
         else np.full(n_gpu, -1, np.int64)
     linked = gpu_step >= 0
@@ -240,7 +242,9 @@ NA_NO_STEPS_FOUND = "no steps found (no ProfilerStep#N): the whole trace is anal
 
 
 def _unit_compute(span) -> dict:
-    found = find_steps(span.trace)
+    from .linking import span_gpu_runtime
+
+    found = find_steps(span.trace, gpu_runtime=span_gpu_runtime(span))
     out = found.to_report()
     lo, hi = found.window
     out["window_us"] = (hi - lo) if found.count else None

@@ -9,10 +9,11 @@ Public API
 - ``is_tensor_core_name(name) -> bool``, ``precision_of_name(name) -> str``.
 - ``tensor_core_name_mask(trace) -> np.ndarray[bool]`` over ``trace.strings``.
 - ``tensor_core_kernel_mask(trace) -> np.ndarray[bool]`` over ``trace.gpu`` rows.
-- ``tensor_core_usage(trace, top_n=10) -> dict`` with keys ``tensor_core_pct``,
-  ``per_device``, ``eligible_not_using_pct``, ``top_eligible_not_using``,
-  ``precision_split_pct``, ``kernel_us``, ``tensor_core_us``,
-  ``eligible_not_using_us``, ``not_available``.
+- ``tensor_core_usage(trace, top_n=10, not_available=None) -> dict`` with keys
+  ``tensor_core_pct``, ``per_device``, ``eligible_not_using_pct``,
+  ``top_eligible_not_using``, ``precision_split_pct``, ``kernel_us``, ``tensor_core_us``,
+  ``eligible_not_using_us``; reasons go into ``not_available`` under the report's keys
+  (``tensor_cores.<metric>``; analysis/units.py).
 
 Deliberate differences from torch-tb-profiler (tbp), see metrics.md §5: the list is a
 superset of tbp's allowlist (tbp's Kernel-view TC % is therefore a lower bound on
@@ -300,24 +301,28 @@ def _op_details(trace: TraceData, name: str, rows: np.ndarray, limit: int = 64):
     return types, (all(verdicts) if verdicts else None), len(verdicts)
 
 
-def tensor_core_usage(trace: TraceData, top_n: int = 10) -> Dict:
-    """§5 over the whole trace (all kernel time, not clipped to steps)."""
+def tensor_core_usage(trace: TraceData, top_n: int = 10, not_available: Optional[Dict[str, str]] = None,
+                      gpu_runtime: Optional[np.ndarray] = None) -> Dict:
+    """§5 over the whole trace (all kernel time, not clipped to steps). A share that has
+    no answer is None, its reason in ``not_available`` as ``tensor_cores.<metric>``;
+    ``gpu_runtime``: linking.gpu_runtime_index(trace) when the caller has it."""
+    if not_available is None:
+        not_available = {}
     gpu = trace.gpu
     is_kernel = gpu.kind == GPU_KERNEL
     dur = np.where(is_kernel, gpu.dur, 0.0)
     kernel_us = float(dur.sum())
     out: Dict = {"tensor_core_pct": None, "per_device": {}, "eligible_not_using_pct": None,
                  "top_eligible_not_using": [], "precision_split_pct": {k: None for k in PRECISIONS},
-                 "kernel_us": kernel_us, "tensor_core_us": 0.0, "eligible_not_using_us": 0.0,
-                 "not_available": {}}
+                 "kernel_us": kernel_us, "tensor_core_us": 0.0, "eligible_not_using_us": 0.0}
     if not is_kernel.any() or not (np.isfinite(kernel_us) and kernel_us > 0):
         # Every share here is of kernel time: none when there is none (no kernel, or
         # every kernel lasted 0 µs, as integer-µs traces can write for short kernels).
         reason = ("no GPU kernels in the trace (CPU-only)" if not is_kernel.any()
                   else "kernels have no usable duration (every kernel lasted 0 µs, or the total is not "
                   "finite): no kernel time to share")
-        out["not_available"] = {"tensor_core_pct": reason, "eligible_not_using_pct": reason,
-                                "precision_split_pct": reason}
+        for metric in ("tensor_core_pct", "eligible_not_using_pct", "precision_split_pct"):
+            not_available[f"tensor_cores.{metric}"] = reason
         return out
 
     # Classify each distinct kernel name once.
@@ -341,10 +346,10 @@ def tensor_core_usage(trace: TraceData, top_n: int = 10) -> Dict:
     out["precision_split_pct"] = {k: 100.0 * float(prec[j]) / kernel_us for j, k in enumerate(PRECISIONS)}
 
     # Eligible but not using: non-TC kernels whose launching call lies inside an eligible op.
-    rt_of_gpu = linking.gpu_runtime_index(trace)
+    rt_of_gpu = linking.gpu_runtime_index(trace) if gpu_runtime is None else gpu_runtime
     candidates = np.flatnonzero(is_kernel & ~tc & (rt_of_gpu >= 0))
     if len(trace.runtime) == 0:
-        out["not_available"]["eligible_not_using_pct"] = "trace has no runtime calls to link kernels to ops"
+        not_available["tensor_cores.eligible_not_using_pct"] = "trace has no runtime calls to link kernels to ops"
         return out
     op_rows = eligible_op_rows(trace)
     pair_op, pair_rt = linking.calls_inside(trace, op_rows)
@@ -386,9 +391,8 @@ def tensor_core_usage(trace: TraceData, top_n: int = 10) -> Dict:
 
 
 def _unit_compute(span) -> dict:
-    tc = tensor_core_usage(span.trace)
-    span.not_available.update({f"tensor_cores.{k}": v for k, v in tc.pop("not_available", {}).items()})
-    return tc
+    return tensor_core_usage(span.trace, not_available=span.not_available,
+                             gpu_runtime=linking.span_gpu_runtime(span))
 
 
 def _unit_partial(report: dict) -> dict:

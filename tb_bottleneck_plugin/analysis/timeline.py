@@ -58,11 +58,14 @@ from .. import thresholds as T
 from ..model import CPU_OP, CPU_USER_ANNOTATION, GPU_KERNEL, GPU_MEMCPY, TraceData
 from . import intervals as iv
 from .breakdown import cumulative_unions, dataloader_mask
-from .linking import gpu_runtime_index, innermost_enclosing
+from .linking import gpu_runtime_index, innermost_enclosing, span_gpu_runtime
+from .operators import op_nesting, span_op_nesting
 from .signals import sync_rows
 from .steps import find_steps
 
-STORE_VERSION = 1
+# 2: CPU lanes from the Operator view's op nesting (operators.op_nesting): an op that starts
+# with a zero-length op is no longer put on its parent's lane
+STORE_VERSION = 2
 
 ROW_CPU, ROW_DATALOADER, ROW_RUNTIME, ROW_GPU, ROW_IDLE = 0, 1, 2, 3, 4
 ROW_KINDS = ("cpu", "dataloader", "runtime", "gpu", "idle")
@@ -87,26 +90,6 @@ EXPORT_MAX_EVENTS = 50_000
 
 
 # ----------------------------------------------------------------------------- build
-
-def _nesting_depth(thread: np.ndarray, ts: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Nesting depth of each interval among the intervals of its thread (0 = inside no
-    other). Intervals of one thread nest as the profiler writes them; one that starts
-    exactly when another ends is not inside it."""
-    n = len(ts)
-    depth = np.zeros(n, np.int64)
-    if n == 0:
-        return depth
-    order = np.lexsort((-end, ts, thread))
-    th, s, e = thread[order], ts[order], end[order]
-    bounds = np.flatnonzero(np.diff(th)) + 1
-    starts = np.concatenate([[0], bounds])
-    stops = np.concatenate([bounds, [n]])
-    for a, b in zip(starts, stops):  # per thread (a handful), vectorised inside
-        es = np.sort(e[a:b])
-        # open before me = started at or before me (earlier in order) minus ended by my start
-        depth[order[a:b]] = np.arange(b - a) - np.searchsorted(es, s[a:b], side="right")
-    return np.maximum(depth, 0)
-
 
 def _thread_key(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
     return (pid.astype(np.int64) << 32) ^ (tid.astype(np.int64) & 0xFFFFFFFF)
@@ -148,9 +131,10 @@ def idle_causes(trace: TraceData, lo: float, hi: float, host_lo: float, host_hi:
     return out
 
 
-def _cause_sets(trace: TraceData, unions: Optional[dict] = None) -> dict:
+def _cause_sets(trace: TraceData, unions: Optional[dict] = None, gpu_runtime: Optional[np.ndarray] = None) -> dict:
     """Whole-trace merged interval sets the idle causes are cut from; ``unions``: the
-    span's breakdown.cumulative_unions when the report already made them."""
+    span's breakdown.cumulative_unions, ``gpu_runtime``: linking.gpu_runtime_index, when
+    the report already made them."""
     g, rt = trace.gpu, trace.runtime
     k = g.kind == GPU_KERNEL
     h2d = (g.kind == GPU_MEMCPY) & np.isin(g.name, trace.string_ids(lambda s: "HtoD" in s))
@@ -159,7 +143,7 @@ def _cause_sets(trace: TraceData, unions: Optional[dict] = None) -> dict:
     if unions is None:
         unions = cumulative_unions(trace)
     input_wait = iv.subtract(unions["dataloader"], unions["runtime"])
-    srows = sync_rows(trace)
+    srows = sync_rows(trace, gpu_runtime)
     sync = iv.merge(rt.ts[srows], rt.ts[srows] + rt.dur[srows])
     # gaps between consecutive short kernels on one stream
     kr = np.flatnonzero(k)
@@ -195,8 +179,9 @@ def _main_thread(trace: TraceData, step_cpu_rows: np.ndarray) -> Optional[int]:
 
 def build_store(trace: TraceData, steps=None, span=None) -> Dict[str, np.ndarray]:
     """The timeline store of one span (see the module docstring). ``span``: the report's
-    per-span context (analysis/units.SpanContext) after the units ran: its steps and
-    its category unions (the step partition's) are reused, not computed again."""
+    per-span context (analysis/units.SpanContext) after the units ran: its steps, its
+    category unions (the step partition's), its GPU→runtime index and its CPU op nesting
+    (the Operator view's) are reused, not computed again."""
     unions = None
     if span is not None:
         from .breakdown import span_unions
@@ -204,6 +189,9 @@ def build_store(trace: TraceData, steps=None, span=None) -> Dict[str, np.ndarray
         if steps is None:
             steps = span.found
         unions = span_unions(span)
+        nest, g_rt_all = span_op_nesting(span), span_gpu_runtime(span)
+    else:
+        nest, g_rt_all = op_nesting(trace), gpu_runtime_index(trace)
     if steps is None:
         steps = find_steps(trace)
     c, rt, g = trace.cpu, trace.runtime, trace.gpu
@@ -211,14 +199,11 @@ def build_store(trace: TraceData, steps=None, span=None) -> Dict[str, np.ndarray
     lo_all, hi_all = steps.start.astype(np.float64), steps.end.astype(np.float64)
 
     # --- candidate events of every table: (ts, dur, name, corr, link, row key) -----------
-    step_ids = trace.string_ids(lambda s: s.startswith("ProfilerStep#"))
-    span = ((c.kind == CPU_OP) | (c.kind == CPU_USER_ANNOTATION)) & ~np.isin(c.name, step_ids)
     dl = dataloader_mask(trace)
-    cpu_rows = np.flatnonzero(span)
-    c_end = c.ts + np.maximum(np.nan_to_num(c.dur), 0.0)
+    cpu_rows = nest["rows"]  # CPU ops and user annotations but ProfilerStep#N
     thread = _thread_key(c.pid, c.tid)
     depth = np.zeros(len(c), np.int64)
-    depth[cpu_rows] = _nesting_depth(thread[cpu_rows], c.ts[cpu_rows], c_end[cpu_rows])
+    depth[cpu_rows] = nest["depth"]
     main = _main_thread(trace, steps.cpu_rows)
 
     rows: List[Tuple[int, int, int]] = []  # (kind, a, b)
@@ -270,7 +255,7 @@ def build_store(trace: TraceData, steps=None, span=None) -> Dict[str, np.ndarray
 
     # GPU activity, one row per (device, stream); linked through its launch call
     if len(g):
-        g_rt = gpu_runtime_index(trace)
+        g_rt = g_rt_all
         g_link = np.where(g_rt >= 0, rt_link[np.maximum(g_rt, 0)] if len(rt_link) else -1, -1).astype(np.int64)
         dev_u, dev_inv = np.unique(g.device.astype(np.int64), return_inverse=True)
         str_u, str_inv = np.unique(g.stream.astype(np.int64), return_inverse=True)
@@ -312,7 +297,7 @@ def build_store(trace: TraceData, steps=None, span=None) -> Dict[str, np.ndarray
     e_name, e_corr, e_link, e_row = name[src], corr[src], link[src], row[src]
 
     # idle causes per step, as events of the idle rows
-    sets = _cause_sets(trace, unions)
+    sets = _cause_sets(trace, unions, g_rt_all)
     i_ts, i_dur, i_row, i_step = [], [], [], []
     for i in range(n_steps):
         causes = idle_causes(trace, lo_all[i], hi_all[i], steps.host_start[i], steps.host_end[i], sets)
