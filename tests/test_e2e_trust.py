@@ -112,3 +112,38 @@ def test_recommendation_chips_carry_units(trust_base, browser_page):
       return [...el.querySelectorAll('.chip')].map((c) => c.textContent.replace(/\\s+/g, ' ').trim()); }""", rec)
     assert chips == ["slack fragmentation: 48.1%", "peak reserved: 11.9 GiB", "peak allocated: 6.17 GiB"], chips
     w.check_clean()
+
+
+@pytest.fixture(scope="module")
+def broken_base(tmp_path_factory, tensorboard_server):
+    """One run, two spans, each broken its own way: a gzip cut short and a trace with no events."""
+    if not MI250.exists():
+        pytest.skip("../shared/traces not present")
+    run = tmp_path_factory.mktemp("broken") / "logs" / "run_a"
+    run.mkdir(parents=True)
+    (run / "worker0.1.pt.trace.json.gz").write_bytes(MI250.read_bytes()[:5000])
+    (run / "worker0.2.pt.trace.json").write_text('{"traceEvents": []}')
+    return tensorboard_server(run.parent)
+
+
+@pytest.mark.parametrize("span,seen,not_seen", [
+    ("2", ["holds no events", "worker0.2.pt.trace.json"], ["gzip stream ends early"]),
+    ("1", ["gzip stream ends early", "worker0.1.pt.trace.json.gz"], ["holds no events"]),
+    ("all", ["gzip stream ends early", "holds no events"], []),
+])
+def test_a_broken_span_shows_its_own_error(span, seen, not_seen, broken_base, browser_page):
+    """A run whose every span failed: the selected span's own error, not the run's first one
+    (span 2 used to read 'worker0.1...: gzip stream ends early'); the summary lists each."""
+    w = browser_page(broken_base)
+    frame = w.open_tab()
+    iframe = w.plugin_frame()
+    iframe.wait_for_function("() => [...document.querySelectorAll('#bn-span option')].length === 3"
+                             " && document.querySelector('.state-error')", timeout=240_000)
+    frame.locator("#bn-span").select_option(span)
+    iframe.wait_for_function("(s) => document.querySelector('#bn-span').value === s", arg=span, timeout=30_000)
+    text = frame.locator(".state-error").inner_text()
+    for words in seen:
+        assert words in text, text
+    for words in not_seen:
+        assert words not in text, text
+    assert not w.dialogs and not w.errors, (w.dialogs, w.errors)

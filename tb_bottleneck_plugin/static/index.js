@@ -431,11 +431,17 @@ async function loadView(run) {
   }
 
   if (run.state === "error") {
-    const files = [];
-    for (const w of workersOf(run)) for (const sp of w.spans || []) if (sp.file) files.push(sp.file);
-    renderError(ui.view, {title: `Run "${run.run}" could not be analysed`, message: String(run.error || "unknown error"),
-      file: files.length === 1 ? files[0] : null,
-      hint: files.length > 1 ? `Files: ${files.join(", ")}` : null,
+    // Each span's own error: the selected span's when one is selected, else every span's
+    // (run.error names only the first file, which is wrong for the others).
+    const spans = [];
+    for (const w of workersOf(run)) for (const sp of w.spans || []) spans.push({...sp, worker: w.worker});
+    const picked = spans.filter((sp) => sp.worker === state.sel.worker && sp.span === state.sel.span);
+    const shown = picked.length ? picked : spans;
+    const errors = shown.filter((sp) => sp.error).map((sp) => ({file: sp.file || null, error: String(sp.error)}));
+    renderError(ui.view, {title: `Run "${run.run}" could not be analysed`,
+      message: errors.length === 1 ? errors[0].error : String(run.error || "unknown error"),
+      file: shown.length === 1 ? shown[0].file || null : null,
+      errors,
       onRetry: () => refreshRuns({forceView: true})});
     return;
   }
