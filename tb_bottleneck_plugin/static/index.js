@@ -422,7 +422,8 @@ async function loadView(run) {
     } else {
       renderEmpty(ui.view, {title: "No PyTorch profiler traces found", body: [
         h("p", {}, "Looked for Kineto trace files (", h("code", {}, "*.pt.trace.json"), ", ", h("code", {}, "*.pt.trace.json.gz"),
-          ") under ", h("code", {}, String(p.logdir || "the logdir")), ". Record some with:"),
+          ", and any other ", h("code", {}, "*.json"), " / ", h("code", {}, "*.json.gz"), " whose content is a Kineto trace) under ",
+          h("code", {}, String(p.logdir || "the logdir")), ". Record some with:"),
         h("pre", {class: "code"}, h("code", {}, TRACE_HOWTO.replace("LOGDIR", String(p.logdir || "logdir")))),
         h("p", {class: "note"}, "New runs appear here automatically (the list is re-read every 10 s)."),
       ]});
