@@ -140,8 +140,9 @@ def span_partial(trace: TraceData, steps: Optional[Steps], span=None) -> dict:
     "compute_only_us", "overlapped_us", "exposed_comm_us", "other_us", "collectives":
     {"kind": [...], "dur_us": [...], "bytes": [...]}}], "collectives_truncated": bool}``.
     With no steps (or ``steps`` None after a failed steps section) ``steps`` is [] and
-    ``not_available`` ({"distributed.steps": reason}, the report's convention) says why. ``span``: the report's per-span context
-    (analysis/units.SpanContext), whose GPU→runtime index is reused.
+    ``not_available`` ({"distributed.steps": reason}, the report's convention) says why.
+    ``span``: the report's per-span context (analysis/units.SpanContext), whose GPU→runtime
+    index is reused.
     """
     info = trace.meta.distributed_info if isinstance(trace.meta.distributed_info, dict) else {}
     rank = info.get("rank")
