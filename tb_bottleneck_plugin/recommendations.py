@@ -362,7 +362,9 @@ def rule_memory_growth(report) -> Optional[dict]:
                             "loss.detach(), do not append graph-attached tensors to lists, clear caches.")),
                 "numbers": {"first_bytes": steps[0]["allocated_bytes"] if steps else None,
                             "last_bytes": steps[-1]["allocated_bytes"] if steps else None},
-                "evidence": [f"step {s['step']}: {s['allocated_bytes'] / (1 << 20):.0f} MiB" for s in steps[:8]],
+                # (a summary's step row is a mean over spans: unknown when one span's is)
+                "evidence": [f"step {s['step']}: {s['allocated_bytes'] / (1 << 20):.0f} MiB" for s in steps[:8]
+                             if isinstance(s.get("allocated_bytes"), (int, float))],
                 "estimated_gain_pct": 0.0,
             }
     return None

@@ -192,3 +192,16 @@ def test_service_makes_run_views_only_when_asked_and_once(tmp_path, monkeypatch)
         assert calls == [3]
     finally:
         a.stop()
+
+
+def test_leak_rule_of_a_summary_with_an_unknown_step_value():
+    """A summary's memory growth row whose mean is unknown (one span's bytes unknown) does not
+    break the memory_growth recommendation; it cites the known steps."""
+    c = _span("w1", "sC", [(1, 100, 60, 40), (2, 100, 60, 40)], [], [10, 20])
+    c["partials"]["memory"]["keyed:devices"]["cuda:0"]["rows:growth"][0]["allocated_bytes"] = None
+    rep = report.combine_results([B, c])["report"]
+    rows = rep["memory"]["cuda:0"]["growth"]["per_step"]
+    assert rows[0]["allocated_bytes"] is None and rows[1]["allocated_bytes"] == (3000 + 20) / 2
+    assert rep["errors"] == []
+    leak = next(r for r in rep["recommendations"] if r["rule"] == "memory_growth")
+    assert leak["evidence"] == ["step 2: 0 MiB", "step 3: 0 MiB"]
