@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+# BENCH_PACKAGE_ROOT: a directory holding another tb_bottleneck_plugin (an older copy), to
+# time before/after side by side under the same machine load
+sys.path.insert(0, os.environ.get("BENCH_PACKAGE_ROOT") or str(ROOT))
 
 from tb_bottleneck_plugin import loader, report  # noqa: E402
 from tb_bottleneck_plugin.analysis import linking, operators  # noqa: E402
