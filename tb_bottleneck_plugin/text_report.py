@@ -87,9 +87,10 @@ def format_report(rep: dict, indent: str = "", heading: Optional[str] = None) ->
     if st:
         if st.get("found"):
             numbers = list(st.get("numbers") or [])
-            unique = list(dict.fromkeys(numbers))  # a run summary of several ranks repeats each step
-            add(f"{indent}steps {unique}" + (f" (numbers repeated across spans: {len(numbers)} step windows)"
-                                               if len(unique) < len(numbers) else "") + (
+            unique = list(dict.fromkeys(numbers))  # a summary lists each number once (ranks share them)
+            windows = max(len(numbers), int(st.get("count") or 0))  # count: the included steps of all spans
+            add(f"{indent}steps {unique}" + (f" (numbers repeated across spans: {windows} step windows)"
+                                               if len(unique) < windows else "") + (
                 "; excluded " + ", ".join(f"{e.get('number')} ({e.get('reason')})" for e in st.get("excluded", []))
                 if st.get("excluded") else ""))
         else:
