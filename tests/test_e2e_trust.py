@@ -76,6 +76,10 @@ def test_the_cores_are_named_by_the_vendor(run, word, other, trust_base, browser
     assert any(t.strip().startswith(word) for t in panel_titles), panel_titles
     cards_text = frame.locator(".cards").inner_text()
     assert other.lower() not in cards_text.lower()
+    # the operator view's share column: "MC %" (matrix cores) on ROCm, "TC %" on NVIDIA
+    th = frame.locator('#bn-panel-operators table.operators th[data-key="tc_pct"]')
+    th.wait_for(timeout=120_000)
+    assert th.inner_text().strip().startswith("MC %" if word == "Matrix cores" else "TC %")
     w.check_clean()
 
 

@@ -8,6 +8,7 @@ import {h, mount} from "./dom.js";
 import {isNum, fmtPct, fmtUs, fmtCount} from "./format.js";
 import {note, sortableHead, sortRows, matchCount} from "./common.js";
 import {registerPanel} from "./panels.js";
+import {isAmd} from "./cards.js";
 import {renderLoading, renderError} from "./states.js";
 
 const LIMIT = 300; // rows drawn at once; the filter narrows the rest
@@ -44,7 +45,7 @@ function inputText(entry) {
   return `${entry.dims ?? "?"} ${entry.types ?? ""}`.trim();
 }
 
-function columns(group, recordShapes, hasGpu) {
+function columns(group, recordShapes, hasGpu, amd = false) {
   const byShape = group === "op_shape";
   return [
     {key: "name", label: "Operator", text: true},
@@ -53,7 +54,8 @@ function columns(group, recordShapes, hasGpu) {
     {key: "total_us", label: "Total CPU", fmt: fmtUs},
     hasGpu ? {key: "gpu_self_us", label: "Self GPU", fmt: fmtUs} : null,
     hasGpu ? {key: "gpu_us", label: "Total GPU", fmt: fmtUs} : null,
-    hasGpu ? {key: "tc_pct", label: "TC %", fmt: (v) => fmtPct(v)} : null,
+    // AMD's matrix cores (MFMA) are NVIDIA's Tensor Cores: "MC %" on ROCm traces
+    hasGpu ? {key: "tc_pct", label: amd ? "MC %" : "TC %", fmt: (v) => fmtPct(v)} : null,
     // the (long) recorded inputs last, so the numbers stay in view
     byShape ? {key: "dims", label: "Input shapes", text: true, cls: "mono"} : null,
     byShape ? {key: "types", label: "Input types", text: true, cls: "mono"} : null,
@@ -111,7 +113,7 @@ export function renderOperators(container, ctx) {
   function drawTable(data) {
     const rows = data.rows;
     const gpuNa = data.not_available && data.not_available.gpu;
-    const cols = columns(data.group, data.record_shapes, !gpuNa);
+    const cols = columns(data.group, data.record_shapes, !gpuNa, isAmd(ctx && ctx.report));
     const thead = h("thead");
     const tbody = h("tbody");
     const table = h("table", {class: "grid-table operators"}, thead, tbody);
