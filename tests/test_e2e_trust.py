@@ -151,3 +151,24 @@ def test_a_broken_span_shows_its_own_error(span, seen, not_seen, broken_base, br
     for words in not_seen:
         assert words not in text, text
     assert not w.dialogs and not w.errors, (w.dialogs, w.errors)
+
+
+def test_memory_devices_are_named_as_the_header_names_them(trust_base, browser_page):
+    """'GPU 0 (NVIDIA H100 80GB HBM3)' in the Peak memory card, the Fragmentation card and the
+    Memory panel, as in the header ('GPU 0: NVIDIA H100 ...'); not the report's key 'cuda:0'."""
+    rep = wait_route(trust_base, "report", run="h100_bert")
+    name = rep["device_names"]["0"]
+    assert name == "NVIDIA H100 80GB HBM3"
+    w = browser_page(trust_base)
+    frame, iframe = _open_run(w, "h100_bert")
+    peak = frame.locator('.card[data-card="peak_memory"] .card-sublabel').inner_text().strip()
+    assert peak == f"GPU 0 ({name})", peak
+    slack = frame.locator('.card[data-card="allocator_slack"] .card-sublabel').inner_text()
+    assert "GPU 0" in slack and "cuda:" not in slack, slack
+    head = frame.locator(".mem-device .mem-head strong").first
+    head.wait_for(timeout=120_000)
+    assert head.inner_text().strip() == f"GPU 0 ({name})"
+    host = frame.locator("details.mem-more summary").first.inner_text().strip()
+    assert host == "CPU (host) memory", host
+    assert "cuda:" not in frame.locator(".cards").inner_text()
+    w.check_clean()

@@ -160,7 +160,7 @@ export const CARDS = [
         out.push(`reserved: not recorded${why ? ` (${why})` : ""}`);
       }
       if (m.allocated_is_relative) out.push("growth since profiling start (old trace: rebuilt from Bytes)");
-      if (gpuKeys.length > 1) out.push(gpuKeys.map((k) => `${k}: ${fmtBytes(mem[k] && mem[k].peak_allocated_bytes)}`).join(" · "));
+      if (gpuKeys.length > 1) out.push(gpuKeys.map((k) => `${k.replace("cuda:", "GPU ")}: ${fmtBytes(mem[k] && mem[k].peak_allocated_bytes)}`).join(" · "));
       return out;
     },
   },
@@ -173,7 +173,7 @@ export const CARDS = [
     def: DEFS.slack,
     sublabel: (report, v) => {
       const [key] = memoryOf(report, v);
-      return key && memoryDevices(report.memory || {}).length > 1 ? `allocator slack (${key}), not XProf's fragmentation`
+      return key && memoryDevices(report.memory || {}).length > 1 ? `allocator slack (${key.replace("cuda:", "GPU ")}), not XProf's fragmentation`
         : "allocator slack, not XProf's fragmentation";
     },
     details(report, v) {

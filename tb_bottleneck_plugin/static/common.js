@@ -65,9 +65,12 @@ export function reservedKnown(key, value) {
 }
 
 export function memDeviceLabel(report, key) {
+  // Named as the header and the GPU card name devices ("GPU 0: NVIDIA H100 ..."), not by the
+  // report's key ("cuda:0"), which also says "cuda" on ROCm.
   const m = /^cuda:(\d+)$/.exec(key);
-  const name = m ? deviceName(report, m[1]) : null;
-  return name ? `${key} (${name})` : key;
+  if (!m) return key === "cpu" ? "CPU" : key;
+  const name = deviceName(report, m[1]);
+  return name ? `GPU ${m[1]} (${name})` : `GPU ${m[1]}`;
 }
 
 export function panel(title, {info, subtitle, cls, id} = {}, ...children) {
