@@ -1,6 +1,7 @@
 """In-process CPU seconds of one span's analysis (report.analyze_trace with the timeline
 store, as the service runs it) on an already-loaded trace, and how many times the shared
-per-span pieces are computed (linking.gpu_runtime_index, the CPU op nesting).
+per-span pieces are computed (linking.gpu_runtime_index, linking.calls_inside, the CPU op
+nesting).
 
     python3 benchmarks/bench_analysis_span.py [TRACE] [--repeat N] [--out FILE]
 
@@ -59,6 +60,7 @@ def main(argv=None) -> int:
     counts: dict = {}
     nesting = "_nesting" if hasattr(operators, "_nesting") else None
     _counting(linking, "gpu_runtime_index", counts)
+    _counting(linking, "calls_inside", counts)
     if nesting:
         _counting(operators, nesting, counts)
     from tb_bottleneck_plugin.analysis import timeline

@@ -5,7 +5,9 @@ and passed, like the step partition (tests/test_units.py):
 - the GPU -> runtime-call index (linking.gpu_runtime_index): steps, GPU metrics (HTA
   mask and idle breakdown per device), Tensor Cores, sync, context, the Operator view,
   the rank partial and the step timeline;
-- the CPU op nesting (operators.op_nesting): the Operator view and the timeline's lanes.
+- the CPU op nesting (operators.op_nesting): the Operator view and the timeline's lanes;
+- the (CPU op, runtime call) containment pairs (linking.op_calls): the Operator view,
+  Tensor Core eligibility, the sync calls' ops, the timeline's links, the rank partial.
 
 Results are the same as each analysis computing its own (compared here on real traces;
 every report number is pinned by tests/test_before_after.py and the oracle tests)."""
@@ -57,9 +59,12 @@ def test_runtime_index_and_op_nesting_once_per_span(monkeypatch, path):
     calls: dict = {}
     _count(monkeypatch, linking, "gpu_runtime_index", calls)
     _count(monkeypatch, operators, "_nesting", calls)
+    # the (op, runtime call) pairs: computed (thread ids, sort, search) once, for every op and
+    # annotation; the Operator view, Tensor Cores, sync and the timeline select theirs from them
+    _count(monkeypatch, linking, "_thread_ids", calls)
     out = report.analyze_trace(trace, timeline=True)
     assert out["report"]["errors"] == [] and out["timeline_store"] is not None
-    assert calls == {"gpu_runtime_index": 1, "_nesting": 1}
+    assert calls == {"gpu_runtime_index": 1, "_nesting": 1, "_thread_ids": 1}
     # the shared pieces give what each analysis computed on its own
     assert out["operator_view"] == alone["operator_view"]
     assert out["distributed"] == alone["distributed"]
@@ -69,20 +74,40 @@ def test_runtime_index_and_op_nesting_once_per_span(monkeypatch, path):
 
 
 def test_passed_index_is_the_one_used(monkeypatch):
-    """An analysis given the span's index does not compute its own, and answers the same."""
+    """An analysis given the span's index and pairs does not compute its own, and answers the same."""
     trace = loader.load_trace(str(H100))
     steps = find_steps(trace)
 
-    def each(**kw):
+    def each(index=None, pairs=None):
+        kw = {} if index is None else {"gpu_runtime": index}
+        both = dict(kw, **({} if pairs is None else {"op_calls": pairs}))
         return [find_steps(trace, **kw).to_report(), gpu.gpu_metrics(trace, steps, **kw),
-                tensor_cores.tensor_core_usage(trace, **kw), signals.sync_signal(trace, steps, **kw),
+                tensor_cores.tensor_core_usage(trace, **both), signals.sync_signal(trace, steps, **both),
                 context.detect(trace, **kw)]
 
     expected = each()
-    index = linking.gpu_runtime_index(trace)
+    index, pairs = linking.gpu_runtime_index(trace), linking.op_calls(trace)
     _patch_everywhere(monkeypatch, linking, "gpu_runtime_index", lambda t: pytest.fail("recomputed"))
-    assert each(gpu_runtime=index) == expected
+    _patch_everywhere(monkeypatch, linking, "_thread_ids", lambda *a: pytest.fail("pairs recomputed"))
+    assert each(index, pairs) == expected
     assert expected[1]["0"]["idle"]["span_us"] > 0 and expected[2]["eligible_not_using_us"] >= 0
+
+
+def test_pairs_selected_from_op_calls_equal_their_own(tmp_path):
+    """calls_inside(rows, among=op_calls) gives calls_inside(rows)'s arrays for any sorted set
+    of ops/annotations, and computes its own for a set with another kind of row."""
+    trace = loader.load_trace(str(RESNET0))
+    pairs = linking.op_calls(trace)
+    cpu = trace.cpu
+    ops = np.flatnonzero(cpu.kind == 0)
+    for rows in (ops, ops[::3], cpu.kind == 0, tensor_cores.eligible_op_rows(trace), ops[:0]):
+        want, got = linking.calls_inside(trace, rows), linking.calls_inside(trace, rows, among=pairs)
+        assert all(np.array_equal(w, g) for w, g in zip(want, got))
+    assert len(linking.calls_inside(trace, ops)[0]) > 0
+    other = np.flatnonzero(cpu.kind > 1)  # python functions: not in op_calls' set
+    if len(other):
+        want, got = linking.calls_inside(trace, other), linking.calls_inside(trace, other, among=pairs)
+        assert all(np.array_equal(w, g) for w, g in zip(want, got))
 
 
 def test_timeline_lanes_use_the_operator_nesting(tmp_path):

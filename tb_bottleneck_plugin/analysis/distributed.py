@@ -20,7 +20,7 @@ import numpy as np
 from ..model import CPU_OP, CPU_USER_ANNOTATION, GPU_KERNEL, TraceData
 from . import intervals as iv
 from .breakdown import COMM_CPU_PREFIXES, comm_kernel_mask
-from .linking import gpu_runtime_index, innermost_enclosing, span_gpu_runtime
+from .linking import gpu_runtime_index, innermost_enclosing, span_gpu_runtime, span_op_calls
 from .steps import Steps
 
 PARTIAL_VERSION = 1
@@ -142,7 +142,7 @@ def span_partial(trace: TraceData, steps: Optional[Steps], span=None) -> dict:
     With no steps (or ``steps`` None after a failed steps section) ``steps`` is [] and
     ``not_available`` ({"distributed.steps": reason}, the report's convention) says why.
     ``span``: the report's per-span context (analysis/units.SpanContext), whose GPU→runtime
-    index is reused.
+    index and op/call pairs are reused.
     """
     info = trace.meta.distributed_info if isinstance(trace.meta.distributed_info, dict) else {}
     rank = info.get("rank")
@@ -199,7 +199,8 @@ def span_partial(trace: TraceData, steps: Optional[Steps], span=None) -> dict:
             rt = (gpu_runtime_index(trace) if span is None else span_gpu_runtime(span))[rows]
             linked = rt >= 0
             if linked.any():
-                cpu_of[linked] = innermost_enclosing(trace, coll_rows, rt[linked])
+                cpu_of[linked] = innermost_enclosing(trace, coll_rows, rt[linked],
+                                                     among=None if span is None else span_op_calls(span))
         # Bytes: the kernel's own collective metadata (2023-10+: "In msg nelems" x size of
         # "dtype") first, else the launching CPU span's recorded input.
         kernel_bytes = _kernel_msg_bytes(trace, rows)

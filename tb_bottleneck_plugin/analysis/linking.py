@@ -12,15 +12,17 @@ All functions return numpy int64 index arrays; nothing loops per event.
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 
-from ..model import TraceData
+from ..model import CPU_OP, CPU_USER_ANNOTATION, TraceData
 from . import factorize
 
-__all__ = ["gpu_runtime_index", "span_gpu_runtime", "runtime_gpu_rows", "calls_inside", "gpu_ops_pairs",
-           "innermost_enclosing"]
+__all__ = ["gpu_runtime_index", "span_gpu_runtime", "runtime_gpu_rows", "calls_inside", "op_calls",
+           "span_op_calls", "gpu_ops_pairs", "innermost_enclosing"]
+
+Pairs = Tuple[np.ndarray, np.ndarray]
 
 
 def gpu_runtime_index(trace: TraceData) -> np.ndarray:
@@ -72,7 +74,24 @@ def _thread_ids(pid_a, tid_a, pid_b, tid_b):
     return inv[: len(pid_a)], inv[len(pid_a):]
 
 
-def calls_inside(trace: TraceData, cpu_rows=None) -> Tuple[np.ndarray, np.ndarray]:
+def _op_mask(trace: TraceData) -> np.ndarray:
+    return (trace.cpu.kind == CPU_OP) | (trace.cpu.kind == CPU_USER_ANNOTATION)
+
+
+def op_calls(trace: TraceData) -> Pairs:
+    """``calls_inside`` over every CPU op and user annotation (ProfilerStep#N included):
+    the pairs any set of ops draws its own from (``calls_inside(..., among=)``)."""
+    return calls_inside(trace, _op_mask(trace))
+
+
+def span_op_calls(span) -> Pairs:
+    """``op_calls(span.trace)`` once per span (analysis/units.SpanContext): the Operator
+    view, Tensor Core eligibility, the sync calls' ops, the timeline's runtime links and the
+    rank partial's collectives select their pairs from it."""
+    return span.once("op_calls", lambda: op_calls(span.trace))
+
+
+def calls_inside(trace: TraceData, cpu_rows=None, among: Optional[Pairs] = None) -> Pairs:
     """Every pair (CPU event row, runtime call row) where the call lies wholly inside the
     CPU event's span on the same pid/tid: ``call.ts >= op.ts`` and
     ``call.ts + call.dur <= op.ts + op.dur``.
@@ -81,8 +100,19 @@ def calls_inside(trace: TraceData, cpu_rows=None) -> Tuple[np.ndarray, np.ndarra
     rows when None). Returns ``(cpu_row_of_pair, runtime_row_of_pair)``, two int64 arrays
     of equal length, sorted by CPU row then call start. A call inside nested ops appears
     once per enclosing op. Sort + searchsorted + np.repeat; the only loop is over
-    threads."""
+    threads. ``among``: ``op_calls(trace)`` when the caller has it; the pairs of
+    ``cpu_rows`` are then selected from it (the same arrays: a pair depends only on its op
+    and its call), unless ``cpu_rows`` holds a row that is neither an op nor an annotation."""
     cpu, rt = trace.cpu, trace.runtime
+    if among is not None:
+        rows = np.asarray(cpu_rows) if cpu_rows is not None else np.ones(len(cpu), bool)
+        if rows.dtype != bool and (len(rows) < 2 or bool((np.diff(rows) > 0).all())):
+            rows = np.bincount(rows.astype(np.int64), minlength=len(cpu)).astype(bool) if len(rows) \
+                else np.zeros(len(cpu), bool)  # sorted distinct rows: the same pair order
+        if rows.dtype == bool and len(rows) == len(cpu) and not (rows & ~_op_mask(trace)).any():
+            op, call = among
+            keep = rows[op]
+            return op[keep], call[keep]
     if cpu_rows is None:
         cpu_rows = np.arange(len(cpu), dtype=np.int64)
     else:
@@ -143,12 +173,13 @@ def gpu_ops_pairs(trace: TraceData, cpu_rows=None, gpu_runtime: np.ndarray = Non
     return pair_op, gpu_rows[starts + np.arange(total)]
 
 
-def innermost_enclosing(trace: TraceData, cpu_rows, runtime_rows) -> np.ndarray:
+def innermost_enclosing(trace: TraceData, cpu_rows, runtime_rows, among: Optional[Pairs] = None) -> np.ndarray:
     """For each runtime row in ``runtime_rows``, the innermost (shortest) CPU row among
-    ``cpu_rows`` that wholly contains it on the same pid/tid; -1 when none."""
+    ``cpu_rows`` that wholly contains it on the same pid/tid; -1 when none. ``among``:
+    ``op_calls(trace)`` when the caller has it (``calls_inside``)."""
     runtime_rows = np.asarray(runtime_rows, dtype=np.int64)
     out = np.full(len(runtime_rows), -1, dtype=np.int64)
-    op, call = calls_inside(trace, cpu_rows)
+    op, call = calls_inside(trace, cpu_rows, among)
     if len(op) == 0 or len(runtime_rows) == 0:
         return out
     want = np.isin(call, runtime_rows)

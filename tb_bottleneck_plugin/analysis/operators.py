@@ -110,15 +110,15 @@ def span_op_nesting(span) -> Dict[str, np.ndarray]:
 
 
 def _op_instances(trace: TraceData, nesting: Optional[Dict[str, np.ndarray]] = None,
-                  gpu_runtime: Optional[np.ndarray] = None):
+                  gpu_runtime: Optional[np.ndarray] = None, op_calls=None):
     """Every CPU op / user annotation except ProfilerStep#N, with its nesting and times.
 
     Returns a dict of arrays over those rows: ``rows`` (into trace.cpu), ``total``,
     ``self`` (duration minus direct child ops minus runtime calls made directly), ``gpu``
     (GPU activities launched by the op or any descendant), ``gpu_self`` (launched by its
     own runtime calls), ``tc`` (Tensor Core kernels among ``gpu``). ``nesting``:
-    ``op_nesting(trace)``, ``gpu_runtime``: linking.gpu_runtime_index(trace), when the
-    caller has them."""
+    ``op_nesting(trace)``, ``gpu_runtime``: linking.gpu_runtime_index(trace), ``op_calls``:
+    linking.op_calls(trace), when the caller has them."""
     from . import linking, tensor_cores
 
     cpu = trace.cpu
@@ -137,7 +137,7 @@ def _op_instances(trace: TraceData, nesting: Optional[Dict[str, np.ndarray]] = N
     if n and len(trace.runtime):
         local = np.full(len(cpu), -1, np.int64)
         local[rows] = np.arange(n)
-        op, call = linking.calls_inside(trace, rows)
+        op, call = linking.calls_inside(trace, rows, among=op_calls)
         op = local[op]
         # the innermost op around each call (the deepest of its enclosing ops; a merged
         # op's calls belong to the op it was merged into)
@@ -201,8 +201,8 @@ def operator_view(trace: TraceData, steps: Steps, span=None) -> dict:
          "rows_merged": k, "has_gpu": bool}
 
     ``has_gpu`` is False for a trace without any GPU activity: its GPU columns are n/a, not 0.
-    ``span``: the report's per-span context (analysis/units.SpanContext), whose op nesting
-    and GPU→runtime index are reused.
+    ``span``: the report's per-span context (analysis/units.SpanContext), whose op nesting,
+    GPU→runtime index and op/call pairs are reused.
     """
     out = {"steps": [], "names": [], "inputs": [], "record_shapes": False,
            "rows": {k: [] for k in ("step", "name", "input") + VIEW_FIELDS}, "rows_merged": 0,
@@ -211,9 +211,9 @@ def operator_view(trace: TraceData, steps: Steps, span=None) -> dict:
         return out
     out["steps"] = [int(x) for x in steps.inc_numbers]
     if span is not None:
-        from .linking import span_gpu_runtime
+        from .linking import span_gpu_runtime, span_op_calls
 
-        inst = _op_instances(trace, span_op_nesting(span), span_gpu_runtime(span))
+        inst = _op_instances(trace, span_op_nesting(span), span_gpu_runtime(span), span_op_calls(span))
     else:
         inst = _op_instances(trace)
     rows = inst["rows"]

@@ -9,8 +9,9 @@ launch overhead.
   "launch_pct"}``; reasons go into ``not_available`` under the report's keys
   (``launch.kernels_per_step``; analysis/units.py)
 
-``gpu_runtime`` arguments: linking.gpu_runtime_index(trace) when the caller has it (the
-report computes it once per span, linking.span_gpu_runtime).
+``gpu_runtime`` / ``op_calls`` arguments: linking.gpu_runtime_index(trace) /
+linking.op_calls(trace) when the caller has them (the report computes each once per span,
+linking.span_gpu_runtime / span_op_calls).
 
 ``SYNC_UNIT``, ``COMMUNICATION_UNIT``, ``LAUNCH_UNIT``: the metric units (analysis/units.py).
 """
@@ -67,7 +68,7 @@ def sync_rows(trace: TraceData, gpu_runtime: Optional[np.ndarray] = None) -> np.
     return np.flatnonzero(always)
 
 
-def sync_signal(trace: TraceData, steps: Steps, gpu_runtime: Optional[np.ndarray] = None) -> dict:
+def sync_signal(trace: TraceData, steps: Steps, gpu_runtime: Optional[np.ndarray] = None, op_calls=None) -> dict:
     """Host time in blocking sync calls, clipped to the host spans of the included
     steps; ``sync_pct`` = 100 * sync_us / Σ included (stretched) step time; ``top_ops``:
     the innermost enclosing CPU op of each call (``"(no op)"`` when none), by µs."""
@@ -86,7 +87,7 @@ def sync_signal(trace: TraceData, steps: Steps, gpu_runtime: Optional[np.ndarray
             sel = names == nid
             calls.append({"name": trace.strings[nid], "us": float(us[sel].sum()), "count": int(sel.sum())})
         calls.sort(key=lambda d: -d["us"])
-        op = innermost_enclosing(trace, trace.cpu.kind == CPU_OP, rows)
+        op = innermost_enclosing(trace, trace.cpu.kind == CPU_OP, rows, among=op_calls)
         op_name = np.where(op >= 0, trace.cpu.name[np.maximum(op, 0)], -1)
         for nid in np.unique(op_name):
             sel = op_name == nid
@@ -186,9 +187,9 @@ def _steps_us(report: dict):
 
 
 def _sync_compute(span) -> dict:
-    from .linking import span_gpu_runtime
+    from .linking import span_gpu_runtime, span_op_calls
 
-    return sync_signal(span.trace, span.found, gpu_runtime=span_gpu_runtime(span))
+    return sync_signal(span.trace, span.found, gpu_runtime=span_gpu_runtime(span), op_calls=span_op_calls(span))
 
 
 def _sync_partial(report: dict) -> dict:

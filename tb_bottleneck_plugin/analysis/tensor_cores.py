@@ -302,10 +302,11 @@ def _op_details(trace: TraceData, name: str, rows: np.ndarray, limit: int = 64):
 
 
 def tensor_core_usage(trace: TraceData, top_n: int = 10, not_available: Optional[Dict[str, str]] = None,
-                      gpu_runtime: Optional[np.ndarray] = None) -> Dict:
+                      gpu_runtime: Optional[np.ndarray] = None, op_calls=None) -> Dict:
     """§5 over the whole trace (all kernel time, not clipped to steps). A share that has
     no answer is None, its reason in ``not_available`` as ``tensor_cores.<metric>``;
-    ``gpu_runtime``: linking.gpu_runtime_index(trace) when the caller has it."""
+    ``gpu_runtime``: linking.gpu_runtime_index(trace), ``op_calls``: linking.op_calls(trace),
+    when the caller has them."""
     if not_available is None:
         not_available = {}
     gpu = trace.gpu
@@ -352,7 +353,7 @@ def tensor_core_usage(trace: TraceData, top_n: int = 10, not_available: Optional
         not_available["tensor_cores.eligible_not_using_pct"] = "trace has no runtime calls to link kernels to ops"
         return out
     op_rows = eligible_op_rows(trace)
-    pair_op, pair_rt = linking.calls_inside(trace, op_rows)
+    pair_op, pair_rt = linking.calls_inside(trace, op_rows, among=op_calls)
     # innermost eligible op per call: latest start, then shortest
     inner = np.full(len(trace.runtime), -1, dtype=np.int64)
     if len(pair_op):
@@ -392,7 +393,7 @@ def tensor_core_usage(trace: TraceData, top_n: int = 10, not_available: Optional
 
 def _unit_compute(span) -> dict:
     return tensor_core_usage(span.trace, not_available=span.not_available,
-                             gpu_runtime=linking.span_gpu_runtime(span))
+                             gpu_runtime=linking.span_gpu_runtime(span), op_calls=linking.span_op_calls(span))
 
 
 def _unit_partial(report: dict) -> dict:

@@ -58,7 +58,7 @@ from .. import thresholds as T
 from ..model import CPU_OP, CPU_USER_ANNOTATION, GPU_KERNEL, GPU_MEMCPY, TraceData
 from . import intervals as iv
 from .breakdown import cumulative_unions, dataloader_mask
-from .linking import gpu_runtime_index, innermost_enclosing, span_gpu_runtime
+from .linking import gpu_runtime_index, innermost_enclosing, span_gpu_runtime, span_op_calls
 from .operators import op_nesting, span_op_nesting
 from .signals import sync_rows
 from .steps import find_steps
@@ -180,8 +180,8 @@ def _main_thread(trace: TraceData, step_cpu_rows: np.ndarray) -> Optional[int]:
 def build_store(trace: TraceData, steps=None, span=None) -> Dict[str, np.ndarray]:
     """The timeline store of one span (see the module docstring). ``span``: the report's
     per-span context (analysis/units.SpanContext) after the units ran: its steps, its
-    category unions (the step partition's), its GPU→runtime index and its CPU op nesting
-    (the Operator view's) are reused, not computed again."""
+    category unions (the step partition's), its GPU→runtime index, its op/call pairs and its
+    CPU op nesting (the Operator view's) are reused, not computed again."""
     unions = None
     if span is not None:
         from .breakdown import span_unions
@@ -189,9 +189,9 @@ def build_store(trace: TraceData, steps=None, span=None) -> Dict[str, np.ndarray
         if steps is None:
             steps = span.found
         unions = span_unions(span)
-        nest, g_rt_all = span_op_nesting(span), span_gpu_runtime(span)
+        nest, g_rt_all, pairs = span_op_nesting(span), span_gpu_runtime(span), span_op_calls(span)
     else:
-        nest, g_rt_all = op_nesting(trace), gpu_runtime_index(trace)
+        nest, g_rt_all, pairs = op_nesting(trace), gpu_runtime_index(trace), None
     if steps is None:
         steps = find_steps(trace)
     c, rt, g = trace.cpu, trace.runtime, trace.gpu
@@ -244,7 +244,7 @@ def build_store(trace: TraceData, steps=None, span=None) -> Dict[str, np.ndarray
     # runtime calls, one row per thread; the innermost CPU op holding each
     if len(rt):
         rt_all = np.arange(len(rt))
-        op_of_rt = innermost_enclosing(trace, trace.cpu.kind == CPU_OP, rt_all)
+        op_of_rt = innermost_enclosing(trace, trace.cpu.kind == CPU_OP, rt_all, among=pairs)
         rt_link = np.where(op_of_rt >= 0, c.name[np.maximum(op_of_rt, 0)], -1).astype(np.int64)
         rkeys = _thread_key(rt.pid, rt.tid)
         uniq, inv = np.unique(rkeys, return_inverse=True)
