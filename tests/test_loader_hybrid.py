@@ -118,3 +118,52 @@ def test_a_daemonic_process_decodes_in_process(monkeypatch, small_chunks):
 
     monkeypatch.setattr(loader_workers, "_get_pool", no_children)
     _same(small_chunks, loader.load_trace(str(TRACES / NAME)))
+
+
+def _chunk(*events) -> bytes:
+    """The JSON array text of hand-made events (cpu ops with recorded shapes, kernels)."""
+    import json
+
+    out = []
+    for i, (cat, name, dims) in enumerate(events):
+        args = {"External id": i}
+        if dims is not None:
+            args.update({"Input Dims": dims, "Input type": ["float"] * len(dims)})
+        if cat == "kernel":
+            args.update({"device": 0, "stream": 7, "correlation": i, "grid": [1, 2, 3], "block": [4, 5, 6],
+                         "est. achieved occupancy %": 50, "dtype": "Float"})
+        out.append({"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 2, "ts": 10.0 * i, "dur": 5,
+                    "args": args})
+    return json.dumps(out).encode()
+
+
+def test_seeded_chunk_builders_merge_to_the_sequential_result():
+    """Chunk builders start from a copy of the main string table (loader_columns._Builder.seed).
+    Merged in file order they give exactly the strings and ids of decoding every chunk
+    here, both when nothing new came in meanwhile (no remap) and when an earlier chunk,
+    merged after this one was seeded, brought the same new names (remap)."""
+    from tb_bottleneck_plugin.loader_columns import _Builder
+    from tb_bottleneck_plugin.loader_events import _decode_events
+
+    first = _chunk(("cpu_op", "aten::mm", [[2, 3], [3, 4]]), ("kernel", "gemm_a", None))
+    second = _chunk(("cpu_op", "aten::conv2d", [[1, 3, 8, 8]]), ("cpu_op", "aten::mm", [[2, 3], [3, 4]]),
+                    ("kernel", "conv_k", None), ("kernel", "gemm_a", None))
+    third = _chunk(("cpu_op", "aten::conv2d", [[1, 3, 8, 8]]), ("cpu_op", "aten::relu", [[5]]),
+                   ("kernel", "relu_k", None))
+    meta = lambda: loader.model.TraceMeta(source="x")  # noqa: E731
+
+    sequential = _Builder("x")
+    for text in (first, second, third):
+        sequential.add(_decode_events(text, sequential))
+    expected = sequential.finish(meta())
+
+    main = _Builder("x")
+    main.add(_decode_events(first, main))
+    b2 = loader_workers._decode_chunk(second, main.seed())  # both seeded before either is merged
+    b3 = loader_workers._decode_chunk(third, main.seed())
+    final = {name: i for i, name in enumerate(expected.strings)}
+    assert all(final[name] == i for name, i in b2.strings.items())  # b2's ids are already the final ones
+    assert b3.strings["relu_k"] != final["relu_k"]  # b3's provisional ids are not
+    main.merge(b2)  # nothing new in main since b2 was seeded: ids kept as they are
+    main.merge(b3)  # b2's new names came first: b3's new names (relu_k, aten::relu, ...) remapped
+    _same(expected, main.finish(meta()))
