@@ -1,7 +1,7 @@
 """End to end: a run summary's step-time chart in a real TensorBoard and a real headless
 Chromium has one bar per step NUMBER across the ranks (not ranks x steps), and a bar's
-tooltip says how many spans it averages and names the slowest rank (issue 14: run-level
-views at 1,000 ranks). demo_logs/ddp_straggler_2rank: two ranks with the same steps."""
+tooltip says how many spans it averages and names the slowest rank, and the input panel's
+slowest steps name their rank (issue 14: run-level views at 1,000 ranks). demo_logs/ddp_straggler_2rank: two ranks with the same steps."""
 from __future__ import annotations
 
 import json
@@ -59,4 +59,8 @@ def test_run_summary_chart_has_one_bar_per_step_across_ranks(base, browser_page)
     assert text.startswith(f"Step {first['step']}: mean of 2 spans"), text
     assert f"worker {first['max_worker']}, span {first['max_span']}" in text, text
     assert first["max_worker"] in ("rank0", "rank1")
+    # the input panel's slowest steps of a summary name their rank
+    slow = rep["input"]["evidence"]["slowest_steps"]
+    cells = iframe.locator("section.panel:has(h2:text-is('Input pipeline')) tbody tr td:first-child").all_inner_texts()
+    assert cells == [f"#{r['step']} · worker {r['worker']}" for r in slow] and slow
     w.check_clean()

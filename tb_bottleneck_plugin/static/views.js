@@ -177,7 +177,7 @@ function inputPanel(report) {
   const slowTable = slow.length ? h("table", {class: "grid-table compact"},
     h("thead", {}, h("tr", {}, h("th", {}, "Slowest steps"), h("th", {class: "num"}, "Step time"), h("th", {class: "num"}, "DataLoader"), h("th", {class: "num"}, "share"))),
     h("tbody", {}, slow.map((sl) => h("tr", {},
-      h("td", {}, `#${sl.step}`), h("td", {class: "num"}, fmtUs(sl.step_us)), h("td", {class: "num"}, fmtUs(sl.dataloader_us)),
+      h("td", {}, `#${sl.step}${sl.worker != null ? ` · worker ${sl.worker}` : ""}`), h("td", {class: "num"}, fmtUs(sl.step_us)), h("td", {class: "num"}, fmtUs(sl.dataloader_us)),
       h("td", {class: "num"}, isNum(sl.step_us) && sl.step_us > 0 && isNum(sl.dataloader_us) ? fmtPct(100 * sl.dataloader_us / sl.step_us) : "n/a"))))) : null;
   return panel("Input pipeline", {info: DEFS.input}, kv(rows), slowTable);
 }
