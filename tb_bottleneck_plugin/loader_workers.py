@@ -47,7 +47,9 @@ def _decode_workers() -> int:
     (2 cores, benchmarks/README.md "after perf") one worker with 2 MB chunks cut the
     report from 2.69 to 2.30-2.40 s on a quiet machine at about the same peak memory, but
     on a busy one (load 3-10) it saved little and cost ~0.5 s more CPU (pickling, a
-    second interpreter). Analyses of many spans at once load every core, so they decode
+    second interpreter; since chunk builders start from the main string table, "perf3"
+    in benchmarks/README.md, the CPU is about the in-process figure, but at load 8-10 it
+    was still no faster). Analyses of many spans at once load every core, so they decode
     in-process."""
     value = os.environ.get("TB_BOTTLENECKS_DECODE_PROCESSES")
     if value is not None and value.strip():
