@@ -60,7 +60,8 @@ def main(argv=None) -> int:
     counts: dict = {}
     nesting = "_nesting" if hasattr(operators, "_nesting") else None
     _counting(linking, "gpu_runtime_index", counts)
-    _counting(linking, "calls_inside", counts)
+    _counting(linking, "calls_inside", counts)  # calls, selections from the span's pairs included
+    _counting(linking, "_thread_ids", counts)  # the pairs actually computed (one per computation)
     if nesting:
         _counting(operators, nesting, counts)
     from tb_bottleneck_plugin.analysis import timeline
