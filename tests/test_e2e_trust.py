@@ -5,12 +5,16 @@ and HTA's MI250 ROCm trace.
 
 - At 1280 px, nothing leaves the page sideways: the top bar wraps its buttons instead of
   pushing "Refresh" off-screen next to a long worker name.
-- AMD GPUs have "matrix cores", not NVIDIA's "Tensor Cores": the card and the panel say so
-  on the ROCm trace, and keep NVIDIA's word on the H100 trace.
+- AMD GPUs have "matrix cores", not NVIDIA's "Tensor Cores": the card, the panel and the
+  operator view's column ("MC %") say so on the ROCm trace, and keep NVIDIA's word on the H100.
 - The occupancy panel says where its numbers come from: on the H100 trace a third of the
   kernel time takes the plugin's calculator's value (Kineto wrote 0), and the note gives
   that share, the route's ``occupancy.calculator_kernel_time_pct``, instead of claiming that
   Kineto computed every value.
+- Recommendation chips carry units (the allocator-slack advice on HTA's V100 memory trace).
+- Memory devices are named as the header names them ("GPU 0 (NVIDIA H100 ...)", "CPU").
+- A run whose every span failed shows the selected span's own error (a truncated .gz and a
+  trace with no events in one run).
 """
 from __future__ import annotations
 
