@@ -49,7 +49,7 @@ def _count(monkeypatch, module, name, calls):
 
 
 @pytest.mark.parametrize("path", [H100, RESNET0], ids=["h100", "resnet50"])
-def test_runtime_index_and_op_nesting_once_per_span(monkeypatch, path):
+def test_shared_pieces_computed_once_per_span(monkeypatch, path):
     trace = loader.load_trace(str(path))
     assert len(trace.gpu) and len(trace.runtime) and len(trace.cpu)  # every user has work to do
     steps = find_steps(trace)
