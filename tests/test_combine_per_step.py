@@ -205,3 +205,21 @@ def test_leak_rule_of_a_summary_with_an_unknown_step_value():
     assert rep["errors"] == []
     leak = next(r for r in rep["recommendations"] if r["rule"] == "memory_growth")
     assert leak["evidence"] == ["step 2: 0 MiB", "step 3: 0 MiB"]
+
+
+def test_kernel_rows_group_by_configuration_values():
+    """occupancy.combine_kernel_rows keys a row by its configuration's values (grid/block lists
+    as tuples; an unhashable value by its text): same configuration summed, others apart."""
+    from tb_bottleneck_plugin.analysis import occupancy
+
+    def row(grid, calls, us, regs=32):
+        return {"name": "k", "device": 0, "grid": grid, "block": [128, 1, 1], "registers_per_thread": regs,
+                "shared_memory_bytes": 0, "calls": calls, "total_us": us}
+
+    rows = occupancy.combine_kernel_rows([[row([80, 1, 1], 2, 10.0), row([40, 1, 1], 1, 4.0)],
+                                          [row([80, 1, 1], 3, 20.0), row({"x": 1}, 1, 1.0)],
+                                          [row({"x": 1}, 2, 2.0), row([80, 1, 1], 1, 5.0, regs=64)]])
+    got = sorted((str(r["grid"]), r["registers_per_thread"], r["calls"], r["total_us"]) for r in rows)
+    assert got == [("[40, 1, 1]", 32, 1, 4.0), ("[80, 1, 1]", 32, 5, 30.0), ("[80, 1, 1]", 64, 1, 5.0),
+                   ("{'x': 1}", 32, 3, 3.0)]
+    assert rows[0]["total_us"] == 30.0 and rows[0]["mean_us"] == 6.0 and rows[0]["grid"] == [80, 1, 1]

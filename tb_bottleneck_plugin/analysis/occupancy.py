@@ -649,8 +649,15 @@ def combine_kernel_rows(tables: List[List[Dict]]) -> List[Dict]:
             for k in table:
                 if not isinstance(k, dict):
                     continue
-                key = (str(k.get("name")), str(k.get("device")), str(k.get("grid")), str(k.get("block")),
-                       str(k.get("registers_per_thread")), str(k.get("shared_memory_bytes")))
+                # the configuration's values as the key (grid/block lists as tuples): half the
+                # cost of six str() per row, which was most of a 1,000-span summary's kernel merge
+                g, b = k.get("grid"), k.get("block")
+                key = (k.get("name"), k.get("device"), tuple(g) if type(g) is list else g,
+                       tuple(b) if type(b) is list else b, k.get("registers_per_thread"), k.get("shared_memory_bytes"))
+                try:
+                    hash(key)
+                except TypeError:  # a value nobody wrote (a dict, nested lists): its text, as before
+                    key = tuple(map(str, key))
                 c = k.get("calls")
                 yield key, k, int(c) if type(c) is int else int(num(c) or 0), k.get("total_us")
 
