@@ -157,7 +157,7 @@ export function stackedBarChart({width, height = 260, bars, keys, colors, names,
       const y1 = y(acc + v);
       acc += v;
       const rect = s("rect", {x: cx - bw / 2, y: y1, width: bw, height: Math.max(0.5, y0 - y1), class: "seg",
-        style: {fill: colors[k]}});
+        "data-key": k, style: {fill: colors[k]}});
       withTooltip(rect, () => [
         {text: b.title || b.label, bold: true},
         {text: `${names[k] || k}: ${fmt(v)} (${((100 * v) / (totals[i] || 1)).toFixed(1)}% of step)`, color: colors[k]},
