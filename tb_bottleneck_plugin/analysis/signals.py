@@ -144,7 +144,8 @@ def communication_signal(trace: TraceData, steps: Steps) -> dict:
             "kernel_union_us": all_k}
 
 
-def launch_signal(trace: TraceData, steps: Steps, not_available: Optional[Dict[str, str]] = None) -> dict:
+def launch_signal(trace: TraceData, steps: Steps, not_available: Optional[Dict[str, str]] = None,
+                  gpu_runtime: Optional[np.ndarray] = None) -> dict:
     """CPU time in kernel-launch calls within the included steps (sum of durations
     clipped to the stretched steps), its share of step time, and the mean number of
     kernels launched per included step (None, with its reason in ``not_available`` as
@@ -167,12 +168,39 @@ def launch_signal(trace: TraceData, steps: Steps, not_available: Optional[Dict[s
         kps = 0.0
     out = {"launch_us": launch_us, "kernels_per_step": kps,
            "launch_pct": 100.0 * launch_us / total if total > 0 else None}
+    out.update(longest_runtime_call(trace, steps, gpu_runtime=gpu_runtime))
+    out["longest_runtime_call_step_pct"] = (100.0 * out["longest_runtime_call"]["us"] / total
+                                            if out["longest_runtime_call"] and total > 0 else None)
     if not steps.found:
         # One window over the whole trace is not a step: a count "per step" would be
         # the trace's kernel count under another name.
         out["kernels_per_step"] = None
         not_available["launch.kernels_per_step"] = "no steps found (no ProfilerStep#N)"
     return out
+
+
+def longest_runtime_call(trace: TraceData, steps: Steps, gpu_runtime: Optional[np.ndarray] = None) -> dict:
+    """METRICS.md §8 "Longest runtime call": all CUDA/HIP runtime-call time inside the
+    included steps (``runtime_us``, durations clipped to the stretched steps), the longest
+    single call there that does not wait for the GPU (``longest_runtime_call``: {name, us,
+    step}; the synchronising calls of sync_rows are the sync metric's, None without such a
+    call) and its share of ``runtime_us`` (``longest_runtime_call_pct``; launch_signal adds
+    its share of the included step time, ``longest_runtime_call_step_pct``). One call holding
+    most of it is a first-call warm-up outlier (lazy module/code-object loading, cuDNN/MIOpen
+    autotuning), not launch overhead (recommendations.rule_warmup_outlier)."""
+    rt = trace.runtime
+    us = _clipped_to(rt.ts, rt.ts + rt.dur, steps.inc_start, steps.inc_end)
+    runtime_us = float(us.sum())
+    own = us.copy()
+    own[sync_rows(trace, gpu_runtime)] = 0.0
+    if not len(us) or runtime_us <= 0 or own.max() <= 0:
+        return {"runtime_us": runtime_us, "longest_runtime_call": None, "longest_runtime_call_pct": None}
+    i = int(np.argmax(own))
+    inside = np.flatnonzero((steps.inc_start <= rt.ts[i]) & (rt.ts[i] < steps.inc_end))
+    step = int(steps.inc_numbers[inside[0]]) if len(inside) and steps.found else None
+    call = {"name": trace.strings[int(rt.name[i])], "us": float(own[i]), "step": step}
+    return {"runtime_us": runtime_us, "longest_runtime_call": call,
+            "longest_runtime_call_pct": 100.0 * call["us"] / runtime_us}
 
 
 # ---------------------------------------------------------------- metric units (analysis/units.py)
@@ -251,7 +279,9 @@ def _comm_finish(m: dict) -> dict:
 
 
 def _launch_compute(span) -> dict:
-    return launch_signal(span.trace, span.found, not_available=span.not_available)
+    from .linking import span_gpu_runtime
+
+    return launch_signal(span.trace, span.found, not_available=span.not_available, gpu_runtime=span_gpu_runtime(span))
 
 
 def _launch_partial(report: dict) -> dict:
@@ -260,14 +290,24 @@ def _launch_partial(report: dict) -> dict:
     launch = report.get("launch") or {}
     return {"sum:launch_us": launch.get("launch_us") or 0.0,
             "wmean:kernels_per_step": wpair(launch.get("kernels_per_step"), (report.get("steps") or {}).get("count")),
-            "sum:steps_us": _steps_us(report)}
+            "sum:steps_us": _steps_us(report),
+            "sum:runtime_us": launch.get("runtime_us") or 0.0,
+            "rows:longest_runtime_call": [dict(launch["longest_runtime_call"], span=report.get("span"),
+                                               worker=report.get("worker"))]
+            if isinstance(launch.get("longest_runtime_call"), dict) else []}
 
 
 def _launch_finish(m: dict) -> dict:
-    from .units import pct, wmean
+    from .units import num, pct, wmean
 
+    calls = [c for c in m.get("rows:longest_runtime_call") or [] if num(c.get("us")) is not None]
+    longest = max(calls, key=lambda c: c["us"]) if calls else None  # the first span's on a tie
+    runtime_us = m.get("sum:runtime_us")
     return {"launch_us": m["sum:launch_us"], "kernels_per_step": wmean(m["wmean:kernels_per_step"]),
-            "launch_pct": pct(m["sum:launch_us"], m["sum:steps_us"])}
+            "launch_pct": pct(m["sum:launch_us"], m["sum:steps_us"]),
+            "runtime_us": runtime_us, "longest_runtime_call": longest,
+            "longest_runtime_call_pct": pct(longest["us"], runtime_us) if longest else None,
+            "longest_runtime_call_step_pct": pct(longest["us"], m["sum:steps_us"]) if longest else None}
 
 
 
