@@ -87,6 +87,7 @@ def rank_view(results_by_worker: Dict[str, List[dict]]) -> dict:
         row["compute_us_per_step"] = ((row["compute_only_us"] + row["overlapped_us"]) / len(steps)
                                       if steps else None)
         row.update(_report_numbers(results_by_worker[w]))
+        row.update(_bar_split(results_by_worker[w]))
         row["per_step"] = {"steps": [s["step"] for s in steps], "step_us": [s["step_us"] for s in steps],
                            "wait_us": [None] * len(steps)}
         for s in steps:
@@ -248,6 +249,49 @@ def _clean(view: dict) -> dict:
         return _walk_clean(view)
 
 
+BAR_KEYS = ("compute_us", "overlapped_us", "exposed_comm_us", "input_wait_us", "other_us")
+# Where the DataLoader wait sits in the four-way split: on a CPU-only trace the DataLoader
+# spans are host spans, so compute (then overlapped, then other); on a GPU trace the
+# DataLoader category (§2: no kernel, copy or runtime call under it) lies in "other".
+_INPUT_FROM = {"cpu": ("compute_only_us", "overlapped_us", "other_us"), "gpu": ("other_us",)}
+
+
+def _bar_split(results: List[dict]) -> dict:
+    """The step split as drawn, five parts that add up to the step time (sums over the
+    rank's included steps): the four-way split with the input wait taken out as its own
+    part. Input wait per step = the span report's DataLoader-category µs of that step (the
+    numerator of its input-bound %, §3), taken from the part that holds it (_INPUT_FROM)."""
+    bar = dict.fromkeys(BAR_KEYS, 0.0)
+    known = False
+    devices = set()
+    for r in results:
+        p = r.get("distributed") if isinstance(r, dict) else None
+        if not isinstance(p, dict):
+            continue
+        devices.add(p.get("device"))
+        waits = {s.get("step"): s.get("dataloader_us")
+                 for s in ((r.get("report") or {}).get("input") or {}).get("per_step") or [] if isinstance(s, dict)}
+        for s in p.get("steps") or []:
+            parts = {k: s[k] for k in SPLIT}
+            left = waits.get(s["step"])
+            if isinstance(left, (int, float)) and left > 0:
+                known = True
+                for k in _INPUT_FROM.get(p.get("device"), ()):
+                    take = min(left, parts[k])
+                    parts[k] -= take
+                    bar["input_wait_us"] += take
+                    left -= take
+            elif isinstance(left, (int, float)):
+                known = True
+            bar["compute_us"] += parts["compute_only_us"]
+            bar["overlapped_us"] += parts["overlapped_us"]
+            bar["exposed_comm_us"] += parts["exposed_comm_us"]
+            bar["other_us"] += parts["other_us"]
+    devices.discard(None)
+    return {"device": devices.pop() if len(devices) == 1 else ("mixed" if devices else None),
+            "input_wait_us": bar["input_wait_us"] if known else None, "bar_us": bar}
+
+
 def _report_numbers(results: List[dict]) -> dict:
     """input-bound % (ratio of sums over the steps of all spans) and GPU utilization
     (weighted by each span's steps window) from the rank's own span reports."""
@@ -304,7 +348,7 @@ def _recommendation(row: dict, straggler: Optional[dict], imbalance: Optional[fl
     if top_kernel:
         facts.append(f"top kernel {top_kernel.get('name')} ({(top_kernel.get('time_pct') or 0):.1f}% of kernel time)")
     if peak:
-        facts.append(f"peak memory {peak[1] / 2**20:.0f} MiB on {peak[0]}")
+        facts.append(f"peak memory {_bytes_words(peak[1])} on {_device_words(peak[0])}")
     if own:
         first = own[0]
         action = (f"Fix rank {row['rank']} first: its own report's top finding is \"{first.get('title')}\" "
@@ -320,6 +364,25 @@ def _recommendation(row: dict, straggler: Optional[dict], imbalance: Optional[fl
     return {"rule": "straggler", "severity": "high" if high else "medium", "title": title, "action": action,
             "rank": row["rank"], "worker": row["worker"], "numbers": numbers, "cause": cause,
             "evidence": facts, "estimated_gain_pct": gain}
+
+
+def _bytes_words(b: float) -> str:
+    """Bytes as the cards write them (static/format.js fmtBytes): binary units, about three
+    significant digits ('716 KiB', '1.50 MiB', '12.3 GiB')."""
+    a = abs(b)
+    for unit, f in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if a >= f:
+            x = a / f
+            return f"{b / f:.{min(2, max(0, 2 - int(math.floor(math.log10(x)))))}f} {unit}"
+    return f"{b:g} B"
+
+
+def _device_words(key: str) -> str:
+    """A memory device as the cards name it ('CPU', 'GPU 0'), not the report key ('cpu', 'cuda:0')."""
+    if key == "cpu":
+        return "CPU"
+    kind, _, num = str(key).partition(":")
+    return f"GPU {num}" if kind == "cuda" and num else str(key)
 
 
 # ---------------------------------------------------------------------------- text

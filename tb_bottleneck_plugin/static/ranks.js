@@ -17,11 +17,27 @@ import {responsive, stackedBarChart, showTooltip, hideTooltip} from "./charts.js
 import {renderCards} from "./cards.js";
 import {severityClass} from "./common.js";
 
-const SPLIT = ["compute_only_us", "overlapped_us", "exposed_comm_us", "other_us"];
-const SPLIT_NAMES = {compute_only_us: "compute only", overlapped_us: "overlapped (compute ∩ communication)",
-  exposed_comm_us: "exposed communication", other_us: "other"};
-const SPLIT_COLORS = {compute_only_us: "var(--c-kernel)", overlapped_us: "var(--c-runtime)",
-  exposed_comm_us: "var(--c-communication)", other_us: "var(--c-other)"};
+// The bar's five parts (ranks.py BAR_KEYS, row.bar_us): the four-way split of metrics §12 with
+// the DataLoader wait (the report's input-bound time, §3) taken out as its own part, so a rank
+// that waits on its input is not drawn as computing. Named by what they hold on the run's device.
+const SPLIT = ["compute_us", "overlapped_us", "exposed_comm_us", "input_wait_us", "other_us"];
+const SPLIT_WORDS = {
+  gpu: {compute_us: "compute kernels only", overlapped_us: "compute kernels ∩ communication",
+    exposed_comm_us: "exposed communication (transfer + waiting for other ranks)",
+    input_wait_us: "input wait (DataLoader, GPU idle)", other_us: "other (GPU idle, not input)"},
+  cpu: {compute_us: "CPU ops only (no DataLoader, no collective)", overlapped_us: "CPU ops ∩ communication",
+    exposed_comm_us: "exposed communication (transfer + waiting for other ranks)",
+    input_wait_us: "input wait (DataLoader)", other_us: "other (no op running)"},
+  any: {compute_us: "compute only", overlapped_us: "compute ∩ communication",
+    exposed_comm_us: "exposed communication (transfer + waiting for other ranks)",
+    input_wait_us: "input wait (DataLoader)", other_us: "other"},
+};
+const SPLIT_COLORS = {compute_us: "var(--c-kernel)", overlapped_us: "var(--c-runtime)",
+  exposed_comm_us: "var(--c-communication)", input_wait_us: "var(--c-dataloader)", other_us: "var(--c-other)"};
+/** The words of the bar's parts for the run's device ("gpu", "cpu"; anything else: neutral words). */
+export function splitNames(device) {
+  return SPLIT_WORDS[device] || SPLIT_WORDS.any;
+}
 const BAR_MAX = 100; // beyond this many ranks, one bar per group of ranks (mean of the group)
 const HEATMAP_MAX_ROWS = 120; // beyond this, one canvas row per group of ranks (the group's max): rows >= 3 px
 const HEATMAP_HEIGHT = 360; // px available to the rows
@@ -131,27 +147,41 @@ function renderVerdict(view) {
   const rec = view.recommendation;
   if (view.flagged && rec) {
     const sev = severityClass(rec.severity); // the server's word (ranks.py, thresholds.py)
-    const cause = rec.cause && rec.cause.title ? h("p", {class: "rec-cause muted", style: {margin: "4px 0"}},
-      "Its own top finding: ", String(rec.cause.title)) : null;
+    // The action quotes the rank's own top finding and its numbers (ranks.py): shown once, with
+    // no separate "top finding" line or evidence list repeating it.
     return h("div", {class: ["rec", "ranks-rec", `sev-${sev}`], role: "alert"},
       h("div", {class: "rec-head"}, h("span", {class: ["badge", `sev-${sev}`]}, sev),
         h("span", {class: "rec-title"}, String(rec.title || "")),
         rec.rule ? h("span", {class: "rec-rule", title: "rule name"}, String(rec.rule)) : null),
-      h("p", {class: "rec-action"}, String(rec.action || "")),
-      cause,
-      Array.isArray(rec.evidence) && rec.evidence.length
-        ? h("ul", {class: "evidence"}, rec.evidence.map((e) => h("li", {}, String(e)))) : null);
+      h("p", {class: "rec-action"}, String(rec.action || "")));
   }
   const st = view.straggler;
   const words = ["No rank holds the others back beyond the thresholds."];
-  if (st) {
-    words.push(` Rank ${st.rank} waited least in ${st.steps} of ${st.of_steps} steps`
-      + `${isNum(st.wait_caused_pct) ? ` (the others waited ${fmtPct(st.wait_caused_pct)} of a typical step)` : ""}.`);
-  }
+  if (st) words.push(" ", stragglerWords(st, Array.isArray(view.ranks) ? view.ranks : []));
   if (!view.available) words[0] = "Ranks cannot be compared for this run.";
   return h("div", {class: ["rec", "ranks-rec", view.available ? "sev-ok" : "sev-low"], role: "status"},
     h("div", {class: "rec-head"}, h("span", {class: ["badge", view.available ? "sev-ok" : "sev-low"]},
       view.available ? "ok" : "n/a"), h("span", {class: "rec-title"}, words.join(""))));
+}
+
+/**
+ * The straggler sentence: a count of steps and the totals of the table's Wait column, said as
+ * what they are so that they cannot read as a contradiction (the rank that waited least in most
+ * steps can wait more in total when a few long waits fall on it).
+ */
+export function stragglerWords(st, rows) {
+  const caused = isNum(st.wait_caused_pct) ? ` (the others waited ${fmtPct(st.wait_caused_pct)} of a typical step)` : "";
+  let s = `Counted step by step, rank ${st.rank} waited least in ${st.steps} of ${st.of_steps} steps${caused}.`;
+  const waits = rows.filter((r) => isNum(r.wait_us));
+  const own = waits.find((r) => r.worker === st.worker);
+  if (own && waits.length >= 2) {
+    const least = waits.reduce((a, b) => (b.wait_us < a.wait_us ? b : a));
+    s += least.worker === own.worker
+      ? ` Summed over all steps it also waited least: ${fmtUs(own.wait_us)} in total.`
+      : ` Summed over all steps it waited ${fmtUs(own.wait_us)} in total, more than rank ${least.rank} `
+        + `(${fmtUs(least.wait_us)}): a few long waits outweigh the step count.`;
+  }
+  return s;
 }
 
 function renderNotAvailable(view) {
@@ -166,11 +196,23 @@ function renderNotAvailable(view) {
 
 // ------------------------------------------------------------ stacked bars
 
+const FOUR_WAY = {compute_us: "compute_only_us", overlapped_us: "overlapped_us", exposed_comm_us: "exposed_comm_us",
+  other_us: "other_us"}; // a row without bar_us (older server): the four-way split, no input part
+
 function perStep(row, key) {
-  return isNum(row[key]) && row.steps > 0 ? row[key] / row.steps : null;
+  const bar = row.bar_us && typeof row.bar_us === "object" ? row.bar_us : null;
+  const v = bar ? bar[key] : (FOUR_WAY[key] ? row[FOUR_WAY[key]] : null);
+  return isNum(v) && row.steps > 0 ? v / row.steps : null;
+}
+
+/** "gpu" or "cpu" when every rank's traces say the same, else "any" (neutral words). */
+function runDevice(rows) {
+  const ds = new Set(rows.map((r) => r.device));
+  return ds.size === 1 && (ds.has("gpu") || ds.has("cpu")) ? [...ds][0] : "any";
 }
 
 function renderBars(rows, onPick) {
+  const names = splitNames(runDevice(rows));
   const groups = groupRanks(rows, BAR_MAX);
   const bars = groups.map((g) => {
     const parts = {};
@@ -189,10 +231,10 @@ function renderBars(rows, onPick) {
     ? h("p", {class: "note muted"}, `${rows.length} ranks: each bar is the mean of ${groups[0].length} consecutive ranks; `
       + "the heatmap and the table show every rank.") : null;
   const legend = h("div", {class: "legend", style: {display: "flex", gap: "12px", "flex-wrap": "wrap", "font-size": "12px"}},
-    SPLIT.map((k) => h("span", {}, h("span", {class: "swatch", style: {background: SPLIT_COLORS[k], display: "inline-block",
-      width: "10px", height: "10px", "margin-right": "4px"}}), SPLIT_NAMES[k])));
+    SPLIT.map((k) => h("span", {class: "legend-item", "data-key": k}, h("span", {class: "swatch", style: {background: SPLIT_COLORS[k], display: "inline-block",
+      width: "10px", height: "10px", "margin-right": "4px"}}), names[k])));
   const box = responsive(h("div", {class: "chart-box ranks-bars"}), (w) => stackedBarChart({
-    width: w, height: 240, bars, keys: SPLIT, colors: SPLIT_COLORS, names: SPLIT_NAMES, fmt: fmtUs, axisFmt: fmtUsTick,
+    width: w, height: 240, bars, keys: SPLIT, colors: SPLIT_COLORS, names, fmt: fmtUs, axisFmt: fmtUsTick,
     yLabel: "per step", maxLabels: groups.length < rows.length ? 10 : 32}));
   if (onPick && groups.length === rows.length) {
     box.addEventListener("click", (e) => {
@@ -388,9 +430,10 @@ const RANK_COLS = [
   {key: "other_pct", label: "Other", fmt: (v) => fmtPct(v)},
   {key: "input_bound_pct", label: "Input-bound", fmt: (v) => fmtPct(v)},
   {key: "gpu_utilization_pct", label: "GPU util.", fmt: (v) => fmtPct(v)},
-  {key: "straggler_steps", label: "Straggler in", fmt: fmtCount},
-  {key: "wait_us", label: "Wait", fmt: fmtUs},
-  {key: "transfer_us", label: "Transfer", fmt: fmtUs},
+  {key: "straggler_steps", label: "Least wait in (steps)", fmt: fmtCount,
+    title: "Steps in which this rank waited least in the collectives: the others waited for it (metrics §12)"},
+  {key: "wait_us", label: "Wait (total)", fmt: fmtUs, title: "Wait in the collectives, summed over all steps"},
+  {key: "transfer_us", label: "Transfer (total)", fmt: fmtUs, title: "Transfer time of the collectives, summed over all steps"},
 ];
 
 function renderRankTable(rows, {selectedWorker, onPick, flaggedWorker}) {
@@ -403,6 +446,7 @@ function renderRankTable(rows, {selectedWorker, onPick, flaggedWorker}) {
     mount(thead, h("tr", {}, RANK_COLS.map((c) => {
       const active = st.key === c.key;
       return h("th", {class: [c.text ? null : "num", "sortable", active ? "sorted" : null], "data-key": c.key, tabindex: "0",
+        title: c.title || null,
         "aria-sort": active ? (st.dir > 0 ? "ascending" : "descending") : "none",
         onclick: () => sortBy(c), onkeydown: (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); sortBy(c); } }},
       c.label, h("span", {class: "sort-ind"}, active ? (st.dir > 0 ? " ▲" : " ▼") : ""));
