@@ -13,6 +13,7 @@ from typing import Dict, List, Optional, Tuple
 
 from . import thresholds as T
 from .analysis import breakdown, operators
+from .analysis.gpu import NA_NO_GPU
 
 COMPARE_SCHEMA_VERSION = 1
 LOWER, HIGHER = "lower", "higher"
@@ -407,7 +408,52 @@ def _side(result: dict, label: Optional[str]) -> dict:
     rep = result.get("report") or {}
     return {"label": label, "run": rep.get("run"), "worker": rep.get("worker"), "span": rep.get("span"),
             "spans": len(rep.get("spans") or []), "steps": (rep.get("steps") or {}).get("count"),
-            "device_names": rep.get("device_names") or {}}
+            "device_names": rep.get("device_names") or {}, "setup": setup(rep)}
+
+
+# ---------------------------------------------------------------------------- setup
+
+
+# What a before/after of one change keeps: the GPU model, training vs inference, the number
+# of ranks. (torch.compile, CUDA graphs, batch size, num_workers are changes one tests.)
+SETUP_LABELS = {"gpu": "GPU", "mode": "mode", "world_size": "world size"}
+
+
+def setup(rep: dict) -> dict:
+    """The run's setup as compare judges it, from the report's own sections (None: the report
+    cannot tell): ``gpu`` the distinct device names joined with " + " ("none (CPU only)"
+    for a CPU-only trace), ``mode`` training/inference (context),
+    ``world_size`` (context.world_size; 1 when the context says not distributed)."""
+    names = sorted({str(n) for n in (rep.get("device_names") or {}).values() if n})
+    if names:
+        gpu = " + ".join(names)
+    elif not rep.get("gpu") and (rep.get("not_available") or {}).get("gpu") == NA_NO_GPU:
+        gpu = "none (CPU only)"
+    else:
+        gpu = None  # GPU events without deviceProperties (2020 traces): the model is unknown
+    ctx = rep.get("context") if isinstance(rep.get("context"), dict) else {}
+    mode = ctx.get("mode") if ctx.get("mode") in ("training", "inference") else None
+    ws = ctx.get("world_size")
+    if isinstance(ws, bool) or not isinstance(ws, int):
+        ws = 1 if ctx.get("distributed") is False else None
+    return {"gpu": gpu, "mode": mode, "world_size": ws}
+
+
+def setup_differences(base_rep: dict, cand_rep: dict) -> List[dict]:
+    """Where the two runs' setups differ (both sides known and not equal), in SETUP_LABELS order."""
+    b, c = setup(base_rep), setup(cand_rep)
+    return [{"key": k, "label": label, "base": b[k], "cand": c[k]} for k, label in SETUP_LABELS.items()
+            if b[k] is not None and c[k] is not None and b[k] != c[k]]
+
+
+def setup_warning(differences: List[dict]) -> Optional[str]:
+    """One sentence for the banner and the CLI: the runs differ in ..., so the deltas are not
+    the effect of one change. None when the setups agree (or cannot be told apart)."""
+    if not differences:
+        return None
+    what = ", ".join(f"{d['label']} ({d['base']} vs {d['cand']})" for d in differences)
+    return (f"These runs differ in {what}: not a before/after of one change; every delta below mixes "
+            "the effects of all the differences.")
 
 
 def compare(base_result: dict, cand_result: dict, *, base_batch_size: Optional[float] = None,
@@ -425,8 +471,10 @@ def compare(base_result: dict, cand_result: dict, *, base_batch_size: Optional[f
     ops, why = _op_diff(base_result, cand_result)
     if why:
         not_available["ops"] = why
+    differences = setup_differences(base_rep, cand_rep)
     return {"schema_version": COMPARE_SCHEMA_VERSION, "kind": "compare",
             "base": _side(base_result, base_label), "cand": _side(cand_result, cand_label),
+            "setup_differences": differences, "setup_warning": setup_warning(differences),
             "metrics": metrics, "step_time": step_time, "kernels": kernels, "ops": ops,
             "recommendations": _recommendation_diff(base_rep, cand_rep), "not_available": not_available}
 
@@ -491,7 +539,9 @@ def _fmt(value, unit) -> str:
     if unit == "us":
         return f"{value / 1000:.2f} ms"
     if unit == "bytes":
-        return f"{value / 2**20:.1f} MiB"
+        from .text_report import size  # the report's own byte format ("2.60 GiB", "8 B")
+
+        return size(value)
     if unit == "%":
         return f"{value:.2f}%"
     if unit == "samples/s":
@@ -507,46 +557,65 @@ def _fmt_delta(value, unit) -> str:
     return sign + (body.replace("%", " pp") if unit == "%" else body)
 
 
+def _side_line(side: dict) -> str:
+    steps = side.get("steps")
+    what = "steps n/a" if steps is None else f"{steps} step{'' if steps == 1 else 's'}"
+    return f"{side.get('label') or side.get('run')} ({what})"
+
+
 def format_text(cmp: dict, top: int = 10) -> str:
-    """The comparison for a terminal: headline deltas, the step-time waterfall, the
-    largest kernel and operator changes, recommendations resolved and new."""
+    """The comparison for a terminal: the setup warning, headline deltas, the step-time
+    waterfall, the largest kernel and operator changes, recommendations resolved and new.
+    A heading is printed only with lines under it."""
+    from .text_report import _CATEGORY_WORDS  # the words `report` prints for the categories
+
     b, c = cmp["base"], cmp["cand"]
-    lines = [f"baseline:  {b.get('label') or b.get('run')} ({b.get('steps')} steps)",
-             f"candidate: {c.get('label') or c.get('run')} ({c.get('steps')} steps)", "", "headline"]
+    lines = [f"baseline:  {_side_line(b)}", f"candidate: {_side_line(c)}"]
+    if cmp.get("setup_warning"):
+        lines += ["", f"WARNING: {cmp['setup_warning']}"]
+
+    def section(heading: str, body: List[str]) -> None:
+        if body:
+            lines.extend(["", heading] + body)
+
+    body = []
     for m in cmp["metrics"]:
         if m["base"] is None and m["cand"] is None:
             continue
         rel = f" ({m['rel_pct']:+.1f}%)" if m.get("rel_pct") is not None and m["unit"] != "%" else ""
-        lines.append(f"  {m['label']:<28} {_fmt(m['base'], m['unit']):>12} -> {_fmt(m['cand'], m['unit']):>12}"
-                     f"  {_fmt_delta(m['delta'], m['unit'])}{rel}  {m['verdict']}")
+        verdict = m["verdict"] if m["verdict"] != "n/a" else "n/a on one side"
+        delta = _fmt_delta(m["delta"], m["unit"])
+        body.append(f"  {m['label']:<28} {_fmt(m['base'], m['unit']):>12} -> {_fmt(m['cand'], m['unit']):>12}"
+                    f"  {delta + rel + '  ' if delta else ''}{verdict}")
+    section("headline", body)
     st = cmp.get("step_time")
     if st:
-        lines += ["", f"step time {_fmt(st['base_avg_step_us'], 'us')} -> {_fmt(st['cand_avg_step_us'], 'us')} "
-                      f"({_fmt_delta(st['delta_us'], 'us')}), by category:"]
+        body = []
         for r in sorted(st["categories"], key=lambda r: -abs(r["delta_us"])):
             if not r["delta_us"]:
                 continue
             share = f"  {r['share_of_change_pct']:.0f}% of the change" if r["share_of_change_pct"] is not None else ""
-            lines.append(f"  {r['category']:<14} {_fmt(r['base_us'], 'us'):>12} -> {_fmt(r['cand_us'], 'us'):>12}"
-                         f"  {_fmt_delta(r['delta_us'], 'us')}{share}")
+            name = _CATEGORY_WORDS.get(r["category"], r["category"])
+            body.append(f"  {name:<14} {_fmt(r['base_us'], 'us'):>12} -> {_fmt(r['cand_us'], 'us'):>12}"
+                        f"  {_fmt_delta(r['delta_us'], 'us')}{share}")
+        head = (f"step time {_fmt(st['base_avg_step_us'], 'us')} -> {_fmt(st['cand_avg_step_us'], 'us')} "
+                f"({_fmt_delta(st['delta_us'], 'us')})")
+        if body:
+            section(head + ", by category:", body)
+        else:
+            lines.extend(["", head + ": no category changed"])
     for title, key, field in (("kernels", "kernels", "total_us"), ("CPU operators (self time)", "ops", "self_us")):
         table = cmp.get(key)
         if not table or not table["rows"]:
             continue
-        lines += ["", f"{title}: {table['new']} new, {table['vanished']} vanished, {table['changed']} changed; "
-                      "largest changes per step:"]
         label = field.replace("_us", "_us_per_step")
-        for r in table["rows"][:top]:
-            if r["status"] == "same":
-                continue
-            lines.append(f"  {r['status']:<9} {_fmt_delta(r['delta_' + label], 'us'):>12}  "
-                         f"{_fmt(r['base_' + label], 'us')} -> {_fmt(r['cand_' + label], 'us')}  {r['name'][:100]}")
-    recs = cmp.get("recommendations") or []
-    if recs:
-        lines += ["", "recommendations"]
-        for r in recs:
-            sev = f"{r['base_severity'] or '-'} -> {r['cand_severity'] or '-'}"
-            lines.append(f"  {r['status']:<9} [{sev}] {r['title']}")
+        body = [f"  {r['status']:<9} {_fmt_delta(r['delta_' + label], 'us'):>12}  "
+                f"{_fmt(r['base_' + label], 'us')} -> {_fmt(r['cand_' + label], 'us')}  {r['name'][:100]}"
+                for r in table["rows"][:top] if r["status"] != "same"]
+        section(f"{title}: {table['new']} new, {table['vanished']} vanished, {table['changed']} changed; "
+                "largest changes per step:", body)
+    section("recommendations", [f"  {r['status']:<9} [{r['base_severity'] or '-'} -> {r['cand_severity'] or '-'}] "
+                                f"{r['title']}" for r in cmp.get("recommendations") or []])
     by_reason: Dict[str, List[str]] = {}
     na = cmp.get("not_available") or {}
     for key, why in na.items():
@@ -559,8 +628,5 @@ def format_text(cmp: dict, top: int = 10) -> str:
         else:
             name = key
         by_reason.setdefault(why, []).append(name)
-    if by_reason:
-        lines += ["", "not available"]
-        for why, names in by_reason.items():
-            lines.append(f"  {', '.join(names)}: {why}")
+    section("not available", [f"  {', '.join(names)}: {why}" for why, names in by_reason.items() if names])
     return "\n".join(lines)

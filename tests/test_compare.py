@@ -189,7 +189,7 @@ def test_hand_built_pair_every_delta_known(tmp_path):
 
     json.dumps(cmp, allow_nan=False)  # plain JSON
     text = compare.format_text(cmp)
-    assert "dataloader" in text and "gemm_kernel<…>" in text
+    assert "DataLoader" in text and "gemm_kernel<…>" in text
 
 
 def test_throughput_from_batch_size(tmp_path):

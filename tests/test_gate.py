@@ -128,7 +128,7 @@ def test_diff_json_is_the_compare_object_and_text_tells_the_story(capsys):
     assert code == 0, err
     assert "Input-bound" in out and "better" in out
     waterfall = out.split("by category:")[1].strip().splitlines()
-    assert waterfall[0].split()[0] == "dataloader"  # the largest change first
+    assert waterfall[0].split()[0] == "DataLoader"  # the largest change first (report's words)
     assert "resolved" in out and "Throughput" in out
     code, _, err = run_cli(capsys, "diff", DEMO_NW0, DEMO_NW4, "--batch-size", "0")
     assert code == 2 and "--batch-size" in err
