@@ -26,12 +26,12 @@ import atexit
 import functools
 import logging
 import os
+import queue
 import signal
 import threading
 import time
 import traceback
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
@@ -104,6 +104,10 @@ def _child_entry(fd: int, owner_pid: int, nice: int = ANALYSIS_NICE) -> None:
     """Entry point of an analysis child: analyse spans one after another until the
     parent closes the connection; one outcome per span."""
     procguard.die_with_parent(owner_pid)
+    # Ctrl-C reaches the terminal's whole process group: the parent ends its children
+    # (ChildPool.close, at exit; procguard when it is gone), without a KeyboardInterrupt
+    # traceback from every child in the user's terminal.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Analysis children already run one per core (scheduler.py), and the memory budget
     # counts one process per span: no extra decode worker per child unless asked for.
     os.environ.setdefault("TB_BOTTLENECKS_DECODE_PROCESSES", "0")
@@ -228,6 +232,86 @@ def _kill_children() -> None:
 atexit.register(_kill_children)
 
 
+class _WaitThreads:
+    """Daemon threads that run the Analyzer's jobs (each waits on an analysis child or a
+    Dask future), kept for the Analyzer's life and reused.
+
+    Not a ThreadPoolExecutor: its threads are joined at interpreter exit
+    (concurrent.futures' exit hook), so a TensorBoard told to stop (SIGTERM, Ctrl-C) waited
+    for every analysis in flight to end: seconds per span, minutes on a large trace. Daemon
+    threads never hold the exit; the children they wait on are killed by `Analyzer.stop`
+    (at exit, `_stop_analyzers`). Not one thread per job either: a child's
+    PR_SET_PDEATHSIG fires when the *thread* that started it ends (procguard), and children
+    are reused across jobs."""
+
+    def __init__(self, name: str):
+        self._name = name
+        self._jobs: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)
+        self._lock = threading.Lock()
+        self._threads: List[threading.Thread] = []
+        self._closed = False
+
+    def submit(self, fn: Callable, *args) -> None:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the Analyzer was stopped")
+            self._jobs.put((fn, args))
+            if not self._idle.acquire(blocking=False):  # no idle thread: one more
+                thread = threading.Thread(target=self._run, daemon=True,
+                                          name=f"{self._name}_{len(self._threads)}")
+                self._threads.append(thread)
+                thread.start()
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            fn, args = job
+            job = None
+            try:
+                fn(*args)
+            except Exception:  # noqa: BLE001 - _work handles its own; never lose the thread
+                log.exception("bottlenecks: a background job failed")
+            fn = args = None
+            self._idle.release()
+
+    def shutdown(self) -> None:
+        """Drop the jobs not started; idle threads end (busy ones when their job ends)."""
+        with self._lock:
+            self._closed = True
+            threads = len(self._threads)
+            while True:
+                try:
+                    self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+            for _ in range(threads):
+                self._jobs.put(None)
+
+    def threads(self) -> List[threading.Thread]:
+        with self._lock:
+            return list(self._threads)
+
+
+_live_analyzers: "weakref.WeakSet" = weakref.WeakSet()  # started Analyzers, stopped at exit
+
+
+def _stop_analyzers() -> None:
+    """Interpreter exit (TensorBoard's SIGTERM handler and Ctrl-C end in sys.exit): stop
+    every started Analyzer, so no analysis starts during the exit and every child is
+    killed and reaped now (registered after `_kill_children`, so it runs first)."""
+    for analyzer in list(_live_analyzers):
+        try:
+            analyzer.stop()
+        except Exception:  # noqa: BLE001 - exiting anyway: the other Analyzers still stop
+            log.exception("bottlenecks: stopping the analyzer failed")
+
+
+atexit.register(_stop_analyzers)
+
+
 class ChildPool:
     """At most one busy child per calling thread; idle children are reused."""
 
@@ -279,13 +363,23 @@ class ChildPool:
         with self._lock:
             return [c.pid for c in list(self._idle) + list(self._busy)]
 
-    def close(self) -> None:
+    def close(self, reap: float = 1.0) -> None:
+        """Kill every child (busy ones too: their analyses are dropped) and reap them,
+        waiting at most ``reap`` seconds in all (SIGKILL: the kernel frees them at once)."""
         with self._lock:
             self._closed = True
             children = list(self._idle) + list(self._busy)
             self._idle = []
         for child in children:
             child.kill()
+        deadline = time.monotonic() + max(0.0, reap)
+        for child in children:
+            try:
+                child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except Exception:  # noqa: BLE001 - TimeoutExpired, or being reaped elsewhere: init will
+                pass
+            with _children_lock:
+                _live_children.discard(child)
 
     def analyze(self, logdir: str, run, span,
                 progress: Optional[Callable[[float], None]] = None) -> tuple:
@@ -430,7 +524,7 @@ class Analyzer:
         # step-timeline stores (timeline_store.py): beside the cached reports, out of the JSON
         self.timelines = TimelineStores(cache_dir, self._cache.key_for if self._cache else None)
         # threads only wait (on a child or a Dask future); the scheduler bounds how many
-        self._pool = ThreadPoolExecutor(max_workers=1024, thread_name_prefix="bottlenecks-load")
+        self._pool = _WaitThreads("bottlenecks-load")  # daemon: never holds TensorBoard's exit
         self._lock = threading.RLock()
         self._logdir_obj: Optional[discovery.Logdir] = None
         self._spans: Dict[str, SpanState] = {}  # by span URL
@@ -454,13 +548,17 @@ class Analyzer:
             if self._thread is None and not self._stopped:
                 self._thread = threading.Thread(target=self._scan_loop, daemon=True, name="bottlenecks-scan")
                 self._thread.start()
+                _live_analyzers.add(self)
 
     def stop(self) -> None:
+        """Stop scanning and analysing: queued spans are dropped, the analysis children
+        killed and reaped (analyses in flight are lost; a restart redoes them). Returns in
+        about a second at most (tests/test_shutdown.py); TensorBoard's exit calls it."""
         with self._lock:
             self._stopped = True
             self._sched.clear()
         self._wake.set()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown()
         if self.children is not None:
             self.children.close()
         if self._dask is not None:
