@@ -227,7 +227,74 @@ def rule_tensor_cores(report) -> Optional[dict]:
     }
 
 
+def warmup_outlier(report) -> Optional[dict]:
+    """The launch section's longest runtime call (METRICS.md §8) when it is a first-call
+    warm-up outlier: at least WARMUP_CALL_RUNTIME_PCT of the runtime-call time and
+    WARMUP_CALL_STEP_PCT of the step time of the included steps; else None."""
+    launch = report.get("launch") or {}
+    call = launch.get("longest_runtime_call")
+    share, of_step = launch.get("longest_runtime_call_pct"), launch.get("longest_runtime_call_step_pct")
+    if not isinstance(call, dict) or not isinstance(share, (int, float)) or not isinstance(of_step, (int, float)):
+        return None
+    if share < T.WARMUP_CALL_RUNTIME_PCT or of_step < T.WARMUP_CALL_STEP_PCT:
+        return None
+    return call
+
+
+def gpu_utilization_not_judged(report) -> Optional[str]:
+    """Why a GPU utilization is not judged (the host_bound / small_kernels rules do not
+    read it), in words for the card; None when it is judged."""
+    if warmup_outlier(report):
+        return "a first-call warm-up outlier holds the profiled steps"
+    if ((report.get("input") or {}).get("input_bound_pct") or 0) >= T.INPUT_BOUND_MODERATE_PCT:
+        return "the GPU waits for input (see Input-bound)"
+    ctx = _context(report)
+    # A trace that captures CUDA graphs without replaying them launches work that never
+    # runs on the GPU: its idle GPU says nothing about the workload.
+    if bool(ctx.get("cuda_graph_capture")) and not (ctx.get("evidence") or {}).get("graph_kernels"):
+        return "CUDA graphs captured, not replayed, in this trace"
+    return None
+
+
+def rule_warmup_outlier(report) -> Optional[dict]:
+    """One runtime call holds most of the runtime time of the profiled steps: a first-call
+    warm-up (lazy kernel/code-object loading, autotuning) inside the recorded steps. Its
+    launch or idle numbers are not the steady state, so profile after warm-up rather than
+    tune launches (rule_small_kernels stays silent)."""
+    call = warmup_outlier(report)
+    if call is None:
+        return None
+    launch = report.get("launch") or {}
+    share, of_step = launch["longest_runtime_call_pct"], launch["longest_runtime_call_step_pct"]
+    where = f" in step {call['step']}" if call.get("step") is not None else ""
+    n = (report.get("steps") or {}).get("count")
+    evidence = [f"{call.get('name')}: {call['us'] / 1000:.1f} ms{where}, {share:.0f} % of the "
+                f"{(launch.get('runtime_us') or 0) / 1000:.1f} ms of runtime calls in the profiled steps"]
+    if isinstance(n, int) and not isinstance(n, bool):
+        evidence.append(f"{n} profiled step{'' if n == 1 else 's'}")
+    return {
+        "rule": "warmup_outlier", "severity": "medium",
+        "title": f"One {call.get('name')} call takes {of_step:.0f} % of the profiled step time: "
+                 "first-call warm-up, not the steady state",
+        "action": ("Profile after warm-up: `torch.profiler.profile(schedule=torch.profiler.schedule(wait=1, "
+                   "warmup=1, active=3), on_trace_ready=torch.profiler.tensorboard_trace_handler(logdir))` and "
+                   "`prof.step()` at the end of every step, so first calls (lazy kernel and code-object "
+                   "loading, autotuning, allocator growth) fall outside the recorded steps; judge launch "
+                   "overhead and GPU idle time on that trace."),
+        "numbers": {"longest_runtime_call_us": round(call["us"], 2), "longest_runtime_call_pct": round(share, 2),
+                    "longest_runtime_call_step_pct": round(of_step, 2), "launch_pct": launch.get("launch_pct")},
+        "evidence": evidence,
+        # The call is a one-off: in the steady state its share of the step is not spent.
+        "estimated_gain_pct": round(of_step, 2),
+    }
+
+
 def rule_small_kernels(report) -> Optional[dict]:
+    """Launch- or latency-bound kernels (rule id ``small_kernels``), or, when only the GPU
+    utilization fired it, a GPU idle because the host does not feed it (``host_bound``).
+    Silent on a first-call warm-up outlier (rule_warmup_outlier)."""
+    if warmup_outlier(report):
+        return None
     occ = report.get("occupancy") or {}
     short = occ.get("short_kernels") or {}
     short_pct = short.get("time_pct") or 0.0
@@ -242,13 +309,7 @@ def rule_small_kernels(report) -> Optional[dict]:
     if achieved is not None and achieved < T.LOW_OCCUPANCY_PCT:
         reasons.append(f"time-weighted theoretical occupancy {achieved:.0f} %")
         numbers["est_achieved_occupancy_pct"] = round(achieved, 2)
-    ctx = _context(report)
-    ev = ctx.get("evidence") or {}
-    # A trace that captures CUDA graphs without replaying them launches work that never
-    # runs on the GPU: its idle GPU says nothing about the workload.
-    capture_only = bool(ctx.get("cuda_graph_capture")) and not ev.get("graph_kernels")
-    if gpu_util is not None and gpu_util < T.LOW_GPU_UTILIZATION_PCT and not capture_only and \
-            ((report.get("input") or {}).get("input_bound_pct") or 0) < T.INPUT_BOUND_MODERATE_PCT:
+    if gpu_util is not None and gpu_util < T.LOW_GPU_UTILIZATION_PCT and gpu_utilization_not_judged(report) is None:
         reasons.append(f"GPU busy only {gpu_util:.0f} % of the steps, and not because of input")
         numbers["gpu_utilization_pct"] = round(gpu_util, 2)
     if launch.get("kernels_per_step"):
@@ -256,9 +317,11 @@ def rule_small_kernels(report) -> Optional[dict]:
     if not reasons:
         return None
     severity = "medium" if len(reasons) > 1 or "gpu_utilization_pct" in numbers else "low"
+    rule = "small_kernels"
     if len(reasons) == 1 and "gpu_utilization_pct" in numbers:
         # Neither short nor low-occupancy kernels: the GPU idles because the host does
         # not give it work (CPU-side code between launches), not because of launch cost.
+        rule = "host_bound"
         title = (f"The GPU is idle {100 - gpu_util:.0f} % of the steps, and not because of input: "
                  "the host does not keep it busy")
         action = _host_bound_action(report)
@@ -266,7 +329,7 @@ def rule_small_kernels(report) -> Optional[dict]:
         title = "Many small or low-occupancy kernels: the GPU is launch- or latency-bound"
         action = _small_kernels_action(report)
     return {
-        "rule": "small_kernels", "severity": severity,
+        "rule": rule, "severity": severity,
         "title": title,
         "action": action,
         "numbers": numbers, "evidence": reasons,
@@ -427,6 +490,6 @@ def _mean_gpu(report, key) -> Optional[float]:
 
 
 RULES: List[Callable[[dict], Optional[dict]]] = [
-    rule_input_bound, rule_pageable_copies, rule_tensor_cores, rule_small_kernels,
+    rule_input_bound, rule_pageable_copies, rule_tensor_cores, rule_warmup_outlier, rule_small_kernels,
     rule_allocator_slack, rule_memory_growth, rule_sync, rule_communication,
 ]

@@ -10,7 +10,10 @@ cards of every registered metric unit (``Unit.cards`` in analysis/*.py, made wit
 A card's severity is the severity of the recommendation rule named in ``rule`` when that
 rule fired *for this card's number* (the rule's ``numbers`` hold the card's key: e.g.
 ``small_kernels`` colours "GPU utilization" only when it fired because of utilization),
-else "ok"; the input-bound card uses the metric's own XProf scale (high/medium/ok, from
+else "ok", or "none" (uncoloured) where the rule does not judge the number (the card
+says "not judged" and why: e.g. ``small_kernels``/``host_bound`` on a first-call warm-up
+outlier, GPU utilization of an input-bound run, slack under the reserve floor); the
+input-bound card uses the metric's own XProf scale (high/medium/ok, from
 analysis/input_bound.verdict_for). A null value gives severity "na" and, as the verdict,
 the `not_available` reason. ``thresholds`` names the thresholds.py constants used, with
 their values, so a reader (and tests/test_units_verdicts.py) can check every colour.
@@ -22,7 +25,13 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from . import thresholds as T
 
-SEVERITIES = ("high", "medium", "low", "ok", "na")
+SEVERITIES = ("high", "medium", "low", "ok", "none", "na")
+# "none": a value the rules do not judge here (e.g. GPU utilization of an input-bound run,
+# allocator slack under SLACK_MIN_RESERVED_BYTES): shown uncoloured, its words say why.
+
+# Rules that do not judge their cards when the profiled steps hold a first-call warm-up
+# outlier (recommendations.warmup_outlier): their cards are "none", not "ok".
+WARMUP_SILENCES = ("small_kernels", "host_bound")
 
 
 def _num(value) -> Optional[float]:
@@ -42,7 +51,9 @@ def _num(value) -> Optional[float]:
 
 def _na_reason(report: dict, *keys: str) -> Optional[str]:
     """The first `not_available` reason for one of `keys` (exact key, then a key that
-    ends with `.key` or starts with `key.`), as the dashboard looked it up."""
+    ends with `.key` or starts with `key.`), as the dashboard looked it up. A card names
+    the section-level key first (``occupancy.est_achieved_occupancy_pct``) where a
+    per-device key (``gpu.2.est_achieved_occupancy_pct``) says less."""
     na = report.get("not_available") or {}
     for k in keys:
         if isinstance(na.get(k), str):
@@ -105,6 +116,14 @@ def _card(report, value, unit, rule, number_key, threshold_names, na_keys) -> di
                 "verdict": _na_reason(report, *na_keys) or "not available",
                 "thresholds": _thresholds(*threshold_names), "rule": rule}
     rec = _fired(report, rule, number_key)
+    if rec is None and rule in WARMUP_SILENCES:
+        from .recommendations import warmup_outlier
+
+        if warmup_outlier(report):
+            return {"value": value, "unit": unit, "severity": "none",
+                    "verdict": "not judged: a first-call warm-up outlier holds the profiled steps",
+                    "thresholds": _thresholds(*threshold_names, "WARMUP_CALL_RUNTIME_PCT", "WARMUP_CALL_STEP_PCT"),
+                    "rule": rule}
     return {"value": value, "unit": unit, "severity": rec["severity"] if rec else "ok",
             "verdict": rec["title"] if rec else "ok", "thresholds": _thresholds(*threshold_names), "rule": rule}
 

@@ -265,13 +265,19 @@ def _unit_finish(m: dict) -> dict:
 
 
 def _card_gpu_utilization(report: dict) -> dict:
+    from ..recommendations import gpu_utilization_not_judged
+
     value = V.mean_gpu_utilization(report)
-    out = V.card(report, value, "pct", "small_kernels", "gpu_utilization_pct",
+    # host_bound judges the utilization alone; small_kernels when it fired with it among others
+    rule = "small_kernels" if V.fired(report, "small_kernels", "gpu_utilization_pct") else "host_bound"
+    out = V.card(report, value, "pct", rule, "gpu_utilization_pct",
                  ("LOW_GPU_UTILIZATION_PCT", "INPUT_BOUND_MODERATE_PCT"), ("utilization_pct", "gpu"))
-    if value is not None and out["severity"] == "ok":
-        out["verdict"] = (f"GPU busy {V.pct_words(value)} of the steps" if value >= T.LOW_GPU_UTILIZATION_PCT
-                          else f"GPU idle {V.pct_words(100 - value)} of the steps, not judged (input-bound or "
-                               "CUDA graph capture only)")
+    why = gpu_utilization_not_judged(report) if value is not None and out["severity"] in ("ok", "none") else None
+    if why:  # uncoloured: the rules do not read this number here (never a green "ok")
+        out["severity"] = "none"
+        out["verdict"] = f"GPU busy {V.pct_words(value)} of the steps, not judged: {why}"
+    elif value is not None and out["severity"] == "ok":
+        out["verdict"] = f"GPU busy {V.pct_words(value)} of the steps"
     elif value is not None:
         out["verdict"] = f"GPU idle {V.pct_words(100 - value)} of the steps, and not because of input"
     n = len([g for g in (report.get("gpu") or {}).values() if isinstance(g, dict)])

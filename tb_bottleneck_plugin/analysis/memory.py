@@ -421,6 +421,7 @@ def _card_allocator_slack(report: dict) -> dict:
         if out["severity"] != "ok":
             out["verdict"] = "much reserved memory unused at the peak"
         elif reserved < T.SLACK_MIN_RESERVED_BYTES:
+            out["severity"] = "none"  # uncoloured: the rule does not judge tiny reserves (never a green "ok")
             out["verdict"] = f"less than {T.SLACK_MIN_RESERVED_BYTES / (1 << 30):g} GiB reserved: not judged"
         else:
             out["verdict"] = "little unused reserved memory"

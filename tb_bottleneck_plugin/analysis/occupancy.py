@@ -681,8 +681,10 @@ def _card_occupancy(report: dict) -> dict:
     occ = report.get("occupancy") or {}
     value = V.num(occ.get("est_achieved_occupancy_pct"))
     out = V.card(report, value, "pct", "small_kernels", "est_achieved_occupancy_pct",
-                 ("LOW_OCCUPANCY_PCT",), ("est_achieved_occupancy_pct", "occupancy"))
-    if value is not None:
+                 ("LOW_OCCUPANCY_PCT",),
+                 # the section's reason first: it names ROCm where a device's reason cannot tell
+                 ("occupancy.est_achieved_occupancy_pct", "est_achieved_occupancy_pct", "occupancy"))
+    if value is not None and out["severity"] != "none":  # "none": verdicts.card's "not judged" words
         out["verdict"] = ("low occupancy: latency-bound kernels" if out["severity"] != "ok"
                           else f"at least {T.LOW_OCCUPANCY_PCT:g} %")
     return out
@@ -694,7 +696,7 @@ def _card_short_kernels(report: dict) -> dict:
     value = V.num(short.get("time_pct"))
     out = V.card(report, value, "pct", "small_kernels", "short_kernel_time_pct",
                  ("SHORT_KERNEL_US", "SHORT_KERNEL_TIME_PCT"), ("short_kernels", "occupancy"))
-    if value is not None:
+    if value is not None and out["severity"] != "none":  # "none": verdicts.card's "not judged" words
         out["verdict"] = ("short kernels: launch-bound" if out["severity"] != "ok"
                           else f"short kernels below {T.SHORT_KERNEL_TIME_PCT:g} % of kernel time")
     out["count"] = short.get("count")
