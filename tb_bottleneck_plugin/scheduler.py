@@ -209,7 +209,8 @@ def run_all(jobs: Iterable[Tuple[str, Any, int]], work: Callable[[Any], Any], *,
         sched.push(run, job, cost)
     results: List[Tuple[Any, Any]] = []
     lock = threading.Lock()
-    with ThreadPoolExecutor(max_workers=sched.slots, thread_name_prefix="bottlenecks-run") as pool:
+    pool = ThreadPoolExecutor(max_workers=sched.slots, thread_name_prefix="bottlenecks-run")
+    try:
         futures: Dict[Any, Tuple[str, Any, int]] = {}
         while True:
             with lock:
@@ -226,4 +227,10 @@ def run_all(jobs: Iterable[Tuple[str, Any, int]], work: Callable[[Any], Any], *,
                 with lock:
                     sched.done(run, cost)
                 results.append((job, fut.result()))
+    except BaseException:
+        # Ctrl-C (or a failed job): not `with` (its exit joins every thread, i.e. waits for
+        # every analysis in flight); the caller ends them (the CLI: ChildPool.close).
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
     return results
