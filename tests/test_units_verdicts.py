@@ -38,7 +38,21 @@ def _level(v, medium, high):
     return "high" if v >= high else "medium" if v >= medium else "ok"
 
 
+def _warmup(r):
+    """A first-call warm-up outlier (METRICS §8/§9): small_kernels/host_bound stay silent."""
+    launch = r.get("launch") or {}
+    return (launch.get("longest_runtime_call_pct") or 0) >= T.WARMUP_CALL_RUNTIME_PCT \
+        and (launch.get("longest_runtime_call_step_pct") or 0) >= T.WARMUP_CALL_STEP_PCT
+
+
+def _capture_only(r):
+    ctx = r.get("context") or {}
+    return bool(ctx.get("cuda_graph_capture")) and not (ctx.get("evidence") or {}).get("graph_kernels")
+
+
 def _small_kernel_reasons(r):
+    if _warmup(r):
+        return set(), None
     occ = r.get("occupancy") or {}
     short = occ.get("short_kernels") or {}
     reasons = set()
@@ -47,9 +61,7 @@ def _small_kernel_reasons(r):
     if occ.get("est_achieved_occupancy_pct") is not None and occ["est_achieved_occupancy_pct"] < T.LOW_OCCUPANCY_PCT:
         reasons.add("occupancy")
     utils = [g["utilization_pct"] for g in (r.get("gpu") or {}).values() if g.get("utilization_pct") is not None]
-    ctx = r.get("context") or {}
-    capture_only = bool(ctx.get("cuda_graph_capture")) and not (ctx.get("evidence") or {}).get("graph_kernels")
-    if utils and sum(utils) / len(utils) < T.LOW_GPU_UTILIZATION_PCT and not capture_only \
+    if utils and sum(utils) / len(utils) < T.LOW_GPU_UTILIZATION_PCT and not _capture_only(r) \
             and ((r.get("input") or {}).get("input_bound_pct") or 0) < T.INPUT_BOUND_MODERATE_PCT:
         reasons.add("gpu")
     severity = "medium" if len(reasons) > 1 or "gpu" in reasons else "low"
@@ -62,11 +74,16 @@ def expected(card, r, v):
     if card == "input_bound":
         return _level(value, T.INPUT_BOUND_MODERATE_PCT, T.INPUT_BOUND_HIGH_PCT)
     if card == "gpu_utilization":
-        return sk_severity if "gpu" in reasons else "ok"
+        if "gpu" in reasons:
+            return sk_severity
+        # not read by any rule here: uncoloured ("none"), never a green "ok"
+        not_judged = _warmup(r) or _capture_only(r) or \
+            ((r.get("input") or {}).get("input_bound_pct") or 0) >= T.INPUT_BOUND_MODERATE_PCT
+        return "none" if not_judged else "ok"
     if card == "occupancy":
-        return sk_severity if "occupancy" in reasons else "ok"
+        return sk_severity if "occupancy" in reasons else "none" if _warmup(r) else "ok"
     if card == "short_kernels":
-        return sk_severity if "short" in reasons else "ok"
+        return sk_severity if "short" in reasons else "none" if _warmup(r) else "ok"
     if card == "tensor_cores":
         return _level(r["tensor_cores"]["eligible_not_using_pct"] or 0, T.TC_ELIGIBLE_NOT_USING_PCT,
                       T.TC_ELIGIBLE_NOT_USING_HIGH_PCT)
@@ -77,7 +94,11 @@ def expected(card, r, v):
         judged = [m["slack_fragmentation_pct"] for m in (r.get("memory") or {}).values()
                   if m.get("slack_fragmentation_pct") is not None
                   and (m.get("peak_reserved_bytes") or 0) >= T.SLACK_MIN_RESERVED_BYTES]
-        return _level(max(judged), T.SLACK_FRAGMENTATION_PCT, T.SLACK_FRAGMENTATION_HIGH_PCT) if judged else "ok"
+        if judged:
+            return _level(max(judged), T.SLACK_FRAGMENTATION_PCT, T.SLACK_FRAGMENTATION_HIGH_PCT)
+        # the shown device reserved less than the floor: not judged (uncoloured)
+        shown = r["memory"][v["device"]]
+        return "none" if (shown.get("peak_reserved_bytes") or 0) < T.SLACK_MIN_RESERVED_BYTES else "ok"
     if card == "sync":
         busy = (r.get("sync") or {}).get("gpu_busy_during_sync_pct")
         if busy is not None and busy >= T.SYNC_GPU_BUSY_OK_PCT:
@@ -108,13 +129,35 @@ def test_every_card_colour_follows_from_value_and_thresholds(reports):
             want = expected(card, r, v)
             assert v["severity"] == want, (where, card, v, want)
             seen.setdefault(card, set()).add(v["severity"])
-            if v["severity"] not in ("ok", "na") and card != "input_bound":
+            if v["severity"] not in ("ok", "none", "na") and card != "input_bound":
                 fired = [x for x in r["recommendations"] if x["rule"] == v["rule"]]
                 assert fired and fired[0]["severity"] == v["severity"], (where, card)
-    # The traces exercise both colours of every card that has data, and n/a.
+    # The traces exercise both colours of every card that has data, and n/a (allocator slack:
+    # every device of the traces that reserved >= 1 GiB has much slack, the rest are "none").
     for card in ("input_bound", "gpu_utilization", "tensor_cores", "occupancy", "short_kernels",
-                 "allocator_slack", "communication"):
-        assert seen[card] - {"ok"} and "ok" in seen[card], (card, seen[card])
+                 "communication"):
+        assert seen[card] - {"ok", "none"} and "ok" in seen[card], (card, seen[card])
+    assert seen["allocator_slack"] == {"medium", "none"}, seen["allocator_slack"]
+    # ... and "not judged" (uncoloured) where the rules do not read the number: GPU utilization
+    # of input-bound runs and the MI250 warm-up, slack under 1 GiB reserved, MI250 short kernels
+    for card in ("gpu_utilization", "allocator_slack", "short_kernels"):
+        assert "none" in seen[card], (card, seen[card])
+    for where, r in reports:
+        for v in r["verdicts"].values():
+            if v["severity"] == "none":
+                assert "not judged" in v["verdict"], (where, v)
+
+
+def test_warmup_outlier_fires_only_where_one_call_holds_the_steps(reports):
+    """Over every span and summary of the shared traces and demo_logs: the warm-up rule fires
+    exactly where the launch section says one call holds >= the thresholds (the MI250 span,
+    its worker and run summaries), and small_kernels/host_bound never fire beside it."""
+    fired = {where for where, r in reports if any(x["rule"] == "warmup_outlier" for x in r["recommendations"])}
+    assert fired == {where for where, r in reports if _warmup(r)}
+    assert fired and all("amd_trace" in where for where in fired), fired
+    for where, r in reports:
+        if where in fired:
+            assert not {x["rule"] for x in r["recommendations"]} & {"small_kernels", "host_bound"}, where
 
 
 def test_card_values_are_the_numbers_the_report_shows(reports):
