@@ -64,6 +64,25 @@ export function startCompareHash(runsPayload, currentRun) {
   return compareHash({base: {run: base}, cand: {run: cand}});
 }
 
+/**
+ * Whether the top bar's Compare button can open compare mode: it needs two comparable things,
+ * two runs or one run with two spans or workers (the pickers compare span with span).
+ * Returns {enabled, title}; the title says why when it is disabled.
+ */
+export function compareAvailability(runsPayload) {
+  const runs = runsPayload && Array.isArray(runsPayload.runs) ? runsPayload.runs.filter((r) => r && typeof r.run === "string") : [];
+  let things = 0;
+  for (const r of runs) {
+    const workers = Array.isArray(r.workers) ? r.workers : [];
+    const spans = workers.reduce((n, w) => n + (w && Array.isArray(w.spans) ? w.spans.length : 0), 0);
+    things += Math.max(1, spans, workers.length);
+  }
+  if (things >= 2) return {enabled: true, title: "Compare two runs (baseline vs candidate)"};
+  return {enabled: false, title: runs.length
+    ? "Compare needs two runs, or a run with two spans or workers: this logdir has one run with one trace"
+    : "Compare needs two runs: this logdir has none yet"};
+}
+
 function runNames(runsPayload) {
   const runs = runsPayload && Array.isArray(runsPayload.runs) ? runsPayload.runs : [];
   return runs.map((r) => r.run).filter((r) => typeof r === "string");
@@ -231,7 +250,7 @@ function sideText(x) {
   const bits = [x.label || x.run];
   if (x.worker) bits.push(`worker ${x.worker}`);
   if (x.span) bits.push(`span ${x.span}`);
-  const steps = isNum(x.steps) ? ` (${fmtNum(x.steps)} steps${isNum(x.spans) && x.spans > 1 ? ` in ${x.spans} spans` : ""})` : "";
+  const steps = isNum(x.steps) ? ` (${fmtNum(x.steps)} ${x.steps === 1 ? "step" : "steps"}${isNum(x.spans) && x.spans > 1 ? ` in ${x.spans} spans` : ""})` : "";
   return `${bits.join(", ")}${steps}`;
 }
 
@@ -255,6 +274,7 @@ export function compareView(cmp) {
 function summary(cmp) {
   const st = cmp.step_time;
   const lines = [
+    setupBanner(cmp),
     h("div", {}, h("strong", {}, "Baseline: "), sideText(cmp.base), fileErrNote(cmp.base)),
     h("div", {}, h("strong", {}, "Candidate: "), sideText(cmp.cand), fileErrNote(cmp.cand)),
   ];
@@ -267,6 +287,21 @@ function summary(cmp) {
       largest ? ` — largest change: ${CAT_NAMES[largest.category] || largest.category} ${fmtDelta(largest.delta_us, "us")} per step` : ""));
   }
   return h("section", {class: "panel cmp-summary"}, h("div", {class: "panel-body"}, lines));
+}
+
+/** The server's warning when the two runs differ in GPU, mode or world size (compare.py
+ *  setup_differences): the deltas below are then not the effect of one change. */
+function setupBanner(cmp) {
+  const diffs = Array.isArray(cmp.setup_differences) ? cmp.setup_differences.filter((d) => d && typeof d === "object") : [];
+  if (!diffs.length) return null;
+  const what = diffs.map((d) => String(d.label ?? d.key)).join(", ");
+  return h("div", {class: "banner banner-warn cmp-setup-warning", id: "bn-cmp-setup-warning", role: "note",
+    title: typeof cmp.setup_warning === "string" ? cmp.setup_warning : null},
+  h("strong", {}, `These runs differ in ${what}: not a before/after of one change.`),
+  h("ul", {class: "cmp-setup-list"}, diffs.map((d) => h("li", {"data-key": String(d.key ?? "")},
+    `${String(d.label ?? d.key)}: `, h("span", {class: "cmp-base"}, String(d.base ?? "?")), " → ",
+    h("span", {class: "cmp-cand"}, String(d.cand ?? "?"))))),
+  h("div", {class: "muted"}, "Every delta below mixes the effects of all these differences."));
 }
 
 function fileErrNote(x) {
@@ -288,9 +323,11 @@ function metricCards(metrics) {
         h("span", {class: "cmp-base"}, fmtValue(m.base, m.unit)), " → ",
         h("span", {class: "cmp-cand", style: {"font-weight": "600"}}, fmtValue(m.cand, m.unit))),
       h("div", {class: ["card-verdict", "cmp-delta", cls]},
-        isNum(m.delta) ? h("span", {class: "cmp-delta-value"}, fmtDelta(m.delta, m.unit)) : "n/a on one side",
+        isNum(m.delta) ? h("span", {class: "cmp-delta-value"}, fmtDelta(m.delta, m.unit)) : null,
         isNum(m.rel_pct) && m.unit !== "%" ? ` (${fmtRel(m.rel_pct)})` : "",
-        " ", h("span", {class: "cmp-verdict"}, VERDICT_TEXT[m.verdict] || m.verdict)));
+        isNum(m.delta) ? " " : null,
+        // a side is n/a: the verdict is the words, not "n/a" after them
+        h("span", {class: "cmp-verdict"}, m.verdict === "n/a" || !isNum(m.delta) ? "n/a on one side" : (VERDICT_TEXT[m.verdict] || m.verdict))));
   }));
 }
 

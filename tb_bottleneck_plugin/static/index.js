@@ -22,7 +22,7 @@ import {renderReport} from "./static/views.js";
 import {renderLoading, renderError, renderEmpty, TRACE_HOWTO} from "./static/states.js";
 import {mountRanks} from "./static/ranks.js";
 import {fmtTimestamp, fmtPct, spanLabel} from "./static/format.js";
-import {isCompareHash, startCompareHash, renderCompare} from "./static/compare.js";
+import {isCompareHash, startCompareHash, renderCompare, compareAvailability} from "./static/compare.js";
 import {registeredPanels} from "./static/panels.js";
 
 // ---- registered panels: each module below calls registerPanel() (static/panels.js) when
@@ -78,8 +78,8 @@ function buildShell() {
     title: "Opens this exact view (run, worker, span) in its own tab; copy that address to share it."}, "Open view in new tab ↗");
   ui.refresh = h("button", {type: "button", class: "btn", title: "Re-read the run list and this report",
     onclick: () => refreshRuns({forceView: true})}, "Refresh");
-  ui.compare = h("button", {type: "button", class: "btn", id: "bn-compare-toggle", title: "Compare two runs (baseline vs candidate)",
-    onclick: () => { history.replaceState(null, "", viewUrl(isCompareHash() ? "" : startCompareHash(state.runs, state.sel.run))); applySelection({forceView: true}); }}, "Compare");
+  ui.compare = h("button", {type: "button", class: "btn", id: "bn-compare-toggle", disabled: true,
+    title: "Compare needs two runs: the run list is loading", onclick: () => { history.replaceState(null, "", viewUrl(isCompareHash() ? "" : startCompareHash(state.runs, state.sel.run))); applySelection({forceView: true}); }}, "Compare");
   ui.banners = h("div", {class: "banners"});
   ui.view = h("main", {class: "view", id: "bn-view"});
   document.body.appendChild(h("header", {class: "topbar"},
@@ -376,6 +376,10 @@ function applySelection({forceView}) {
   state.comparing = isCompareHash();
   for (const el of [ui.run, ui.worker, ui.span]) el.parentElement.style.display = state.comparing ? "none" : "";
   ui.compare.textContent = state.comparing ? "Single run" : "Compare";
+  // fewer than 2 comparable things: disabled, the title says why (compare mode can always be left)
+  const can = state.comparing ? {enabled: true, title: "Back to the single-run view"} : compareAvailability(state.runs);
+  ui.compare.disabled = !can.enabled;
+  ui.compare.title = can.title;
   if (state.comparing) {
     abortView();
     state.viewKey = null;

@@ -99,7 +99,7 @@ function kernelTable(body, kernels, report, warning) {
       if (c.key === "tensor_core") {
         return h("td", {class: ["num", k.tensor_core ? "tc-yes" : "tc-no"]}, c.get(k));
       }
-      if (c.key === "limiting_factor") return h("td", {class: "lim"}, String(k.limiting_factor ?? "n/a"));
+      if (c.key === "limiting_factor") return limitCell(k.limiting_factor);
       if (c.key === "est_achieved_occupancy_pct") return occupancyCell(k);
       const v = c.get ? c.get(k) : k[c.key];
       return h("td", {class: ["num", c.cls]}, c.get ? v : c.fmt(v));
@@ -115,6 +115,14 @@ function kernelTable(body, kernels, report, warning) {
     warning ? note(warning, "warn") : null,
     h("div", {class: "table-tools"}, filterBox, count),
     h("div", {class: "table-scroll"}, table));
+}
+
+/** "registers+shared_memory" is one long token: it may wrap after each "+" (and the CSS
+ *  breaks anywhere as a last resort) so the column stays narrow at 1280 px. */
+function limitCell(v) {
+  const parts = String(v ?? "n/a").split("+");
+  return h("td", {class: "lim", title: String(v ?? "n/a")},
+    parts.flatMap((p, i) => (i < parts.length - 1 ? [`${p}+`, h("wbr")] : [p])));
 }
 
 function occupancyCell(k) {

@@ -89,7 +89,9 @@ function renderMemoryCharts(body, data, report) {
       resReason ? note(`Reserved: ${resReason}`) : null);
     if (!key.startsWith("cuda:") && keys.some((k) => k.startsWith("cuda:"))) {
       // Host memory matters less here: keep it folded below the GPU curves.
-      body.appendChild(h("details", {class: "mem-more"}, h("summary", {}, `${memDeviceLabel(report, key)} (host) memory`), block));
+      // its summary carries the peak, so nobody opens it to find "8 B"
+      const peak = isNum(rm.peak_allocated_bytes) ? ` · peak ${fmtBytes(rm.peak_allocated_bytes)}` : "";
+      body.appendChild(h("details", {class: "mem-more"}, h("summary", {}, `${memDeviceLabel(report, key)} (host) memory${peak}`), block));
     } else {
       body.appendChild(block);
     }
