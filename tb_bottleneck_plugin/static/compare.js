@@ -77,7 +77,7 @@ export function compareAvailability(runsPayload) {
     const spans = workers.reduce((n, w) => n + (w && Array.isArray(w.spans) ? w.spans.length : 0), 0);
     things += Math.max(1, spans, workers.length);
   }
-  if (things >= 2) return {enabled: true, title: "Compare two runs (baseline vs candidate)"};
+  if (things > 1) return {enabled: true, title: "Compare two runs (baseline vs candidate)"};
   return {enabled: false, title: runs.length
     ? "Compare needs two runs, or a run with two spans or workers: this logdir has one run with one trace"
     : "Compare needs two runs: this logdir has none yet"};
