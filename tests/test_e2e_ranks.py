@@ -2,10 +2,14 @@
 `tensorboard --logdir` and a real headless Chromium (Debian's, driven by Playwright).
 
 - ddp_straggler_2rank (rank 1 slow by construction): the panel names rank 1 at the top with
-  the route's recommendation title and its cause; the stacked bars draw marks; the rank
-  table has two rows whose every cell is the route's number as formatted; the heatmap
+  the route's recommendation title and its cause said once, its peak memory as rank 1's own
+  Peak memory card writes it; the stacked bars draw each rank's DataLoader wait as its own
+  part, its share of the bar = the rank's input-bound % from its own report route; the rank
+  table has two rows whose every cell is the route's number as formatted (the parts as the
+  bars draw them); the heatmap
   canvas has painted pixels; clicking a rank row opens that worker's report; headers sort.
-- ddp_balanced_2rank: not flagged.  input_bound_nw0 (one worker): no Ranks panel, no error.
+- ddp_balanced_2rank: not flagged; the sentence says "waited least in 5 of 6 steps" is a
+  step count and quotes both total waits (rank 1 waited more in total), as the table shows.  input_bound_nw0 (one worker): no Ranks panel, no error.
 - The ranks route's real answers follow docs/route-schema.json.
 - A synthetic 1,024-rank view (the real answer tiled, route intercepted): the render time
   is printed (not asserted: the machine is shared).
@@ -74,9 +78,15 @@ def fmt_count(n):
 
 
 EXPECTED_COLS = [("rank", str), ("worker", str), ("steps", fmt_count), ("avg_step_us", fmt_us),
-                 ("compute_only_pct", fmt_pct), ("overlapped_pct", fmt_pct), ("exposed_comm_pct", fmt_pct),
-                 ("other_pct", fmt_pct), ("input_bound_pct", fmt_pct), ("gpu_utilization_pct", fmt_pct),
+                 ("bar_compute_pct", fmt_pct), ("bar_overlapped_pct", fmt_pct), ("bar_exposed_comm_pct", fmt_pct),
+                 ("bar_input_wait_pct", fmt_pct), ("bar_other_pct", fmt_pct), ("gpu_utilization_pct", fmt_pct),
                  ("straggler_steps", fmt_count), ("wait_us", fmt_us), ("transfer_us", fmt_us)]
+
+
+def with_bar_pct(r):
+    """The route's row with the table's part columns: each part of bar_us as % of step_us (the
+    parts the bars draw, so that the table and the bars say the same)."""
+    return dict(r, **{f"bar_{k.replace('_us', '_pct')}": 100 * v / r["step_us"] for k, v in r["bar_us"].items()})
 
 PANEL_JS = """() => {
   const sec = document.querySelector('#bn-ranks');
@@ -86,6 +96,11 @@ PANEL_JS = """() => {
     const b = el.getBBox();
     if (b.width > 0 && b.height > 0) marks++;
   }
+  // per bar: the height of each drawn part (data-key), for the shares of the step
+  const bars = [...sec.querySelectorAll('.ranks-bars svg g.bar')].map(g => Object.fromEntries(
+    [...g.querySelectorAll('rect.seg')].map(r => [r.getAttribute('data-key'), r.getBBox().height])));
+  const legend = Object.fromEntries([...sec.querySelectorAll('.legend .legend-item')].map(
+    el => [el.getAttribute('data-key'), el.textContent]));
   const cv = sec.querySelector('canvas.heatmap');
   let painted = 0;
   if (cv) {
@@ -96,7 +111,8 @@ PANEL_JS = """() => {
   return {
     top: first ? {cls: first.className, title: (first.querySelector('.rec-title') || {}).textContent,
                   text: first.textContent} : null,
-    marks, painted,
+    marks, painted, bars, legend,
+    waitHead: (sec.querySelector('table.rank-table thead th[data-key=wait_us]') || {}).textContent,
     cells: cv ? Number(cv.getAttribute('data-cells')) : 0,
     rows: [...sec.querySelectorAll('table.rank-table tbody tr')].map(tr => [...tr.children].map(td => td.textContent)),
     heads: [...sec.querySelectorAll('table.rank-table thead th')].map(th => th.getAttribute('data-key')),
@@ -133,8 +149,22 @@ def test_straggler_pair_in_the_ranks_panel(tensorboard, browser_page):
     rec = view["recommendation"]
     assert got["top"]["title"] == rec["title"] and "rank 1" in got["top"]["title"], got["top"]
     assert "sev-" + rec["severity"] in got["top"]["cls"]
-    assert rec["cause"] and rec["cause"]["title"] in got["top"]["text"]
+    # the rank's own top finding said once (the action quotes it; no second line repeating it)
+    assert rec["cause"] and got["top"]["text"].count(rec["cause"]["title"]) == 1, got["top"]["text"]
+    assert got["top"]["text"].count(rec["cause"]["action"]) == 1
     assert rec["action"] in got["top"]["text"]
+    # bars: each rank's DataLoader wait drawn as its own part, its share of the drawn bar = the
+    # rank's input-bound % from its own report (report route, not the ranks route); rank 1 waits
+    # ~95 % on its DataLoader and is not drawn as computing
+    assert got["legend"]["input_wait_us"] == "input wait (DataLoader)"
+    assert got["legend"]["compute_us"].startswith("CPU ops only"), got["legend"]
+    for r, bar in zip(view["ranks"], got["bars"]):
+        status, body = http_get(f"{base}/data/plugin/bottlenecks/report?run={STRAGGLER}&worker={r['worker']}")
+        assert status == 200
+        own = json.loads(body)["input"]["input_bound_pct"]
+        share = 100 * bar["input_wait_us"] / sum(bar.values())
+        assert share == pytest.approx(own, abs=1.5), (r["worker"], share, own, bar)
+    assert 100 * got["bars"][1].get("compute_us", 0) / sum(got["bars"][1].values()) < 5, got["bars"][1]
     # bars: 2 ranks x up to 4 parts drawn (rank 0's overlapped part is tiny but drawn)
     assert got["marks"] >= 2 * 3, got["marks"]
     # heatmap: every (rank, step) cell painted
@@ -142,7 +172,9 @@ def test_straggler_pair_in_the_ranks_panel(tensorboard, browser_page):
     assert got["painted"] > 1000, got["painted"]
     # the table: 2 rows, every cell the route's number as formatted
     assert got["heads"] == [k for k, _ in EXPECTED_COLS]
-    expected = [[f(r[k]) for k, f in EXPECTED_COLS] for r in view["ranks"]]
+    expected = [[f(with_bar_pct(r)[k]) for k, f in EXPECTED_COLS] for r in view["ranks"]]
+    # rank 1's DataLoader wait is in the Input wait column, not in Compute only (was 96.7 %)
+    assert float(got["rows"][1][7].rstrip("%")) > 90 > 5 > float(got["rows"][1][4].rstrip("%")), got["rows"][1]
     assert got["rows"] == expected, (got["rows"], expected)
     assert got["colls"] == [[c["kind"], fmt_count(c["calls"]), fmt_count(c["matched_calls"]),
                              f"{c['bytes'] / 2**20:.2f} MiB", fmt_us(c["total_us"]), fmt_us(c["transfer_us"]),
@@ -167,6 +199,12 @@ def test_straggler_pair_in_the_ranks_panel(tensorboard, browser_page):
         verdicts = json.loads(body)["verdicts"]
         assert cards and set(cards) <= set(verdicts), (worker, cards)
         assert all(cls == [f"sev-{verdicts[k]['severity']}"] for k, cls in cards.items()), (worker, cards, verdicts)
+    # the recommendation's peak memory is written as rank 1's own Peak memory card writes it
+    peak_card = iframe.evaluate("""() => { const r = [...document.querySelectorAll('#bn-ranks-cards .cards-row')]
+        .find(r => r.querySelector('.cards-row-label').textContent.startsWith('rank1'));
+        const c = r && r.querySelector('.card[data-card=peak_memory] .card-value, .card[data-card=memory] .card-value');
+        return c ? c.textContent : null; }""")
+    assert peak_card and f"peak memory {peak_card} on CPU" in got["top"]["text"], (peak_card, got["top"]["text"])
 
     # the heatmap's other colour: wait in collectives (rank 1 never waits: 0 on its row)
     iframe.click("#bn-ranks button.heat-metric[data-metric=wait]")
@@ -198,6 +236,17 @@ def test_straggler_pair_in_the_ranks_panel(tensorboard, browser_page):
     got = iframe.evaluate(PANEL_JS)
     assert "sev-ok" in got["top"]["cls"] and got["top"]["title"].startswith("No rank holds the others back"), got["top"]
     assert "(worker rank" not in got["top"]["text"], got["top"]  # no recommendation naming a rank
+    # "waited least in N of M steps" is a count of steps; the table's Wait is a total: the words
+    # say which is which and quote the totals the table shows (rank 1 waited least in 5 of 6
+    # steps but waited more in total)
+    bst = balanced["straggler"]
+    b0, b1 = balanced["ranks"]
+    assert (bst["rank"], bst["steps"], bst["of_steps"]) == (1, 5, 6) and b1["wait_us"] > b0["wait_us"]
+    assert f"Counted step by step, rank 1 waited least in 5 of 6 steps" in got["top"]["text"], got["top"]["text"]
+    assert (f"Summed over all steps it waited {fmt_us(b1['wait_us'])} in total, more than rank 0 "
+            f"({fmt_us(b0['wait_us'])})") in got["top"]["text"], got["top"]["text"]
+    assert [row[11] for row in got["rows"]] == [fmt_us(b0["wait_us"]), fmt_us(b1["wait_us"])]
+    assert got["waitHead"].startswith("Wait (total)"), got["waitHead"]
     assert len(got["rows"]) == 2
     assert iframe.evaluate("() => document.querySelectorAll('#bn-ranks tr.rank-row.straggler').length") == 0
     page.screenshot(path=str(ARTIFACTS / f"ranks_{BALANCED}.png"), full_page=True)

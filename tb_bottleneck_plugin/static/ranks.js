@@ -424,11 +424,15 @@ const RANK_COLS = [
   {key: "worker", label: "Worker", text: true, fmt: (v) => String(v ?? "")},
   {key: "steps", label: "Steps", fmt: fmtCount},
   {key: "avg_step_us", label: "Avg step", fmt: fmtUs},
-  {key: "compute_only_pct", label: "Compute only", fmt: (v) => fmtPct(v)},
-  {key: "overlapped_pct", label: "Overlapped", fmt: (v) => fmtPct(v)},
-  {key: "exposed_comm_pct", label: "Exposed comm.", fmt: (v) => fmtPct(v)},
-  {key: "other_pct", label: "Other", fmt: (v) => fmtPct(v)},
-  {key: "input_bound_pct", label: "Input-bound", fmt: (v) => fmtPct(v)},
+  // the bar's five parts as % of the rank's step time (the same numbers as the bars)
+  {key: "bar_compute_pct", label: "Compute only", fmt: (v) => fmtPct(v),
+    title: "Computing with no DataLoader wait and no collective running, % of step time (the bars' first part)"},
+  {key: "bar_overlapped_pct", label: "Overlapped", fmt: (v) => fmtPct(v), title: "Compute ∩ communication, % of step time"},
+  {key: "bar_exposed_comm_pct", label: "Exposed comm.", fmt: (v) => fmtPct(v),
+    title: "Communication with no compute under it (transfer + waiting for other ranks), % of step time"},
+  {key: "bar_input_wait_pct", label: "Input wait", fmt: (v) => fmtPct(v),
+    title: "Waiting for the DataLoader, % of step time: the rank's input-bound % (its own report)"},
+  {key: "bar_other_pct", label: "Other", fmt: (v) => fmtPct(v), title: "None of the above, % of step time"},
   {key: "gpu_utilization_pct", label: "GPU util.", fmt: (v) => fmtPct(v)},
   {key: "straggler_steps", label: "Least wait in (steps)", fmt: fmtCount,
     title: "Steps in which this rank waited least in the collectives: the others waited for it (metrics §12)"},
@@ -436,7 +440,19 @@ const RANK_COLS = [
   {key: "transfer_us", label: "Transfer (total)", fmt: fmtUs, title: "Transfer time of the collectives, summed over all steps"},
 ];
 
-function renderRankTable(rows, {selectedWorker, onPick, flaggedWorker}) {
+/** A table row: the rank's row with its bar's parts as % of its step time (bar_*_pct). */
+function withBarPct(r) {
+  const out = {...r};
+  const total = r.steps > 0 && isNum(r.step_us) && r.step_us > 0 ? r.step_us / r.steps : null;
+  for (const k of SPLIT) {
+    const v = perStep(r, k);
+    out[`bar_${k.replace("_us", "_pct")}`] = isNum(v) && total ? (100 * v) / total : null;
+  }
+  return out;
+}
+
+function renderRankTable(rowsIn, {selectedWorker, onPick, flaggedWorker}) {
+  const rows = rowsIn.map(withBarPct);
   const st = {key: "rank", dir: 1, all: rows.length <= TABLE_LIMIT};
   const thead = h("thead");
   const tbody = h("tbody");
