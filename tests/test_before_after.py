@@ -30,7 +30,16 @@ CORRECTIONS = {
     "/all_shared_summary" + COMM: "Σ comm µs / Σ kernel-union µs over all 14 spans",
     # ... whereupon the communication rule no longer fires for the all-spans summary (12 % < 15 %)
     "/all_shared_summary/report/recommendations": "no communication recommendation",
+    # sev3b: one 6.5 ms first hipLaunchKernel holds 97 % of the runtime time of the MI250 step
+    # (METRICS §8 longest runtime call): warmup_outlier ("profile after warm-up") replaces the
+    # small_kernels launch advice (tests/test_recommendations_warmup.py pins it to the raw JSON)
+    "/shared/spans/hta/amd_trace|mi250_minitoy_train_ROCm6_2_kineto|mi250_minitoy_train_ROCm6_2_kineto.json.gz"
+    "/report/recommendations": "warmup_outlier replaces small_kernels",
 }
+
+# sev3b: the host-bound advice (GPU idle, kernels neither short nor low-occupancy) has its own
+# rule id; same severity, numbers and gain as when it was called small_kernels.
+RENAMED_RULES = {"host_bound": "small_kernels"}
 
 
 # Parts of the results removed on purpose (a removed key fails the diff otherwise).
@@ -94,6 +103,8 @@ def _mask_words(value, key=None):
     if isinstance(value, dict):
         if key in ("recommendation", "cause") or "rule" in value:
             out = {k: ("<words>" if k in WORDS else _mask_words(v, k)) for k, v in value.items()}
+            if out.get("rule") in RENAMED_RULES:
+                out["rule"] = RENAMED_RULES[out["rule"]]
             if value.get("rule") == "allocator_slack" and isinstance(out.get("numbers"), dict):
                 out["numbers"] = _as_gib(out["numbers"])
             return out
@@ -341,11 +352,11 @@ def test_recommendation_words_changed_only_where_64207fd_says(now):
     new = dict(recs(now))
     changed = 0
     for path, old_list in recs(golden):
-        if path.startswith("/all_shared_summary"):
-            continue  # CORRECTIONS: the communication rule no longer fires there
+        if path.startswith("/all_shared_summary") or path + "/recommendations" in CORRECTIONS:
+            continue  # CORRECTIONS: the communication rule no longer fires there; the MI250 warm-up
         new_list = new[path]
         assert [(r["rule"], r["severity"], r.get("numbers"), r.get("estimated_gain_pct")) for r in old_list] == \
-            [(r["rule"], r["severity"], _as_gib(r["numbers"]) if r["rule"] == "allocator_slack" else r.get("numbers"),
+            [(RENAMED_RULES.get(r["rule"], r["rule"]), r["severity"], _as_gib(r["numbers"]) if r["rule"] == "allocator_slack" else r.get("numbers"),
               r.get("estimated_gain_pct")) for r in new_list], path
         for o, n in zip(old_list, new_list):
             if o["rule"] == "input_bound" and o["action"] != n["action"]:
