@@ -45,7 +45,7 @@ from .scheduler import Scheduler, default_memory_budget, default_slots, estimate
 log = logging.getLogger(__name__)
 
 # Bump when a metric definition or the report layout changes: old disk caches are ignored.
-ANALYSIS_VERSION = f"{report.SCHEMA_VERSION}.9"  # .9: recommendations reworded per context (CPU-only input advice, unknown GPU generation, host-bound GPU idle, matrix cores); cached advice is part of the result; .8: partials tag per-step rows with worker/span (summaries: one row per step across spans); .7: kernel_names (compare's kernel rows); .6: operators table gone (compare reads operator_view, top_calls); .5: partials (metric units), communication.kernel_union_us; .4: operator_view; .3: verdicts; .2: context, operators, distributed partial, occupancy_source
+ANALYSIS_VERSION = f"{report.SCHEMA_VERSION}.10"  # .10: launch.longest_runtime_call, warmup_outlier and host_bound rules, verdict severity "none" (not judged); .9: recommendations reworded per context (CPU-only input advice, unknown GPU generation, host-bound GPU idle, matrix cores); cached advice is part of the result; .8: partials tag per-step rows with worker/span (summaries: one row per step across spans); .7: kernel_names (compare's kernel rows); .6: operators table gone (compare reads operator_view, top_calls); .5: partials (metric units), communication.kernel_union_us; .4: operator_view; .3: verdicts; .2: context, operators, distributed partial, occupancy_source
 
 # A truncated file whose fingerprint does not change is analysed again this many times
 # (on later scans) before it is left alone; any change of the file retries it again.
