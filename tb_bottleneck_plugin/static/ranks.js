@@ -174,7 +174,7 @@ export function stragglerWords(st, rows) {
   let s = `Counted step by step, rank ${st.rank} waited least in ${st.steps} of ${st.of_steps} steps${caused}.`;
   const waits = rows.filter((r) => isNum(r.wait_us));
   const own = waits.find((r) => r.worker === st.worker);
-  if (own && waits.length >= 2) {
+  if (own && waits.some((r) => r !== own)) {
     const least = waits.reduce((a, b) => (b.wait_us < a.wait_us ? b : a));
     s += least.worker === own.worker
       ? ` Summed over all steps it also waited least: ${fmtUs(own.wait_us)} in total.`
