@@ -180,3 +180,36 @@ def test_terminal_table_shows_the_bar_parts(cpu_input_2rank):
                                       ["23.3%", "0.0%", "26.7%", "33.3%", "16.7%"]]
     assert [r[8:10] for r in rows] == [["2", "0.06"], ["1", "0.04"]]  # waited least in; total wait ms (60, 35 us)
     assert "input" in text and "totals over all steps" in text
+
+
+def _kernel(name, ts, dur):
+    return _x(name, ts, dur, cat="kernel", tid=7, args={"device": 0, "stream": 7}) | {"pid": 0}
+
+
+def test_gpu_ranks_input_wait_comes_out_of_other(tmp_path):
+    """Two GPU ranks, one step [0,100) each; the DataLoader's __next__ on the CPU.
+
+    rank 0: DL [0,30); sgemm [30,60); all_reduce [60,80) (20)
+      four-way: compute only 30, overlapped 0, exposed 20, other 50. DataLoader category
+      (§2: no kernel under it) = [0,30) = 30, inside "other": bar 30, 0, 20, 30 input, 20 other.
+    rank 1: DL [0,20); sgemm [10,60) (the GPU still busy for the last 10 us of the wait);
+            all_reduce [60,70) (10)
+      four-way: 50, 0, 10, 40. DataLoader category = [0,10) = 10: bar 50, 0, 10, 10, 30.
+    """
+    run = tmp_path / "gpuin"
+    ar = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*)"
+    step = [_x("ProfilerStep#1", 0, 100, cat="user_annotation")]
+    ev = {0: [_x(DL, 0, 30), _kernel("volta_sgemm_128x64_nn", 30, 30), _kernel(ar, 60, 20)],
+          1: [_x(DL, 0, 20), _kernel("volta_sgemm_128x64_nn", 10, 50), _kernel(ar, 60, 10)]}
+    for rank, events in ev.items():
+        write_trace(run / f"rank{rank}.1795000000000000000.pt.trace.json.gz", step + events,
+                    distributed_info={"backend": "nccl", "rank": rank, "world_size": 2})
+    r0, r1 = ranks.rank_view(_results(tmp_path, "gpuin"))["ranks"]
+    assert r0["device"] == r1["device"] == "gpu"
+    assert (r0["compute_only_us"], r0["overlapped_us"], r0["exposed_comm_us"], r0["other_us"]) == (30, 0, 20, 50)
+    assert (r1["compute_only_us"], r1["overlapped_us"], r1["exposed_comm_us"], r1["other_us"]) == (50, 0, 10, 40)
+    assert r0["bar_us"] == {"compute_us": 30, "overlapped_us": 0, "exposed_comm_us": 20, "input_wait_us": 30,
+                            "other_us": 20}
+    assert r1["bar_us"] == {"compute_us": 50, "overlapped_us": 0, "exposed_comm_us": 10, "input_wait_us": 10,
+                            "other_us": 30}
+    assert (r0["input_wait_us"], r1["input_wait_us"]) == (30, 10)
