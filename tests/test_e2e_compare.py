@@ -98,6 +98,8 @@ def test_shared_link_shows_the_demo_comparison(tensorboard, browser_page):
     page.wait_for_function("() => document.querySelector('.cmp-waterfall svg')", timeout=20_000)
     assert page.locator("#bn-cmp-base-run").input_value() == BASE_RUN
     assert page.locator("#bn-cmp-cand-run").input_value() == CAND_RUN
+    # the same CPU training setup on both sides: one change, no setup banner
+    assert cmp["setup_differences"] == [] and page.locator("#bn-cmp-setup-warning").count() == 0
 
     card = page.evaluate(CARD_JS, "input_bound_pct")
     assert card["base"] == _pct(ib["base"]) and card["cand"] == _pct(ib["cand"]), (card, ib)
@@ -209,4 +211,88 @@ def test_compare_toggle_inside_tensorboard_and_names_stay_text(tensorboard, brow
     frame.locator("#bn-compare-toggle").click()
     frame.locator("#bn-run").wait_for(state="visible", timeout=20_000)
     page.close()
+    w.check_clean()
+
+
+# ---------------------------------------------------------------------------- setups that differ
+
+
+def test_runs_on_different_gpus_and_modes_get_a_banner(tmp_path, tensorboard_server, browser_page):
+    """The V100 ResNet-50 training demo against the H100 BERT inference demo: the view says
+    these are not a before/after of one change; a number n/a on one side says so once; the
+    one-step side reads "(1 step)"."""
+    v100, h100 = "resnet50_v100_nw0", "bert_h100_inference"
+    for run in (v100, h100):
+        shutil.copytree(DEMO / run, tmp_path / run)
+    base = tensorboard_server(tmp_path)
+    cmp = _compare(base, v100, h100)
+    # what the traces record: deviceProperties name each GPU; backward ops only in the V100 one
+    assert [(d["label"], d["base"], d["cand"]) for d in cmp["setup_differences"]] == [
+        ("GPU", "Tesla V100-DGXS-32GB", "NVIDIA H100 80GB HBM3"), ("mode", "training", "inference")]
+    assert cmp["cand"]["steps"] == 1
+    w = browser_page(base, viewport=(1280, 900))
+    page = w.page
+    page.goto(f"{base}/data/plugin_entry.html?name=bottlenecks#compare=1&base={v100}&cand={h100}",
+              wait_until="domcontentloaded")
+    page.locator(".cmp-card").first.wait_for(timeout=120_000)
+    banner = page.locator("#bn-cmp-setup-warning")
+    assert banner.locator("strong").text_content() == \
+        "These runs differ in GPU, mode: not a before/after of one change."
+    items = banner.locator("li").all_text_contents()
+    assert items == ["GPU: Tesla V100-DGXS-32GB \u2192 NVIDIA H100 80GB HBM3", "mode: training \u2192 inference"], items
+    assert "mixes the effects" in banner.text_content()
+    # above the numbers it qualifies
+    top = page.evaluate("""() => [document.querySelector('#bn-cmp-setup-warning').getBoundingClientRect().top,
+        document.querySelector('#bn-cmp-metrics').getBoundingClientRect().top]""")
+    assert top[0] < top[1], top
+    cand_line = page.locator(".cmp-summary .panel-body > div").nth(2).text_content()
+    assert cand_line.startswith("Candidate: bert_h100_inference") and cand_line.endswith(" (1 step)"), cand_line
+    # peak GPU reserved: the H100 trace records it, the V100 one does not
+    m = next(m for m in cmp["metrics"] if m["key"] == "peak_gpu_reserved_bytes")
+    assert m["verdict"] == "n/a" and (m["base"] is None) != (m["cand"] is None), m
+    verdict = page.locator('.cmp-card[data-key="peak_gpu_reserved_bytes"] .cmp-delta').text_content()
+    assert verdict == "n/a on one side", verdict
+    texts = page.eval_on_selector_all(".cmp-card .cmp-delta", "els => els.map(e => e.textContent)")
+    assert not [t for t in texts if t.count("n/a") > 1], texts
+    page.screenshot(path=str(ARTIFACTS / "bottlenecks_compare_setups.png"), full_page=True)
+    w.check_clean()
+
+
+# ---------------------------------------------------------------------------- the Compare button
+
+
+BUTTON_JS = """() => { const b = document.querySelector('#bn-compare-toggle'); return b && [b.disabled, b.title]; }"""
+
+
+def test_compare_button_needs_two_comparable_things(tmp_path, tensorboard_server, browser_page):
+    """Empty logdir: disabled, the title says why. One run with one trace: still disabled.
+    A second run: enabled, and it opens compare mode."""
+    base = tensorboard_server(tmp_path)
+    w = browser_page(base)
+    page = w.page
+    page.goto(f"{base}/data/plugin_entry.html?name=bottlenecks", wait_until="domcontentloaded")
+    page.wait_for_function("() => { const b = document.querySelector('#bn-compare-toggle');"
+                           " return b && b.title.includes('has none'); }", timeout=60_000)
+    disabled, title = page.evaluate(BUTTON_JS)
+    assert disabled and title == "Compare needs two runs: this logdir has none yet", title
+    page.locator("#bn-compare-toggle").click(force=True)  # a click does nothing
+    assert "compare=1" not in page.url
+
+    one = tmp_path / "one"
+    one.mkdir()
+    first = sorted((DEMO / CAND_RUN).glob("*.json*"))[0]
+    shutil.copy(first, one / first.name)
+    page.locator("button", has_text="Refresh").click()
+    page.wait_for_function("() => document.querySelector('#bn-compare-toggle').title.includes('one run')",
+                           timeout=60_000)
+    disabled, title = page.evaluate(BUTTON_JS)
+    assert disabled and "one run with one trace" in title, title
+
+    shutil.copytree(DEMO / CAND_RUN, tmp_path / "two")
+    page.locator("button", has_text="Refresh").click()
+    page.wait_for_function("() => !document.querySelector('#bn-compare-toggle').disabled", timeout=60_000)
+    assert page.evaluate(BUTTON_JS) == [False, "Compare two runs (baseline vs candidate)"]
+    page.locator("#bn-compare-toggle").click()
+    page.locator(".cmp-card").first.wait_for(timeout=120_000)
+    assert "compare=1" in page.url
     w.check_clean()
