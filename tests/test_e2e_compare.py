@@ -8,6 +8,10 @@ and is marked "better"; that the step-time waterfall draws SVG marks; that the d
 have rows, sort on a header click and filter; that the input_bound recommendation is listed
 as resolved; that the Compare toggle inside TensorBoard's iframe reaches the same view;
 and that trace names stay text. The route's body is validated against docs/route-schema.json.
+Two more servers: the V100 training demo against the H100 inference demo shows the banner
+"These runs differ in GPU, mode: not a before/after of one change" above the numbers (one line
+per difference), "n/a on one side" said once and "(1 step)"; the top bar's Compare button is
+disabled (title says why) on an empty logdir and with one single-trace run, enabled with two runs.
 Screenshots go to test-artifacts/ (git-ignored).
 """
 from __future__ import annotations
