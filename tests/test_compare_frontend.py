@@ -6,7 +6,9 @@ Every headline card, step-time category and diff-table delta cell must carry the
 its verdict word (better -> sev-text-ok, worse -> sev-text-high, unchanged/changed -> muted),
 whatever the sign of the change: the recorded GPU pair has a higher-is-better metric that
 fell (worse, negative delta) and changes inside the noise band (unchanged, non-zero delta),
-so colouring by sign fails here.
+so colouring by sign fails here. The setup banner is drawn exactly for the recorded pair whose
+setups differ (V100 training vs H100 inference), one line per difference; and the top bar's
+Compare button availability (compare.js compareAvailability) is checked on run lists.
 """
 from __future__ import annotations
 
@@ -91,6 +93,11 @@ def test_compare_view_colours_every_change_by_its_recorded_verdict(key, mock, br
         want = {CLASS[m["verdict"]]} if m["verdict"] in CLASS else {"muted"}
         assert _colour(card["cls"]) == want, (card, m)
 
+    # the setup banner: present exactly when the server lists setup differences, one line each
+    items = page.eval_on_selector_all("#bn-cmp-setup-warning li", "els => els.map(e => e.textContent)")
+    assert items == [f"{d['label']}: {d['base']} \u2192 {d['cand']}" for d in cmp["setup_differences"]], items
+    assert page.locator("#bn-cmp-setup-warning").count() == (1 if cmp["setup_differences"] else 0)
+
     st = cmp["step_time"]
     assert dom["headline"]["verdict"] == st["verdict"]
     assert _colour(dom["headline"]["cls"]) == ({CLASS[st["verdict"]]} - {"muted"})
@@ -115,3 +122,33 @@ def test_compare_view_colours_every_change_by_its_recorded_verdict(key, mock, br
                 checked += 1
     assert checked > 10
     w.check_clean()
+
+
+AVAILABILITY_JS = """async (payloads) => {
+  // the module index.js itself imports (the entry page's base is the plugin's route prefix)
+  const {compareAvailability} = await import(new URL('./static/compare.js', document.baseURI).href);
+  return payloads.map((p) => compareAvailability(p));
+}"""
+
+
+def test_compare_button_availability(mock, browser_page):
+    """compareAvailability (compare.js): enabled with two comparable things (two runs, or one
+    run with two spans or workers), else disabled with a title that says why."""
+    w = browser_page(mock)
+    page = w.page
+    page.goto(f"{mock}/data/plugin_entry.html?name=bottlenecks", wait_until="domcontentloaded")
+    page.locator("#bn-compare-toggle").wait_for(timeout=60_000)
+    span = lambda s: {"span": s}  # noqa: E731
+    run = lambda name, *workers: {"run": name, "workers": [{"worker": w, "spans": [span(x) for x in spans]}  # noqa: E731
+                                                           for w, spans in workers]}
+    got = page.evaluate(AVAILABILITY_JS, [
+        None, {"runs": []},
+        {"runs": [run("a", ("w0", ["1"]))]},
+        {"runs": [run("a", ("w0", ["1", "2"]))]},
+        {"runs": [run("a", ("w0", ["1"]), ("w1", ["1"]))]},
+        {"runs": [run("a", ("w0", ["1"])), {"run": "b", "state": "loading"}]},
+    ])
+    assert [g["enabled"] for g in got] == [False, False, False, True, True, True], got
+    assert got[0]["title"] == got[1]["title"] == "Compare needs two runs: this logdir has none yet"
+    assert "one run with one trace" in got[2]["title"]
+    assert got[3]["title"] == "Compare two runs (baseline vs candidate)"
