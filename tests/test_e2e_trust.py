@@ -173,6 +173,6 @@ def test_memory_devices_are_named_as_the_header_names_them(trust_base, browser_p
     head.wait_for(timeout=120_000)
     assert head.inner_text().strip() == f"GPU 0 ({name})"
     host = frame.locator("details.mem-more summary").first.inner_text().strip()
-    assert host == "CPU (host) memory", host
+    assert host == f"CPU (host) memory \u00b7 peak {rep['memory']['cpu']['peak_allocated_bytes']} B", host  # 16 B
     assert "cuda:" not in frame.locator(".cards").inner_text()
     w.check_clean()
