@@ -171,17 +171,6 @@ def test_device_words_like_the_cards(key, words):
     assert ranks._device_words(key) == words
 
 
-def test_terminal_table_shows_the_bar_parts(cpu_input_2rank):
-    """tb-bottlenecks report's rank table: the same five parts as the tab (hand-computed above:
-    rank 0 = 25, 0, 105, 130, 40 of 300 us; rank 1 = 70, 0, 80, 100, 50), totals of wait."""
-    text = ranks.format_ranks_text(ranks.rank_view(_results(cpu_input_2rank, "cpuin")))
-    rows = [line.split() for line in text.splitlines() if line.split()[:1] in (["0"], ["1"])]
-    assert [r[3:8] for r in rows] == [["8.3%", "0.0%", "35.0%", "43.3%", "13.3%"],
-                                      ["23.3%", "0.0%", "26.7%", "33.3%", "16.7%"]]
-    assert [r[8:10] for r in rows] == [["2", "0.06"], ["1", "0.04"]]  # waited least in; total wait ms (60, 35 us)
-    assert "input" in text and "totals over all steps" in text
-
-
 def _kernel(name, ts, dur):
     return _x(name, ts, dur, cat="kernel", tid=7, args={"device": 0, "stream": 7}) | {"pid": 0}
 
