@@ -364,6 +364,7 @@ function applySelection({forceView}) {
   if (!state.runs) {
     // never got a run list
     renderScanInfo();
+    ui.compare.title = state.runsError ? "Compare needs the run list, which could not be loaded" : "Compare needs two runs: the run list is loading";
     if (state.runsError) {
       abortView();
       state.viewKey = null;
