@@ -20,6 +20,9 @@ End-to-end helpers (a real ``tensorboard --logdir`` and a real headless Chromium
     ``w.check_clean()`` at the end; closed after the test.
   - ``wait_route(base, "report", run=...)``: the route's 200 JSON body (polls while 202).
   - ``route_validator("report")``: a jsonschema validator for one docs/route-schema.json $def.
+Deadlines on a busy machine: ``patience(30)`` is 30 s when the test gets a whole core and
+proportionally longer when it gets less (``cpu_share()``, measured); use it for hang guards
+(``a.wait_idle(patience(30))``), never to widen a bound that pins a measured number.
 Both fixtures skip when Playwright/Chromium are missing, and fail instead when
 BOTTLENECKS_REQUIRE_BROWSER=1 (CI).
 """
@@ -152,6 +155,24 @@ def wait_route(base, route, timeout=120, **params):
         if time.time() > deadline:
             raise TimeoutError(f"{url} kept answering 202")
         time.sleep(0.5)
+
+
+def cpu_share(sample_cpu_s: float = 0.05) -> float:
+    """The share of one core this process gets right now: a short CPU-bound loop's CPU time
+    over its wall time (about 1.0 on a free core; 0.02-0.05 seen with the tests at nice 10
+    and 3 busy loops at nice 0 on the 2 cores)."""
+    t0, c0 = time.perf_counter(), time.thread_time()
+    while time.thread_time() - c0 < sample_cpu_s:
+        pass
+    return min(1.0, (time.thread_time() - c0) / max(time.perf_counter() - t0, 1e-9))
+
+
+def patience(seconds: float) -> float:
+    """A hang guard's deadline derived from the machine: ``seconds`` when this process gets a
+    whole core, ``seconds / cpu_share()`` when it gets less (at most 20x). For waits that
+    only guard against a hang (wait_idle, until a state shows); never for a bound that pins
+    a measured number."""
+    return seconds / max(cpu_share(), 0.05)
 
 
 def route_validator(name):
