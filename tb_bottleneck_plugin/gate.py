@@ -8,7 +8,9 @@ CI gate over it (METRICS.md §11, README "Compare runs and gate CI").
 PATH, BASE, CAND: a trace file or a run directory (local or URL). Exit codes of
 `check`: 0 every bound holds; 1 some bound is violated (one line each on stdout; a
 metric that is n/a violates its bound); 2 unreadable input or a bad argument (unknown
-metric name, malformed bound). `diff` exits 0, or 2 on unreadable input.
+metric name, malformed bound). `diff` exits 0, or 2 on unreadable input. `check
+--baseline` on runs whose setup differs (GPU, mode, world size) prints diff's WARNING
+line on stderr; the exit code is unchanged.
 """
 from __future__ import annotations
 
@@ -231,6 +233,12 @@ def _check(args) -> int:
     bs = _batch_sizes(args.batch_size)
     cand = load_result(args.path)
     base = load_result(args.baseline) if args.baseline else None
+    if base is not None:
+        # the same WARNING line as `diff` (compare.setup_warning), on stderr: stdout stays one
+        # line per violated bound (or the ok line), the exit code is the bounds' alone
+        warning = cmp_mod.setup_warning(cmp_mod.setup_differences(base["report"], cand["report"]))
+        if warning:
+            print(f"WARNING: {warning}", file=sys.stderr)
     violations = evaluate(cand, maxes, mins, regressions, base, (bs[0], bs[1]))
     for line in violations:
         print(f"FAIL {line}")
