@@ -305,6 +305,14 @@ class BottlenecksPlugin(base_plugin.TBPlugin):
             return failure
         view = result.get("operator_view")
         body, code = route_answer(view, request.args)
+        if code == 422:  # name the failing part (the span's or the run-level combine's error), not only the log
+            failed = [e for e in ((result.get("report") or {}).get("errors") or []) + (result.get("view_errors") or [])
+                      if isinstance(e, dict) and e.get("section") == "operator_view"]
+            if failed:
+                body["error"] = "the operator view could not be computed for this selection: " + "; ".join(
+                    str(e.get("error")) for e in failed)
+            body["errors"] = [{"file": e.get("file"), "section": "operator_view", "error": str(e.get("error"))}
+                              for e in failed]
         if code != 200:
             return http_util.Respond(request, body, "application/json", code=code)
         extra = (request.args.get("step") or "all", request.args.get("group") or "op")

@@ -333,11 +333,15 @@ def combine_results(results: List[dict], *, run=None, worker=None, views: bool =
 
 
 def combine_views(results: List[dict]) -> dict:
-    """{"operator_view", "kernel_names"} of a group of spans (what ``combine_results``
-    leaves out with ``views=False``); each None when it cannot be made (logged, isolated)."""
+    """{"operator_view", "kernel_names", "view_errors"} of a group of spans (what
+    ``combine_results`` leaves out with ``views=False``); each view None when it cannot be
+    made (logged, isolated), with its {"section", "error"} entry in ``view_errors`` so that
+    the route that asked for it can say why (a single span's failures are in its report's
+    errors already)."""
     if len(results) == 1:
-        return {k: results[0].get(k) for k in ("operator_view", "kernel_names")}
-    return _combine_views(results, _Sections({}, source="run-level views"))
+        return {**{k: results[0].get(k) for k in ("operator_view", "kernel_names")}, "view_errors": []}
+    sec = _Sections({}, source="run-level views")
+    return {**_combine_views(results, sec), "view_errors": sec.errors}
 
 
 def _combine_views(results: List[dict], sec: _Sections) -> dict:

@@ -150,11 +150,11 @@ def test_combine_without_views_then_combine_views_equals_combine_with_views(tmp_
     assert "operator_view" not in lean and "kernel_names" not in lean
     assert lean["report"] == full["report"] and lean["kernels"] == full["kernels"]
     views = report.combine_views(results)
-    assert views == {"operator_view": full["operator_view"], "kernel_names": full["kernel_names"]}
+    assert views == {"operator_view": full["operator_view"], "kernel_names": full["kernel_names"], "view_errors": []}
     names = {r["name"]: r for r in report.operators.name_totals(views["operator_view"])}
     assert names["aten::mm"]["total_us"] == 30 + 31 + 32 and names["aten::mm"]["calls"] == 3
     assert report.combine_views(results[:1]) == {"operator_view": results[0]["operator_view"],
-                                                 "kernel_names": results[0]["kernel_names"]}
+                                                 "kernel_names": results[0]["kernel_names"], "view_errors": []}
 
 
 def test_service_makes_run_views_only_when_asked_and_once(tmp_path, monkeypatch):
