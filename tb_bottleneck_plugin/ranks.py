@@ -405,7 +405,9 @@ def format_ranks_text(view: dict, indent: str = "") -> str:
     rows = view["ranks"]
     shown = rows if len(rows) <= 40 else sorted(rows, key=lambda r: -(r["avg_step_us"] or 0))[:40]
     lines.append(f"{indent}  {'rank':>5} {'worker':<16} {'step ms':>8} {'compute':>8} {'overlap':>8} "
-                 f"{'exposed':>8} {'other':>8} {'input%':>7} {'stragl':>6} {'wait ms':>9} {'xfer ms':>9}")
+                 f"{'exposed':>8} {'input':>8} {'other':>8} {'stragl':>6} {'wait ms':>9} {'xfer ms':>9}")
+    lines.append(f"{indent}  (% of step time, the five parts the tab draws: the input wait (DataLoader) taken out "
+                 f"of compute/other; stragl = steps in which the rank waited least; wait/xfer = totals over all steps)")
 
     def pct(v):
         return f"{v:7.1f}%" if v is not None else f"{'n/a':>8}"
@@ -413,11 +415,13 @@ def format_ranks_text(view: dict, indent: str = "") -> str:
     def ms(v, width=9):
         return f"{v / 1000:{width}.2f}" if v is not None else f"{'n/a':>{width}}"
 
+    def part(r, key):  # a part of the bar as % of the rank's step time (ranks.js draws the same)
+        bar, step = r.get("bar_us") or {}, r.get("step_us")
+        return 100.0 * bar[key] / step if isinstance(bar.get(key), (int, float)) and step else None
+
     for r in shown:
         lines.append(f"{indent}  {r['rank']:>5} {str(r['worker'])[:16]:<16} {ms(r['avg_step_us'], 8)} "
-                     f"{pct(r['compute_only_pct'])} {pct(r['overlapped_pct'])} {pct(r['exposed_comm_pct'])} "
-                     f"{pct(r['other_pct'])} "
-                     + (f"{r['input_bound_pct']:6.1f}%" if r.get("input_bound_pct") is not None else f"{'n/a':>7}")
+                     + " ".join(pct(part(r, k)) for k in BAR_KEYS)
                      + f" {r['straggler_steps']:>6} {ms(r['wait_us'])} {ms(r['transfer_us'])}")
     if len(rows) > len(shown):
         lines.append(f"{indent}  ... {len(rows) - len(shown)} more ranks (slowest 40 shown; --json has all)")
