@@ -54,15 +54,34 @@ def _na_reason(report: dict, *keys: str) -> Optional[str]:
     ends with `.key` or starts with `key.`), as the dashboard looked it up. A card names
     the section-level key first (``occupancy.est_achieved_occupancy_pct``) where a
     per-device key (``gpu.2.est_achieved_occupancy_pct``) says less."""
+    found = _na_entry(report, *keys)
+    return found[1] if found else None
+
+
+def _na_entry(report: dict, *keys: str) -> Optional[Tuple[str, str]]:
+    """(not_available key, reason) that _na_reason finds, or None."""
     na = report.get("not_available") or {}
     for k in keys:
         if isinstance(na.get(k), str):
-            return na[k]
+            return k, na[k]
     for k in keys:
         for nk, reason in na.items():
             if str(nk).endswith(f".{k}") or str(nk).startswith(f"{k}."):
-                return str(reason)
+                return str(nk), str(reason)
     return None
+
+
+# Sections that exist only where the trace has GPU activity: on a CPU-only report (no GPU
+# device, not_available["gpu"]) a card that is n/a for a reason of these sections is n/a
+# because the trace is CPU-only; its verdict gets na_cause "cpu_only" and the dashboard
+# folds such cards into one line (static/cards.js). A card n/a for another reason (e.g. the
+# CPU allocator's slack, or no memory events) keeps its own card.
+GPU_SECTIONS = ("gpu", "occupancy", "tensor_cores")
+
+
+def cpu_only(report: dict) -> bool:
+    """No GPU device at all (a summary that mixes CPU and GPU spans has GPU devices)."""
+    return "gpu" in (report.get("not_available") or {}) and not report.get("gpu")
 
 
 def _fired(report: dict, rule: str, number_key: Optional[str] = None) -> Optional[dict]:
@@ -112,9 +131,12 @@ def card(report: dict, value, unit: str, rule: Optional[str], number_key: Option
 
 def _card(report, value, unit, rule, number_key, threshold_names, na_keys) -> dict:
     if value is None:
-        return {"value": None, "unit": unit, "severity": "na",
-                "verdict": _na_reason(report, *na_keys) or "not available",
-                "thresholds": _thresholds(*threshold_names), "rule": rule}
+        found = _na_entry(report, *na_keys)
+        out = {"value": None, "unit": unit, "severity": "na", "verdict": found[1] if found else "not available",
+               "thresholds": _thresholds(*threshold_names), "rule": rule}
+        if found and str(found[0]).split(".")[0] in GPU_SECTIONS and cpu_only(report):
+            out["na_cause"] = "cpu_only"
+        return out
     rec = _fired(report, rule, number_key)
     if rec is None and rule in WARMUP_SILENCES:
         from .recommendations import warmup_outlier

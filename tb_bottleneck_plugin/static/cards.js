@@ -304,7 +304,20 @@ export function cardRow(report, {cards = CARDS} = {}) {
   const known = new Set(CARDS.map((d) => d.id));
   const verdicts = report && report.verdicts && typeof report.verdicts === "object" ? Object.keys(report.verdicts) : [];
   const extra = cards === CARDS ? verdicts.filter((id) => !known.has(id)).map(genericDescriptor) : [];
-  return h("div", {class: "cards"}, [...cards, ...extra].map((d) => cardEl(d, report)));
+  const all = [...cards, ...extra];
+  // Cards the server marks n/a because the trace has no GPU activity (verdict na_cause
+  // "cpu_only", verdicts.py GPU_SECTIONS) are one line, not a card each: the banner says why.
+  const folded = all.filter((d) => { const v = cardState(d, report).v; return v && v.severity === "na" && v.na_cause === "cpu_only"; });
+  const shown = all.filter((d) => !folded.includes(d));
+  return h("div", {class: "cards"}, shown.map((d) => cardEl(d, report)), folded.length ? foldedLine(folded, report) : null);
+}
+
+/** The one line that stands for the folded GPU cards: their names, each card's own reason on hover. */
+function foldedLine(folded, report) {
+  const name = (d) => (typeof d.label === "function" ? d.label(report) : d.label);
+  const reasons = folded.map((d) => `${name(d)}: ${cardState(d, report).verdict}`).join("\n");
+  return h("p", {class: "note cards-folded", "data-folded": folded.map((d) => d.id).join(" "), title: reasons},
+    h("strong", {}, "GPU cards: n/a"), " — CPU-only trace (no GPU kernels): ", folded.map(name).join(", "), ".");
 }
 
 /**
