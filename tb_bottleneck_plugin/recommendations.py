@@ -321,6 +321,10 @@ def rule_small_kernels(report) -> Optional[dict]:
     if len(reasons) == 1 and "gpu_utilization_pct" in numbers:
         # Neither short nor low-occupancy kernels: the GPU idles because the host does
         # not give it work (CPU-side code between launches), not because of launch cost.
+        # That needs the kernel statistics: without them (occupancy section n/a or failed)
+        # neither cause is known, and the GPU utilization card alone says the GPU idles.
+        if not isinstance(short.get("time_pct"), (int, float)):
+            return None
         rule = "host_bound"
         title = (f"The GPU is idle {100 - gpu_util:.0f} % of the steps, and not because of input: "
                  "the host does not keep it busy")

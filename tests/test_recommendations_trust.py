@@ -113,7 +113,8 @@ def test_tiny_kernels_stay_launch_bound():
 
 def test_host_bound_action_on_a_compiled_run_names_graph_breaks():
     rep = {"context": {"mode": "training", "torch_compile": True}, "gpu": {"0": {"utilization_pct": 30.0}},
-           "input": {"input_bound_pct": 0.0}, "breakdown_pct": {"cpu_exec": 60.0}}
+           "input": {"input_bound_pct": 0.0}, "breakdown_pct": {"cpu_exec": 60.0},
+           "occupancy": {"short_kernels": {"count": 3, "time_pct": 1.0, "threshold_us": 10}}}
     rec = R.rule_small_kernels(rep)
     assert rec["rule"] == "host_bound" and "host does not keep it busy" in rec["title"]
     assert "graph_breaks" in rec["action"] and "model = torch.compile(model)" not in rec["action"]
@@ -176,3 +177,14 @@ def test_memory_advice_numbers_are_bytes_the_tab_formats_with_a_unit():
     # 11.90 GiB reserved, 6.17 GiB allocated (the evidence line and the Memory panel say the same)
     assert nums["peak_reserved_bytes"] / (1 << 30) == pytest.approx(11.90, abs=0.005)
     assert nums["peak_allocated_bytes"] / (1 << 30) == pytest.approx(6.17, abs=0.005)
+
+
+def test_host_bound_needs_the_kernel_statistics():
+    """'The host does not keep it busy' says the kernels are neither short nor of low
+    occupancy; with the occupancy section n/a (or failed) neither cause is known, so no
+    cause is claimed (the GPU utilization card alone shows the idle GPU)."""
+    rep = {"context": {"mode": "training"}, "gpu": {"0": {"utilization_pct": 30.0}},
+           "input": {"input_bound_pct": 0.0}, "breakdown_pct": {"cpu_exec": 60.0}}
+    assert R.rule_small_kernels(rep) is None
+    rep["occupancy"] = {"short_kernels": {"count": 0, "time_pct": 0.0, "threshold_us": 10}}
+    assert R.rule_small_kernels(rep)["rule"] == "host_bound"

@@ -160,7 +160,8 @@ def test_gpu_idle_alone_is_host_bound_and_colours_the_gpu_card():
     from tb_bottleneck_plugin.analysis.gpu import _card_gpu_utilization
 
     rep = {"gpu": {"0": {"utilization_pct": 30.0}}, "input": {"input_bound_pct": 0.0},
-           "breakdown_pct": {"cpu_exec": 60.0}, "context": {"mode": "training"}}
+           "breakdown_pct": {"cpu_exec": 60.0}, "context": {"mode": "training"},
+           "occupancy": {"short_kernels": {"count": 3, "time_pct": 1.0, "threshold_us": 10}}}
     rep["recommendations"] = R.recommend(rep)
     assert [r["rule"] for r in rep["recommendations"]] == ["host_bound"]
     card = _card_gpu_utilization(rep)
