@@ -416,14 +416,16 @@ def test_is_active_is_instant_and_never_touches_storage(harnesses, logdir, tmp_p
 
     monkeypatch.setattr(storage, "get_fs", spy_get_fs)
     h = harnesses(logdir)
-    t0 = time.perf_counter()
-    assert h.plugin.is_active() is True  # before the first scan: a logdir counts as active
-    elapsed = time.perf_counter() - t0
-    assert elapsed < 0.2  # the listing is still blocked: nothing waited for it
-    for _ in range(50):
+    # The listing stays blocked (up to 10 s) until listing_may_finish is set, so any call that
+    # returns well under that did not wait for it; single calls may be descheduled for a
+    # moment on a busy machine, so "instant" is judged on the median of 51 calls.
+    durations = []
+    for _ in range(51):
         t0 = time.perf_counter()
-        assert h.plugin.is_active() is True
-        assert time.perf_counter() - t0 < 0.2
+        assert h.plugin.is_active() is True  # before the first scan: a logdir counts as active
+        durations.append(time.perf_counter() - t0)
+    assert max(durations) < 2.0  # nothing waited for the blocked listing
+    assert sorted(durations)[25] < 0.02  # and a call is instant
     # before the first listing a run name cannot be checked yet: "loading", not 404
     assert h.json("report", expect=202, run="cpu") == {"state": "loading", "progress": 0.0, "scan": "pending"}
     assert h.json("runs")["scan"]["scanned_at"] is None
