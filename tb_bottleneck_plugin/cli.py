@@ -30,6 +30,18 @@ from . import gate
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    """The console script: exit codes 0 (ok), 1 (a gate failed / demo without torch),
+    2 (an error, one line), 130 (Ctrl-C: one line, the traceback only with --debug)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        if "--debug" in (sys.argv[1:] if argv is None else argv):
+            traceback.print_exc()
+        print("tb-bottlenecks: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="tb-bottlenecks", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     rep = sub.add_parser("report", help="analyse a trace file, a run directory or a logdir")

@@ -104,9 +104,9 @@ def _child_entry(fd: int, owner_pid: int, nice: int = ANALYSIS_NICE) -> None:
     """Entry point of an analysis child: analyse spans one after another until the
     parent closes the connection; one outcome per span."""
     procguard.die_with_parent(owner_pid)
-    # Ctrl-C reaches the terminal's whole process group: the parent ends its children
-    # (ChildPool.close, at exit; procguard when it is gone), without a KeyboardInterrupt
-    # traceback from every child in the user's terminal.
+    # The parent ends its children (ChildPool.close, at exit; procguard when it is gone):
+    # a SIGINT that still reaches one (the child runs in its own session, see _Child; a
+    # `kill -INT` to it) must not print a KeyboardInterrupt traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Analysis children already run one per core (scheduler.py), and the memory budget
     # counts one process per span: no extra decode worker per child unless asked for.
@@ -178,7 +178,12 @@ class _Child:
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-c", _CHILD_CODE, str(theirs.fileno()), str(os.getpid()), str(int(nice))],
-                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env)
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env,
+                # Its own session: a terminal's Ctrl-C (SIGINT to the foreground process
+                # group) reaches only the parent, which ends its children. Ignoring SIGINT in
+                # the child alone left a window while its interpreter starts ("Fatal Python
+                # error: init_import_site"); procguard still ends it with its parent.
+                start_new_session=True)
         except BaseException:
             ours.close()
             raise
