@@ -32,6 +32,7 @@ BOTTLENECKS_REQUIRE_BROWSER=1 (CI).
 from gcs_emulator import gcs, gcs_emulator  # noqa: F401
 
 import contextlib  # noqa: E402
+import functools  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import socket  # noqa: E402
@@ -87,6 +88,23 @@ def _fresh_sniff_cache():
     discovery.clear_sniff_cache()
     yield
     discovery.clear_sniff_cache()
+
+
+needs_traces = pytest.mark.skipif(not TRACES.exists(), reason="../shared/traces not present")
+
+
+@functools.lru_cache(maxsize=None)
+def real_report(rel: str) -> dict:
+    """The span report of the shared trace ``TRACES / rel``, analysed once per test process."""
+    from tb_bottleneck_plugin import report
+    from tb_bottleneck_plugin.loader import load_trace
+
+    return report.analyze_trace(load_trace(str(TRACES / rel)))["report"]
+
+
+def rules_by_id(rep: dict) -> dict:
+    """A report's recommendations by rule id."""
+    return {r["rule"]: r for r in rep["recommendations"]}
 
 
 def link_demo_run(logs: Path, run: str, demo: str = "input_bound_nw0") -> Path:
@@ -266,6 +284,18 @@ class Watched:
     def plugin_frame(self):
         """The plugin iframe as a Frame (for evaluate / wait_for_function)."""
         return next(f for f in self.page.frames if "plugin" in f.url)
+
+    def open_run(self, run, ready=None, timeout=240_000):
+        """The tab with ``run`` selected: (FrameLocator, Frame). ``ready``: a CSS selector
+        that must exist too (e.g. a card of the run's report) before it returns."""
+        frame = self.open_tab()
+        iframe = self.plugin_frame()
+        iframe.wait_for_function("(r) => [...document.querySelectorAll('#bn-run option')].some((o) => o.value === r)",
+                                 arg=run, timeout=timeout)
+        frame.locator("#bn-run").select_option(run)
+        iframe.wait_for_function("([r, sel]) => document.querySelector('#bn-run').value === r"
+                                 " && (!sel || document.querySelector(sel))", arg=[run, ready], timeout=timeout)
+        return frame, iframe
 
     def check_clean(self):
         assert not self.dialogs, self.dialogs

@@ -48,14 +48,6 @@ def demo_base(tmp_path_factory, tensorboard_server):
     return tensorboard_server(logdir)
 
 
-def _open_run(w, run):
-    frame = w.open_tab()
-    iframe = w.plugin_frame()
-    iframe.wait_for_function("(r) => [...document.querySelectorAll('#bn-run option')].some((o) => o.value === r)",
-                             arg=run, timeout=240_000)
-    frame.locator("#bn-run").select_option(run)
-    iframe.wait_for_function("(r) => document.querySelector('#bn-run').value === r", arg=run, timeout=30_000)
-    return frame, iframe
 
 
 def _union(intervals):
@@ -107,7 +99,7 @@ def test_input_wait_is_seen_without_numbers(run, demo_base, browser_page):
     if run not in RUNS:
         pytest.skip(f"demo_logs/{run} is missing")
     w = browser_page(demo_base)
-    frame, iframe = _open_run(w, run)
+    frame, iframe = w.open_run(run)
     iframe.wait_for_function("() => { const c = document.querySelector('%s canvas.tl-canvas');"
                              " return c && c.dataset.layout && Number(c.dataset.rects) > 0; }" % PANEL, timeout=240_000)
     canvas = iframe.locator(f"{PANEL} canvas.tl-canvas")
@@ -207,7 +199,7 @@ PENDING = ".state-loading, .state-error"
 @pytest.mark.parametrize("run", RUNS or ["(none)"])
 def test_every_panel_renders_on_every_demo_run(run, demo_base, browser_page):
     w = browser_page(demo_base)
-    frame, iframe = _open_run(w, run)
+    frame, iframe = w.open_run(run)
     multi = len({f.name.split(".")[0] for f in (DEMO_LOGS / run).iterdir() if ".pt.trace.json" in f.name}) > 1
     # the report, every registered panel (and the ranks panel of a multi-rank run) finished
     iframe.wait_for_function("""(multi) => {
@@ -251,7 +243,7 @@ def test_timeline_span_picker_keeps_every_rank(demo_base, browser_page):
     if run not in RUNS:
         pytest.skip(f"demo_logs/{run} is missing")
     w = browser_page(demo_base)
-    frame, iframe = _open_run(w, run)
+    frame, iframe = w.open_run(run)
     iframe.wait_for_function("() => [...document.querySelectorAll('#bn-worker option')].some((o) => o.value === 'all')",
                              timeout=120_000)
     frame.locator("#bn-worker").select_option("all")

@@ -39,20 +39,11 @@ def trust_base(tmp_path_factory, tensorboard_server):
     return tensorboard_server(logdir)
 
 
-def _open_run(w, run):
-    frame = w.open_tab()
-    iframe = w.plugin_frame()
-    iframe.wait_for_function("(r) => [...document.querySelectorAll('#bn-run option')].some((o) => o.value === r)",
-                             arg=run, timeout=240_000)
-    frame.locator("#bn-run").select_option(run)
-    iframe.wait_for_function("(r) => document.querySelector('#bn-run').value === r"
-                             " && document.querySelector('.card[data-card=\"tensor_cores\"]')", arg=run, timeout=240_000)
-    return frame, iframe
 
 
 def test_nothing_leaves_the_page_sideways_at_1280px(trust_base, browser_page):
     w = browser_page(trust_base, viewport=(1280, 800))
-    frame, iframe = _open_run(w, "h100_bert")
+    frame, iframe = w.open_run("h100_bert", ready='.card[data-card="tensor_cores"]')
     worker = iframe.evaluate("() => document.querySelector('#bn-worker').value")
     assert len(worker) > 30  # the long name that pushed "Refresh" off-screen
     geo = iframe.evaluate("""() => {
@@ -73,7 +64,7 @@ def test_nothing_leaves_the_page_sideways_at_1280px(trust_base, browser_page):
                                             ("h100_bert", "Tensor Cores", "Matrix cores")])
 def test_the_cores_are_named_by_the_vendor(run, word, other, trust_base, browser_page):
     w = browser_page(trust_base)
-    frame, iframe = _open_run(w, run)
+    frame, iframe = w.open_run(run, ready='.card[data-card="tensor_cores"]')
     card = frame.locator('.card[data-card="tensor_cores"]')
     assert card.locator(".card-label").inner_text().strip().lower() == word.lower()
     panel_titles = iframe.evaluate("() => [...document.querySelectorAll('.panel-head')].map((e) => e.textContent)")
@@ -92,7 +83,7 @@ def test_occupancy_note_says_which_values_are_the_calculators(trust_base, browse
     calc = rep["occupancy"]["calculator_kernel_time_pct"]
     assert 30 < calc < 35  # independent: METRICS.md §4 (the Hopper GEMMs Kineto wrote 0 for)
     w = browser_page(trust_base)
-    frame, iframe = _open_run(w, "h100_bert")
+    frame, iframe = w.open_run("h100_bert", ready='.card[data-card="tensor_cores"]')
     note = iframe.evaluate("""() => { const p = [...document.querySelectorAll('.panel')].find((s) =>
         (s.querySelector('.panel-head') || {}).textContent?.startsWith('Occupancy'));
       return p ? p.textContent : null; }""")
@@ -113,7 +104,7 @@ def test_recommendation_chips_carry_units(trust_base, browser_page):
     rep = report_mod.analyze_trace(load_trace(str(path)))["report"]
     rec = next(r for r in rep["recommendations"] if r["rule"] == "allocator_slack")
     w = browser_page(trust_base)
-    _open_run(w, "h100_bert")
+    w.open_run("h100_bert", ready='.card[data-card="tensor_cores"]')
     chips = w.plugin_frame().evaluate("""async (rec) => {
       const m = await import(new URL('static/recommendations.js', document.baseURI).href);
       const el = m.recommendationsPanel({recommendations: [rec]});
@@ -164,7 +155,7 @@ def test_memory_devices_are_named_as_the_header_names_them(trust_base, browser_p
     name = rep["device_names"]["0"]
     assert name == "NVIDIA H100 80GB HBM3"
     w = browser_page(trust_base)
-    frame, iframe = _open_run(w, "h100_bert")
+    frame, iframe = w.open_run("h100_bert", ready='.card[data-card="tensor_cores"]')
     peak = frame.locator('.card[data-card="peak_memory"] .card-sublabel').inner_text().strip()
     assert peak == f"GPU 0 ({name})", peak
     slack = frame.locator('.card[data-card="allocator_slack"] .card-sublabel').inner_text()

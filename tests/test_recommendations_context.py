@@ -4,7 +4,6 @@ Real traces for training vs inference, hand-built ones for CUDA graphs, torch.co
 GPU busy vs idle during syncs, Blackwell occupancy and malformed inputs."""
 from __future__ import annotations
 
-from functools import lru_cache
 from pathlib import Path
 
 import pytest
@@ -12,28 +11,18 @@ import pytest
 from tb_bottleneck_plugin import recommendations as R
 from tb_bottleneck_plugin import report as report_mod
 from tb_bottleneck_plugin.analysis import context
-from tb_bottleneck_plugin.loader import load_trace
-from conftest import A100, B200, H100, MI250, MI300, V100, TraceBuilder, occupancy_args
+from conftest import needs_traces, real_report as real, rules_by_id as rules, A100, B200, H100, MI250, MI300, V100, TraceBuilder, occupancy_args
 
-from conftest import TRACES  # noqa: E402  (the one definition, tests/conftest.py)
 H100_BERT = "tracelens/h100/gaunernst_bert-small-uncased__1016001.json.gz"
 V100_NW0 = "kineto-tb-samples/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz"
 MI300_DDP = "tracelens/mi300/resnet_act_checkpoint.json.gz"
 MI250_TRAIN = "hta/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz"
-needs_traces = pytest.mark.skipif(not TRACES.exists(), reason="../shared/traces not present")
-
-
-@lru_cache(maxsize=None)
-def real(rel):
-    return report_mod.analyze_trace(load_trace(str(TRACES / rel)))["report"]
 
 
 def analyse(trace):
     return report_mod.analyze_trace(trace)["report"]
 
 
-def rules(rep):
-    return {r["rule"]: r for r in rep["recommendations"]}
 
 
 def all_text(rep):

@@ -35,16 +35,6 @@ def base(tmp_path_factory, tensorboard_server):
     return tensorboard_server(logdir)
 
 
-def _open_run(w, run):
-    frame = w.open_tab()
-    iframe = w.plugin_frame()
-    iframe.wait_for_function("(r) => [...document.querySelectorAll('#bn-run option')].some((o) => o.value === r)",
-                             arg=run, timeout=240_000)
-    frame.locator("#bn-run").select_option(run)
-    iframe.wait_for_function("(r) => document.querySelector('#bn-run').value === r"
-                             " && document.querySelector('.card[data-card=\"gpu_utilization\"]')", arg=run,
-                             timeout=240_000)
-    return frame, iframe
 
 
 CARD_STYLE = """(id) => { const c = document.querySelector(`.card[data-card="${id}"]`);
@@ -62,7 +52,7 @@ def _rgb(iframe, css_color):
 
 def test_mi250_warmup_advice_and_not_judged_cards(base, browser_page):
     w = browser_page(base)
-    frame, iframe = _open_run(w, "mi250_rocm")
+    frame, iframe = w.open_run("mi250_rocm", ready='.card[data-card="gpu_utilization"]')
     green = _rgb(iframe, iframe.evaluate(GREEN))
     for card in ("gpu_utilization", "short_kernels"):
         st = iframe.evaluate(CARD_STYLE, card)
@@ -79,7 +69,7 @@ def test_mi250_warmup_advice_and_not_judged_cards(base, browser_page):
 
 def test_input_bound_gpu_utilization_is_uncoloured_beside_a_green_card(base, browser_page):
     w = browser_page(base)
-    frame, iframe = _open_run(w, "v100_nw0")
+    frame, iframe = w.open_run("v100_nw0", ready='.card[data-card="gpu_utilization"]')
     green = _rgb(iframe, iframe.evaluate(GREEN))
     st = iframe.evaluate(CARD_STYLE, "gpu_utilization")
     assert st["severity"] == "none" and "not judged" in st["verdict"] and "input" in st["verdict"], st

@@ -12,14 +12,11 @@ built like the real ones), against what the trace is:
 """
 from __future__ import annotations
 
-from functools import lru_cache
 
 import pytest
 
 from tb_bottleneck_plugin import recommendations as R
-from tb_bottleneck_plugin import report as report_mod
-from tb_bottleneck_plugin.loader import load_trace
-from conftest import MI250, MI300, TRACES, V100
+from conftest import needs_traces, real_report as real, rules_by_id as rules, MI250, MI300, V100
 
 CPU_NW0 = "generated-cpu-torch2.13/nw0/worker0.1795274786665165565.pt.trace.json"
 V100_2020 = "kineto-tb-samples/resnet50_num_workers_0_2020-12/worker0.pt.trace.json.gz"
@@ -27,16 +24,8 @@ V100_NW0 = "kineto-tb-samples/resnet50_num_workers_0/worker0.1623143089861.pt.tr
 A100_NCCL = "hta/nccl_parser_config/nccl_data.json.gz"
 H100_BERT = "tracelens/h100/gaunernst_bert-small-uncased__1016001.json.gz"
 V100_MEM = "hta/df_index_resolver/df_index_resolver.json.gz"
-needs_traces = pytest.mark.skipif(not TRACES.exists(), reason="../shared/traces not present")
 
 
-@lru_cache(maxsize=None)
-def real(rel):
-    return report_mod.analyze_trace(load_trace(str(TRACES / rel)))["report"]
-
-
-def rules(rep):
-    return {r["rule"]: r for r in rep["recommendations"]}
 
 
 @needs_traces

@@ -13,31 +13,21 @@ from __future__ import annotations
 
 import gzip
 import json
-from functools import lru_cache
 
 import pytest
 
 from tb_bottleneck_plugin import recommendations as R
 from tb_bottleneck_plugin import report as report_mod
 from tb_bottleneck_plugin import thresholds as T
-from tb_bottleneck_plugin.loader import load_trace
-from conftest import H100, TRACES, TraceBuilder, occupancy_args
+from conftest import needs_traces, real_report as real, rules_by_id as rules, H100, TRACES, TraceBuilder, occupancy_args
 
 MI250_TRAIN = "hta/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz"
 MI300_DDP = "tracelens/mi300/resnet_act_checkpoint.json.gz"
 H100_BERT = "tracelens/h100/gaunernst_bert-small-uncased__1016001.json.gz"
 V100_NW0 = "kineto-tb-samples/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz"
 V100_2020 = "kineto-tb-samples/resnet50_num_workers_0_2020-12/worker0.pt.trace.json.gz"
-needs_traces = pytest.mark.skipif(not TRACES.exists(), reason="../shared/traces not present")
 
 
-@lru_cache(maxsize=None)
-def real(rel):
-    return report_mod.analyze_trace(load_trace(str(TRACES / rel)))["report"]
-
-
-def rules(rep):
-    return {r["rule"]: r for r in rep["recommendations"]}
 
 
 def analyse(trace):
