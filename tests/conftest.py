@@ -107,6 +107,27 @@ def rules_by_id(rep: dict) -> dict:
     return {r["rule"]: r for r in rep["recommendations"]}
 
 
+def load_frontend_mock_server():
+    """tests/fixtures/frontend_mock_server.py as a module (it replays the route answers
+    recorded from the real backend, route_responses.json)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("frontend_mock_server",
+                                                  REPO / "tests" / "fixtures" / "frontend_mock_server.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def frontend_mock():
+    """Base URL of the recorded-route mock server, for the module."""
+    srv, base = load_frontend_mock_server().serve_in_thread()
+    yield base
+    srv.shutdown()
+    srv.server_close()
+
+
 def link_demo_run(logs: Path, run: str, demo: str = "input_bound_nw0") -> Path:
     """``logs/run`` holding links to the trace files of ``demo_logs/<demo>`` (the test is
     skipped when that demo run is missing)."""

@@ -12,7 +12,6 @@ Compare button availability (compare.js compareAvailability) is checked on run l
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -46,14 +45,8 @@ DOM_JS = """() => {
 
 
 @pytest.fixture(scope="module")
-def mock():
-    spec = importlib.util.spec_from_file_location("frontend_mock_server", FIXTURES / "frontend_mock_server.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    srv, base = mod.serve_in_thread()
-    yield base
-    srv.shutdown()
-    srv.server_close()
+def mock(frontend_mock):
+    return frontend_mock
 
 
 def _colour(classes):

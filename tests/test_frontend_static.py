@@ -5,7 +5,6 @@ routes over HTTP. They guard the rules TensorBoard's iframe imposes (CSP,
 relative URLs, the index.js/static/ import layout) and the XSS rule
 (trace strings are always text).
 """
-import importlib.util
 import json
 import os
 import re
@@ -151,15 +150,8 @@ def test_recorded_responses_cover_what_the_frontend_shows():
 
 
 @pytest.fixture(scope="module")
-def mock():
-    spec = importlib.util.spec_from_file_location("frontend_mock_server",
-                                                  os.path.join(FIXTURES, "frontend_mock_server.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    srv, base = mod.serve_in_thread()
-    yield base
-    srv.shutdown()
-    srv.server_close()
+def mock(frontend_mock):
+    return frontend_mock
 
 
 def _get(url):

@@ -198,15 +198,14 @@ def test_mock_server_replays_the_recorded_timeline(tmp_path):
     """tests/fixtures/frontend_mock_server.py replays the recorded timeline answers (any
     px, a whole-step t0/t1 too), each step of the step selector and the default step's
     export; a zoomed window is not recorded: 404."""
-    import importlib.util
     import urllib.error
     import urllib.request
     from pathlib import Path
 
+    from conftest import load_frontend_mock_server
+
     fixtures = Path(__file__).resolve().parent / "fixtures"
-    spec = importlib.util.spec_from_file_location("frontend_mock_server", fixtures / "frontend_mock_server.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_frontend_mock_server()
     recorded = json.loads((fixtures / "route_responses.json").read_text())["responses"]
     srv, base = mod.serve_in_thread()
 
