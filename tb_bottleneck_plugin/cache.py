@@ -3,7 +3,8 @@
 Separate from the scheduler (`scheduler.py`: which span is analysed next, and how many
 at once) and from the view-model (`service.Analyzer`: what the tab is shown). The
 service keys an entry by the span's URL, its fingerprint (size + mtime, or the GCS
-generation) and ``service.ANALYSIS_VERSION``; the CLI does not use the cache.
+generation) and `current_version` (``service.ANALYSIS_VERSION`` and a digest of the
+package's source); the CLI does not use the cache.
 """
 from __future__ import annotations
 
@@ -54,10 +55,34 @@ def default_cache_dir() -> Path:
     return Path(base) / "tb_bottleneck_plugin"
 
 
-def _current_version() -> str:
+_PACKAGE_DIR = Path(__file__).resolve().parent
+_code_digest: Optional[str] = None
+
+
+def code_digest() -> str:
+    """A short digest of the package's Python source (every ``*.py`` under
+    tb_bottleneck_plugin/, read once per process, ~2 ms). A cached result holds numbers,
+    verdict words and advice made by the code that wrote it: with this digest in the
+    entry's version, an upgrade or a local edit never serves them stale, even when nobody
+    bumped ANALYSIS_VERSION (this session bumped it four times by hand and once forgot:
+    a restarted TensorBoard showed the old advice). The dashboard's static files are not
+    part of it: they render what the routes send."""
+    global _code_digest
+    if _code_digest is None:
+        h = hashlib.sha1()
+        for path in sorted(_PACKAGE_DIR.rglob("*.py")):
+            h.update(path.relative_to(_PACKAGE_DIR).as_posix().encode() + b"\0")
+            h.update(path.read_bytes() + b"\0")
+        _code_digest = h.hexdigest()[:12]
+    return _code_digest
+
+
+def current_version() -> str:
+    """The version a cache entry must carry to be used: ``service.ANALYSIS_VERSION`` (the
+    report layout) and the code digest."""
     from . import service  # the one place the analysis version is defined
 
-    return service.ANALYSIS_VERSION
+    return f"{service.ANALYSIS_VERSION}+{code_digest()}"
 
 
 def valid_result(value) -> bool:
@@ -76,7 +101,7 @@ class DiskCache:
     ``[]``, ``{}``, garbage bytes, a truncated or forged file) is deleted and the span
     analysed again. Writes go to ``<key>.json.tmp<pid>.<thread>`` and are renamed;
     temporary files left by a killed process are removed when the cache is opened.
-    ``version`` defaults to ``service.ANALYSIS_VERSION`` at construction.
+    ``version`` defaults to `current_version` (ANALYSIS_VERSION + code digest) at construction.
     """
 
     STALE_TMP_SECONDS = 600.0  # a write takes milliseconds: an older .tmp was abandoned
@@ -84,7 +109,7 @@ class DiskCache:
     def __init__(self, directory, max_bytes: int = DEFAULT_CACHE_BYTES, version: Optional[str] = None):
         self.directory = Path(directory)
         self.max_bytes = max_bytes
-        self.version = version if version is not None else _current_version()
+        self.version = version if version is not None else current_version()
         self._lock = threading.Lock()
         self.discarded = 0  # invalid entries deleted (tests, stats)
         self._clean_stale_tmp()

@@ -17,7 +17,7 @@ from tensorboard.plugins import base_plugin
 from werkzeug import test as wtest
 from werkzeug import wrappers
 
-from tb_bottleneck_plugin import report, service
+from tb_bottleneck_plugin import cache, report, service
 from tb_bottleneck_plugin.plugin import BottlenecksPlugin
 from tb_bottleneck_plugin.service import Analyzer, DiskCache
 
@@ -158,7 +158,7 @@ def test_invalid_cache_entries_are_discarded_and_reanalysed(tmp_path, content, m
     if content == b"TRUNCATED":
         content = valid[: len(valid) // 2]
     content = (content.replace(b'"K"', json.dumps(key).encode()).replace(b"R", result_json)
-               .replace(b"V", json.dumps(service.ANALYSIS_VERSION).encode()))
+               .replace(b"V", json.dumps(cache.current_version()).encode()))
     entry_path.write_bytes(content)
 
     second = Analyzer(str(root), cache_dir=cache_dir, rescan_seconds=60)

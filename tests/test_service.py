@@ -275,6 +275,47 @@ def test_analysis_version_bump_invalidates_the_cache(tmp_path, analyzers, monkey
     assert b.parse_count == 3 and b.cache_hits == 0
 
 
+def test_a_code_change_invalidates_the_cache_without_a_version_bump(tmp_path, analyzers, monkeypatch):
+    """Cached results carry numbers, verdict words and advice: results written by other code
+    (an upgrade, a local edit) are not served even when ANALYSIS_VERSION stayed the same."""
+    from tb_bottleneck_plugin import cache as cache_mod
+
+    root = _cached_logdir(tmp_path)
+    cache = tmp_path / "cache"
+    a = analyzers(root, cache_dir=cache)
+    assert a.wait_idle(patience(30)) and a.parse_count == 3
+    a.stop()
+    same = analyzers(root, cache_dir=cache)
+    assert same.wait_idle(patience(30)) and same.parse_count == 0 and same.cache_hits == 3
+    same.stop()
+    monkeypatch.setattr(cache_mod, "_code_digest", "other-code")
+    b = analyzers(root, cache_dir=cache)
+    assert b.wait_idle(patience(30))
+    assert b.parse_count == 3 and b.cache_hits == 0
+
+
+def test_code_digest_follows_the_python_source_only(tmp_path, monkeypatch):
+    import shutil
+
+    from tb_bottleneck_plugin import cache as cache_mod
+
+    copy = tmp_path / "pkg"
+    shutil.copytree(cache_mod._PACKAGE_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(cache_mod, "_PACKAGE_DIR", copy)
+
+    def digest():
+        monkeypatch.setattr(cache_mod, "_code_digest", None)
+        return cache_mod.code_digest()
+
+    first = digest()
+    assert digest() == first
+    (copy / "static" / "cards.js").write_text("// the dashboard renders what routes send\n")
+    assert digest() == first
+    rec = copy / "recommendations.py"
+    rec.write_text(rec.read_text().replace("the host does not keep it busy", "the host keeps it idle"))
+    assert digest() != first
+
+
 def entry(blob: str = "", i: int = 0) -> dict:
     """The smallest value with the shape of a span result (DiskCache validates it)."""
     return {"report": {"schema_version": report.SCHEMA_VERSION, "blob": blob, "i": i},
