@@ -20,7 +20,7 @@ from tb_bottleneck_plugin import cli, storage
 from tb_bottleneck_plugin.plugin import BottlenecksPlugin
 from tb_bottleneck_plugin.service import Analyzer
 
-from conftest import TRACES  # noqa: E402  (the one definition, tests/conftest.py)
+from conftest import TRACES, patience  # noqa: E402  (the one definition, tests/conftest.py)
 RESNET = TRACES / "kineto-tb-samples" / "resnet50_num_workers_0"
 CPU_NW0 = TRACES / "generated-cpu-torch2.13" / "nw0" / "worker0.1795274786665165565.pt.trace.json"
 CPU_NW2 = TRACES / "generated-cpu-torch2.13" / "nw2_gzip" / "worker0.1795274789574029385.pt.trace.json.gz"
@@ -208,11 +208,11 @@ def test_new_object_is_picked_up_on_the_next_scan(gcs):
     gcs.upload_file(bucket, f"live/run/{CPU_NW0.name}", CPU_NW0)
     a = Analyzer(f"gs://{bucket}/live", rescan_seconds=0.2)
     try:
-        assert a.wait_idle(60)
+        assert a.wait_idle(patience(60))
         assert [r["run"] for r in a.runs_view()["runs"]] == ["run"]
         gcs.upload_file(bucket, f"live/run/{CPU_NW2.name}", CPU_NW2)  # a second span
         gcs.upload_file(bucket, f"live/other/{CPU_NW2.name}", CPU_NW2)  # a new run
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + patience(20)  # a hang guard: under load the analyses take longer
         while time.monotonic() < deadline:
             view = a.runs_view()
             runs = {r["run"]: r for r in view["runs"]}
@@ -231,10 +231,10 @@ def test_new_object_is_picked_up_on_the_next_scan(gcs):
         # an overwritten object (new generation) is analysed again
         before = a.parse_count
         gcs.upload_file(bucket, f"live/other/{CPU_NW2.name}", CPU_NW2)
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + patience(20)
         while a.parse_count == before and time.monotonic() < deadline:
             time.sleep(0.05)
         assert a.parse_count == before + 1
-        assert a.wait_idle(30)
+        assert a.wait_idle(patience(30))
     finally:
         a.stop()
