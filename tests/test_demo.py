@@ -72,14 +72,17 @@ def demo_logdir(tmp_path_factory):
     )
     # The pair is a timing experiment on the CPU: 4 DataLoader workers hide loading only
     # when the cores are not busy with something else (the suite's own TensorBoards, Dask
-    # workers and analysis children winding down before this module runs). A run whose
-    # fix did not hide loading is re-measured once, on a fresh pair; the tests below
+    # workers and analysis children winding down before this module runs), and the
+    # num_workers=0 run's share follows the model step time the demo measured before it
+    # (starved by 3 busy loops at nice 0, it once came out 15.4%, not >= 20%). A pair
+    # where either side missed is re-measured once, on a fresh pair; the tests below
     # keep their thresholds and fail if the second pair shows the same.
     for attempt in range(2):
         outdir = tmp_path_factory.mktemp("demo_logs")
         runs = demo.generate(str(outdir), quick=True, device="cpu")
+        (bound,) = _trace_files(os.path.join(str(outdir), "input_bound_nw0"))
         (fixed,) = _trace_files(os.path.join(str(outdir), "input_fixed_nw4"))
-        if input_bound_share(_load(fixed)) < 0.05:
+        if input_bound_share(_load(bound)) >= 0.20 and input_bound_share(_load(fixed)) < 0.05:
             break
     return str(outdir), runs
 
