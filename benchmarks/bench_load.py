@@ -189,12 +189,8 @@ def _child(mode: str, path: str, result_path: str, cache_dir: str) -> None:
     seconds = time.perf_counter() - t0
     cpu = _cpu_seconds() - cpu0
     peak = _rss_bytes()
-    # The loader may decode in worker processes (loader_workers._pool, a ProcessPoolExecutor).
-    # Reap them (outside the timing) so that their CPU time shows in RUSAGE_CHILDREN.
-    pool = getattr(sys.modules.get("tb_bottleneck_plugin.loader_workers"), "_pool", None)
-    if pool is not None and hasattr(pool, "shutdown"):
-        info["worker_processes"] = getattr(pool, "_max_workers", None)
-        pool.shutdown(wait=True)
+    # The loader may decode in worker processes (loader_workers._Worker): the load ends
+    # and joins them itself, so their CPU time is already in RUSAGE_CHILDREN.
     cpu_children = _cpu_seconds(resource.RUSAGE_CHILDREN) - cpu0_children
     Path(result_path).write_text(json.dumps({
         "mode": mode, "seconds": seconds, "cpu_seconds": cpu + cpu_children, "cpu_children_seconds": cpu_children,

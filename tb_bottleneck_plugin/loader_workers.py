@@ -33,9 +33,6 @@ def _decode_chunk(payload: bytes, seed=None) -> _Builder:
 # start the pool; how many workers: _decode_workers.
 PARALLEL_MIN_CHUNKS = 2  # chunks decoded in-process before the pool is used
 PARALLEL_MIN_BYTES = 64 << 20  # estimated text size (gzip inflates traces >= 12x) worth a pool
-_MAX_IN_FLIGHT_PER_WORKER = 1  # a worker holds one chunk; meanwhile this process decodes the next
-_pool = None
-_pool_lock = threading.Lock()
 
 
 def _decode_workers() -> int:
@@ -72,116 +69,234 @@ def _decode_workers() -> int:
     return 1 if cores >= 2 and load < cores - 0.5 else 0
 
 
-def _get_pool():
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
+class _Worker:
+    """One decode process fed by the loading thread itself, without helper threads.
 
-            # fork is cheap but unsafe once threads run (TensorBoard's server): then use
-            # a fork server, which forks from a clean single-threaded process.
-            if threading.active_count() == 1:
-                context = multiprocessing.get_context("fork")
-            else:
-                context = multiprocessing.get_context("forkserver")
-                context.set_forkserver_preload([__name__])
-            from . import procguard
+    No executor: a `ProcessPoolExecutor` hands chunks over and results back through two
+    helper threads of this process that must win the GIL from the loading thread, so the
+    worker sat idle and got only 30-40 % of the chunks (benchmarks/README.md, "perf3").
+    Here the loading thread copies the chunk into a shared memory slot (an anonymous
+    shared mapping made before the fork) and writes a small message into a pipe: a
+    write that never waits for the worker to be scheduled (a 2 MB write into the pipe
+    itself did, ~27 ms per chunk at load 10-16). The worker answers the same way: its
+    pickled columns in a second slot. Before each next chunk the loading thread takes a
+    finished result if one is there (`ready`). The worker keeps a mirror of this
+    process's string table, so a chunk carries only the table's new entries. Without
+    fork (a fork server, when threads run) or for a chunk larger than its slot, the
+    bytes go through the pipe."""
 
-            # the workers exit when this process dies, SIGKILL included (no orphans)
-            _pool = ProcessPoolExecutor(max_workers=_decode_workers(), mp_context=context,
-                                        initializer=procguard.die_with_parent, initargs=(os.getpid(),))
-            import atexit
+    SLOT_BYTES = 8 << 20
 
-            atexit.register(_drop_pool)  # shut the workers down before the interpreter tears down
-            if context.get_start_method() == "fork":  # fork them now, before the caller's gunzip thread
-                _pool.submit(int).result()
-        return _pool
+    def __init__(self):
+        import mmap
+        import multiprocessing
+
+        # fork is cheap but unsafe once threads run (TensorBoard's server): then use a
+        # fork server, which forks from a clean single-threaded process.
+        if threading.active_count() == 1:
+            context = multiprocessing.get_context("fork")
+            self.slots = (mmap.mmap(-1, self.SLOT_BYTES), mmap.mmap(-1, self.SLOT_BYTES))  # MAP_SHARED
+        else:
+            context = multiprocessing.get_context("forkserver")
+            context.set_forkserver_preload([__name__])
+            self.slots = None
+        self.conn, child = context.Pipe()
+        args = (child, os.getpid(), self.slots, self.conn if self.slots else None)
+        self.process = context.Process(target=_worker_main, args=args, daemon=True)
+        self.process.start()
+        child.close()
+        self.busy = False
+        self.sent_strings = 0  # entries of the main string table the worker has
+        self.sent_raw = 1  # ... and of its recorded-input ids (b"" -> -1 is always there)
+        self.payload = None  # the chunk out, unless it is in the slot (a fallback reads it back)
+        self.size = 0
+
+    def send(self, payload, builder: _Builder) -> None:
+        strings = list(builder.strings)[self.sent_strings:] if len(builder.strings) > self.sent_strings else []
+        raw = builder._raw_id_cache
+        raw_new = list(raw.items())[self.sent_raw:] if len(raw) > self.sent_raw else []
+        size = len(payload)
+        if self.slots is not None and size <= self.SLOT_BYTES:
+            self.slots[0][:size] = payload
+            self.payload, self.size = None, size
+            self.conn.send((strings, raw_new, size))
+        else:
+            self.payload = bytes(payload)
+            self.conn.send((strings, raw_new, None))
+            self.conn.send_bytes(self.payload)
+        self.sent_strings += len(strings)
+        self.sent_raw += len(raw_new)
+        self.busy = True
+
+    def chunk(self) -> bytes:
+        """The chunk out (for decoding it here instead)."""
+        return self.payload if self.payload is not None else self.slots[0][:self.size]
+
+    def ready(self) -> bool:
+        return self.conn.poll()
+
+    def result(self) -> _Builder:
+        """The chunk's builder (blocks until it is there); raises what decoding raised,
+        or `_WorkerLost` when the worker is gone."""
+        import pickle
+
+        try:
+            status, value = self.conn.recv()
+        except (EOFError, OSError) as exc:
+            raise _WorkerLost(str(exc)) from None
+        if status == "slot":
+            status, value = pickle.loads(memoryview(self.slots[1])[:value])
+        self.busy = False
+        self.payload = None
+        if status == "error":
+            raise value
+        return value
+
+    def close(self) -> None:
+        """End the worker: a free one exits when told, a busy one (its chunk no longer
+        wanted) is killed."""
+        if not self.busy:
+            try:
+                self.conn.send(None)
+            except OSError:
+                pass
+        else:
+            self.process.kill()
+        self.process.join(timeout=5)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout=5)
+        self.conn.close()
+        if self.slots is not None:
+            for slot in self.slots:
+                slot.close()
 
 
-def _drop_pool() -> None:
-    global _pool
-    with _pool_lock:
-        if _pool is not None:
-            _pool.shutdown(wait=False, cancel_futures=True)
-        _pool = None
+class _WorkerLost(Exception):
+    pass
+
+
+def _worker_main(conn, owner_pid: int, slots, parent_end) -> None:
+    import pickle
+
+    from . import procguard
+
+    if parent_end is not None:  # forked: this process's copy of the parent's end
+        parent_end.close()
+    procguard.die_with_parent(owner_pid)
+    strings: dict = {}
+    raw: dict = {b"": -1}
+    try:
+        while True:
+            try:
+                message = conn.recv()
+                if message is None:
+                    break
+                new_strings, new_raw, size = message
+                payload = conn.recv_bytes() if size is None else slots[0][:size]
+            except (EOFError, OSError):
+                break
+            for s in new_strings:
+                strings[s] = len(strings)
+            raw.update(new_raw)
+            try:
+                reply = ("ok", _decode_chunk(payload, (dict(strings), dict(raw))))
+            except Exception as exc:  # noqa: BLE001 - raised again in the loading process
+                reply = ("error", exc)
+            del payload
+            try:
+                if slots is not None:
+                    data = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+                    if len(data) <= len(slots[1]):
+                        slots[1][:len(data)] = data
+                        conn.send(("slot", len(data)))
+                        continue
+                conn.send(reply)
+            except (EOFError, OSError):
+                break
+    finally:
+        os._exit(0)  # a forked copy: nothing of the parent's to tear down
+
+
+def _start_workers(n: int) -> list:
+    return [_Worker() for _ in range(n)]
 
 
 class _ChunkSink:
-    """Sends chunks to the builder: in-process, and (large files) also to the pool.
+    """Sends chunks to the builder: in-process, and (large files) also to the workers.
 
-    With a pool, this thread keeps decoding too: a chunk goes to a worker while the
-    workers have fewer than ``_MAX_IN_FLIGHT_PER_WORKER`` chunks each, else it is decoded
-    here into a chunk builder of its own. Results are merged in file order (the same
-    string ids, rows and warnings as decoding every chunk here). If the pool breaks (a
-    worker killed, no multiprocessing here), the chunks are decoded in this process
-    instead.
+    With workers, this thread keeps decoding too: a chunk goes to a worker that is free,
+    else it is decoded here into a chunk builder of its own. Results are merged in file
+    order (the same string ids, rows and warnings as decoding every chunk here). If a
+    worker is lost (killed, no multiprocessing here), the chunks are decoded in this
+    process instead.
     """
 
     def __init__(self, builder: _Builder, text_bytes: int):
         """``text_bytes``: the file's estimated text size; below PARALLEL_MIN_BYTES no workers."""
         self.builder = builder
         self.chunks = 0
-        self.workers = _decode_workers() if text_bytes >= PARALLEL_MIN_BYTES else 0
-        # file order: (future, payload) sent to a worker | (None, _Builder) decoded here
+        self.sent = 0  # chunks decoded by workers (for tests and benchmarks)
+        n = _decode_workers() if text_bytes >= PARALLEL_MIN_BYTES else 0
+        # file order: (worker, None) sent to a worker | (None, _Builder) decoded here
         self.pending = collections.deque()
-        if self.workers:
+        self.pool: list = []
+        if n:
             try:
-                _get_pool()  # started (workers forked) before any thread of ours
-            except Exception:  # noqa: BLE001 - no pool here (e.g. a daemonic process may not fork
+                self.pool = _start_workers(n)  # forked before any thread of ours
+            except Exception:  # noqa: BLE001 - no workers here (e.g. a daemonic process may not fork
                 # children: AssertionError): decode in-process, never a failed load
                 log.debug("decode workers unavailable; decoding in-process", exc_info=True)
-                _drop_pool()
-                self.workers = 0
+                self.pool = []
+        self.workers = len(self.pool)
 
     def add(self, payload) -> None:
         """``payload``: the JSON array text of whole events (bytes or a view, which is not
         kept after this call)."""
         self.chunks += 1
         self._merge_ready()
-        if self.workers == 0 or self.chunks <= PARALLEL_MIN_CHUNKS or self._in_flight() >= \
-                self.workers * _MAX_IN_FLIGHT_PER_WORKER:
+        free = None
+        if self.pool and self.chunks > PARALLEL_MIN_CHUNKS:
+            free = next((w for w in self.pool if not w.busy), None)
+        if free is None:
             if not self.pending:  # nothing before it is still out: straight into the builder
                 self.builder.add(_decode_events(payload, self.builder))
             else:
                 self.pending.append((None, _decode_chunk(payload, self.builder.seed())))
             return
-        payload = bytes(payload)  # sent to a worker and kept for a fallback
         try:
-            self.pending.append((_get_pool().submit(_decode_chunk, payload, self.builder.seed()), payload))
-        except RuntimeError:  # pool broken or shut down
+            free.send(payload, self.builder)
+        except (OSError, EOFError):  # the worker is gone
             self._local_fallback()
             self.builder.add(_decode_events(payload, self.builder))
-
-    def _in_flight(self) -> int:
-        return sum(1 for f, _ in self.pending if f is not None)
+            return
+        self.sent += 1
+        self.pending.append((free, None))
 
     def _merge_ready(self) -> None:
-        while self.pending and (self.pending[0][0] is None or self.pending[0][0].done()):
+        while self.pending and (self.pending[0][0] is None or self.pending[0][0].ready()):
             self._merge_oldest()
 
     def _merge_oldest(self) -> None:
-        from concurrent.futures.process import BrokenProcessPool
-
-        future, item = self.pending[0]
-        if future is None:
+        worker, item = self.pending[0]
+        if worker is None:
             self.pending.popleft()
             self.builder.merge(item)
             return
         try:
-            result = future.result()
-        except BrokenProcessPool:
+            result = worker.result()
+        except _WorkerLost:
             self._local_fallback()
             return
         self.pending.popleft()
         self.builder.merge(result)
 
     def _local_fallback(self) -> None:
-        _drop_pool()
-        self.workers = 0
         pending, self.pending = self.pending, collections.deque()
-        for future, item in pending:
-            if future is None:
+        chunks = [(worker, item if worker is None else worker.chunk()) for worker, item in pending]
+        self.close()
+        for worker, item in chunks:
+            if worker is None:
                 self.builder.merge(item)
             else:
                 self.builder.add(_decode_events(item, self.builder))
@@ -191,14 +306,12 @@ class _ChunkSink:
             self._merge_oldest()
 
     def cancel(self) -> None:
-        for f, _ in self.pending:
-            if f is not None:
-                f.cancel()
         self.pending.clear()
 
     def close(self) -> None:
-        """Cancel what is left and end the decode workers: their memory (a forked copy
-        of this process plus one chunk's events) is not held while the analyses run."""
-        self.cancel()
-        if self.workers:
-            _drop_pool()
+        """End the decode workers (a chunk still out is dropped): their memory (a forked
+        copy of this process plus one chunk's events) is not held while the analyses run."""
+        pool, self.pool = self.pool, []
+        self.workers = 0
+        for worker in pool:
+            worker.close()

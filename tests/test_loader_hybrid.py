@@ -1,9 +1,10 @@
 """The opt-in parallel decode (TB_BOTTLENECKS_DECODE_PROCESSES): this process decodes the
 chunks its worker is too busy for, and every chunk is merged in file order, so the
 result is exactly the in-process one (same rows, same string ids, same recorded
-inputs and warnings); a pool that breaks mid-file falls back to decoding here."""
+inputs and warnings); a worker that dies mid-file means decoding here."""
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -43,7 +44,27 @@ def small_chunks(monkeypatch):
     return loader.load_trace(str(TRACES / NAME))
 
 
-def test_one_worker_and_this_process_share_the_chunks(monkeypatch, small_chunks):
+@pytest.fixture
+def workers_started(monkeypatch):
+    """The decode workers each load starts (to check they are gone after it)."""
+    started = []
+    original = loader_workers._Worker.__init__
+
+    def init(self):
+        original(self)
+        started.append(self)
+
+    monkeypatch.setattr(loader_workers._Worker, "__init__", init)
+    return started
+
+
+def _all_ended(workers):
+    for w in workers:
+        w.process.join(timeout=5)  # close() joined it already: returns at once
+        assert w.process.exitcode is not None, "the decode workers end with the load"
+
+
+def test_one_worker_and_this_process_share_the_chunks(monkeypatch, small_chunks, workers_started):
     monkeypatch.setenv("TB_BOTTLENECKS_DECODE_PROCESSES", "1")
     kinds = []
     original = loader_workers._ChunkSink._merge_oldest
@@ -59,30 +80,78 @@ def test_one_worker_and_this_process_share_the_chunks(monkeypatch, small_chunks)
     parallel = loader.load_trace(str(TRACES / NAME))
     assert "worker" in kinds and "here" in kinds, kinds
     _same(small_chunks, parallel)
-    assert loader_workers._pool is None, "the decode workers end with the load"
+    assert len(workers_started) == 1
+    _all_ended(workers_started)
 
 
-def test_broken_pool_falls_back_to_this_process(monkeypatch, small_chunks):
-    from concurrent.futures.process import BrokenProcessPool
+@pytest.mark.parametrize("slot_bytes", [8 << 20, 1 << 10])  # chunks in the shared slot / through the pipe
+def test_worker_chunks_through_the_slot_or_the_pipe(monkeypatch, small_chunks, workers_started, slot_bytes):
+    monkeypatch.setenv("TB_BOTTLENECKS_DECODE_PROCESSES", "1")
+    monkeypatch.setattr(loader_workers._Worker, "SLOT_BYTES", slot_bytes)
+    monkeypatch.setattr(loader_workers, "_decode_chunk", _slow_decode)  # the worker is busy now and then
+    sinks = []
+    original = loader_workers._ChunkSink.close
+    monkeypatch.setattr(loader_workers._ChunkSink, "close", lambda self: (sinks.append(self.sent), original(self)))
+    _same(small_chunks, loader.load_trace(str(TRACES / NAME)))
+    assert sinks and sinks[0] >= 2, "the worker decoded chunks"
+    _all_ended(workers_started)
+
+
+def test_with_threads_running_the_worker_comes_from_a_fork_server(monkeypatch, small_chunks, workers_started):
+    """TensorBoard's server threads run: no fork of this process, no shared slots; the
+    chunks go through the pipe."""
+    import threading
 
     monkeypatch.setenv("TB_BOTTLENECKS_DECODE_PROCESSES", "1")
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, daemon=True)
+    thread.start()
+    try:
+        parallel = loader.load_trace(str(TRACES / NAME))
+    finally:
+        stop.set()
+        thread.join()
+    _same(small_chunks, parallel)
+    assert len(workers_started) == 1 and workers_started[0].slots is None
+    _all_ended(workers_started)
 
-    class Broken:
-        def done(self):
-            return True
 
-        def result(self):
-            raise BrokenProcessPool("worker killed")
+_TEST_PID = os.getpid()
 
-        def cancel(self):
-            return False
 
-    class Pool:
-        def submit(self, fn, *args):
-            return Broken()
+def _dies(payload, seed=None):
+    if os.getpid() != _TEST_PID:  # only in the worker: killed mid-file
+        os._exit(3)
+    return _DECODE_CHUNK(payload, seed)
 
-    monkeypatch.setattr(loader_workers, "_get_pool", lambda: Pool())
+
+def test_a_worker_that_dies_falls_back_to_this_process(monkeypatch, small_chunks, workers_started):
+    monkeypatch.setenv("TB_BOTTLENECKS_DECODE_PROCESSES", "1")
+    monkeypatch.setattr(loader_workers, "_decode_chunk", _dies)
     _same(small_chunks, loader.load_trace(str(TRACES / NAME)))
+    assert workers_started and workers_started[0].process.exitcode == 3
+
+
+def _fails(payload, seed=None):
+    import msgspec
+
+    raise msgspec.DecodeError("broken chunk")
+
+
+def test_a_decode_error_in_the_worker_is_the_loads(monkeypatch, small_chunks, workers_started):
+    """A chunk the worker cannot decode is a chunk that cannot be decoded: the whole-file
+    path takes over, as in-process."""
+    monkeypatch.setenv("TB_BOTTLENECKS_DECODE_PROCESSES", "1")
+    monkeypatch.setattr(loader_workers, "_decode_chunk", _fails)
+    whole = []
+    original = loader._load_whole
+    monkeypatch.setattr(loader, "_load_whole", lambda *a, **k: (whole.append(1), original(*a, **k))[1])
+    path = str(TRACES / NAME)
+    with open(path, "rb") as f:
+        expected = original(f, path, True, None)
+    _same(expected, loader.load_trace(path))
+    assert whole == [1]
+    _all_ended(workers_started)
 
 
 def test_how_many_workers(monkeypatch):
@@ -113,10 +182,10 @@ def test_a_daemonic_process_decodes_in_process(monkeypatch, small_chunks):
     assert loader_workers._decode_workers() == 0
     monkeypatch.setenv("TB_BOTTLENECKS_DECODE_PROCESSES", "1")
 
-    def no_children():
+    def no_children(n):
         raise AssertionError("daemonic processes are not allowed to have children")
 
-    monkeypatch.setattr(loader_workers, "_get_pool", no_children)
+    monkeypatch.setattr(loader_workers, "_start_workers", no_children)
     _same(small_chunks, loader.load_trace(str(TRACES / NAME)))
 
 
