@@ -19,6 +19,8 @@ in the same [dL - eps, dL + eps].
 """
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import shutil
 import statistics
@@ -47,11 +49,40 @@ def _view(logdir: Path, name: str):
 def pair(request, tmp_path_factory):
     """The quick pair generated now, and the pair committed in demo_logs/."""
     if request.param == "generated":
-        out = tmp_path_factory.mktemp("ddp")
-        runs = demo.generate_distributed(str(out), quick=True)
-        assert [os.path.basename(r) for r in runs] == list(demo.DDP_PAIR)
+        for _ in range(2):
+            out = tmp_path_factory.mktemp("ddp")
+            runs = demo.generate_distributed(str(out), quick=True)
+            assert [os.path.basename(r) for r in runs] == list(demo.DDP_PAIR)
+            if _straggler_construction_held(out):
+                break
+            # A timing experiment on a shared 2-core machine: when the ranks did not reach
+            # the all-reduce the constructed dL apart (measured from the raw events below),
+            # it is run once more on fresh processes; the bounds asserted stay as derived.
         return out
     return REPO / "demo_logs"
+
+
+def _straggler_construction_held(logdir: Path) -> bool:
+    """The injected ground truth, measured on the raw trace events (not through the
+    plugin): the median over steps of rank 1's arrival at its all-reduce (the first
+    `c10d::allreduce_` of each ProfilerStep, both ranks on this machine's clock) minus
+    rank 0's lies within dL +- eps, eps as derived in the module docstring."""
+    run = logdir / demo.DDP_PAIR[0]
+    arrivals = []
+    for rank in (0, 1):
+        [path] = run.glob(f"rank{rank}.*.pt.trace.json*")
+        with (gzip.open(path, "rt") if path.suffix == ".gz" else open(path)) as f:
+            events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+        steps = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events
+                       if str(e.get("name", "")).startswith("ProfilerStep#"))
+        reduces = sorted(e["ts"] for e in events if e.get("name") == "c10d::allreduce_")
+        arrivals.append({name: next((t for t in reduces if t0 <= t <= t1), None) for t0, t1, name in steps})
+    load = demo.ddp_load_ms(straggler=True)
+    view, _ = _view(logdir, demo.DDP_PAIR[0])
+    eps = (view["ranks"][0]["compute_us_per_step"] / 1000 - load[0]) + D_MS
+    gaps = [(arrivals[1][n] - arrivals[0][n]) / 1000 for n in arrivals[0]
+            if arrivals[0][n] is not None and arrivals[1].get(n) is not None]
+    return bool(gaps) and abs(statistics.median(gaps) - (load[1] - load[0])) <= eps
 
 
 def _imbalance(delta_ms: float, compute0_ms: float) -> float:
