@@ -32,7 +32,8 @@ def _decode_chunk(payload: bytes, seed=None) -> _Builder:
 # workers are too busy for, and merges in file order (_ChunkSink). Small files never
 # start the pool; how many workers: _decode_workers.
 PARALLEL_MIN_CHUNKS = 2  # chunks decoded in-process before the pool is used
-PARALLEL_MIN_BYTES = 64 << 20  # estimated text size (gzip inflates traces >= 12x) worth a pool
+PARALLEL_MIN_BYTES = 64 << 20  # estimated text size (gzip inflates traces >= 12x) worth a worker
+IN_FLIGHT_PER_WORKER = 2  # chunks a worker holds: one decoding, one waiting (so it never waits for this thread)
 
 
 def _decode_workers() -> int:
@@ -95,7 +96,9 @@ class _Worker:
         # fork server, which forks from a clean single-threaded process.
         if threading.active_count() == 1:
             context = multiprocessing.get_context("fork")
-            self.slots = (mmap.mmap(-1, self.SLOT_BYTES), mmap.mmap(-1, self.SLOT_BYTES))  # MAP_SHARED
+            # MAP_SHARED; per chunk in flight: its text, its result
+            self.slots = [(mmap.mmap(-1, self.SLOT_BYTES), mmap.mmap(-1, self.SLOT_BYTES))
+                          for _ in range(IN_FLIGHT_PER_WORKER)]
         else:
             context = multiprocessing.get_context("forkserver")
             context.set_forkserver_preload([__name__])
@@ -105,32 +108,41 @@ class _Worker:
         self.process = context.Process(target=_worker_main, args=args, daemon=True)
         self.process.start()
         child.close()
-        self.busy = False
+        self.out = collections.deque()  # per chunk out, in order: its slot, its size or its bytes
+        self.sent_count = 0
         self.sent_strings = 0  # entries of the main string table the worker has
         self.sent_raw = 1  # ... and of its recorded-input ids (b"" -> -1 is always there)
-        self.payload = None  # the chunk out, unless it is in the slot (a fallback reads it back)
-        self.size = 0
 
     def send(self, payload, builder: _Builder) -> None:
         strings = list(builder.strings)[self.sent_strings:] if len(builder.strings) > self.sent_strings else []
         raw = builder._raw_id_cache
         raw_new = list(raw.items())[self.sent_raw:] if len(raw) > self.sent_raw else []
         size = len(payload)
+        slot = self.sent_count % IN_FLIGHT_PER_WORKER  # its previous chunk's result is in: free
         if self.slots is not None and size <= self.SLOT_BYTES:
-            self.slots[0][:size] = payload
-            self.payload, self.size = None, size
-            self.conn.send((strings, raw_new, size))
+            self.slots[slot][0][:size] = payload
+            self.conn.send((strings, raw_new, slot, size))
+            self.out.append((slot, size))
         else:
-            self.payload = bytes(payload)
-            self.conn.send((strings, raw_new, None))
-            self.conn.send_bytes(self.payload)
+            payload = bytes(payload)
+            self.conn.send((strings, raw_new, slot, None))
+            self.conn.send_bytes(payload)
+            self.out.append((slot, payload))
+        self.sent_count += 1
         self.sent_strings += len(strings)
         self.sent_raw += len(raw_new)
-        self.busy = True
 
-    def chunk(self) -> bytes:
-        """The chunk out (for decoding it here instead)."""
-        return self.payload if self.payload is not None else self.slots[0][:self.size]
+    def can_take(self, size: int) -> bool:
+        """A second chunk only through the slot: two large writes through the pipe, this
+        chunk and the worker's result, would wait for each other."""
+        if not self.out:
+            return True
+        return (self.slots is not None and size <= self.SLOT_BYTES and len(self.out) < IN_FLIGHT_PER_WORKER
+                and all(isinstance(size, int) for _, size in self.out))
+
+    def chunks(self) -> list:
+        """The chunks out, in order (for decoding them here instead)."""
+        return [self.slots[slot][0][:size] if isinstance(size, int) else size for slot, size in self.out]
 
     def ready(self) -> bool:
         return self.conn.poll()
@@ -145,9 +157,8 @@ class _Worker:
         except (EOFError, OSError) as exc:
             raise _WorkerLost(str(exc)) from None
         if status == "slot":
-            status, value = pickle.loads(memoryview(self.slots[1])[:value])
-        self.busy = False
-        self.payload = None
+            status, value = pickle.loads(memoryview(self.slots[self.out[0][0]][1])[:value])
+        self.out.popleft()
         if status == "error":
             raise value
         return value
@@ -155,7 +166,7 @@ class _Worker:
     def close(self) -> None:
         """End the worker: a free one exits when told, a busy one (its chunk no longer
         wanted) is killed."""
-        if not self.busy:
+        if not self.out:
             try:
                 self.conn.send(None)
             except OSError:
@@ -168,8 +179,9 @@ class _Worker:
             self.process.join(timeout=5)
         self.conn.close()
         if self.slots is not None:
-            for slot in self.slots:
-                slot.close()
+            for pair in self.slots:
+                for slot in pair:
+                    slot.close()
 
 
 class _WorkerLost(Exception):
@@ -192,8 +204,8 @@ def _worker_main(conn, owner_pid: int, slots, parent_end) -> None:
                 message = conn.recv()
                 if message is None:
                     break
-                new_strings, new_raw, size = message
-                payload = conn.recv_bytes() if size is None else slots[0][:size]
+                new_strings, new_raw, slot, size = message
+                payload = conn.recv_bytes() if size is None else slots[slot][0][:size]
             except (EOFError, OSError):
                 break
             for s in new_strings:
@@ -207,8 +219,8 @@ def _worker_main(conn, owner_pid: int, slots, parent_end) -> None:
             try:
                 if slots is not None:
                     data = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
-                    if len(data) <= len(slots[1]):
-                        slots[1][:len(data)] = data
+                    if len(data) <= len(slots[slot][1]):
+                        slots[slot][1][:len(data)] = data
                         conn.send(("slot", len(data)))
                         continue
                 conn.send(reply)
@@ -257,7 +269,7 @@ class _ChunkSink:
         self._merge_ready()
         free = None
         if self.pool and self.chunks > PARALLEL_MIN_CHUNKS:
-            free = next((w for w in self.pool if not w.busy), None)
+            free = next((w for w in self.pool if w.can_take(len(payload))), None)
         if free is None:
             if not self.pending:  # nothing before it is still out: straight into the builder
                 self.builder.add(_decode_events(payload, self.builder))
@@ -293,7 +305,8 @@ class _ChunkSink:
 
     def _local_fallback(self) -> None:
         pending, self.pending = self.pending, collections.deque()
-        chunks = [(worker, item if worker is None else worker.chunk()) for worker, item in pending]
+        out = {id(w): w.chunks() for w in self.pool}
+        chunks = [(worker, item if worker is None else out[id(worker)].pop(0)) for worker, item in pending]
         self.close()
         for worker, item in chunks:
             if worker is None:
