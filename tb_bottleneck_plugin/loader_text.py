@@ -196,9 +196,18 @@ class _Prefetcher:
             yield item
 
     def close(self):
+        """Stop the thread and wait for it (it may be inside a read of the stream, which
+        the whole-file fallback then seeks and reads again: a read racing it gave 'not a
+        valid gzip file' now and then)."""
         self._stop.set()
-        while True:  # unblock a producer waiting on a full queue
-            try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                break
+        for _ in range(400):  # <= ~20 s; the thread ends after the block it is reading
+            while True:  # unblock a producer waiting on a full queue
+                try:
+                    self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            if self._thread is threading.current_thread():
+                return
+            self._thread.join(0.05)
+            if not self._thread.is_alive():
+                return
