@@ -1,13 +1,14 @@
 """Worker processes die with their parent.
 
-Every process the project starts (the service's analysis children, the loader's opt-in
-decode pool) calls `die_with_parent` first thing. Two mechanisms, because neither is
+Every process the project starts (the service's analysis children, the loader's decode
+workers) calls `die_with_parent` first thing. Two mechanisms, because neither is
 enough alone:
 
 - Linux: ``prctl(PR_SET_PDEATHSIG, SIGKILL)``: the kernel kills this process the moment
   its parent exits, SIGKILL of the parent included. (The signal is tied to the parent
-  *thread* that forked; the project forks from a forkserver, from a main thread or from a
-  pool thread that lives as long as its pool, so that never fires early.)
+  *thread* that forked; the project starts processes from a forkserver, from the loading
+  thread (decode workers, which end with the load) or from the service's wait threads,
+  which live as long as the Analyzer, so that never fires early.)
 - Everywhere: a daemon thread polls ``os.getppid()`` (reparenting means the parent is
   gone) and, when given, whether the process that owns the work (``owner_pid``: with a
   forkserver the direct parent is the forkserver, not TensorBoard) still exists, and
