@@ -44,6 +44,38 @@ def small_chunks(monkeypatch):
     return loader.load_trace(str(TRACES / NAME))
 
 
+FRESH_ENV = "TB_BOTTLENECKS_TEST_FRESH_INTERPRETER"
+FORK_PATH_TESTS = ("share_the_chunks", "through_the_slot_or_the_pipe", "worker_that_dies", "decode_error_in_the_worker")
+
+
+@pytest.fixture
+def forking():
+    """The plain-fork path (shared slots; a patched _decode_chunk reaches the worker) is
+    taken only when this process runs no other thread. Late in a full run, earlier tests
+    have left threads behind and the worker comes from the fork server: these tests then
+    run in a fresh interpreter instead (test_fork_path_in_a_fresh_interpreter)."""
+    import threading
+
+    if threading.active_count() > 1:
+        pytest.skip("threads run in this test process: the fork path is tested in a fresh interpreter")
+
+
+def test_fork_path_in_a_fresh_interpreter():
+    import subprocess
+    import sys
+    import threading
+
+    from conftest import REPO, patience
+
+    if os.environ.get(FRESH_ENV) or threading.active_count() == 1:
+        pytest.skip("this process takes the fork path itself: the tests ran here")
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
+                          "-k", " or ".join(FORK_PATH_TESTS)], cwd=REPO, capture_output=True, text=True,
+                         env={**os.environ, FRESH_ENV: "1"}, timeout=patience(180))
+    out = run.stdout + run.stderr
+    assert run.returncode == 0 and "5 passed" in out and "skipped" not in out, out[-3000:]
+
+
 @pytest.fixture
 def workers_started(monkeypatch):
     """The decode workers each load starts (to check they are gone after it)."""
@@ -64,7 +96,7 @@ def _all_ended(workers):
         assert w.process.exitcode is not None, "the decode workers end with the load"
 
 
-def test_one_worker_and_this_process_share_the_chunks(monkeypatch, small_chunks, workers_started):
+def test_one_worker_and_this_process_share_the_chunks(forking, monkeypatch, small_chunks, workers_started):
     monkeypatch.setenv("TB_BOTTLENECKS_DECODE_PROCESSES", "1")
     kinds = []
     original = loader_workers._ChunkSink._merge_oldest
@@ -85,7 +117,7 @@ def test_one_worker_and_this_process_share_the_chunks(monkeypatch, small_chunks,
 
 
 @pytest.mark.parametrize("slot_bytes", [8 << 20, 1 << 10])  # chunks in the shared slot / through the pipe
-def test_worker_chunks_through_the_slot_or_the_pipe(monkeypatch, small_chunks, workers_started, slot_bytes):
+def test_worker_chunks_through_the_slot_or_the_pipe(forking, monkeypatch, small_chunks, workers_started, slot_bytes):
     monkeypatch.setenv("TB_BOTTLENECKS_DECODE_PROCESSES", "1")
     monkeypatch.setattr(loader_workers._Worker, "SLOT_BYTES", slot_bytes)
     monkeypatch.setattr(loader_workers, "_decode_chunk", _slow_decode)  # the worker is busy now and then
@@ -125,7 +157,7 @@ def _dies(payload, seed=None):
     return _DECODE_CHUNK(payload, seed)
 
 
-def test_a_worker_that_dies_falls_back_to_this_process(monkeypatch, small_chunks, workers_started):
+def test_a_worker_that_dies_falls_back_to_this_process(forking, monkeypatch, small_chunks, workers_started):
     monkeypatch.setenv("TB_BOTTLENECKS_DECODE_PROCESSES", "1")
     monkeypatch.setattr(loader_workers, "_decode_chunk", _dies)
     _same(small_chunks, loader.load_trace(str(TRACES / NAME)))
@@ -138,7 +170,7 @@ def _fails(payload, seed=None):
     raise msgspec.DecodeError("broken chunk")
 
 
-def test_a_decode_error_in_the_worker_is_the_loads(monkeypatch, small_chunks, workers_started):
+def test_a_decode_error_in_the_worker_is_the_loads(forking, monkeypatch, small_chunks, workers_started):
     """A chunk the worker cannot decode is a chunk that cannot be decoded: the whole-file
     path takes over, as in-process."""
     monkeypatch.setenv("TB_BOTTLENECKS_DECODE_PROCESSES", "1")
