@@ -160,13 +160,9 @@ def test_trace_strings_stay_text(tensorboard, browser_page):
     w.check_clean()
 
 
-def _fmt_bytes(b):  # format.js fmtBytes
-    a = abs(b)
-    for unit, f in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
-        if a >= f:
-            x = a / f
-            return f"{b / f:.{0 if x >= 100 else 1 if x >= 10 else 2}f} {unit}"
-    return f"{b:g} B"
+# format.js fmtBytes, mirrored on the server for the straggler advice (ranks._bytes_words):
+# the drawn card must read exactly what the server writes.
+from tb_bottleneck_plugin.ranks import _bytes_words as _fmt_bytes  # noqa: E402
 
 
 def _fmt_verdict_value(v):  # cards.js fmtVerdictValue

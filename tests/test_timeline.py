@@ -337,10 +337,9 @@ def test_runtime_api_from_call_names_props_and_old_stores(hand, tmp_path):
     assert tl.window(old_cuda, 1)["runtime_api"] == "CUDA"
 
 
-def test_lanes_without_an_event_in_the_step_are_not_sent(tmp_path):
-    """A thread busy in step 2 only: no lane in step 1 (counted in hidden_lanes), its lanes in
-    step 2, kept when zoomed into a stretch of step 2 where it has nothing; a step with no GPU
-    activity keeps the GPU lane (the idle time is shaded on it); idle lanes always sent."""
+def _second_thread_busy_in_step_2_only():
+    """Step 1: a conv on the main thread and its kernel; step 2: an add on the main thread
+    and a region on CPU thread 2 (thread 2 has nothing in step 1)."""
     b = TraceBuilder()
     b.step(1, 0, 1000)
     b.cpu("aten::conv", 100, 200)
@@ -348,6 +347,14 @@ def test_lanes_without_an_event_in_the_step_are_not_sent(tmp_path):
     b.step(2, 1000, 1000)
     b.cpu("aten::add", 1100, 100)
     b.cpu("worker_region", 1500, 200, tid=2)
+    return b
+
+
+def test_lanes_without_an_event_in_the_step_are_not_sent(tmp_path):
+    """A thread busy in step 2 only: no lane in step 1 (counted in hidden_lanes), its lanes in
+    step 2, kept when zoomed into a stretch of step 2 where it has nothing; a step with no GPU
+    activity keeps the GPU lane (the idle time is shaded on it); idle lanes always sent."""
+    b = _second_thread_busy_in_step_2_only()
     b.cpu("aten::mul", 1550, 50, tid=2)  # depth 1 of thread 2
     trace = b.load(tmp_path)
     store = tl.build_store(trace)
@@ -403,14 +410,7 @@ def test_export_names_only_the_lanes_that_carry_events(tmp_path):
     with an exported event: a thread busy in step 2 only is not named in step 1's export,
     and a zoomed window names only the lanes with an event in it. Hand-built: every event
     and its lane known."""
-    b = TraceBuilder()
-    b.step(1, 0, 1000)
-    b.cpu("aten::conv", 100, 200)
-    b.launch("conv_k", 110, 120, 100)
-    b.step(2, 1000, 1000)
-    b.cpu("aten::add", 1100, 100)
-    b.cpu("worker_region", 1500, 200, tid=2)
-    store = tl.build_store(b.load(tmp_path))
+    store = tl.build_store(_second_thread_busy_in_step_2_only().load(tmp_path))
 
     def meta(doc, what):
         return sorted(e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == what)
