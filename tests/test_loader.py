@@ -7,6 +7,7 @@ library's json module (a different decoder, no shared code), plus era facts from
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 from collections import Counter
 from functools import lru_cache
@@ -19,6 +20,7 @@ from tb_bottleneck_plugin import loader, loader_text, loader_workers, model
 from tb_bottleneck_plugin.errors import NotATraceError, TraceError, TruncatedTraceError
 
 from conftest import SHARED, TRACES  # noqa: E402  (the one definition, tests/conftest.py)
+import oracle_quirks as quirks  # noqa: E402
 ALL_TRACES = sorted(p for p in TRACES.rglob("*") if p.name.endswith((".json", ".json.gz")))
 REFERENCE = json.loads((SHARED / "oracles" / "reference.json").read_text())["traces"]
 
@@ -63,9 +65,18 @@ def stdlib_facts(path: Path) -> dict:
     }
 
 
-def test_every_shared_trace_is_covered():
-    assert len(ALL_TRACES) == 14, [rel(p) for p in ALL_TRACES]
-    assert {rel(p) for p in ALL_TRACES} == set(REFERENCE)
+def test_every_shared_trace_has_its_oracle_entry():
+    """The corpus and its oracles cannot drift apart: every trace file under
+    ../shared/traces has a reference.json entry made from those very bytes, and every
+    entry names a file that is there."""
+    files = {rel(p) for p in ALL_TRACES}
+    assert files == set(quirks.trace_files())
+    assert sorted(files - set(REFERENCE)) == [], "traces without a reference.json entry"
+    assert sorted(set(REFERENCE) - files) == [], "reference.json entries without a trace"
+    for p in ALL_TRACES:
+        facts = REFERENCE[rel(p)]["file"]
+        assert p.stat().st_size == facts["bytes"], rel(p)
+        assert hashlib.sha256(p.read_bytes()).hexdigest() == facts["sha256"], rel(p)
 
 
 @pytest.mark.parametrize("path", ALL_TRACES, ids=rel)
