@@ -39,7 +39,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 from . import discovery, procguard, report, storage
 from .cache import DEFAULT_CACHE_BYTES, DiskCache, default_cache_dir, valid_result  # noqa: F401 (re-exported)
 from .errors import BottleneckError, TruncatedTraceError
-from .timeline_store import TimelineStores, pop_store
+from .timeline_store import TimelineStores
 from .scheduler import Scheduler, default_memory_budget, default_slots, estimate_peak_bytes
 
 log = logging.getLogger(__name__)
@@ -788,11 +788,27 @@ class Analyzer:
                     state.attempts += 1
             return
         result = value
-        self.timelines.put(span.url, span.fingerprint, pop_store(result))
+        self.timelines.put_result(span.url, span.fingerprint, result)  # the store, or why there is none
         if self._cache:
             self._cache.put(self._cache.key_for(span.url, span.fingerprint), result)
         with self._lock:
             state.result, state.state, state.progress = self._paths.view(result), "ready", 1.0
+
+    def reanalyze(self, run_name: str, span) -> bool:
+        """Analyse a ready span again (its step-timeline store was lost: an unreadable or
+        evicted ``.timeline.npz``); it is "loading" meanwhile. False when it is not ready
+        (already queued, failed, replaced by a scan) or the run is not known."""
+        cost = self._cost(span)
+        with self._lock:
+            state = self._spans.get(span.url)
+            run = next((r for r in (self._logdir_obj.runs if self._logdir_obj else []) if r.name == run_name), None)
+            if self._stopped or run is None or state is None or state.state != "ready":
+                return False
+            fresh = SpanState(fingerprint=state.fingerprint)
+            self._spans[span.url] = fresh
+            self._sched.push(run.name, (run, span, fresh), cost)
+            self._kick()
+        return True
 
     @staticmethod
     def _vanished(span) -> bool:

@@ -29,11 +29,28 @@ SUFFIX = ".timeline.npz"
 RESULT_KEY = "timeline_store"  # where analyze_span(timeline=True) leaves the store
 
 
+# Why a span has no store, said by the timeline routes (422). A store that was built and
+# is gone since (an unreadable or evicted ``.timeline.npz``) is not one of these: the
+# span is analysed again (``Analyzer.reanalyze``, asked by the routes).
+NO_STORE_BUILT = ("building the step timeline failed on this trace (an internal error; the TensorBoard "
+                  "log has the traceback); the report's other sections are there")
+NO_STORE_RETURNED = ("the analysis of this span returned no step-timeline store (a custom analysis "
+                     "function, or a Dask worker running a plugin version without timelines)")
+
+
 def pop_store(result: dict):
     """The store an analysis left in its result (removed from it: the result goes to JSON)."""
     if isinstance(result, dict):
         return result.pop(RESULT_KEY, None)
     return None
+
+
+def missing_store_reason(result) -> Optional[str]:
+    """Why ``result`` (before ``pop_store``) carries no timeline store; None when it has one.
+    ``report.analyze_span(timeline=True)`` always leaves the key (None: building failed)."""
+    if not isinstance(result, dict) or RESULT_KEY not in result:
+        return NO_STORE_RETURNED
+    return NO_STORE_BUILT if not isinstance(result[RESULT_KEY], dict) else None
 
 
 class TimelineStores:
@@ -47,8 +64,10 @@ class TimelineStores:
         self.memory_stores = max(1, int(memory_stores))
         self.disk_bytes = disk_bytes
         self._mem: "OrderedDict[Tuple[str, str], Dict[str, np.ndarray]]" = OrderedDict()
+        self._missing: Dict[Tuple[str, str], str] = {}  # spans whose analysis left no store: why
         self._lock = threading.Lock()
         self.loads = 0  # stores read from disk (tests, stats)
+        self.discarded = 0  # unreadable store files deleted (tests, stats)
 
     def _path(self, url: str, fingerprint: str) -> Optional[Path]:
         if self.directory is None:
@@ -61,6 +80,23 @@ class TimelineStores:
             self._mem.move_to_end(key)
             while len(self._mem) > self.memory_stores:
                 self._mem.popitem(last=False)
+
+    def put_result(self, url: str, fingerprint: str, result: dict) -> None:
+        """Keeps the store an analysis left in ``result`` (popped from it), or why there is none."""
+        reason = missing_store_reason(result)
+        store = pop_store(result)
+        with self._lock:
+            if reason is None:
+                self._missing.pop((url, fingerprint), None)
+            else:
+                self._missing[(url, fingerprint)] = reason
+        self.put(url, fingerprint, store)
+
+    def missing_reason(self, url: str, fingerprint: str) -> Optional[str]:
+        """Why the analysis of this span (in this process) left no store; None when it left
+        one, or when it was not analysed here (served from the disk cache)."""
+        with self._lock:
+            return self._missing.get((url, fingerprint))
 
     def put(self, url: str, fingerprint: str, store) -> None:
         if not isinstance(store, dict):
@@ -110,8 +146,10 @@ class TimelineStores:
             if int(store["version"][0]) != STORE_VERSION:
                 raise ValueError("old store version")
         except Exception as exc:  # noqa: BLE001 - a broken file is a missing store
-            log.warning("bottlenecks: discarding an unreadable timeline store %s: %s", path, exc)
+            log.warning("bottlenecks: discarding an unreadable timeline store %s (the span is analysed "
+                        "again when its timeline is asked for): %s", path, exc)
             discard(path)
+            self.discarded += 1
             return None
         mark_used(path)
         self.loads += 1
@@ -199,10 +237,12 @@ def _pick(analyzer, args, problem):
     w, s, st = best
     store = analyzer.timelines.get(s.url, st.fingerprint)
     if store is None:
-        return None, ({"state": "error", "error": "the step timeline is not available for this span: its "
-                       "analysis left no timeline store (a Dask worker running an older version of the plugin, "
-                       "or a custom analysis function); it is built when the span is analysed again (a changed "
-                       "file, or TensorBoard restarted with the same plugin version on the Dask workers)", "errors": []}, 422)
+        reason = analyzer.timelines.missing_reason(s.url, st.fingerprint)
+        if reason is None and _analyse_again(analyzer, run, s):
+            # built once, gone now (an unreadable or evicted .timeline.npz): analysed again
+            return None, ({"state": "loading", "progress": 0.0}, 202)
+        return None, ({"state": "error", "error": "the step timeline is not available for this span: "
+                       + (reason or NO_STORE_RETURNED), "errors": []}, 422)
     from .analysis import timeline as tl
 
     if tl.step_index(store, step) is None:
@@ -210,6 +250,19 @@ def _pick(analyzer, args, problem):
     if step is not None and tl.step_index(store, step) < 0:
         return None, ({"error": f"unknown step {step} in this span"}, 404)
     return (w, s, st, store, step), None
+
+
+def _analyse_again(analyzer, run: str, span) -> bool:
+    """Queue ``span`` for a new analysis (the service's ``reanalyze``); False when the
+    analyzer cannot (an older or injected one) or the span is not ready any more."""
+    again = getattr(analyzer, "reanalyze", None)
+    if again is None:
+        return False
+    try:
+        return bool(again(run, span))
+    except Exception:  # noqa: BLE001 - the 422 below still names the cause
+        log.exception("bottlenecks: queueing %s for a new analysis failed", getattr(span, "url", span))
+        return False
 
 
 def timeline_route(analyzer, args, problem: Optional[str] = None):

@@ -44,6 +44,8 @@ LAUNCH_CALLS = frozenset({
     "hipLaunchCooperativeKernel",
 })
 TOP_N = 10
+NO_CPU_OPS = ("the trace has no CPU operators (a GPU-only export: CPU activity not recorded): "
+              "its sync calls cannot be attributed to operators")
 
 
 def _clipped_to(starts, ends, lo, hi) -> np.ndarray:
@@ -68,10 +70,24 @@ def sync_rows(trace: TraceData, gpu_runtime: Optional[np.ndarray] = None) -> np.
     return np.flatnonzero(always)
 
 
-def sync_signal(trace: TraceData, steps: Steps, gpu_runtime: Optional[np.ndarray] = None, op_calls=None) -> dict:
+def op_names(trace: TraceData, op: np.ndarray) -> np.ndarray:
+    """The string id of each CPU row in ``op`` (-1 where ``op`` is -1), safe when the
+    trace has no CPU rows at all (a GPU-only export: every ``op`` is -1)."""
+    op = np.asarray(op, dtype=np.int64)
+    out = np.full(len(op), -1, dtype=np.int64)
+    hit = op >= 0
+    if hit.any():
+        out[hit] = trace.cpu.name[op[hit]]
+    return out
+
+
+def sync_signal(trace: TraceData, steps: Steps, gpu_runtime: Optional[np.ndarray] = None, op_calls=None,
+                not_available: Optional[Dict[str, str]] = None) -> dict:
     """Host time in blocking sync calls, clipped to the host spans of the included
     steps; ``sync_pct`` = 100 * sync_us / Σ included (stretched) step time; ``top_ops``:
-    the innermost enclosing CPU op of each call (``"(no op)"`` when none), by µs."""
+    the innermost enclosing CPU op of each call (``"(no op)"`` when none), by µs; empty,
+    with ``sync.top_ops`` in ``not_available``, when the trace has sync calls but no CPU
+    operator at all (a GPU-only export)."""
     rows = sync_rows(trace, gpu_runtime)
     rt = trace.runtime
     total_steps = float(steps.durations.sum()) if steps.count else 0.0
@@ -87,13 +103,18 @@ def sync_signal(trace: TraceData, steps: Steps, gpu_runtime: Optional[np.ndarray
             sel = names == nid
             calls.append({"name": trace.strings[nid], "us": float(us[sel].sum()), "count": int(sel.sum())})
         calls.sort(key=lambda d: -d["us"])
-        op = innermost_enclosing(trace, trace.cpu.kind == CPU_OP, rows, among=op_calls)
-        op_name = np.where(op >= 0, trace.cpu.name[np.maximum(op, 0)], -1)
-        for nid in np.unique(op_name):
-            sel = op_name == nid
-            top.append({"op": trace.strings[nid] if nid >= 0 else "(no op)",
-                        "sync_us": float(us[sel].sum()), "count": int(sel.sum())})
-        top.sort(key=lambda d: -d["sync_us"])
+        has_ops = bool((trace.cpu.kind == CPU_OP).any())
+        if has_ops:
+            op = innermost_enclosing(trace, trace.cpu.kind == CPU_OP, rows, among=op_calls)
+            op_name = op_names(trace, op)
+            for nid in np.unique(op_name):
+                sel = op_name == nid
+                top.append({"op": trace.strings[nid] if nid >= 0 else "(no op)",
+                            "sync_us": float(us[sel].sum()), "count": int(sel.sum())})
+            top.sort(key=lambda d: -d["sync_us"])
+        elif not_available is not None:
+            # a GPU-only export (runtime calls, no CPU operators): nothing to attribute to
+            not_available["sync.top_ops"] = NO_CPU_OPS
     idle_us, busy_pct = _sync_gpu_idle(trace, rows, steps)
     return {"sync_us": sync_us, "sync_pct": 100.0 * sync_us / total_steps if total_steps > 0 else None,
             "sync_gpu_idle_us": idle_us,
@@ -217,7 +238,8 @@ def _steps_us(report: dict):
 def _sync_compute(span) -> dict:
     from .linking import span_gpu_runtime, span_op_calls
 
-    return sync_signal(span.trace, span.found, gpu_runtime=span_gpu_runtime(span), op_calls=span_op_calls(span))
+    return sync_signal(span.trace, span.found, gpu_runtime=span_gpu_runtime(span), op_calls=span_op_calls(span),
+                       not_available=span.not_available)
 
 
 def _sync_partial(report: dict) -> dict:

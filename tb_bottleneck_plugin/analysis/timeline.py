@@ -60,7 +60,7 @@ from . import intervals as iv
 from .breakdown import cumulative_unions, dataloader_mask
 from .linking import gpu_runtime_index, innermost_enclosing, span_gpu_runtime, span_op_calls
 from .operators import op_nesting, span_op_nesting
-from .signals import sync_rows
+from .signals import op_names, sync_rows
 from .steps import find_steps
 
 # 2: CPU lanes from the Operator view's op nesting (operators.op_nesting): an op that starts
@@ -245,7 +245,7 @@ def build_store(trace: TraceData, steps=None, span=None) -> Dict[str, np.ndarray
     if len(rt):
         rt_all = np.arange(len(rt))
         op_of_rt = innermost_enclosing(trace, trace.cpu.kind == CPU_OP, rt_all, among=pairs)
-        rt_link = np.where(op_of_rt >= 0, c.name[np.maximum(op_of_rt, 0)], -1).astype(np.int64)
+        rt_link = op_names(trace, op_of_rt)  # -1 without an enclosing op (or without any CPU row)
         rkeys = _thread_key(rt.pid, rt.tid)
         uniq, inv = np.unique(rkeys, return_inverse=True)
         rid = np.array([row_of(ROW_RUNTIME, u, 0) for u in uniq], np.int64)
