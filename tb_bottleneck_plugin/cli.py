@@ -13,7 +13,9 @@
 Exit codes: 0 every file gave a report (an analysis section that failed inside one is
 printed as one line on stderr, the rest of the report is there); 1 some files could not
 be read (the others are printed); 2 none could (bad path, no traces, broken file) or an
-internal error. `--debug` prints tracebacks; without it every error is one line.
+internal error; 130 interrupted (Ctrl-C); 141 the reader of stdout went away (`... | head`:
+the rest of the output is dropped quietly, as a tool killed by SIGPIPE; every command).
+`--debug` prints tracebacks; without it every error is one line.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import functools
 import json
 import logging
 import math
+import os
 import sys
 import traceback
 from typing import List, Optional
@@ -29,11 +32,78 @@ from typing import List, Optional
 from . import gate
 
 
+EXIT_PIPE_CLOSED = 141  # 128 + SIGPIPE: what a shell reports for a tool its pipe reader left
+# The analysis children's log (section tracebacks) is silenced unless --debug (service._child_entry).
+CHILD_TRACEBACKS_ENV = "TB_BOTTLENECKS_CHILD_TRACEBACKS"
+
+
+class _StdoutClosed(BaseException):
+    """The reader of stdout went away (``| head``). A BaseException, so that no
+    ``except Exception`` on the way (gate.run, the report's last line of defence) turns it
+    into an "internal error" with a traceback; `main` ends quietly with EXIT_PIPE_CLOSED."""
+
+
+class _GuardedStdout:
+    """sys.stdout while a command runs: a BrokenPipeError (EPIPE) from a write or flush
+    becomes `_StdoutClosed`; everything else is the real stream's."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise _StdoutClosed() from None
+
+    def writelines(self, lines):
+        for line in lines:
+            self.write(line)
+
+    def flush(self):
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise _StdoutClosed() from None
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _drop_stdout(stream) -> None:
+    """Point the stdout file descriptor at /dev/null, so that the interpreter's last flush
+    of what is still buffered does not print "Exception ignored ... BrokenPipeError"."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return  # not a real file (a test's capture): nothing is flushed at exit
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, fd)
+        finally:
+            os.close(devnull)
+    except OSError:
+        pass
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """The console script: exit codes 0 (ok), 1 (a gate failed / demo without torch),
-    2 (an error, one line), 130 (Ctrl-C: one line, the traceback only with --debug)."""
+    2 (an error, one line), 130 (Ctrl-C: one line, the traceback only with --debug),
+    141 (stdout's reader went away, e.g. ``| head``: nothing printed on stderr)."""
+    real = sys.stdout
+    sys.stdout = _GuardedStdout(real)
     try:
-        return _main(argv)
+        try:
+            code = _main(argv)
+            sys.stdout.flush()  # a closed pipe shows here when the output fit in the buffer
+            return code
+        finally:
+            if isinstance(sys.stdout, _GuardedStdout):
+                sys.stdout = real
+    except (_StdoutClosed, BrokenPipeError):
+        _drop_stdout(real)
+        return EXIT_PIPE_CLOSED
     except KeyboardInterrupt:
         if "--debug" in (sys.argv[1:] if argv is None else argv):
             traceback.print_exc()
@@ -133,6 +203,10 @@ def _analyze_all(logdir, spans, *, debug: bool, jobs: Optional[int], memory_budg
 
         jobs = jobs or scheduler.default_slots()
         if jobs > 1 and len(spans) > 1 and service.processes_supported():
+            # the children (started on demand) log a failed section's traceback: only with
+            # --debug; without it each failure is one line here
+            saved_env = os.environ.get(CHILD_TRACEBACKS_ENV)
+            os.environ[CHILD_TRACEBACKS_ENV] = "1" if debug else "0"
             pool = service.ChildPool(max_idle=jobs, nice=0)  # the foreground work here
             try:
                 budget = memory_budget if memory_budget is not None else scheduler.default_memory_budget()
@@ -141,6 +215,10 @@ def _analyze_all(logdir, spans, *, debug: bool, jobs: Optional[int], memory_budg
                     lambda job: pool.analyze(logdir.url, job[0], job[1]), slots=jobs, memory_budget=budget)
             finally:
                 pool.close()
+                if saved_env is None:
+                    os.environ.pop(CHILD_TRACEBACKS_ENV, None)
+                else:
+                    os.environ[CHILD_TRACEBACKS_ENV] = saved_env
             outcomes = {job[1].url: outcome for job, outcome in done}
         else:
             for run, _, span in spans:

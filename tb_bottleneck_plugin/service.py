@@ -113,6 +113,10 @@ def _child_entry(fd: int, owner_pid: int, nice: int = ANALYSIS_NICE) -> None:
     # Analysis children already run one per core (scheduler.py), and the memory budget
     # counts one process per span: no extra decode worker per child unless asked for.
     os.environ.setdefault("TB_BOTTLENECKS_DECODE_PROCESSES", "0")
+    if os.environ.get("TB_BOTTLENECKS_CHILD_TRACEBACKS") == "0":
+        # the CLI without --debug (cli.CHILD_TRACEBACKS_ENV): a failed section is one line
+        # there, from the report; no traceback from logging's last resort here
+        logging.getLogger("tb_bottleneck_plugin").addHandler(logging.NullHandler())
     from multiprocessing.connection import Connection
 
     try:
