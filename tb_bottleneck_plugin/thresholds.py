@@ -84,3 +84,20 @@ WARMUP_CALL_RUNTIME_PCT = 50.0
 # ... and at least this share of the included step time (else it costs the step little):
 # the steps are not the steady state; profile after warm-up instead of tuning launches.
 WARMUP_CALL_STEP_PCT = 20.0
+
+# --- torch.compile and CUDA graphs (analysis/compilation.py, METRICS.md "torch.compile") -----
+# The Compilation card: graph breaks per profiled step at or above this colour it "medium"
+# (each break splits the frame: the rest runs as a resume frame, between graphs eager code runs).
+COMPILE_BREAKS_PER_STEP = 1.0
+# Steady-state recompiles (a compile id > 0 compiled inside the profiled steps, or first seen
+# after the first profiled step) at or above this count colour it "high": the cache keeps
+# missing and every such step pays Dynamo + Inductor again (toy_graph_break: 1/4..1/6, 57 %
+# of the step in compilation).
+COMPILE_STEADY_RECOMPILES = 1
+
+# --- §15 FLOPs and MFU (analysis/flops.py; the "mfu" card's own scale) ------------------
+# Model FLOPs utilization below this share of the dense peak: "medium" (the GPU does little
+# useful arithmetic for its time: GPT-2 small eager on an H100, ~9 %) ...
+MFU_LOW_PCT = 10.0
+# ... below this: "low" (room left; well-tuned large-model training reaches 35-50 %).
+MFU_MODERATE_PCT = 30.0

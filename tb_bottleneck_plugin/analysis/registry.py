@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import List
 
 from . import breakdown, context, gpu, input_bound, memory, occupancy, signals, steps, tensor_cores, units_trace
+from . import compilation
 from .units import Unit
 
 UNITS: List[Unit] = [
@@ -19,6 +20,7 @@ UNITS: List[Unit] = [
     memory.UNIT,        # memory (and the memory curves, the snapshot)
     signals.SYNC_UNIT, signals.COMMUNICATION_UNIT, signals.LAUNCH_UNIT,
     context.UNIT,       # context (training/inference, graphs, compile, distributed)
+    compilation.UNIT,   # compilation (torch.compile regions, breaks, recompiles, Triton kernels, CUDA graphs)
 ]
 
 # Cross-section links, run after every unit (span and summary alike).

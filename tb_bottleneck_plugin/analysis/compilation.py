@@ -1,0 +1,572 @@
+"""torch.compile and CUDA graphs (METRICS.md "torch.compile and CUDA graphs"): what is
+compiled, what breaks, what recompiles, and which fused ops an Inductor kernel holds.
+
+What the profiler records (torch >= 2.4, checked on ../shared/traces/h100):
+
+- ``Torch-Compiled Region: <frame>/<compile>`` (cpu_op) around each call of a frame that
+  Dynamo compiled; ``<compile>`` > 0 is a recompile of that frame (its guards failed).
+  A graph break makes Dynamo call the rest of the frame as a new *resume* frame from inside
+  the region, so the resume frame's region is nested in the one that broke.
+- ``CompiledFunction`` / ``CompiledFunctionBackward`` (AOTAutograd's forward/backward
+  graph calls), ``## Call CompiledFxGraph <hash> ##`` (user_annotation, one per Inductor
+  graph call), ``TorchDynamo Cache Lookup`` (guard evaluation before each compiled frame).
+- Compilation itself (``dynamo``, ``entire_frame_compile``, ``_compile.compile_inner``,
+  ``backend_compile`` ...) when it happens inside the profiled steps.
+- Inductor's Triton kernels (``triton_poi_fused_add_mul_3``: the origin ATen ops in the
+  name), launched through ``cuLaunchKernel(Ex)`` (cuda_driver), and CUDA graph replays
+  (``cudaGraphLaunch``: every kernel with its correlation was replayed from a graph).
+
+The section is per span; every number is a sum over included steps (partials are additive,
+``finish`` takes ratios of the sums).
+"""
+from __future__ import annotations
+
+import re
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from .. import thresholds as T
+from ..model import CPU_OP, CPU_USER_ANNOTATION, GPU_KERNEL, TraceData
+from . import intervals as iv
+from .context import GRAPH_LAUNCH_CALLS, TRITON_RE
+
+NAME = "compilation"
+
+REGION_RE = re.compile(r"^Torch-Compiled Region(?::\s*\[?(\d+)/(\d+)(?:_\d+)?\]?)?\s*$")
+BACKWARD_NAMES = frozenset({"CompiledFunctionBackward"})
+FORWARD_GRAPH_NAMES = frozenset({"CompiledFunction"})
+FX_GRAPH_RE = re.compile(r"^## Call CompiledFxGraph \S+ ##$")
+GUARD_NAMES = frozenset({"TorchDynamo Cache Lookup"})
+# Spans of compilation work (Dynamo tracing, AOTAutograd, Inductor): their time inside a
+# compiled region is compile time, not compiled execution.
+COMPILE_NAMES = frozenset({
+    "dynamo", "entire_frame_compile", "_compile.compile_inner", "_compile.compile_inner (dynamo_timed)",
+    "compile_attempt_0", "compile_attempt_0 (dynamo_timed)", "backend_compile",
+    "OutputGraph.call_user_compiler", "OutputGraph.call_user_compiler (dynamo_timed)",
+    "compile_fx_inner", "compile_fx_inner (dynamo_timed)", "inductor_compile", "aot_autograd",
+    "TorchDynamo compile", "Dynamo compile",
+})
+# Library kernels: attention first (cuDNN SDPA kernels carry "wgmma"), then GEMMs.
+ATTENTION_RE = re.compile(r"(?i)flash|sdpa|fmha|attn|attention")
+GEMM_RE = re.compile(r"(?i)gemm|nvjet|cutlass|^Cijk_|cublas|xmma|wgmma|^void\s+gemv|gemv2|_mma_")
+
+KINDS = {"poi": "pointwise", "red": "reduction", "per": "persistent_reduction", "tem": "template",
+         "for": "foreach", "fused": "fused"}
+UNKNOWN_OPS = ["unknown"]
+
+# ATen / Inductor op names that Inductor joins with "_" into a kernel name (origins of the
+# fused nodes). Longest match first, so "native_layer_norm_backward" beats
+# "native_layer_norm"; a token that matches none is kept as written.
+FUSED_OP_VOCAB = tuple(sorted({
+    "_to_copy", "_unsafe_view", "_log_softmax", "_log_softmax_backward_data", "_softmax",
+    "_softmax_backward_data", "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention", "_fused_rms_norm", "_foreach_add", "_foreach_mul", "_foreach_div",
+    "_foreach_sqrt", "_foreach_addcmul", "_foreach_addcdiv", "_foreach_lerp", "_adaptive_avg_pool2d",
+    "_adaptive_avg_pool2d_backward", "_native_batch_norm_legit_functional", "_native_batch_norm_legit",
+    "_native_batch_norm_legit_no_training", "_weight_norm_interface", "_pdist_forward",
+    "abs", "acos", "add", "addcdiv", "addcmul", "addmm", "alias", "all", "amax", "amin", "any", "arange",
+    "argmax", "argmin", "as_strided", "as_strided_scatter", "asin", "atan", "atan2", "avg_pool2d",
+    "avg_pool2d_backward", "baddbmm", "bernoulli", "bitwise_and", "bitwise_not", "bitwise_or", "bitwise_xor",
+    "bmm", "bucketize", "cat", "ceil", "clamp", "clamp_max", "clamp_min", "clone", "constant_pad_nd",
+    "convolution", "convolution_backward", "copy", "cos", "cosh", "cumprod", "cumsum", "detach", "div",
+    "div_", "elu", "elu_backward", "embedding", "embedding_dense_backward", "empty", "empty_like", "eq",
+    "erf", "erfinv", "exp", "exp2", "expand", "expm1", "fill", "flip", "floor", "floor_divide", "fmod",
+    "full", "full_like", "gather", "ge", "gelu", "gelu_backward", "gt", "hardsigmoid", "hardswish",
+    "hardtanh", "hardtanh_backward", "index", "index_add", "index_put", "index_select", "isinf", "isnan",
+    "iota", "le", "leaky_relu", "leaky_relu_backward", "lerp", "lift_fresh", "linalg_vector_norm", "log",
+    "log1p", "log2", "log_softmax", "logical_and", "logical_not", "logical_or", "logsumexp", "lt",
+    "masked_fill", "max", "max_pool2d_with_indices", "max_pool2d_with_indices_backward", "maximum", "mean",
+    "min", "minimum", "mm", "mul", "native_batch_norm", "native_batch_norm_backward", "native_dropout",
+    "native_dropout_backward", "native_group_norm", "native_group_norm_backward", "native_layer_norm",
+    "native_layer_norm_backward", "ne", "neg", "new_empty", "new_full", "new_ones", "new_zeros",
+    "nll_loss_backward", "nll_loss_forward", "nll_loss2d_backward", "nll_loss2d_forward", "ones",
+    "ones_like", "permute", "pow", "prepare_softmax_online", "prod", "rand", "randn", "reciprocal", "relu",
+    "remainder", "repeat", "round", "rsqrt", "rsub", "scalar_tensor", "scatter", "scatter_add",
+    "scatter_reduce", "select", "select_backward", "select_scatter", "sigmoid", "sigmoid_backward", "sign",
+    "silu", "silu_backward", "sin", "sinh", "slice", "slice_backward", "slice_scatter", "softplus",
+    "softplus_backward", "sort", "split", "split_with_sizes", "sqrt", "squeeze", "stack", "sub", "sum", "t",
+    "tanh", "tanh_backward", "threshold_backward", "topk", "transpose", "tril", "triu", "trunc", "unbind",
+    "unsqueeze", "unfold", "upsample_bilinear2d", "upsample_nearest2d", "var", "var_mean", "view",
+    "view_as_complex", "view_as_real", "where", "zeros", "zeros_like", "mul_", "add_", "copy_",
+    "reshape", "contiguous", "squeeze_copy", "unsqueeze_copy", "view_copy", "lt_", "ge_",
+}, key=lambda s: (-len(s), s)))
+_KERNEL_NAME_RE = re.compile(r"^triton_(?:(poi|red|per|tem|for)_)?(?:fused_(.*?))?(?:_\d+)?$")
+
+
+def fused_ops(name: str) -> List[str]:
+    """The ATen ops an Inductor kernel's name reveals (``triton_poi_fused_add_mul_3`` ->
+    ``["add", "mul"]``), in name order, each once; ``["unknown"]`` when the name carries none
+    (``triton_poi_fused_0``, a renamed or hashed kernel, a name that is not Inductor's)."""
+    m = _KERNEL_NAME_RE.match(name or "")
+    body = m.group(2) if m else None
+    if not body:
+        return list(UNKNOWN_OPS)
+    out: List[str] = []
+    i, n = 0, len(body)
+    while i < n:
+        op = next((v for v in FUSED_OP_VOCAB if body.startswith(v, i)
+                   and (i + len(v) == n or body[i + len(v)] == "_")), None)
+        if op is None:  # an op we do not list: up to the next "_" (a leading "_" belongs to it)
+            j = body.find("_", i + 1)
+            op = body[i:j if j >= 0 else n]
+        if op and op.strip("_") and op not in out:
+            out.append(op)
+        i += len(op) + 1
+    return out or list(UNKNOWN_OPS)
+
+
+def kernel_kind(name: str) -> str:
+    """pointwise / reduction / persistent_reduction / template / foreach / triton."""
+    m = _KERNEL_NAME_RE.match(name or "")
+    return KINDS.get(m.group(1), "triton") if m and m.group(1) else "triton"
+
+
+def region_ids(name: str):
+    """(frame, compile) of a ``Torch-Compiled Region: f/c`` name; (None, None) without ids;
+    None when the name is not a region."""
+    m = REGION_RE.match(name)
+    if not m:
+        return None
+    return (int(m.group(1)), int(m.group(2))) if m.group(1) is not None else (None, None)
+
+
+def _ids(trace: TraceData, pred) -> np.ndarray:
+    return trace.string_ids(pred)
+
+
+def _rows(trace: TraceData, pred, kinds=(CPU_OP, CPU_USER_ANNOTATION)) -> np.ndarray:
+    cpu = trace.cpu
+    ids = _ids(trace, pred)
+    if not len(ids) or not len(cpu):
+        return np.empty(0, np.int64)
+    return np.flatnonzero(np.isin(cpu.name, ids) & np.isin(cpu.kind, kinds))
+
+
+def _nesting(pid, tid, ts, end):
+    """For regions (rows sorted however): the parent region index (-1: top level) and the
+    depth, per thread, by containment (a region inside another region's span)."""
+    n = len(ts)
+    parent = np.full(n, -1, np.int64)
+    depth = np.zeros(n, np.int64)
+    order = np.lexsort((-(end - ts), ts, tid, pid))
+    stack: List[int] = []
+    key = None
+    for i in order:
+        k = (pid[i], tid[i])
+        if k != key:
+            stack, key = [], k
+        while stack and end[stack[-1]] <= ts[i]:
+            stack.pop()
+        if stack:
+            parent[i] = stack[-1]
+            depth[i] = depth[stack[-1]] + 1
+        stack.append(i)
+    return parent, depth
+
+
+def _thread_intervals(trace: TraceData, rows: np.ndarray) -> Dict[tuple, iv.Intervals]:
+    cpu = trace.cpu
+    out: Dict[tuple, iv.Intervals] = {}
+    if not len(rows):
+        return out
+    keys = np.stack([cpu.pid[rows], cpu.tid[rows]], axis=1)
+    for k in np.unique(keys, axis=0):
+        sel = rows[(keys[:, 0] == k[0]) & (keys[:, 1] == k[1])]
+        out[(int(k[0]), int(k[1]))] = iv.merge(cpu.ts[sel], cpu.ts[sel] + cpu.dur[sel])
+    return out
+
+
+def _inside(merged_by_thread: Dict[tuple, iv.Intervals], pid, tid, ts, end) -> np.ndarray:
+    """For calls (pid, tid, ts, end): wholly inside one merged interval of their thread."""
+    out = np.zeros(len(ts), bool)
+    for (p, t), (s, e) in merged_by_thread.items():
+        sel = np.flatnonzero((pid == p) & (tid == t))
+        if not len(sel) or not len(s):
+            continue
+        j = np.searchsorted(s, ts[sel], side="right") - 1
+        ok = j >= 0
+        jj = np.maximum(j, 0)
+        out[sel] = ok & (end[sel] <= e[jj])
+    return out
+
+
+NA_NO_MARKERS = ("no torch.compile regions, Inductor (Triton) kernels or CUDA graph launches in this trace: "
+                 "an eager run")
+NA_NO_REGIONS = ("no 'Torch-Compiled Region' markers in this trace (an eager run, or a profiler older than "
+                 "torch 2.4): compiled share, graph breaks and recompiles cannot be told")
+NA_NO_COMPILED = ("no compiled region or AOTAutograd graph call (CompiledFunction) in this trace: the Triton "
+                  "kernels or CUDA graphs ran without a compiled frame the profiler marked")
+NA_NO_STEPS = "no included step"
+NA_NO_GPU = "no GPU kernel in the included steps"
+NA_NO_REGION_IDS = "the trace's compiled regions carry no <frame>/<compile> ids (torch older than 2.5)"
+
+
+def compilation(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = None,
+                not_available: Optional[Dict[str, str]] = None) -> Optional[dict]:
+    """The span's section (module docstring; METRICS.md). None (n/a with the reason) when the
+    trace holds no compiled region, Triton kernel or CUDA graph launch."""
+    na = not_available if not_available is not None else {}
+    cpu, rt, g = trace.cpu, trace.runtime, trace.gpu
+    region_name_ids = _ids(trace, lambda s: s.startswith("Torch-Compiled Region") and REGION_RE.match(s) is not None)
+    region_rows = np.flatnonzero(np.isin(cpu.name, region_name_ids) & (cpu.kind == CPU_OP)) \
+        if len(region_name_ids) and len(cpu) else np.empty(0, np.int64)
+    launch_ids = _ids(trace, lambda s: s in GRAPH_LAUNCH_CALLS)
+    is_graph_call = np.isin(rt.name, launch_ids) if len(launch_ids) and len(rt) else np.zeros(len(rt), bool)
+    is_kernel = g.kind == GPU_KERNEL
+    triton_name_ids = _ids(trace, lambda s: TRITON_RE.search(s) is not None)
+    is_triton = is_kernel & np.isin(g.name, triton_name_ids) if len(triton_name_ids) else np.zeros(len(g), bool)
+    if not len(region_rows) and not is_graph_call.any() and not is_triton.any():
+        na[NAME] = NA_NO_MARKERS
+        return None
+    if steps is None or steps.count == 0:
+        na[NAME] = NA_NO_STEPS
+        return None
+
+    order = np.argsort(steps.inc_host_start, kind="stable")
+    numbers = steps.inc_numbers[order]
+    h_lo, h_hi = steps.inc_host_start[order], steps.inc_host_end[order]
+    s_lo, s_hi = steps.inc_start[order], steps.inc_end[order]
+    n_steps = len(numbers)
+
+    def step_of(ts, lo=h_lo, hi=h_hi):
+        """Index of the included step whose host span (CPU events; ``lo``/``hi`` = the
+        stretched span for GPU activity) holds ts, else -1."""
+        j = np.searchsorted(lo, ts, side="right") - 1
+        jj = np.maximum(j, 0)
+        return np.where((j >= 0) & (ts < hi[jj]), j, -1)
+
+    # ---- compiled regions: nesting, frames and compile ids
+    r_ts, r_end = cpu.ts[region_rows], cpu.ts[region_rows] + cpu.dur[region_rows]
+    parent, depth = _nesting(cpu.pid[region_rows], cpu.tid[region_rows], r_ts, r_end)
+    has_child = np.zeros(len(region_rows), bool)
+    has_child[parent[parent >= 0]] = True
+    r_step = step_of(r_ts)
+    ids = [region_ids(trace.strings[int(n)]) for n in cpu.name[region_rows]]
+
+    # ---- compiled intervals (forward regions + backward graphs), compile spans, guards
+    bwd_rows = _rows(trace, lambda s: s in BACKWARD_NAMES, kinds=(CPU_OP,))
+    fwd_graph_rows = _rows(trace, lambda s: s in FORWARD_GRAPH_NAMES, kinds=(CPU_OP,))
+    compiled_rows = np.concatenate([region_rows, fwd_graph_rows, bwd_rows])
+    compile_rows = _rows(trace, lambda s: s in COMPILE_NAMES, kinds=(CPU_OP, CPU_USER_ANNOTATION))
+    guard_rows = _rows(trace, lambda s: s in GUARD_NAMES, kinds=(CPU_OP,))
+    fx_rows = _rows(trace, lambda s: FX_GRAPH_RE.match(s) is not None, kinds=(CPU_USER_ANNOTATION, CPU_OP))
+    all_compiled = iv.merge(cpu.ts[compiled_rows], cpu.ts[compiled_rows] + cpu.dur[compiled_rows])
+    all_compile = iv.merge(cpu.ts[compile_rows], cpu.ts[compile_rows] + cpu.dur[compile_rows])
+    compiled_only = iv.subtract(all_compiled, all_compile)
+    by_thread = _thread_intervals(trace, compiled_rows)
+    region_by_thread = _thread_intervals(trace, region_rows)
+    # forward graph calls: Inductor graph calls inside a region (else AOT CompiledFunction)
+    in_region = _inside(region_by_thread, cpu.pid[fx_rows], cpu.tid[fx_rows], cpu.ts[fx_rows],
+                        cpu.ts[fx_rows] + cpu.dur[fx_rows]) if len(fx_rows) else np.zeros(0, bool)
+    graph_rows = fx_rows[in_region] if len(fx_rows) and in_region.any() else fwd_graph_rows
+
+    # ---- GPU kernels: the step (by their launch call, else their start), compiled, graphs
+    g_rt = gpu_runtime if gpu_runtime is not None else np.full(len(g), -1, np.int64)
+    rt_step = np.full(len(rt), -1, np.int64)
+    if len(rt):
+        j = np.searchsorted(h_lo, rt.ts, side="right") - 1
+        jj = np.maximum(j, 0)
+        ok = (j >= 0) & (rt.ts + rt.dur <= h_hi[jj])
+        rt_step[ok] = j[ok]
+    linked = g_rt >= 0
+    gr = np.maximum(g_rt, 0)
+    k_step = np.where(linked, rt_step[gr] if len(rt) else -1, step_of(g.ts, s_lo, s_hi)) if len(g) else np.empty(0, np.int64)
+    rt_compiled = _inside(by_thread, rt.pid, rt.tid, rt.ts, rt.ts + rt.dur) if len(rt) else np.zeros(0, bool)
+    k_compiled = linked & (rt_compiled[gr] if len(rt) else False)
+    k_graph = linked & (is_graph_call[gr] if len(rt) else False)
+    names = g.name
+    gemm_name_ids = _ids(trace, lambda s: GEMM_RE.search(s) is not None and ATTENTION_RE.search(s) is None
+                         and TRITON_RE.search(s) is None)
+    attn_name_ids = _ids(trace, lambda s: ATTENTION_RE.search(s) is not None and TRITON_RE.search(s) is None)
+    is_gemm = is_kernel & np.isin(names, gemm_name_ids) if len(gemm_name_ids) else np.zeros(len(g), bool)
+    is_attn = is_kernel & np.isin(names, attn_name_ids) if len(attn_name_ids) else np.zeros(len(g), bool)
+    in_steps = is_kernel & (k_step >= 0)
+
+    def per_step_sum(mask, values):
+        out = np.zeros(n_steps)
+        sel = mask & in_steps
+        np.add.at(out, k_step[sel], values[sel])
+        return out
+
+    dur = g.dur
+    kernel_us = per_step_sum(np.ones(len(g), bool), dur)
+    compiled_gpu_us = per_step_sum(k_compiled, dur)
+    graph_gpu_us = per_step_sum(k_graph, dur)
+    graph_kernels = per_step_sum(k_graph, np.ones(len(g)))
+    triton_us = per_step_sum(is_triton, dur)
+    gemm_us = per_step_sum(is_gemm, dur)
+    attn_us = per_step_sum(is_attn, dur)
+    graph_launches = np.bincount(rt_step[is_graph_call & (rt_step >= 0)], minlength=n_steps) if len(rt) \
+        else np.zeros(n_steps, np.int64)
+
+    def count_in_steps(rows):
+        st = step_of(cpu.ts[rows]) if len(rows) else np.empty(0, np.int64)
+        return np.bincount(st[st >= 0], minlength=n_steps) if len(st) else np.zeros(n_steps, np.int64)
+
+    def dur_in_steps(rows):
+        out = np.zeros(n_steps)
+        if len(rows):
+            st = step_of(cpu.ts[rows])
+            np.add.at(out, st[st >= 0], cpu.dur[rows][st >= 0])
+        return out
+
+    guard_us, guard_calls = dur_in_steps(guard_rows), count_in_steps(guard_rows)
+    graphs = count_in_steps(graph_rows)
+    compile_top = compile_rows
+    if len(compile_rows):  # top-level compile spans (a compile span inside another is one compile)
+        c_par, _ = _nesting(cpu.pid[compile_rows], cpu.tid[compile_rows], cpu.ts[compile_rows],
+                            cpu.ts[compile_rows] + cpu.dur[compile_rows])
+        compile_top = compile_rows[c_par < 0]
+    compiles = count_in_steps(compile_top)
+
+    per_step = []
+    have_regions = bool(len(region_rows))
+    have_compiled = bool(len(compiled_rows))
+    for i in range(n_steps):
+        lo, hi = float(h_lo[i]), float(h_hi[i])  # CPU time: the host span
+        step_us = float(s_hi[i] - s_lo[i])  # the step's (stretched) time, as every section
+        comp = float(iv.covered_in(compiled_only, lo, hi)[0]) if have_compiled else None
+        cmp_us = float(iv.covered_in(all_compile, lo, hi)[0])
+        mine = r_step == i
+        per_step.append({
+            "step": int(numbers[i]), "step_us": step_us,
+            "compiled_us": comp, "compile_us": cmp_us,
+            "eager_us": max(step_us - comp - cmp_us, 0.0) if comp is not None else None,
+            "guard_us": float(guard_us[i]), "guard_calls": int(guard_calls[i]),
+            "regions": int(mine.sum()), "nested_regions": int((mine & (parent >= 0)).sum()),
+            "breaks": int((mine & has_child).sum()) if have_regions else None,
+            "max_depth": int(depth[mine].max()) if mine.any() else 0,
+            "graphs": int(graphs[i]), "compiles": int(compiles[i]),
+            "kernel_us": float(kernel_us[i]), "compiled_gpu_us": float(compiled_gpu_us[i]),
+            "graph_launches": int(graph_launches[i]), "graph_kernels": int(graph_kernels[i]),
+            "graph_gpu_us": float(graph_gpu_us[i]), "triton_us": float(triton_us[i]),
+            "gemm_us": float(gemm_us[i]), "attention_us": float(attn_us[i]),
+        })
+
+    # ---- frames and compile ids (regions inside the steps)
+    frames: Dict[str, dict] = {}
+    recompiles: Dict[str, dict] = {}
+    compile_steps = set(int(numbers[i]) for i in np.flatnonzero(compiles > 0))
+    for k, (fc, st) in enumerate(zip(ids, r_step)):
+        if st < 0 or fc is None:
+            continue
+        f, c = fc
+        fkey = "?" if f is None else str(f)
+        fr = frames.setdefault(fkey, {"frame": f, "regions": 0, "cpu_us": 0.0, "compile_ids": []})
+        fr["regions"] += 1
+        fr["cpu_us"] += float(cpu.dur[region_rows[k]])
+        if c is not None and c not in fr["compile_ids"]:
+            fr["compile_ids"].append(c)
+        if c:
+            step_no = int(numbers[st])
+            rc = recompiles.setdefault(f"{f}/{c}", {"id": f"{f}/{c}", "frame": f, "compile": c,
+                                                     "first_step": step_no, "regions": 0,
+                                                     "compiled_in_step": step_no in compile_steps})
+            rc["regions"] += 1
+    if have_regions and all(fc == (None, None) for fc in ids):
+        na[f"{NAME}.recompiles"] = NA_NO_REGION_IDS
+
+    # ---- Inductor (Triton) kernels
+    kernels: Dict[str, dict] = {}
+    sel = np.flatnonzero(is_triton & in_steps)
+    if len(sel):
+        uniq, inv = np.unique(names[sel], return_inverse=True)
+        counts = np.bincount(inv, minlength=len(uniq))
+        sums = np.bincount(inv, weights=dur[sel], minlength=len(uniq))
+        graphed = np.bincount(inv, weights=k_graph[sel].astype(float), minlength=len(uniq))
+        for u, c, s, gk in zip(uniq, counts, sums, graphed):
+            kernels[trace.strings[int(u)]] = {"count": int(c), "us": float(s), "graph_count": int(gk)}
+
+    sec = _finish_from(per_step, frames, recompiles, kernels, have_regions)
+    if not have_compiled:
+        na[f"{NAME}.compiled_pct"] = NA_NO_COMPILED
+    if not have_regions:
+        na[f"{NAME}.breaks_per_step"] = NA_NO_REGIONS
+        na[f"{NAME}.recompiles"] = NA_NO_REGIONS
+    if not sec["kernel_us"]:
+        na[f"{NAME}.compiled_gpu_pct"] = NA_NO_GPU
+    return sec
+
+
+# ---------------------------------------------------------------- the group maths (span and summary alike)
+
+PER_STEP_FIELDS = ("step_us", "compiled_us", "compile_us", "eager_us", "guard_us", "guard_calls", "regions",
+                   "nested_regions", "breaks", "graphs", "compiles", "kernel_us", "compiled_gpu_us",
+                   "graph_launches", "graph_kernels", "graph_gpu_us", "triton_us", "gemm_us", "attention_us")
+TOP_KERNELS = 25
+
+
+def _sum(rows, key):
+    vals = [r.get(key) for r in rows]
+    if any(v is None for v in vals):
+        return None
+    return float(sum(vals))
+
+
+def _ratio(part, whole):
+    return 100.0 * part / whole if part is not None and whole else None
+
+
+def _per(part, n):
+    return part / n if part is not None and n else None
+
+
+def _finish_from(rows: List[dict], frames: Dict[str, dict], recompiles: Dict[str, dict],
+                 kernels: Dict[str, dict], have_regions: bool) -> dict:
+    n = len(rows)
+    S = {k: _sum(rows, k) for k in PER_STEP_FIELDS}
+    step_us, kernel_us = S["step_us"], S["kernel_us"]
+    first_step = min((r["step"] for r in rows if isinstance(r.get("step"), int)), default=None)
+    rec_list = []
+    for rc in sorted(recompiles.values(), key=lambda r: (r["frame"] if r["frame"] is not None else -1,
+                                                         r["compile"])):
+        steady = bool(rc.get("compiled_in_step")) or (first_step is not None and rc["first_step"] > first_step)
+        rec_list.append(dict(rc, steady=steady))
+    frame_list = sorted(({**f, "compile_ids": sorted(f["compile_ids"])} for f in frames.values()),
+                        key=lambda f: (f["frame"] is None, f["frame"] if f["frame"] is not None else 0))
+    triton_us = S["triton_us"] or 0.0
+    krows = []
+    for name, k in sorted(kernels.items(), key=lambda kv: -kv[1]["us"])[:TOP_KERNELS]:
+        krows.append({"name": name, "kind": kernel_kind(name), "ops": fused_ops(name), "count": k["count"],
+                      "us": k["us"], "us_per_step": _per(k["us"], n), "pct_of_triton": _ratio(k["us"], triton_us),
+                      "graph_count": k.get("graph_count", 0)})
+    breaks = S["breaks"] if have_regions else None
+    return {
+        "has_regions": have_regions, "steps": n, "step_us": step_us,
+        "compiled_us": S["compiled_us"], "compiled_pct": _ratio(S["compiled_us"], step_us),
+        "eager_us": S["eager_us"], "eager_pct": _ratio(S["eager_us"], step_us),
+        "compile_us": S["compile_us"], "compile_pct": _ratio(S["compile_us"], step_us),
+        "compiles_in_steps": int(S["compiles"] or 0),
+        "guard_us": S["guard_us"], "guard_calls": int(S["guard_calls"] or 0),
+        "guard_pct": _ratio(S["guard_us"], step_us),
+        "regions": int(S["regions"] or 0), "regions_per_step": _per(S["regions"], n),
+        "nested_regions": int(S["nested_regions"] or 0), "nested_per_step": _per(S["nested_regions"], n),
+        "breaks": int(breaks) if breaks is not None else None, "breaks_per_step": _per(breaks, n),
+        "graphs_per_step": _per(S["graphs"], n),
+        "max_depth": max((r.get("max_depth") or 0 for r in rows), default=0),
+        "frames": frame_list, "compiled_frames": len(frame_list),
+        "recompiles": len(rec_list) if have_regions else None,
+        "steady_recompiles": sum(1 for r in rec_list if r["steady"]) if have_regions else None,
+        "recompile_ids": rec_list,
+        "kernel_us": kernel_us,
+        "compiled_gpu_us": S["compiled_gpu_us"], "compiled_gpu_pct": _ratio(S["compiled_gpu_us"], kernel_us),
+        "graph_launches": int(S["graph_launches"] or 0), "graph_kernels": int(S["graph_kernels"] or 0),
+        "graph_gpu_us": S["graph_gpu_us"], "graph_gpu_pct": _ratio(S["graph_gpu_us"], kernel_us),
+        "triton_us": S["triton_us"], "triton_pct": _ratio(S["triton_us"], kernel_us),
+        "triton_kernels": len(kernels),
+        "gemm_us": S["gemm_us"], "gemm_pct": _ratio(S["gemm_us"], kernel_us),
+        "attention_us": S["attention_us"], "attention_pct": _ratio(S["attention_us"], kernel_us),
+        "kernels": krows,
+        # every Triton kernel: name -> [launches, µs, launches from CUDA graphs] (the partial's input)
+        "all_kernels": {name: [k["count"], k["us"], k.get("graph_count", 0)] for name, k in kernels.items()},
+        "per_step": [dict(r, compiled_pct=_ratio(r.get("compiled_us"), r.get("step_us")),
+                          compiled_gpu_pct=_ratio(r.get("compiled_gpu_us"), r.get("kernel_us")))
+                     for r in rows],
+    }
+
+
+# ---------------------------------------------------------------- metric unit (analysis/units.py)
+
+
+def _unit_compute(span):
+    from .linking import span_gpu_runtime
+
+    return compilation(span.trace, span.found, gpu_runtime=span_gpu_runtime(span),
+                       not_available=span.not_available)
+
+
+def _unit_partial(report: dict) -> dict:
+    sec = report.get(NAME)
+    if not isinstance(sec, dict):  # an eager span: nothing to add to a group
+        return {}
+    span, worker = report.get("span"), report.get("worker")
+    return {
+        "rows:per_step": [dict(r, span=span, worker=worker) for r in sec.get("per_step") or []],
+        "any:has_regions": bool(sec.get("has_regions")),
+        "keyed:frames": {str(f.get("frame")): {"first:frame": f.get("frame"), "sum:regions": f.get("regions", 0),
+                                               "sum:cpu_us": f.get("cpu_us", 0.0),
+                                               "rows:compile_ids": list(f.get("compile_ids") or [])}
+                         for f in sec.get("frames") or []},
+        "keyed:recompiles": {r["id"]: {"first:frame": r.get("frame"), "first:compile": r.get("compile"),
+                                       "rows:first_step": [r.get("first_step")], "sum:regions": r.get("regions", 0),
+                                       "any:compiled_in_step": bool(r.get("compiled_in_step"))}
+                             for r in sec.get("recompile_ids") or []},
+        # every Triton kernel of the span, not only the shown top (so a group's top is exact)
+        "keyed:kernels": {k: {"sum:count": v[0], "sum:us": v[1], "sum:graph_count": v[2]}
+                          for k, v in (sec.get("all_kernels") or {}).items()},
+    }
+
+
+def _unit_finish(m: dict) -> Optional[dict]:
+    from .units import per_step_across_spans
+
+    rows = m.get("rows:per_step") or []
+    if not rows:
+        return None
+    frames = {k: {"frame": v.get("first:frame"), "regions": int(v.get("sum:regions") or 0),
+                  "cpu_us": v.get("sum:cpu_us") or 0.0,
+                  "compile_ids": sorted(set(v.get("rows:compile_ids") or []))}
+              for k, v in (m.get("keyed:frames") or {}).items()}
+    recompiles = {k: {"id": k, "frame": v.get("first:frame"), "compile": v.get("first:compile"),
+                      "first_step": min(s for s in v.get("rows:first_step") or [0] if s is not None),
+                      "regions": int(v.get("sum:regions") or 0),
+                      "compiled_in_step": bool(v.get("any:compiled_in_step"))}
+                  for k, v in (m.get("keyed:recompiles") or {}).items()}
+    kernels = {k: {"count": int(v.get("sum:count") or 0), "us": v.get("sum:us") or 0.0,
+                   "graph_count": int(v.get("sum:graph_count") or 0)}
+               for k, v in (m.get("keyed:kernels") or {}).items()}
+    sec = _finish_from(rows, frames, recompiles, kernels, bool(m.get("any:has_regions")))
+    # one row per step number across spans (the mean over spans; min/max of compiled %)
+    steps = per_step_across_spans(rows, PER_STEP_FIELDS, "compiled_pct")
+    for r in steps:
+        r["compiled_pct"] = _ratio(r.get("compiled_us"), r.get("step_us"))
+        r["compiled_gpu_pct"] = _ratio(r.get("compiled_gpu_us"), r.get("kernel_us"))
+    sec["per_step"] = steps
+    return sec
+
+
+# ---------------------------------------------------------------- card (verdicts.py helpers, thresholds.py)
+
+CARD = "compilation"
+RULE = "torch_compile"  # the recommendation rule a Compilation card names (recommendations.py)
+NOT_JUDGED_NO_REGIONS = ("not judged: no 'Torch-Compiled Region' markers, so graph breaks and recompiles "
+                         "cannot be told")
+
+
+def card_severity(sec: dict):
+    """(severity, words) of the Compilation card from its section: "high" with steady-state
+    recompiles >= COMPILE_STEADY_RECOMPILES, else "medium" with graph breaks per step >=
+    COMPILE_BREAKS_PER_STEP, else "ok"; "none" (not judged) without region markers."""
+    if not sec.get("has_regions"):
+        return "none", NOT_JUDGED_NO_REGIONS
+    steady = sec.get("steady_recompiles") or 0
+    breaks = sec.get("breaks_per_step")
+    if steady >= T.COMPILE_STEADY_RECOMPILES:
+        ids = ", ".join(r["id"] for r in sec.get("recompile_ids") or [] if r.get("steady"))
+        return "high", f"{steady} recompile{'s' if steady != 1 else ''} in the profiled steps ({ids})"
+    if breaks is not None and breaks >= T.COMPILE_BREAKS_PER_STEP:
+        return "medium", f"{breaks:g} graph break{'s' if breaks != 1 else ''} per step"
+    return "ok", "ok"
+
+
+def _card(report: dict) -> dict:
+    from .. import verdicts as V
+
+    sec = report.get(NAME) if isinstance(report.get(NAME), dict) else {}
+    value = V.num(sec.get("compiled_pct"))
+    out = V.card(report, value, "pct", RULE, None, ("COMPILE_BREAKS_PER_STEP", "COMPILE_STEADY_RECOMPILES"),
+                 (f"{NAME}.compiled_pct", NAME))
+    if value is not None:
+        out["severity"], out["verdict"] = card_severity(sec)
+    return out
+
+
+def _unit():
+    from .units import NONE_FAILED, Unit
+
+    return Unit(NAME, _unit_compute, _unit_partial, _unit_finish, requires=("steps",), group=NONE_FAILED,
+                cards=((CARD, _card),))
+
+
+UNIT = _unit()
