@@ -463,7 +463,9 @@ def ranks_route(analyzer, args, problem: Optional[str] = None) -> Tuple[dict, in
         if st.state == "ready" and st.result is not None:
             by_worker.setdefault(w.name, []).append(st.result)
         elif st.state == "error":
-            errors.append({"worker": w.name, "span": s.name, "error": st.error})
+            # The error text names the file; the browser gets it relative to the logdir,
+            # as /report does.
+            errors.append({"worker": w.name, "span": s.name, "error": analyzer.relative(st.error)})
     workers = {w.name for w, _, _ in selected}
     view = rank_view(by_worker)
     missing = sorted(workers - set(by_worker), key=_natural_key)

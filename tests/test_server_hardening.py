@@ -111,12 +111,17 @@ def test_no_server_path_reaches_the_browser(harnesses, logdir):
     assert h.plugin.analyzer.wait_idle(60)
     bodies = [h.json("runs"), h.json("report", run="cpu"), h.json("report", run="other"),
               h.json("memory", run="cpu"), h.json("kernels", run="cpu"),
-              h.json("report", expect=422, run="cpu", worker="worker0", span="1795274799999999999")]
+              h.json("report", expect=422, run="cpu", worker="worker0", span="1795274799999999999"),
+              h.json("ranks", run="cpu"), h.json("operators", run="cpu"),
+              h.json("compare", base_run="cpu", cand_run="other"),
+              h.open("timeline", run="cpu", worker="worker0", span="1795274799999999999").get_json(),
+              h.open("step_trace", run="cpu", worker="worker0", span="1795274799999999999").get_json()]
     # the logdir itself is shown as given on the command line (TensorBoard's own
     # /data/environment sends it too); nothing else names a server path
     assert bodies[0].pop("logdir") == str(logdir)
     text = json.dumps(bodies)
     assert str(logdir) not in text and str(logdir.parent) not in text
+    assert "JSON ends early" in bodies[6]["file_errors"][0]["error"]  # /ranks names the broken file too
     rep = bodies[1]
     assert rep["spans"] == ["cpu/" + CPU_NW0.name, "cpu/" + CPU_NW2.name]
     assert rep["file_errors"][0]["file"] == "cpu/worker0.1795274799999999999.pt.trace.json"
