@@ -59,6 +59,38 @@ GPU_DEVICE_TYPES = (DEVICE_TYPE_CUDA, DEVICE_TYPE_HIP)
 MEMORY_SNAPSHOT_PATTERNS = ("*.memory_snapshot.pickle", "memory_snapshot.pickle",
                             "*memory_snapshot*.pickle", "dump_snapshot.pickle")
 
+# A byte count at or beyond 2^53 (8 PiB) is no device's memory, and float64 (the maths
+# below) no longer holds it exactly: such a value (2^63-1 written by an uninitialised or
+# corrupt counter) is unknown, and the metrics made from it are n/a with OUT_OF_RANGE.
+MAX_BYTES = 1 << 53
+OUT_OF_RANGE = ("{field} out of range in {count} [memory] event(s) (e.g. {example}, at or beyond 2^53 bytes: "
+                "not a memory size; an uninitialised or corrupt counter)")
+
+
+def _byte_series(values: np.ndarray, field: str, signed: bool = False) -> Tuple[np.ndarray, Optional[str]]:
+    """``values`` (int64 bytes) as float64 with the out-of-range ones NaN, and the reason
+    when there are any (None otherwise). ``signed``: ``Bytes`` deltas, out of range below
+    -MAX_BYTES too."""
+    values = np.asarray(values, dtype=np.int64)
+    bad = values >= MAX_BYTES
+    if signed:
+        bad |= values <= -MAX_BYTES
+    out = values.astype(np.float64)
+    if not bad.any():
+        return out, None
+    out[bad] = np.nan
+    return out, OUT_OF_RANGE.format(field=field, count=int(bad.sum()), example=int(values[bad][0]))
+
+
+def _int_list(values: np.ndarray) -> List[Optional[int]]:
+    """A byte series as JSON integers; None where it is unknown (NaN, out of range):
+    no cast of a NaN or an out-of-range float to int64 (it wraps, and numpy warns)."""
+    values = np.asarray(values, dtype=np.float64)
+    ok = np.isfinite(values) & (np.abs(values) < MAX_BYTES)
+    if ok.all():
+        return values.astype(np.int64).tolist()
+    return [int(v) if k else None for v, k in zip(values.tolist(), ok.tolist())]
+
 
 def device_key(device_type: int, device_id: int) -> str:
     if device_type == DEVICE_TYPE_CPU:
@@ -133,8 +165,8 @@ def _growth(ts, allocated, step_boundaries, relative: bool) -> Dict:
     order = np.argsort(at, kind="stable")
     nums, at = nums[order], at[order]
     vals = _value_at(ts, allocated, at)
-    if relative:
-        vals = np.where(np.isnan(vals), 0.0, vals)  # running sum starts at 0
+    if relative and len(ts):
+        vals = np.where(at < ts[0], 0.0, vals)  # running sum starts at 0 (a NaN later stays unknown)
     per_step = [{"step": int(n), "ts_us": float(t), "allocated_bytes": (None if np.isnan(v) else int(v))}
                 for n, t, v in zip(nums, at, vals)]
     known = vals[~np.isnan(vals)]
@@ -175,21 +207,25 @@ def memory_usage(trace: TraceData, step_boundaries: Optional[Iterable[Tuple[int,
         p = f"memory.{key}."  # this device's not_available keys
         tot_alloc = mem.total_allocated[rows]
         has_totals = bool((tot_alloc >= 0).all())
+        bad_alloc = bad_res = None  # why allocated / reserved hold unknown (out-of-range) values
         if has_totals:
-            allocated = tot_alloc.astype(np.float64)
-            reserved = mem.total_reserved[rows].astype(np.float64)
-            if (reserved < 0).any():
-                reserved = None
+            allocated, bad_alloc = _byte_series(tot_alloc, "Total Allocated")
+            raw_res = mem.total_reserved[rows]
+            reserved = None
+            if (raw_res < 0).any():
                 na[p + "peak_reserved_bytes"] = "[memory] events carry no Total Reserved"
-            elif not is_gpu and not reserved.any() and allocated.any():
+            elif not is_gpu and not raw_res.any() and tot_alloc.any():
                 # PyTorch's CPU allocator has no cache: it writes Total Reserved 0 next to
                 # real allocations, so "peak reserved 0 B" would be a wrong number.
-                reserved = None
                 na[p + "peak_reserved_bytes"] = ("the CPU allocator does not report reserved memory "
                                              "(Total Reserved is 0 in every CPU [memory] event)")
+            else:
+                reserved, bad_res = _byte_series(raw_res, "Total Reserved")
             relative = False
         else:
-            allocated = np.cumsum(np.maximum(mem.bytes[rows], -(1 << 62)).astype(np.float64))
+            # a running sum: unknown (NaN) from the first out-of-range Bytes on
+            deltas, bad_alloc = _byte_series(mem.bytes[rows], "Bytes", signed=True)
+            allocated = np.cumsum(deltas)
             reserved = None
             relative = True
             na[p + "peak_reserved_bytes"] = ("2021-format [memory] events carry only signed Bytes: reserved memory "
@@ -197,8 +233,12 @@ def memory_usage(trace: TraceData, step_boundaries: Optional[Iterable[Tuple[int,
         # durations each value holds: until the next event, the last until the trace end
         t_end = end_ts if np.isfinite(end_ts) and end_ts >= ts[-1] else ts[-1]
         hold = np.diff(np.r_[ts, t_end])
-        peak_alloc = float(allocated.max())
-        peak_res = float(reserved.max()) if reserved is not None else None
+        peak_alloc = float(allocated.max()) if bad_alloc is None else None
+        peak_res = float(reserved.max()) if reserved is not None and bad_res is None else None
+        if bad_alloc is not None:
+            na[p + "peak_allocated_bytes"] = bad_alloc
+        if bad_res is not None:
+            na[p + "peak_reserved_bytes"] = bad_res
         capacity = None
         total_mem = prop_int(props.get(did), "totalGlobalMem")
         if dtype == DEVICE_TYPE_CUDA and total_mem:
@@ -217,8 +257,8 @@ def memory_usage(trace: TraceData, step_boundaries: Optional[Iterable[Tuple[int,
             reason = "CPU [memory] events mix allocators: allocator slack is defined for GPU devices only"
             na[p + "slack_fragmentation_pct"] = reason
             na[p + "slack_fragmentation_time_weighted_pct"] = reason
-        elif reserved is None:
-            reason = na[p + "peak_reserved_bytes"]
+        elif reserved is None or bad_res is not None or bad_alloc is not None:
+            reason = na[p + "peak_reserved_bytes"] if reserved is None or bad_res is not None else bad_alloc
             na[p + "slack_fragmentation_pct"] = reason
             na[p + "slack_fragmentation_time_weighted_pct"] = reason
         else:
@@ -229,11 +269,11 @@ def memory_usage(trace: TraceData, step_boundaries: Optional[Iterable[Tuple[int,
         na[p + "free_block_fragmentation_pct"] = ("needs a CUDA memory snapshot (torch.cuda.memory._dump_snapshot) "
                                               "in the run directory" if is_gpu else "GPU devices only")
         idx = _downsample(ts, [allocated] + ([reserved] if reserved is not None else []), max_points)
-        curve = {"ts_us": ts[idx].tolist(), "allocated_bytes": allocated[idx].astype(np.int64).tolist(),
-                 "reserved_bytes": reserved[idx].astype(np.int64).tolist() if reserved is not None else None}
+        curve = {"ts_us": ts[idx].tolist(), "allocated_bytes": _int_list(allocated[idx]),
+                 "reserved_bytes": _int_list(reserved[idx]) if reserved is not None else None}
         out[key] = {
             "device_type": int(dtype), "device_id": int(did),
-            "peak_allocated_bytes": int(peak_alloc),
+            "peak_allocated_bytes": int(peak_alloc) if peak_alloc is not None else None,
             "peak_reserved_bytes": int(peak_res) if peak_res is not None else None,
             "capacity_bytes": capacity,
             "slack_fragmentation_pct": slack,
