@@ -7,6 +7,7 @@ from typing import List
 
 from . import breakdown, context, gpu, input_bound, memory, occupancy, signals, steps, tensor_cores, units_trace
 from . import compilation
+from . import flops
 from .units import Unit
 
 UNITS: List[Unit] = [
@@ -16,6 +17,7 @@ UNITS: List[Unit] = [
     input_bound.UNIT,   # input
     gpu.UNIT,           # gpu
     tensor_cores.UNIT,  # tensor_cores (and gpu[dev].tensor_core_pct, JOINS)
+    flops.UNIT,         # flops (FLOPs, MFU, roofline; METRICS.md §15)
     occupancy.UNIT,     # occupancy
     memory.UNIT,        # memory (and the memory curves, the snapshot)
     signals.SYNC_UNIT, signals.COMMUNICATION_UNIT, signals.LAUNCH_UNIT,

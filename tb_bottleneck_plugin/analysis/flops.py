@@ -1,0 +1,801 @@
+"""Is the GPU doing useful work? FLOPs, MFU and the roofline (METRICS.md §15).
+
+FLOPs are counted per CPU op from its recorded shapes (``record_shapes=True``: the op's
+"Input Dims" / "Input type"), with the formulas of ``torch.utils.flop_counter.FlopCounterMode``
+(GEMMs 2·M·N·K, convolutions, attention forward and backward), once per op call: the
+innermost op that has shapes and a formula (a parent whose child is counted is not).
+Ops without a formula (elementwise, norms, softmax, copies, fused Triton kernels) count
+bytes instead. An op's FLOPs and bytes go to the GPU kernels it launched (linking:
+correlation id, then the runtime call inside the op), split by kernel time.
+
+Scope: the ops that start inside an included step (host span); the step time is the
+stretched step (analysis/steps.py). Peaks: analysis/peaks.py, matched on deviceProperties'
+name, or ``BOTTLENECKS_PEAK_TFLOPS`` (user-given, said so in the report).
+
+Public API
+----------
+- ``op_flops(name, dims, types, conv_out=None) -> (flops, bytes, precision, op_class) | None``
+- ``flops_report(trace, steps, ...) -> dict`` the span section; ``UNIT`` the metric unit.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from .. import thresholds as T
+from .. import verdicts as V
+from ..model import GPU_KERNEL, TraceData
+from . import linking, peaks
+
+CLASSES = ("gemm", "conv", "attention", "elementwise", "other")
+FLOP_CLASSES = ("gemm", "conv", "attention")
+TOP_KERNELS = 10
+
+# dtype text of "Input type" -> (precision, bytes per element)
+_DTYPES = {
+    "float": ("fp32", 4), "double": ("fp64", 8), "c10::BFloat16": ("bf16", 2), "c10::Half": ("fp16", 2),
+    "c10::Float8_e4m3fn": ("fp8", 1), "c10::Float8_e5m2": ("fp8", 1), "c10::Float8_e4m3fnuz": ("fp8", 1),
+    "c10::Float8_e5m2fnuz": ("fp8", 1), "c10::Float8_e8m0fnu": ("fp8", 1), "c10::Float4_e2m1fn_x2": ("fp8", 1),
+    "long int": ("int", 8), "long": ("int", 8), "int": ("int", 4), "short int": ("int", 2), "short": ("int", 2),
+    "signed char": ("int", 1), "unsigned char": ("int", 1), "bool": ("int", 1),
+    "c10::complex<float>": ("fp32", 8), "c10::complex<double>": ("fp64", 16), "c10::ComplexHalf": ("fp16", 4),
+}
+
+_GEMM_AB = {"mm", "_scaled_mm", "matmul", "_int_mm", "bmm"}  # (a, b, ...)
+_GEMM_BIAS = {"addmm", "_addmm_activation", "baddbmm", "addbmm"}  # (self, a, b, ...)
+_CONV_FWD = re.compile(r"^(?:convolution|_convolution|conv[123]d|cudnn_convolution(?:_relu|_add_relu)?"
+                       r"|mkldnn_convolution|miopen_convolution|miopen_depthwise_convolution"
+                       r"|_slow_conv2d_forward|slow_conv3d_forward|slow_conv_dilated[23]d|thnn_conv2d"
+                       r"|convolution_overrideable|_nnpack_spatial_convolution|_mps_convolution)$")
+_CONV_T = re.compile(r"^(?:conv_transpose[123]d|cudnn_convolution_transpose|miopen_convolution_transpose"
+                     r"|slow_conv_transpose[23]d|_mps_convolution_transpose)$")
+_CONV_BWD = re.compile(r"^(?:convolution_backward|convolution_backward_overrideable)$")
+# attention forward with (q, k, v) as [batch, heads, seq, dim]
+_ATTN_FWD_BHSD = re.compile(r"^(?:_scaled_dot_product_(?:flash|efficient|cudnn|fused)_attention(?:_overrideable)?"
+                            r"|_scaled_dot_product_flash_attention_for_cpu|_cudnn_attention_forward"
+                            r"|scaled_dot_product_attention)$")
+# ... as [batch, seq, heads, dim] (the flash / memory-efficient kernels' own ops)
+_ATTN_FWD_BSHD = re.compile(r"^(?:_flash_attention_forward|_efficient_attention_forward)$")
+_ATTN_BWD_BHSD = re.compile(r"^(?:_scaled_dot_product_(?:flash|efficient|cudnn|fused)_attention(?:_overrideable)?_backward"
+                            r"|_scaled_dot_product_flash_attention_for_cpu_backward|_cudnn_attention_backward)$")
+_ATTN_BWD_BSHD = re.compile(r"^(?:_flash_attention_backward|_efficient_attention_backward)$")
+
+
+def _base(name: str) -> str:
+    return name[6:] if name.startswith("aten::") else name
+
+
+def flop_kind(name: str) -> Optional[str]:
+    """The formula an op name gets: gemm / conv / conv_t / conv_bwd / attn_fwd / attn_fwd_bshd /
+    attn_bwd / attn_bwd_bshd, or None (no FLOPs: bytes only)."""
+    if not name.startswith("aten::"):
+        return None
+    b = _base(name)
+    if b in _GEMM_AB or b in _GEMM_BIAS or b == "linear":
+        return "gemm"
+    if _CONV_FWD.match(b):
+        return "conv"
+    if _CONV_T.match(b):
+        return "conv_t"
+    if _CONV_BWD.match(b):
+        return "conv_bwd"
+    if _ATTN_FWD_BHSD.match(b):
+        return "attn_fwd"
+    if _ATTN_FWD_BSHD.match(b):
+        return "attn_fwd_bshd"
+    if _ATTN_BWD_BHSD.match(b):
+        return "attn_bwd"
+    if _ATTN_BWD_BSHD.match(b):
+        return "attn_bwd_bshd"
+    return None
+
+
+def _tensors(dims, types) -> List[Tuple[List[int], Optional[str]]]:
+    """The recorded tensor arguments in order: (shape, dtype text or None); a non-tensor
+    argument (scalar, list, None) is (None, None) so positions stay."""
+    out = []
+    if not isinstance(dims, list):
+        return out
+    for i, d in enumerate(dims):
+        t = types[i] if isinstance(types, list) and i < len(types) and isinstance(types[i], str) else None
+        is_shape = isinstance(d, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in d)
+        is_dtype = t in _DTYPES if t is not None else None
+        if is_shape and (is_dtype or (t is None and d)) and (d or is_dtype):
+            out.append((d, t))
+        else:
+            out.append((None, None))
+    return out
+
+
+def _numel(shape) -> int:
+    n = 1
+    for x in shape:
+        n *= max(int(x), 0)
+    return n
+
+
+def _esize(t: Optional[str], default: int = 4) -> int:
+    return _DTYPES[t][1] if t in _DTYPES else default
+
+
+def _matmul(a, b) -> Optional[Tuple[int, int]]:
+    """(FLOPs, output elements) of a @ b with torch.matmul's broadcasting."""
+    if not a or not b:
+        return None
+    if len(a) == 1 and len(b) == 1:
+        return (2 * a[0], 1) if a[0] == b[0] else None
+    a2 = a if len(a) >= 2 else [1] + list(a)
+    b2 = b if len(b) >= 2 else list(b) + [1]
+    m, k = a2[-2], a2[-1]
+    k2, n = b2[-2], b2[-1]
+    if k != k2:
+        return None
+    ba, bb = list(a2[:-2]), list(b2[:-2])
+    width = max(len(ba), len(bb))
+    ba, bb = [1] * (width - len(ba)) + ba, [1] * (width - len(bb)) + bb
+    batch = 1
+    for x, y in zip(ba, bb):
+        if x != y and 1 not in (x, y):
+            return None
+        batch *= max(x, y)
+    return 2 * batch * m * n * k, batch * m * n
+
+
+def _attn(q, k, v, bshd: bool) -> Optional[Tuple[int, int, int, int, int, int]]:
+    """(b·h_q, s_q, s_k, d_q, d_v, out elements) of an attention call; None when not 4-D."""
+    if not (q and k and v and len(q) == len(k) == len(v) == 4):
+        return None
+    if bshd:  # [b, s, h, d] -> [b, h, s, d]
+        q, k, v = [q[0], q[2], q[1], q[3]], [k[0], k[2], k[1], k[3]], [v[0], v[2], v[1], v[3]]
+    b, hq, sq, dq = q
+    _, hk, sk, dk = k
+    dv = v[3]
+    if dk != dq or v[2] != sk or (hk and hq % hk):
+        return None
+    return b * hq, sq, sk, dq, dv, b * hq * sq * dv
+
+
+def op_flops(name: str, dims, types, conv_out: Optional[dict] = None
+             ) -> Optional[Tuple[int, int, str, str]]:
+    """(FLOPs, bytes, precision, class) of one op call from its recorded inputs (METRICS.md
+    §15); None when the op has a formula but its shapes do not fit it (not counted).
+    Ops without a formula: FLOPs 0, class "elementwise", bytes = the tensor inputs plus
+    an output the size of the largest input. ``conv_out``: {(x shape, w shape): output
+    spatial dims} learnt from the trace's convolution backward calls."""
+    kind = flop_kind(name)
+    ts = _tensors(dims, types)
+    shapes = [s for s, _ in ts]
+    tens = [(s, t) for s, t in ts if s is not None]
+    in_bytes = sum(_numel(s) * _esize(t) for s, t in tens)
+    first_t = next((t for _, t in tens if t in _DTYPES), None)
+    prec = _DTYPES[first_t][0] if first_t else "unknown"
+    es = _esize(first_t)
+    if kind is None:
+        if not tens:
+            return None
+        b = _base(name)
+        # in place (add_, copy_) or out= : the output is one of the inputs
+        # Triton / custom ops (not aten::) get every buffer, outputs included, as an argument
+        out_elems = 0 if b.endswith("_") or b.endswith(".out") or not name.startswith("aten::") \
+            else max(_numel(s) for s, _ in tens)
+        return 0, in_bytes + out_elems * es, prec, "elementwise"
+    b = _base(name)
+
+    def at(i):
+        return shapes[i] if i < len(shapes) else None
+
+    if kind == "gemm":
+        if b == "linear":
+            x, w = at(0), at(1)
+            if not x or not w or len(w) != 2:
+                return None
+            r = _matmul(x, [w[1], w[0]])
+        elif b in _GEMM_BIAS:
+            r = _matmul(at(1), at(2))
+            if r and b == "addbmm":  # the batch is summed into one [n, p] output
+                r = (r[0], at(1)[1] * at(2)[2])
+        else:
+            r = _matmul(at(0), at(1))
+        if r is None:
+            return None
+        if b in _GEMM_BIAS or b == "linear":
+            # dtype of the matrices, not of the bias
+            mt = ts[1][1] if b in _GEMM_BIAS and len(ts) > 1 else first_t
+            if mt in _DTYPES:
+                prec, es = _DTYPES[mt][0], _DTYPES[mt][1]
+        return r[0], in_bytes + r[1] * es, prec, "gemm"
+    if kind in ("conv", "conv_t"):
+        x, w = at(0), at(1)
+        if not x or not w or len(x) != len(w) or len(x) < 3:
+            return None
+        if kind == "conv_t":  # FlopCounterMode: 2 · N · prod(input spatial) · prod(weight)
+            flops = 2 * x[0] * _numel(x[2:]) * _numel(w)
+            out_elems = x[0] * w[1] * _numel(x[2:])  # a lower bound (stride 1)
+            return flops, in_bytes + out_elems * es, prec, "conv"
+        spatial = (conv_out or {}).get((tuple(x), tuple(w)))
+        if spatial is None:
+            return None
+        flops = 2 * x[0] * w[0] * _numel(spatial) * _numel(w[1:])
+        return flops, in_bytes + x[0] * w[0] * _numel(spatial) * es, prec, "conv"
+    if kind == "conv_bwd":
+        go, x, w = at(0), at(1), at(2)
+        if not go or not x or not w or len(go) != len(w) or len(go) < 3:
+            return None
+        one = 2 * go[0] * go[1] * _numel(go[2:]) * _numel(w[1:])  # = the forward
+        # grad input + grad weight (output_mask is not recorded: both assumed)
+        return 2 * one, in_bytes + (_numel(x) + _numel(w)) * es, prec, "conv"
+    if kind in ("attn_fwd", "attn_fwd_bshd"):
+        a = _attn(at(0), at(1), at(2), kind == "attn_fwd_bshd")
+        if a is None:
+            return None
+        bh, sq, sk, dq, dv, out = a
+        return 2 * bh * sq * sk * dq + 2 * bh * sq * sk * dv, in_bytes + out * es, prec, "attention"
+    if kind in ("attn_bwd", "attn_bwd_bshd"):
+        go = at(0)
+        a = _attn(at(1), at(2), at(3), kind == "attn_bwd_bshd")
+        if a is None or not go:
+            return None
+        bh, sq, sk, dq, dv, _ = a
+        flops = 2 * bh * sq * sk * (3 * dq + 2 * dv)  # FlopCounterMode: 5 bmm, 2.5x the forward
+        grads = sum(_numel(at(i)) for i in (1, 2, 3))
+        return flops, in_bytes + grads * es, prec, "attention"
+    return None
+
+
+# ---------------------------------------------------------------- the span
+
+
+class _Decoder:
+    """Input Dims / Input type of CPU rows, decoded once per distinct raw text."""
+
+    def __init__(self, trace: TraceData):
+        self.trace = trace
+        self.cache: Dict[int, object] = {}
+
+    def text(self, sid: int):
+        if sid < 0:
+            return None
+        got = self.cache.get(sid, self)
+        if got is self:
+            try:
+                got = json.loads(self.trace.strings[sid])
+            except (ValueError, TypeError, IndexError):
+                got = None
+            self.cache[sid] = got
+        return got
+
+    def row(self, r: int):
+        oi = self.trace.op_inputs
+        dims = oi.dims.get(r)
+        if dims is None:
+            dims = self.text(int(self.trace.cpu.input_dims[r]))
+        types = oi.types.get(r)
+        if types is None:
+            types = self.text(int(self.trace.cpu.input_types[r]))
+        return dims, types
+
+
+def _user_peak() -> Optional[Dict[str, float]]:
+    return peaks.user_peaks(os.environ.get(peaks.ENV_PEAK))
+
+
+def peak_for(trace: TraceData, not_available: Dict[str, str], user: Optional[Dict[str, float]] = None
+             ) -> Optional[dict]:
+    """The peak the span's MFU uses: {"gpu", "device_name", "source", "tflops", "hbm_gbps",
+    "url", "note"}; None (and ``flops.mfu_pct``'s reason) when there is none."""
+    names = [p.get("name") for p in (trace.meta.device_properties or []) if isinstance(p, dict)]
+    names = [n for n in names if isinstance(n, str) and n]
+    if user:
+        tf = {k: v for k, v in user.items() if k in peaks.PRECISIONS}
+        known = peaks.match(names[0]) if names else None
+        return {"gpu": "user-given", "device_name": names[0] if names else None,
+                "source": f"user-given ({peaks.ENV_PEAK})", "tflops": tf,
+                "hbm_gbps": user.get("hbm", known.hbm_gbps if known else None), "url": None,
+                "note": "peaks from the environment variable, not from the table"}
+    if not len(trace.gpu):
+        not_available["flops.mfu_pct"] = "no GPU in the trace (CPU-only): no peak to compare with"
+        return None
+    if not names:
+        not_available["flops.mfu_pct"] = ("no deviceProperties in the trace: GPU model unknown, no peak "
+                                          f"(set {peaks.ENV_PEAK})")
+        return None
+    if len(set(names)) > 1:
+        not_available["flops.mfu_pct"] = f"several GPU models in one trace ({', '.join(sorted(set(names)))})"
+        return None
+    p = peaks.match(names[0])
+    if p is None:
+        not_available["flops.mfu_pct"] = (f"no peak known for GPU '{names[0]}' (analysis/peaks.py; "
+                                          f"set {peaks.ENV_PEAK})")
+        return None
+    return {"gpu": p.key, "device_name": names[0], "source": "table", "tflops": dict(p.tflops),
+            "hbm_gbps": p.hbm_gbps, "url": p.source, "note": p.note}
+
+
+def _ancestors_marked(parent: np.ndarray, seeds: np.ndarray) -> np.ndarray:
+    """Bool over nesting entries: a strict ancestor of one of ``seeds``."""
+    mark = np.zeros(len(parent), bool)
+    cur = np.unique(parent[seeds]) if len(seeds) else np.zeros(0, np.int64)
+    cur = cur[cur >= 0]
+    while len(cur):
+        cur = cur[~mark[cur]]
+        mark[cur] = True
+        cur = np.unique(parent[cur])
+        cur = cur[cur >= 0]
+    return mark
+
+
+def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]] = None,
+                 nesting=None, gpu_runtime=None, op_calls=None, user_peak=None) -> Optional[dict]:
+    """The span's ``flops`` section (METRICS.md §15); None (with the reason) when there is
+    nothing to count."""
+    from .operators import op_nesting
+
+    na = {} if not_available is None else not_available
+    if steps is None or steps.count == 0:
+        na["flops"] = "no included step"
+        return None
+    cpu = trace.cpu
+    nest = op_nesting(trace) if nesting is None else nesting
+    rows, parent = nest["rows"], nest["parent"]
+    # ops starting inside an included step (host span)
+    hs, he = steps.inc_host_start, steps.inc_host_end
+    order = np.argsort(hs, kind="stable")
+    hs_s, he_s = hs[order], he[order]
+    ts = cpu.ts[rows]
+    k = np.searchsorted(hs_s, ts, side="right") - 1
+    inside = (k >= 0) & (ts < he_s[np.maximum(k, 0)])
+    step_of = np.where(inside, order[np.maximum(k, 0)], -1)
+
+    dec = _Decoder(trace)
+    has_shape = cpu.input_dims[rows] >= 0
+    if len(trace.op_inputs.dims):
+        extra = np.fromiter(trace.op_inputs.dims.keys(), np.int64)
+        has_shape |= np.isin(rows, extra)
+    # formula kind per distinct name
+    names = cpu.name[rows]
+    uniq = np.unique(names)
+    kind_of = {int(n): flop_kind(trace.strings[int(n)]) for n in uniq}
+    is_flop_name = np.array([kind_of[int(n)] is not None for n in names], bool) if len(names) else np.zeros(0, bool)
+
+    # convolution output sizes learnt from the backward calls: (x, w) -> grad_out spatial
+    conv_out: Dict[tuple, list] = {}
+    for j in np.flatnonzero(is_flop_name & has_shape):
+        if kind_of[int(names[j])] == "conv_bwd":
+            d, _ = dec.row(int(rows[j]))
+            if isinstance(d, list) and len(d) >= 3 and all(isinstance(x, list) for x in d[:3]) and len(d[0]) >= 3:
+                conv_out.setdefault((tuple(d[1]), tuple(d[2])), list(d[0][2:]))
+
+    # FLOPs per candidate (cached per distinct name/dims/types)
+    cache: Dict[tuple, object] = {}
+    cand = np.flatnonzero(is_flop_name & has_shape)
+    c_flops = np.zeros(len(cand))
+    c_bytes = np.zeros(len(cand))
+    c_prec: List[str] = []
+    c_cls: List[str] = []
+    ok = np.zeros(len(cand), bool)
+    uncounted: Dict[str, int] = {}
+    for i, j in enumerate(cand):
+        r = int(rows[j])
+        key = (int(names[j]), int(cpu.input_dims[r]), int(cpu.input_types[r]),
+               r if cpu.input_dims[r] < 0 else -1)
+        got = cache.get(key, cache)
+        if got is cache:
+            d, t = dec.row(r)
+            got = op_flops(trace.strings[int(names[j])], d, t, conv_out)
+            cache[key] = got
+        if got is None:
+            c_prec.append("unknown")
+            c_cls.append("other")
+            if step_of[j] >= 0:
+                nm = trace.strings[int(names[j])]
+                uncounted[nm] = uncounted.get(nm, 0) + 1
+            continue
+        ok[i] = True
+        c_flops[i], c_bytes[i] = got[0], got[1]
+        c_prec.append(got[2])
+        c_cls.append(got[3])
+    # innermost counted: a candidate with a counted candidate below it is not counted
+    counted_mask = np.zeros(len(rows), bool)
+    counted_mask[cand[ok]] = True
+    anc = _ancestors_marked(parent, np.flatnonzero(counted_mask))
+    final = counted_mask & ~anc
+    # an uncounted op whose child was counted is not "uncounted"
+    for i, j in enumerate(cand):
+        if not ok[i] and anc[j] and step_of[j] >= 0:
+            nm = trace.strings[int(names[j])]
+            uncounted[nm] -= 1
+            if not uncounted[nm]:
+                del uncounted[nm]
+    pos = np.full(len(rows), -1, np.int64)
+    pos[cand] = np.arange(len(cand))
+    f_idx = np.flatnonzero(final & (step_of >= 0))  # nesting entries of counted ops in steps
+    f_flops = c_flops[pos[f_idx]]
+    f_bytes = c_bytes[pos[f_idx]]
+    f_prec = [c_prec[p] for p in pos[f_idx]]
+    f_cls = [c_cls[p] for p in pos[f_idx]]
+
+    # byte-only ops: shaped, not a FLOP op nor an ancestor of one, no shaped child below
+    shaped = has_shape & ~is_flop_name & ~anc
+    below = _ancestors_marked(parent, np.flatnonzero(has_shape))
+    e_idx = np.flatnonzero(shaped & ~below & (step_of >= 0))
+    e_bytes = np.zeros(len(e_idx))
+    if len(e_idx):
+        e_rows = rows[e_idx]
+        pairs = np.stack([cpu.name[e_rows].astype(np.int64), cpu.input_dims[e_rows].astype(np.int64),
+                          cpu.input_types[e_rows].astype(np.int64)], 1)
+        upairs, inv = np.unique(pairs, axis=0, return_inverse=True)
+        inv = inv.reshape(-1)
+        first = np.zeros(len(upairs), np.int64)
+        first[inv[::-1]] = np.arange(len(inv))[::-1]
+        vals = np.zeros(len(upairs))
+        for u in range(len(upairs)):
+            r = int(e_rows[first[u]])
+            d, t = dec.row(r)
+            got = op_flops(trace.strings[int(cpu.name[r])], d, t)
+            vals[u] = got[1] if got else 0.0
+        e_bytes = vals[inv]
+
+    # ---------------------------------------------------------------- kernels
+    gpu = trace.gpu
+    is_k = gpu.kind == GPU_KERNEL
+    n_counted = len(f_idx)
+    # owner per kernel: 0..n_counted-1 counted ops, n_counted.. byte-only ops, -1 none
+    owner = np.full(len(gpu), -1, np.int64)
+    if len(gpu) and len(trace.runtime):
+        rt_of = linking.gpu_runtime_index(trace) if gpu_runtime is None else gpu_runtime
+        all_rows = np.concatenate([rows[f_idx], rows[e_idx]])
+        call_owner = np.full(len(trace.runtime), -1, np.int64)
+        if len(all_rows):
+            among = op_calls if op_calls is not None else linking.op_calls(trace)
+            sel = np.zeros(len(cpu), bool)
+            sel[all_rows] = True
+            op, call = linking.calls_inside(trace, sel, among=among)
+            idx_of_row = np.full(len(cpu), -1, np.int64)
+            idx_of_row[all_rows] = np.arange(len(all_rows))
+            # counted ops are disjoint; a byte-only op never holds a counted one: innermost = latest start
+            o = np.lexsort((-cpu.ts[op], call))
+            op, call = op[o], call[o]
+            firsts = np.ones(len(call), bool)
+            firsts[1:] = call[1:] != call[:-1]
+            call_owner[call[firsts]] = idx_of_row[op[firsts]]
+        linked = is_k & (rt_of >= 0)
+        owner[linked] = call_owner[rt_of[linked]]
+    kdur = np.where(is_k, np.nan_to_num(gpu.dur, nan=0.0), 0.0)
+    n_own = n_counted + len(e_idx)
+    own_k = owner >= 0
+    op_kus = np.bincount(owner[own_k], weights=kdur[own_k], minlength=n_own) if n_own else np.zeros(0)
+    op_kn = np.bincount(owner[own_k], minlength=n_own) if n_own else np.zeros(0)
+    op_flops_all = np.concatenate([f_flops, np.zeros(len(e_idx))])
+    op_bytes_all = np.concatenate([f_bytes, e_bytes])
+    op_cls = f_cls + ["elementwise"] * len(e_idx)
+    op_prec = list(f_prec) + ["-"] * len(e_idx)
+    # fp32 GEMMs/convs that ran TF32 Tensor Core kernels count as tf32
+    if n_counted and own_k.any():
+        from .tensor_cores import precision_of_name
+
+        tf32_name = np.zeros(len(trace.strings), bool)
+        for nid in np.unique(gpu.name[own_k]):
+            tf32_name[nid] = precision_of_name(trace.strings[int(nid)]) == "tf32"
+        tf = own_k & tf32_name[gpu.name]
+        has_tf = np.bincount(owner[tf], minlength=n_own) > 0
+        op_prec = [("tf32" if p == "fp32" and has_tf[i] else p) for i, p in enumerate(op_prec)]
+    # per kernel share of its op's FLOPs / bytes: by kernel time (equal when all last 0 µs)
+    share = np.zeros(len(gpu))
+    if own_k.any():
+        tot = op_kus[owner[own_k]]
+        cnt = op_kn[owner[own_k]]
+        share[own_k] = np.where(tot > 0, kdur[own_k] / np.where(tot > 0, tot, 1.0), 1.0 / np.maximum(cnt, 1))
+    k_flops = np.zeros(len(gpu))
+    k_bytes = np.zeros(len(gpu))
+    k_flops[own_k] = op_flops_all[owner[own_k]] * share[own_k]
+    k_bytes[own_k] = op_bytes_all[owner[own_k]] * share[own_k]
+
+    # kernels of the included steps: those launched by an op in a step, plus the step's
+    # other kernels (gpu_step) as "other"
+    in_step = own_k.copy()
+    if getattr(steps, "gpu_step", None) is not None and len(steps.gpu_step) == len(gpu):
+        inc_idx = np.flatnonzero(steps.included)
+        in_step |= is_k & np.isin(steps.gpu_step, inc_idx)
+    in_step &= is_k
+    cls_names = np.array(list(CLASSES))
+    cls_of_op = np.array([CLASSES.index(c) for c in op_cls], np.int64) if n_own else np.zeros(0, np.int64)
+    k_cls = np.full(len(gpu), CLASSES.index("other"), np.int64)
+    k_cls[own_k] = cls_of_op[owner[own_k]]
+    has_gpu = bool(is_k.any())
+
+    peak = peak_for(trace, na, user_peak if user_peak is not None else _user_peak())
+    tflops_peak = (peak or {}).get("tflops") or {}
+    n_dev = max(len(np.unique(gpu.device[in_step])), 1) if has_gpu else 1
+
+    # ---------------------------------------------------------------- sums
+    step_us_each = steps.durations.astype(float)
+    step_us = float(step_us_each.sum())
+    total_flops = float(f_flops.sum())
+    by_prec: Dict[str, dict] = {}
+    f_step = step_of[f_idx]
+    for p in sorted(set(op_prec[:n_counted])):
+        m = np.array([q == p for q in op_prec[:n_counted]], bool)
+        fl = float(f_flops[m].sum())
+        kus = float(op_kus[:n_counted][m].sum()) if n_counted else 0.0
+        pk = tflops_peak.get(p)
+        by_prec[p] = {"flops": fl, "kernel_us": kus,
+                      "ideal_us": fl / (pk * 1e12) * 1e6 / n_dev if pk else None}
+    ideal_us = sum(v["ideal_us"] for v in by_prec.values() if v["ideal_us"] is not None) if peak else None
+    no_peak_flops = sum(v["flops"] for v in by_prec.values() if v["ideal_us"] is None and v["flops"] > 0)
+    if peak and no_peak_flops and total_flops:
+        na["flops.mfu_pct.precision"] = (f"{100 * no_peak_flops / total_flops:.1f} % of the FLOPs in a precision "
+                                         f"with no peak for {peak['gpu']}; left out of the MFU")
+    # per step
+    per_step = []
+    prec_arr = np.array(op_prec[:n_counted], dtype=object) if n_counted else np.zeros(0, object)
+    ideal_per_op = np.array([(f_flops[i] / (tflops_peak[p] * 1e12) * 1e6 / n_dev)
+                             if tflops_peak.get(p) else 0.0 for i, p in enumerate(prec_arr)]) if n_counted \
+        else np.zeros(0)
+    nums = steps.inc_numbers
+    for s in range(steps.count):
+        m = f_step == s
+        fl = float(f_flops[m].sum())
+        su = float(step_us_each[s])
+        iu = float(ideal_per_op[m].sum()) if peak else None
+        per_step.append({"step": int(nums[s]), "flops": fl, "step_us": su, "ideal_us": iu,
+                         "tflops": fl / su / 1e6 if su > 0 else None,
+                         "mfu_pct": 100.0 * iu / su if iu is not None and su > 0 else None})
+    # GPU busy time of the included steps (union of kernel intervals inside the step windows)
+    busy_us = None
+    if has_gpu:
+        from . import intervals
+
+        ks, ke = gpu.ts[is_k], gpu.ts[is_k] + kdur[is_k]
+        merged = intervals.merge(ks, ke)
+        busy_us = float(intervals.covered_in(merged, steps.inc_start, steps.inc_end).sum())
+    # per class
+    by_class: Dict[str, dict] = {}
+    for ci, c in enumerate(CLASSES):
+        km = in_step & (k_cls == ci)
+        om = cls_of_op == ci
+        fl = float(op_flops_all[om].sum()) if n_own else 0.0
+        by = float(op_bytes_all[om].sum()) if n_own else 0.0
+        kus = float(kdur[km].sum())
+        calls = int(om.sum()) if c != "other" else 0
+        if not (fl or by or kus or calls):
+            continue
+        precs = {}
+        for i in np.flatnonzero(om[:n_counted]) if n_counted else []:
+            precs[op_prec[i]] = precs.get(op_prec[i], 0.0) + float(f_flops[i])
+        by_class[c] = {"flops": fl, "bytes": by if c != "other" else None, "kernel_us": kus,
+                       "kernels": int(km.sum()), "calls": calls, "flops_by_precision": precs}
+    # per kernel name (top by kernel time among the step kernels)
+    top = []
+    km = in_step
+    if km.any():
+        ids, inv = np.unique(gpu.name[km], return_inverse=True)
+        kus = np.bincount(inv, weights=kdur[km], minlength=len(ids))
+        kfl = np.bincount(inv, weights=k_flops[km], minlength=len(ids))
+        kby = np.bincount(inv, weights=k_bytes[km], minlength=len(ids))
+        kn = np.bincount(inv, minlength=len(ids))
+        kc = k_cls[km]
+        order_k = np.argsort(-kus, kind="stable")[:TOP_KERNELS * 5]
+        for j in order_k:
+            cls = CLASSES[int(np.bincount(kc[inv == j], minlength=len(CLASSES)).argmax())]
+            top.append({"name": trace.strings[int(ids[j])], "class": cls, "flops": float(kfl[j]),
+                        "bytes": float(kby[j]) if cls != "other" else None, "kernel_us": float(kus[j]),
+                        "count": int(kn[j])})
+    section = {
+        "flops": total_flops, "bytes": float(op_bytes_all.sum()) if n_own else 0.0, "step_us": step_us,
+        "steps": int(steps.count), "flop_kernel_us": float(op_kus[:n_counted].sum()) if n_counted else 0.0,
+        "gpu_busy_us": busy_us, "ideal_us": ideal_us, "devices": n_dev if has_gpu else 0,
+        "counted_calls": int(n_counted), "uncounted_calls": dict(sorted(uncounted.items(), key=lambda kv: -kv[1])),
+        "peak": peak, "by_precision": by_prec, "by_class": by_class, "kernels": top, "per_step": per_step,
+        "record_shapes": bool(has_shape.any()),
+    }
+    if not has_shape.any():
+        na["flops.flops"] = "no recorded shapes (profile with record_shapes=True): FLOPs cannot be counted"
+    elif uncounted:
+        na["flops.uncounted_calls"] = ("calls with a FLOP formula whose recorded shapes do not fit it (e.g. a "
+                                       "convolution forward with no backward to learn its output size) are not "
+                                       "counted: " + ", ".join(f"{k} ×{v}" for k, v in list(uncounted.items())[:4]))
+    if not has_gpu:
+        na["flops.roofline"] = "no GPU kernels (CPU-only): no roofline; GFLOP/s over the step time only"
+    return derive(section, na)
+
+
+# ---------------------------------------------------------------- derived numbers (span and summary alike)
+
+
+def _rate(flops, us) -> Optional[float]:
+    """TFLOP/s of FLOPs over µs."""
+    return flops / us / 1e6 if flops is not None and us else None
+
+
+def _ratio_pct(a, b) -> Optional[float]:
+    return 100.0 * a / b if a is not None and b else None
+
+
+def _roofline(flops, bytes_, kus, peak_tf, hbm) -> dict:
+    out = {"achieved_tflops": _rate(flops, kus),
+           "achieved_gbps": bytes_ / kus / 1e3 if bytes_ is not None and kus else None,
+           "intensity": flops / bytes_ if flops is not None and bytes_ else None,
+           "attainable_tflops": None, "roofline_pct": None, "bound": None}
+    if peak_tf and hbm:
+        ridge = peak_tf * 1e12 / (hbm * 1e9)  # FLOPs/byte where the two roofs meet
+        out["ridge"] = ridge
+        if not flops and bytes_:
+            out["intensity"] = 0.0
+            out["bound"] = "memory"
+            out["roofline_pct"] = _ratio_pct(out["achieved_gbps"], hbm)  # of the bandwidth roof
+        elif out["intensity"] is not None:
+            att = min(peak_tf, out["intensity"] * hbm * 1e9 / 1e12)
+            out["attainable_tflops"] = att
+            out["roofline_pct"] = _ratio_pct(out["achieved_tflops"], att)
+            out["bound"] = "compute" if out["intensity"] >= ridge else "memory"
+    return out
+
+
+def _main_precision(precs: dict) -> Optional[str]:
+    precs = {k: v for k, v in (precs or {}).items() if v}
+    return max(precs, key=precs.get) if precs else None
+
+
+def derive(sec: dict, na: Optional[Dict[str, str]] = None) -> dict:
+    """Ratios of the sums: TFLOP/s, MFU, busy efficiency, the roofline per class and per
+    kernel, the step-time split by bound (METRICS.md §15)."""
+    na = {} if na is None else na
+    peak = sec.get("peak") or {}
+    tfp = peak.get("tflops") or {}
+    hbm = peak.get("hbm_gbps")
+    step_us = sec.get("step_us")
+    sec["flops_per_step"] = sec["flops"] / sec["steps"] if sec.get("steps") else None
+    sec["tflops"] = _rate(sec["flops"], step_us)  # over the step time
+    sec["gflops_per_s"] = sec["tflops"] * 1e3 if sec["tflops"] is not None else None
+    sec["achieved_tflops"] = _rate(sec["flops"], sec.get("flop_kernel_us"))  # over the FLOP ops' kernel time
+    ideal = sec.get("ideal_us")
+    sec["mfu_pct"] = _ratio_pct(ideal, step_us) if peak and sec.get("flops") else None
+    if peak and not sec.get("flops") and "flops.mfu_pct" not in na:
+        na["flops.mfu_pct"] = "no FLOPs counted in the steps (no GEMM, convolution or attention with shapes)"
+    sec["busy_efficiency_pct"] = _ratio_pct(ideal, sec.get("gpu_busy_us")) if sec["mfu_pct"] is not None else None
+    sec["mfu_split_pct"] = {p: _ratio_pct(v.get("ideal_us"), step_us) for p, v in sec["by_precision"].items()
+                            if v.get("ideal_us") is not None} if sec["mfu_pct"] is not None else {}
+    for p, v in sec["by_precision"].items():
+        v["achieved_tflops"] = _rate(v["flops"], v["kernel_us"])
+        v["peak_tflops"] = tfp.get(p)
+        v["pct_of_peak"] = _ratio_pct(v["achieved_tflops"], tfp.get(p))
+    # the headline peak: the precision with the most FLOPs
+    main = _main_precision({p: v["flops"] for p, v in sec["by_precision"].items()})
+    sec["main_precision"] = main
+    sec["peak_tflops"] = tfp.get(main) if main else None
+    bound_us = {"compute": 0.0, "memory": 0.0, "unknown": 0.0}
+    for c, v in sec["by_class"].items():
+        p = _main_precision(v.get("flops_by_precision"))
+        v["precision"] = p
+        pk = tfp.get(p) if p else (max(tfp.values()) if tfp and v.get("flops") == 0 else None)
+        v.update(_roofline(v["flops"], v.get("bytes"), v["kernel_us"], pk, hbm))
+        bound_us[v["bound"] or "unknown"] += v["kernel_us"] or 0.0
+        v["step_pct"] = _ratio_pct(v["kernel_us"], step_us)
+    sec["bound_split_pct"] = {k: _ratio_pct(u, step_us) for k, u in bound_us.items()} if step_us else {}
+    main_pk = tfp.get(main) if main else (max(tfp.values()) if tfp else None)
+    for k in sec["kernels"]:
+        p = (sec["by_class"].get(k["class"]) or {}).get("precision")
+        pk = tfp.get(p) if p else main_pk
+        k.update(_roofline(k["flops"] if k["class"] != "other" else None, k.get("bytes"), k["kernel_us"], pk, hbm))
+    sec["kernels"] = sorted(sec["kernels"], key=lambda k: -(k["kernel_us"] or 0.0))[:TOP_KERNELS]
+    return sec
+
+
+# ---------------------------------------------------------------- metric unit (analysis/units.py)
+
+
+def _unit_compute(span):
+    from .operators import span_op_nesting
+
+    return flops_report(span.trace, span.found, span.not_available, nesting=span_op_nesting(span),
+                        gpu_runtime=linking.span_gpu_runtime(span), op_calls=linking.span_op_calls(span))
+
+
+def _unit_partial(report: dict) -> dict:
+    sec = report.get("flops") or {}
+    span, worker = report.get("span"), report.get("worker")
+    return {
+        "sum:flops": sec.get("flops"), "sum:bytes": sec.get("bytes"), "sum:step_us": sec.get("step_us"),
+        "sum:steps": sec.get("steps"), "sum:flop_kernel_us": sec.get("flop_kernel_us"),
+        "sum:gpu_busy_us": sec.get("gpu_busy_us") if sec.get("gpu_busy_us") is not None else 0.0,
+        "sum:ideal_us": sec.get("ideal_us"), "max:devices": sec.get("devices") or 0,
+        "sum:counted_calls": sec.get("counted_calls") or 0, "first:peak": sec.get("peak"),
+        "all:record_shapes": bool(sec.get("record_shapes")),
+        "keyed:uncounted_calls": {k: {"sum:n": v} for k, v in (sec.get("uncounted_calls") or {}).items()},
+        "keyed:by_precision": {p: {"sum:flops": v.get("flops"), "sum:kernel_us": v.get("kernel_us"),
+                                   "sum:ideal_us": v.get("ideal_us")}
+                               for p, v in (sec.get("by_precision") or {}).items()},
+        "keyed:by_class": {c: {"sum:flops": v.get("flops"), "sum:bytes": v.get("bytes"),
+                               "sum:kernel_us": v.get("kernel_us"), "sum:kernels": v.get("kernels"),
+                               "sum:calls": v.get("calls"),
+                               "keyed:flops_by_precision": {p: {"sum:f": f} for p, f in
+                                                            (v.get("flops_by_precision") or {}).items()}}
+                           for c, v in (sec.get("by_class") or {}).items()},
+        "keyed:kernels": {k["name"]: {"first:class": k.get("class"), "sum:flops": k.get("flops"),
+                                      "sum:bytes": k.get("bytes"), "sum:kernel_us": k.get("kernel_us"),
+                                      "sum:count": k.get("count")} for k in (sec.get("kernels") or [])},
+        "rows:per_step": [{"step": r.get("step"), "flops": r.get("flops"), "step_us": r.get("step_us"),
+                           "ideal_us": r.get("ideal_us"), "mfu_pct": r.get("mfu_pct"), "span": span,
+                           "worker": worker} for r in (sec.get("per_step") or [])],
+    }
+
+
+def _unit_finish(m: dict):
+    from .units import per_step_across_spans
+
+    if not m.get("sum:steps"):
+        return None
+    per_step = per_step_across_spans(m["rows:per_step"], ("flops", "step_us", "ideal_us"), "mfu_pct")
+    for r in per_step:
+        r["tflops"] = _rate(r["flops"], r["step_us"])
+        r["mfu_pct"] = _ratio_pct(r["ideal_us"], r["step_us"])
+    sec = {
+        "flops": m["sum:flops"] or 0.0, "bytes": m["sum:bytes"], "step_us": m["sum:step_us"],
+        "steps": int(m["sum:steps"]), "flop_kernel_us": m["sum:flop_kernel_us"],
+        "gpu_busy_us": m["sum:gpu_busy_us"], "ideal_us": m["sum:ideal_us"] if m.get("first:peak") else None,
+        "devices": int(m["max:devices"] or 0), "counted_calls": int(m["sum:counted_calls"] or 0),
+        "uncounted_calls": {k: int(v["sum:n"] or 0) for k, v in m["keyed:uncounted_calls"].items()},
+        "peak": m.get("first:peak"), "record_shapes": bool(m.get("all:record_shapes")),
+        "by_precision": {p: {"flops": v["sum:flops"], "kernel_us": v["sum:kernel_us"], "ideal_us": v["sum:ideal_us"]}
+                         for p, v in m["keyed:by_precision"].items()},
+        "by_class": {c: {"flops": v["sum:flops"], "bytes": v.get("sum:bytes"), "kernel_us": v["sum:kernel_us"],
+                         "kernels": int(v["sum:kernels"] or 0), "calls": int(v["sum:calls"] or 0),
+                         "flops_by_precision": {p: f["sum:f"] for p, f in v["keyed:flops_by_precision"].items()}}
+                     for c, v in m["keyed:by_class"].items()},
+        "kernels": [{"name": n, "class": v["first:class"], "flops": v["sum:flops"], "bytes": v.get("sum:bytes"),
+                     "kernel_us": v["sum:kernel_us"], "count": int(v["sum:count"] or 0)}
+                    for n, v in m["keyed:kernels"].items()],
+        "per_step": per_step,
+    }
+    return derive(sec)
+
+
+# card verdicts (verdicts.py helpers; thresholds from thresholds.py)
+
+
+def mfu_severity(value: float) -> str:
+    """MFU's own scale (like input-bound's): below MFU_LOW_PCT medium, below MFU_MODERATE_PCT low."""
+    return "medium" if value < T.MFU_LOW_PCT else "low" if value < T.MFU_MODERATE_PCT else "ok"
+
+
+def _fmt_tflops(v) -> str:
+    return f"{v:.0f}" if v >= 10 else f"{v:.1f}" if v >= 1 else f"{v:.2f}"
+
+
+def _card_mfu(report: dict) -> dict:
+    sec = report.get("flops") if isinstance(report.get("flops"), dict) else {}
+    value = V.num(sec.get("mfu_pct"))
+    out = V.card(report, value, "pct", "low_mfu", None, ("MFU_LOW_PCT", "MFU_MODERATE_PCT"),
+                 ("flops.mfu_pct", "flops.flops", "flops"))
+    peak = sec.get("peak") or {}
+    out["tflops"] = V.num(sec.get("tflops"))
+    out["peak_tflops"] = V.num(sec.get("peak_tflops"))
+    out["peak_source"] = peak.get("source")
+    if value is not None:
+        out["severity"] = mfu_severity(value)
+        words = f"{value:.0f} % of {peak.get('gpu')} {sec.get('main_precision') or ''} peak".replace("  ", " ")
+        if out["tflops"] is not None and out["peak_tflops"] is not None:
+            words += f" · {_fmt_tflops(out['tflops'])} of {_fmt_tflops(out['peak_tflops'])} TFLOP/s"
+        if peak.get("source", "").startswith("user"):
+            words += " (user-given peak)"
+        out["verdict"] = words
+    elif V.num(sec.get("tflops")) is not None and sec.get("flops"):
+        # FLOPs but no peak (CPU-only, unknown GPU): the rate, uncoloured
+        out["verdict"] = (f"{out['tflops'] * 1e3:.1f} GFLOP/s over the step time; MFU n/a: "
+                          + (out["verdict"] or "no peak"))
+    return out
+
+
+def _unit():
+    from .units import Unit
+
+    return Unit("flops", _unit_compute, _unit_partial, _unit_finish, requires=("steps",),
+                cards=(("mfu", _card_mfu),))
+
+
+UNIT = _unit()
