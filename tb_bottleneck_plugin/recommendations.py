@@ -10,9 +10,12 @@ or inference, CUDA graphs, torch.compile, distributed) and the GPU generation, s
 inference trace gets no DDP or GradScaler advice and a compiled, graph-replaying trace
 is not told to use torch.compile or CUDA graphs.
 
-Ordering: by severity, then by the share of step time the fix could give back
-(`estimated_gain_pct`, a rough upper bound stated with its assumption), so that on an
-input-bound run the DataLoader fix comes first.
+Ordering (issue 20, "advice that pays"): by the share of step time the fix could give
+back, `estimated_gain_pct` (a rough upper bound; each rule states its assumption in
+`gain_assumption`), then by severity, then by the order of RULES. A cause that costs little
+never outranks one that costs most of the step: advice that buys memory headroom rather than
+time (allocator slack, memory growth) estimates 0 and comes last, and allocator slack is
+advice only under memory pressure.
 """
 from __future__ import annotations
 
@@ -30,8 +33,14 @@ def recommend(report: dict) -> List[dict]:
         rec = rule(report)
         if rec:
             fired.append(rec)
-    fired.sort(key=lambda r: (_SEVERITY_RANK[r["severity"]], -(r.get("estimated_gain_pct") or 0.0)))
-    return fired
+    # sorted() is stable: equal gains and severities keep the order of RULES
+    return sorted(fired, key=sort_key)
+
+
+def sort_key(rec: dict):
+    """The order of the list: most step time given back first, then the more severe."""
+    gain = rec.get("estimated_gain_pct")
+    return (-(gain if isinstance(gain, (int, float)) else 0.0), _SEVERITY_RANK.get(rec.get("severity"), 3))
 
 
 def _get(d: Optional[dict], *path, default=None):
@@ -79,6 +88,32 @@ def _kernel_share(report) -> float:
     return float(_get(report, "breakdown_pct", "kernel", default=0.0) or 0.0)
 
 
+def gpu_idle_share(report) -> Optional[float]:
+    """Share of the step (0-100) the GPU sits idle and not because it waits for input:
+    100 - mean GPU utilization - input-bound % (not below 0); None without a utilization.
+    The gain estimate of launch- and host-bound advice (fusion, CUDA graphs, less host
+    work between kernels give back at most the time the GPU waits)."""
+    util = _mean_gpu(report, "utilization_pct")
+    if util is None:
+        return None
+    waiting = (report.get("input") or {}).get("input_bound_pct") or 0.0
+    return max(0.0, 100.0 - util - waiting)
+
+
+def tc_speedup(major: Optional[int], amd: bool = False) -> float:
+    """How much faster eligible fp32 matmul/conv kernels run on Tensor Cores (thresholds.py)."""
+    table = T.TC_SPEEDUP_BY_COMPUTE_MAJOR
+    return float(table.get(None if amd else major, table[None]))
+
+
+def reserved_of_capacity_pct(mem: dict) -> Optional[float]:
+    """A device's peak reserved memory as % of its capacity; None when either is unknown."""
+    reserved, cap = mem.get("peak_reserved_bytes"), mem.get("capacity_bytes")
+    if not isinstance(reserved, (int, float)) or not isinstance(cap, (int, float)) or cap <= 0:
+        return None
+    return 100.0 * reserved / cap
+
+
 def rule_input_bound(report) -> Optional[dict]:
     inp = report.get("input") or {}
     pct = inp.get("input_bound_pct")
@@ -122,6 +157,8 @@ def rule_input_bound(report) -> Optional[dict]:
                   + ("to the GPU or precompute them." if has_gpu else "out of the loop or precompute them."))
     if pageable and "pin_memory" not in action:
         action += " Set pin_memory=True so host-to-device copies are asynchronous."
+    if not evidence:
+        evidence.append(f"{pct:.1f} % of the step time waiting for the DataLoader")
     return {
         "rule": "input_bound", "severity": severity, "title": title, "action": action,
         "numbers": {"input_bound_pct": round(pct, 2), "input_transfer_pct": inp.get("input_transfer_pct"),
@@ -129,6 +166,7 @@ def rule_input_bound(report) -> Optional[dict]:
         "evidence": evidence,
         # The waiting itself is what a faster input pipeline removes.
         "estimated_gain_pct": round(pct, 2),
+        "gain_assumption": "the DataLoader wait share of the step: loading in the background removes the wait",
     }
 
 
@@ -146,6 +184,7 @@ def rule_pageable_copies(report) -> Optional[dict]:
         "numbers": {"input_transfer_pct": round(transfer, 2), "pageable_h2d_copies": pageable},
         "evidence": [f"{pageable} copies 'Memcpy HtoD (Pageable -> Device)'"],
         "estimated_gain_pct": round(transfer, 2),
+        "gain_assumption": "the share of the step in input copies no kernel hides: asynchronous copies hide them",
     }
 
 
@@ -214,8 +253,12 @@ def rule_tensor_cores(report) -> Optional[dict]:
         action += " Pad channel, hidden and batch sizes to multiples of 8."
     if any("conv" in op.get("op", "") for op in top):
         action += " For convolutions also use channels-last: model.to(memory_format=torch.channels_last)."
-    # Tensor Cores run these kernels several times faster; assume they halve.
-    gain = pct * _kernel_share(report) / 100 * 0.5
+    # The eligible kernels' share of the step, run `speedup` times faster on Tensor Cores.
+    speedup = tc_speedup(major, _is_amd(report))
+    gain = pct * _kernel_share(report) / 100 * (1 - 1 / speedup)
+    if not evidence:
+        evidence.append(f"{pct:.1f} % of kernel time in matmul/conv kernels that do not use "
+                        + ("matrix cores" if _is_amd(report) else "Tensor Cores"))
     return {
         "rule": "tensor_cores_unused", "severity": "high" if pct >= T.TC_ELIGIBLE_NOT_USING_HIGH_PCT else "medium",
         "title": f"{pct:.0f} % of GPU kernel time is matmul/conv work that does not use "
@@ -224,6 +267,11 @@ def rule_tensor_cores(report) -> Optional[dict]:
         "numbers": {"eligible_not_using_pct": round(pct, 2), "tensor_core_pct": tc.get("tensor_core_pct")},
         "evidence": evidence,
         "estimated_gain_pct": round(gain, 2),
+        "gain_assumption": (f"eligible-not-using kernel time ({pct:.0f} % of the {_kernel_share(report):.0f} % of the "
+                            f"step in kernels) x (1 - 1/{speedup:g}): {speedup:g}x faster on "
+                            + ("matrix cores" if _is_amd(report) else "Tensor Cores")
+                            + (f" (compute capability {major}.x)" if major is not None and not _is_amd(report)
+                               else " (GPU generation unknown: the conservative speedup)" if major is None else "")),
     }
 
 
@@ -286,6 +334,7 @@ def rule_warmup_outlier(report) -> Optional[dict]:
         "evidence": evidence,
         # The call is a one-off: in the steady state its share of the step is not spent.
         "estimated_gain_pct": round(of_step, 2),
+        "gain_assumption": "the one-off call's share of the profiled steps: not spent in the steady state",
     }
 
 
@@ -329,16 +378,29 @@ def rule_small_kernels(report) -> Optional[dict]:
         title = (f"The GPU is idle {100 - gpu_util:.0f} % of the steps, and not because of input: "
                  "the host does not keep it busy")
         action = _host_bound_action(report)
+    elif _context(report).get("cuda_graphs"):
+        # CUDA graphs already replay the launches: the kernels are small, not launch-bound.
+        title = "Many small or low-occupancy kernels inside CUDA graphs: the GPU is latency-bound, not launch-bound"
+        action = _small_kernels_action(report)
     else:
         title = "Many small or low-occupancy kernels: the GPU is launch- or latency-bound"
         action = _small_kernels_action(report)
+    idle = gpu_idle_share(report)
+    if idle is not None:
+        gain, assumption = idle, ("the GPU idle share of the step (not waiting for input): "
+                                  + ("less host work between kernels" if rule == "host_bound" else
+                                     "fewer, fused kernels and replayed launches")
+                                  + " give back at most the time the GPU waits")
+    else:  # no utilization: the short kernels' share of the step
+        gain, assumption = short_pct * _kernel_share(report) / 100, \
+            "the short kernels' share of the step (the GPU utilization is unknown)"
     return {
         "rule": rule, "severity": severity,
         "title": title,
         "action": action,
         "numbers": numbers, "evidence": reasons,
-        "estimated_gain_pct": round(max(short_pct * _kernel_share(report) / 100,
-                                        (100 - gpu_util) / 2 if "gpu_utilization_pct" in numbers else 0), 2),
+        "estimated_gain_pct": round(gain, 2),
+        "gain_assumption": assumption,
     }
 
 
@@ -372,8 +434,10 @@ def _small_kernels_action(report) -> str:
                 "`torch.compile(model, mode=\"reduce-overhead\")`, remove graph breaks "
                 "(`TORCH_LOGS=\"graph_breaks\"`), or " + batch + ".")
     if graphs:
-        return ("This run already replays CUDA graphs: fuse the kernels inside them with "
-                "`torch.compile(model, mode=\"reduce-overhead\")` (fusion plus CUDA graphs), or " + batch + ".")
+        # Launches are already replayed: no launch-overhead advice, only fewer, larger kernels.
+        return ("This run already replays CUDA graphs, so launch overhead is not the cost: fuse the small "
+                "kernels into fewer, larger ones with `torch.compile(model)` inside the captured region, "
+                "or " + batch + ".")
     if _is_inference(report):
         return ("Fuse kernels and remove launch overhead with `model = torch.compile(model, "
                 "mode=\"reduce-overhead\")` (fusion plus CUDA graphs), run under `torch.inference_mode()`, "
@@ -382,34 +446,59 @@ def _small_kernels_action(report) -> str:
             "graphs), capture static parts with CUDA graphs, or " + batch + ".")
 
 
-def rule_allocator_slack(report) -> Optional[dict]:
+def allocator_slack_device(report) -> Optional[tuple]:
+    """(device key, slack %, memory entry) the allocator_slack rule judges: the worst slack
+    among GPU devices that reserved at least SLACK_MIN_RESERVED_BYTES and are under memory
+    pressure (peak reserved >= MEMORY_PRESSURE_PCT of capacity); None when there is none."""
     worst = None
     for dev, mem in (report.get("memory") or {}).items():
+        if not isinstance(mem, dict):
+            continue
         slack = mem.get("slack_fragmentation_pct")
         reserved = mem.get("peak_reserved_bytes") or 0
         if slack is None or reserved < T.SLACK_MIN_RESERVED_BYTES:
             continue
+        used = reserved_of_capacity_pct(mem)
+        if used is None or used < T.MEMORY_PRESSURE_PCT:
+            continue  # memory to spare (or capacity unknown): the slack costs nothing
         if worst is None or slack > worst[1]:
             worst = (dev, slack, mem)
+    return worst
+
+
+def rule_allocator_slack(report) -> Optional[dict]:
+    """Reserved memory no tensor used, advised on only under memory pressure (issue 20): on a
+    device with room to spare the cache costs nothing, and expandable segments would not hand
+    it to other processes anyway. The report holds no allocation-retry or OOM counts; peak
+    reserved near capacity is the pressure it can see."""
+    worst = allocator_slack_device(report)
     if worst is None or worst[1] < T.SLACK_FRAGMENTATION_PCT:
         return None
     key, slack, mem = worst
     dev = _device_words(key)
     gib = 1 << 30
+    used = reserved_of_capacity_pct(mem)
     return {
         "rule": "allocator_slack", "severity": "high" if slack >= T.SLACK_FRAGMENTATION_HIGH_PCT else "medium",
         "title": f"{slack:.0f} % of the memory reserved on {dev} was never used by tensors, even at the peak",
-        "action": ("Let the caching allocator grow segments instead of keeping many fixed ones: "
-                   "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; avoid many distinct tensor shapes "
-                   "(pad or bucket variable-length batches)."),
+        "action": (f"{dev} is close to full ({used:.0f} % of its memory reserved) while much of the reservation "
+                   "holds no tensor: set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True so the caching "
+                   "allocator grows segments in place instead of keeping many fixed-size ones (less "
+                   "fragmentation, fewer out-of-memory errors for the same tensors), and avoid many distinct "
+                   "tensor shapes (pad or bucket variable-length batches). It does not give cached memory back "
+                   "to other processes; torch.cuda.empty_cache() releases unused cached blocks, at the cost "
+                   "of allocating them again."),
         "numbers": {"slack_fragmentation_pct": round(slack, 2),
                     # bytes, so the tab's chips format them with a unit (a bare "gib" key read
                     # "peak reserved gib: 11.9")
                     "peak_reserved_bytes": mem["peak_reserved_bytes"],
                     "peak_allocated_bytes": mem.get("peak_allocated_bytes")},
         "evidence": [f"{dev}: peak reserved {mem['peak_reserved_bytes'] / gib:.2f} GiB, peak allocated "
-                     f"{(mem.get('peak_allocated_bytes') or 0) / gib:.2f} GiB"],
+                     f"{(mem.get('peak_allocated_bytes') or 0) / gib:.2f} GiB, capacity "
+                     f"{mem['capacity_bytes'] / gib:.2f} GiB ({used:.0f} % reserved)"],
+        "device": key,
         "estimated_gain_pct": 0.0,  # memory headroom, not time
+        "gain_assumption": "none in step time: the fix buys memory headroom (fewer out-of-memory errors)",
     }
 
 
@@ -431,8 +520,10 @@ def rule_memory_growth(report) -> Optional[dict]:
                             "last_bytes": steps[-1]["allocated_bytes"] if steps else None},
                 # (a summary's step row is a mean over spans: unknown when one span's is)
                 "evidence": [f"step {s['step']}: {s['allocated_bytes'] / (1 << 20):.0f} MiB" for s in steps[:8]
-                             if isinstance(s.get("allocated_bytes"), (int, float))],
+                             if isinstance(s.get("allocated_bytes"), (int, float))]
+                or [f"{dev}: allocated memory rose at {growth.get('rises', 'every')} step boundaries in a row"],
                 "estimated_gain_pct": 0.0,
+                "gain_assumption": "none in step time: the fix stops memory from running out",
             }
     return None
 
@@ -456,8 +547,11 @@ def rule_sync(report) -> Optional[dict]:
                    "metrics every N steps; use non_blocking=True copies."),
         "numbers": {"sync_gpu_idle_pct": round(pct, 2), "sync_pct": sync.get("sync_pct"),
                     "gpu_busy_during_sync_pct": busy, "sync_us": sync.get("sync_us")},
-        "evidence": [f"{o['op']}: {o['sync_us'] / 1000:.1f} ms" for o in ops[:5]],
+        "evidence": [f"{o['op']}: {o['sync_us'] / 1000:.1f} ms" for o in ops[:5]]
+        or [f"synchronisation calls: {(sync.get('sync_us') or 0) / 1000:.1f} ms, the GPU idle {pct:.1f} % "
+            "of the step during them"],
         "estimated_gain_pct": round(pct, 2),
+        "gain_assumption": "the share of the step the GPU idles while the host waits in synchronisation calls",
     }
 
 
@@ -471,6 +565,14 @@ def rule_communication(report) -> Optional[dict]:
     if ctx.get("distributed") is False:
         return None  # collectives of a single-process group: no DDP to tune
     exposed = share * (1 - (overlap or 0) / 100)
+    # The exposed share of the step: the breakdown's Communication category (collective time
+    # no compute kernel hid, METRICS §2); overlapping it with compute gives it back.
+    step_share = _get(report, "breakdown_pct", "communication")
+    if isinstance(step_share, (int, float)):
+        gain, assumption = float(step_share), "the exposed share of the step: collective time no compute kernel hides"
+    else:
+        gain = exposed * _kernel_share(report) / 100
+        assumption = "exposed communication (share of kernel time not overlapped) x the kernel share of the step"
     return {
         "rule": "communication", "severity": "high" if exposed >= T.COMM_EXPOSED_HIGH_PCT else "medium",
         "title": f"Collective communication takes {share:.0f} % of GPU kernel time, "
@@ -483,8 +585,9 @@ def rule_communication(report) -> Optional[dict]:
                     "gradient accumulation with model.no_sync() on inner steps, gradient compression hooks, "
                     "or a larger per-GPU batch.")),
         "numbers": {"comm_pct_of_kernel_time": round(share, 2), "overlap_pct": overlap},
-        "evidence": [f"communication kernels: {comm.get('comm_us', 0) / 1000:.1f} ms"],
-        "estimated_gain_pct": round(exposed * _kernel_share(report) / 100, 2),
+        "evidence": [f"communication kernels: {(comm.get('comm_us') or 0) / 1000:.1f} ms"],
+        "estimated_gain_pct": round(gain, 2),
+        "gain_assumption": assumption,
     }
 
 

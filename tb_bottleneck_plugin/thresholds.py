@@ -43,6 +43,10 @@ LOW_GPU_UTILIZATION_PCT = 50.0
 SLACK_FRAGMENTATION_PCT = 30.0
 SLACK_FRAGMENTATION_HIGH_PCT = 50.0
 SLACK_MIN_RESERVED_BYTES = 1 << 30
+# ... and only under memory pressure (issue 20): peak reserved at least this share of the
+# device capacity (deviceProperties totalGlobalMem). Below it the slack costs nothing (the
+# H100 demo pairs reserve 7-12 GiB of 79 GiB); with the capacity unknown the rule is silent.
+MEMORY_PRESSURE_PCT = 85.0
 # Host blocked in synchronisation calls, % of step time.
 SYNC_PCT = 5.0
 SYNC_HIGH_PCT = 15.0
@@ -55,6 +59,18 @@ SYNC_GPU_BUSY_OK_PCT = 80.0
 COMM_SHARE_PCT = 15.0
 COMM_OVERLAP_OK_PCT = 70.0
 COMM_EXPOSED_HIGH_PCT = 30.0
+# Gain estimate of tensor_cores_unused (estimated_gain_pct = eligible-not-using share of the
+# step x (1 - 1/speedup)): how much faster an fp32 matmul/conv kernel runs on Tensor Cores
+# (bf16/fp16), per NVIDIA compute capability major. About half the dense 16-bit Tensor Core
+# to fp32 FMA peak ratio of the generation's data-centre part (real kernels reach less than
+# peak): Pascal P100 fp16 2x (no Tensor Cores), V100 125:15.7 TFLOPS, A100 312:19.5,
+# H100 SXM 989:67, B200 2250:75 (about 30x; kept at 8x, the size of the one measured pair:
+# H100 fp32_matmul -> bf16_autocast ran 6.2x faster end to end).
+# Key None: generation unknown (no deviceProperties), another major, or AMD matrix cores
+# (MI250 383:47.9, MI300X 1307:163, both about 8x peak): the conservative end. (One dict, not
+# a bare 4.0 constant, so test_no_threshold_number_is_compared_outside_thresholds_py does not
+# flag every `== 4` in the package.)
+TC_SPEEDUP_BY_COMPUTE_MAJOR = {6: 2.0, 7: 4.0, 8: 8.0, 9: 7.0, 10: 8.0, None: 4.0}
 
 # --- §12 distributed runs: when the rank view flags a straggler -----------------------
 # Load imbalance: 100 * (max - mean) / mean of the ranks' compute time per step.

@@ -112,9 +112,17 @@ def test_resnet50_num_workers_0_reads_as_input_bound_with_the_dataloader_fix_fir
         assert rep["input"]["input_bound_pct"] == pytest.approx(tbp, abs=0.1)
         assert rep["input"]["verdict"] == "highly input-bound"
         assert rep["input"]["evidence"]["dataloader_iterators"] == ["_SingleProcessDataLoaderIter"]
-        first = rep["recommendations"][0]
-        assert first["rule"] == "input_bound" and first["severity"] == "high"
+        # issue 20: ordered by the step time each fix could give back. The DataLoader fix gives
+        # back the wait (33 % and 23 % of the step); AMP on V100 about 28 % and 32 % (eligible
+        # kernel time x (1 - 1/4)), so the DataLoader fix is first where its wait is larger.
+        recs = rep["recommendations"]
+        first = next(r for r in recs if r["rule"] == "input_bound")
+        assert first["severity"] == "high" and first["estimated_gain_pct"] == pytest.approx(tbp, abs=0.1)
         assert "num_workers" in first["action"] and "pin_memory=True" in first["action"]
+        assert [r["rule"] for r in recs[:2]] == [r["rule"] for r in sorted(
+            recs[:2], key=lambda r: -r["estimated_gain_pct"])]
+        if tbp > 30:
+            assert recs[0] is first
         # FP32 on V100: about two thirds of kernel time could use Tensor Cores -> AMP advice
         tc = next(r for r in rep["recommendations"] if r["rule"] == "tensor_cores_unused")
         assert 60 < rep["tensor_cores"]["eligible_not_using_pct"] < 75
@@ -148,8 +156,10 @@ def test_df_index_resolver_shows_allocator_slack():
     assert mem["peak_allocated_bytes"] == allocated and mem["peak_reserved_bytes"] == reserved
     assert mem["slack_fragmentation_pct"] == pytest.approx(100 * (reserved - allocated) / reserved)
     assert mem["capacity_bytes"] == 34089730048  # deviceProperties[1].totalGlobalMem
-    rec = next(r for r in rep["recommendations"] if r["rule"] == "allocator_slack")
-    assert "expandable_segments:True" in rec["action"]
+    # issue 20: 11.9 GiB reserved of 31.7 GiB is no memory pressure: the slack is shown, not advised on
+    assert "allocator_slack" not in [r["rule"] for r in rep["recommendations"]]
+    card = rep["verdicts"]["allocator_slack"]
+    assert card["device"] == "cuda:1" and card["severity"] == "none" and "no memory pressure" in card["verdict"]
 
 
 def test_cpu_only_trace_says_so():
@@ -170,7 +180,8 @@ def test_worker_summary_is_a_ratio_of_sums_over_spans():
     assert 22.92 < summary["input"]["input_bound_pct"] < 33.37
     assert summary["steps"]["numbers"] == [5, 6, 7, 8, 9, 10, 16, 17, 18, 19, 20, 21]
     assert abs(sum(summary["breakdown_pct"].values()) - 100) < 1e-6
-    assert summary["recommendations"][0]["rule"] == "input_bound"
+    # issue 20: ordered by estimated gain (the DataLoader wait vs the AMP estimate, both ~30 %)
+    assert "input_bound" in [r["rule"] for r in summary["recommendations"][:2]]
     # GPU utilization: weighted by each span's steps window
     windows = [r["report"]["steps"]["window_us"] for r in results]
     utils = [r["report"]["gpu"]["0"]["utilization_pct"] for r in results]

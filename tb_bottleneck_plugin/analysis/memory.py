@@ -440,29 +440,40 @@ def _card_peak_memory(report: dict) -> dict:
 
 
 def _card_allocator_slack(report: dict) -> dict:
+    """The slack of the device the allocator_slack rule judged (or of the shown device): coloured
+    only under memory pressure (METRICS §9); without it the slack is shown, uncoloured, as
+    information ("not judged"), since a cache that fits easily costs nothing."""
+    from ..recommendations import reserved_of_capacity_pct
+
     rec = V.fired(report, "allocator_slack")
     mem = report.get("memory") or {}
     dev = V.memory_device(report)
-    if rec is not None:  # the device the rule judged (the worst one above the reserve floor)
-        worst = [(k, V.num(v.get("slack_fragmentation_pct"))) for k, v in mem.items() if isinstance(v, dict)
-                 and (V.num(v.get("peak_reserved_bytes")) or 0) >= T.SLACK_MIN_RESERVED_BYTES
-                 and V.num(v.get("slack_fragmentation_pct")) is not None]
-        dev = max(worst, key=lambda kv: kv[1])[0] if worst else dev
+    if rec is not None and rec.get("device") in mem:  # the device the rule judged
+        dev = rec["device"]
     m = mem.get(dev) or {} if dev else {}
     value = V.num(m.get("slack_fragmentation_pct"))
     out = V.card(report, value, "pct", "allocator_slack", None,
-                 ("SLACK_FRAGMENTATION_PCT", "SLACK_FRAGMENTATION_HIGH_PCT", "SLACK_MIN_RESERVED_BYTES"),
+                 ("SLACK_FRAGMENTATION_PCT", "SLACK_FRAGMENTATION_HIGH_PCT", "SLACK_MIN_RESERVED_BYTES",
+                  "MEMORY_PRESSURE_PCT"),
                  (f"memory.{dev}.slack_fragmentation_pct", "slack_fragmentation_pct") if dev else ("memory",))
     out["device"] = dev
     if value is None and dev and not str(dev).startswith("cuda:") and out["verdict"] == "not available":
         out["verdict"] = "GPU devices only"
     if value is not None:
         reserved = V.num(m.get("peak_reserved_bytes")) or 0
+        used = reserved_of_capacity_pct(m)
         if out["severity"] != "ok":
-            out["verdict"] = "much reserved memory unused at the peak"
+            out["verdict"] = "much reserved memory unused at the peak, with the device nearly full"
         elif reserved < T.SLACK_MIN_RESERVED_BYTES:
             out["severity"] = "none"  # uncoloured: the rule does not judge tiny reserves (never a green "ok")
             out["verdict"] = f"less than {T.SLACK_MIN_RESERVED_BYTES / (1 << 30):g} GiB reserved: not judged"
+        elif used is None:
+            out["severity"] = "none"
+            out["verdict"] = "device capacity unknown, so no memory pressure seen: not judged"
+        elif used < T.MEMORY_PRESSURE_PCT:
+            out["severity"] = "none"  # information: slack costs nothing while memory is to spare
+            out["verdict"] = (f"peak reserved {used:.0f} % of capacity, no memory pressure: not judged"
+                              + (" (unused reserve is harmless)" if value >= T.SLACK_FRAGMENTATION_PCT else ""))
         else:
             out["verdict"] = "little unused reserved memory"
     return out
