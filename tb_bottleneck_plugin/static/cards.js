@@ -22,7 +22,7 @@
 // baseline and candidate; any list of selections), so every view shows the same cards.
 
 import {h, mount} from "./dom.js";
-import {isNum, fmtPct, fmtUs, fmtBytes, fmtCount, readableKey} from "./format.js";
+import {isNum, fmtPct, fmtUs, fmtBytes, fmtCount, fmtNum, readableKey} from "./format.js";
 import {DEFS} from "./defs.js";
 import {gpuEntries, deviceName, memoryDevices, reservedKnown, memDeviceLabel, naReason, severityClass} from "./common.js";
 
@@ -120,6 +120,41 @@ export const CARDS = [
         : "";
       return [
         split ? `precision: ${split}` : null,
+      ];
+    },
+  },
+  {
+    // FLOPs and MFU (analysis/flops.py, METRICS.md §15): value, colour and words (e.g. "9 % of
+    // H100 SXM bf16 peak · 86 of 989 TFLOP/s") are the server's; the lines below read report.flops.
+    id: "mfu",
+    label: "MFU",
+    sublabel: (report) => {
+      const p = (report.flops || {}).peak;
+      return p && typeof p === "object" && typeof p.source === "string" && p.source.startsWith("user")
+        ? "user-given peak" : "of the dense peak";
+    },
+    field: ["flops", "mfu_pct"],
+    unit: "pct",
+    explain: "Model FLOPs (from recorded shapes) per step time, as a share of the GPU's dense peak.",
+    def: "MFU: FLOPs counted from the recorded shapes of GEMM, convolution and attention ops (as "
+      + "FlopCounterMode counts them) over the step time, divided by the GPU's dense peak for each "
+      + "precision. Roofline: FLOPs per byte against the ridge point peak / memory bandwidth.",
+    details(report) {
+      const f = report.flops || {};
+      const tf = (x) => (isNum(x) ? fmtNum(x, 1) : "n/a");
+      const split = f.mfu_split_pct && typeof f.mfu_split_pct === "object"
+        ? Object.entries(f.mfu_split_pct).filter(([, v]) => isNum(v) && v > 0).sort((a, b) => b[1] - a[1]) : [];
+      const classes = f.by_class && typeof f.by_class === "object"
+        ? Object.entries(f.by_class).filter(([, c]) => c && isNum(c.kernel_us) && c.kernel_us > 0 && c.bound)
+          .sort((a, b) => b[1].kernel_us - a[1].kernel_us).slice(0, 3) : [];
+      const unc = f.uncounted_calls && typeof f.uncounted_calls === "object" ? Object.values(f.uncounted_calls) : [];
+      const nUnc = unc.filter(isNum).reduce((a, b) => a + b, 0);
+      return [
+        isNum(f.flops_per_step) ? `${tf(f.flops_per_step / 1e9)} GFLOP per step · ${tf(f.tflops)} TFLOP/s over the step` : null,
+        split.length > 1 ? `by precision: ${split.map(([k, v]) => `${k} ${fmtPct(v)}`).join(" · ")}` : null,
+        isNum(f.busy_efficiency_pct) ? `${fmtPct(f.busy_efficiency_pct)} of the peak while the GPU is busy` : null,
+        classes.length ? `roofline: ${classes.map(([k, c]) => `${k} ${c.bound}-bound${isNum(c.roofline_pct) ? ` ${fmtPct(c.roofline_pct, 0)}` : ""}`).join(" · ")}` : null,
+        nUnc > 0 ? `${fmtCount(nUnc)} call(s) with a formula not counted (shapes missing)` : null,
       ];
     },
   },
