@@ -112,6 +112,8 @@ def expected(card, r, v):
                 or (r.get("context") or {}).get("distributed") is False:
             return "ok"
         return "high" if value * (1 - (overlap or 0) / 100) >= T.COMM_EXPOSED_HIGH_PCT else "medium"
+    if card == "mfu":  # analysis/flops.py's own scale (METRICS.md §15)
+        return "medium" if value < T.MFU_LOW_PCT else "low" if value < T.MFU_MODERATE_PCT else "ok"
     raise AssertionError(card)
 
 
@@ -131,7 +133,7 @@ def test_every_card_colour_follows_from_value_and_thresholds(reports):
             want = expected(card, r, v)
             assert v["severity"] == want, (where, card, v, want)
             seen.setdefault(card, set()).add(v["severity"])
-            if v["severity"] not in ("ok", "none", "na") and card != "input_bound":
+            if v["severity"] not in ("ok", "none", "na") and card not in ("input_bound", "mfu"):
                 fired = [x for x in r["recommendations"] if x["rule"] == v["rule"]]
                 assert fired and fired[0]["severity"] == v["severity"], (where, card)
     # The traces exercise both colours of every card that has data, and n/a (allocator slack:
