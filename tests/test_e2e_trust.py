@@ -97,12 +97,17 @@ def test_recommendation_chips_carry_units(trust_base, browser_page):
     """The allocator-slack advice on HTA's V100 memory trace, as the server makes it, drawn by
     the tab's own recommendations panel: its numbers read as sizes ("peak reserved: 11.9 GiB"),
     not as bare numbers under a unit-named key ("peak reserved gib: 11.9")."""
+    from tb_bottleneck_plugin import recommendations
     from tb_bottleneck_plugin import report as report_mod
     from tb_bottleneck_plugin.loader import load_trace
 
     path = TRACES / "hta/df_index_resolver/df_index_resolver.json.gz"
     rep = report_mod.analyze_trace(load_trace(str(path)))["report"]
-    rec = next(r for r in rep["recommendations"] if r["rule"] == "allocator_slack")
+    # issue 20: slack is advice only under memory pressure (this run reserves 11.9 of 31.7 GiB),
+    # so the rule runs on the report with the device made nearly full
+    mem = rep["memory"]["cuda:1"]
+    mem["capacity_bytes"] = int(mem["peak_reserved_bytes"] / 0.9)
+    rec = recommendations.rule_allocator_slack(rep)
     w = browser_page(trust_base)
     w.open_run("h100_bert", ready='.card[data-card="tensor_cores"]')
     chips = w.plugin_frame().evaluate("""async (rec) => {
