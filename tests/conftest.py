@@ -164,6 +164,14 @@ def browser_or_skip():
         pytest.skip(f"{CHROMIUM} missing (apt-get install chromium)")
 
 
+def default_sigint() -> None:
+    """preexec_fn for children a test sends SIGINT to: a suite started with SIGINT ignored
+    (``nohup ... &``, CI wrappers) would pass SIG_IGN on, and Python keeps ignoring an
+    inherited SIG_IGN, so Ctrl-C would never reach the child."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import TRACES, patience
+from conftest import TRACES, default_sigint, patience
 
 RESNET = sorted((TRACES / "kineto-tb-samples" / "resnet50_num_workers_0").glob("*.pt.trace.json*"))
 pytestmark = pytest.mark.skipif(not RESNET, reason="../shared/traces is not available")
@@ -24,7 +24,8 @@ def test_ctrl_c_mid_analysis_is_one_line_and_exit_130(tmp_path):
         run.mkdir(parents=True, exist_ok=True)
         (run / f"rank{rank}.{1700000000000 + rank}.pt.trace.json.gz").symlink_to(RESNET[0])
     proc = subprocess.Popen([sys.executable, "-m", "tb_bottleneck_plugin.cli", "report", str(tmp_path / "logs"),
-                             "--jobs", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                             "--jobs", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=default_sigint)
     try:
         me = psutil.Process(proc.pid)
         deadline = time.time() + patience(30)

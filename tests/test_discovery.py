@@ -22,20 +22,10 @@ CONTROL = TRACES / "hta/trace_diff/control/control.json.gz"
 AMD = TRACES / "hta/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz"
 H100 = TRACES / "tracelens/h100/gaunernst_bert-small-uncased__1016001.json.gz"
 
-SHARED_RUNS = [
-    "generated-cpu-torch2.13/nw0",
-    "generated-cpu-torch2.13/nw2_gzip",
-    "hta/amd_trace",
-    "hta/df_index_resolver",
-    "hta/nccl_parser_config",
-    "hta/ns_resolution_trace",
-    "hta/trace_diff/control",
-    "kineto-tb-samples/resnet50_num_workers_0",
-    "kineto-tb-samples/resnet50_num_workers_0_2020-12",
-    "kineto-tb-samples/resnet50_num_workers_4",
-    "tracelens/h100",
-    "tracelens/mi300",
-]
+# A run is every folder of ../shared/traces that holds trace files (the corpus grows:
+# derived from the files, not listed by hand).
+SHARED_FILES = sorted(p for p in TRACES.rglob("*") if p.is_file() and p.name.endswith((".json", ".json.gz")))
+SHARED_RUNS = sorted({p.parent.relative_to(TRACES).as_posix() for p in SHARED_FILES})
 
 
 def link(dst: Path, src: Path) -> Path:
@@ -192,7 +182,9 @@ def test_shared_traces_runs():
                                       ["gaunernst_bert-small-uncased__1016001.json.gz"]}
     assert tree["kineto-tb-samples/resnet50_num_workers_0"] == {"worker0": ["1623143089861", "1623143566756"]}
     assert tree["kineto-tb-samples/resnet50_num_workers_0_2020-12"] == {"worker0": ["worker0.pt.trace.json.gz"]}
-    assert sum(len(w.spans) for r in found.runs for w in r.workers) == 14
+    assert sum(len(w.spans) for r in found.runs for w in r.workers) == len(SHARED_FILES)
+    # 2025+ tensorboard_trace_handler names: one worker, one span per file
+    assert tree["h100/gpt2_bf16_eager"] == {"worker0": ["1795701567436882984"]}
 
 
 def test_resolve_accepts_only_discovered_names(logdir: Path):

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SHARED, TENSORBOARD_WITHOUT_TBP, free_port
+from conftest import SHARED, TENSORBOARD_WITHOUT_TBP, default_sigint, free_port
 
 psutil = pytest.importorskip("psutil")
 
@@ -111,7 +111,8 @@ def _signal_tensorboard(logs: Path, cache: Path, sig: int, group: bool, ready, t
         proc = subprocess.Popen(
             [*TENSORBOARD_WITHOUT_TBP, "--logdir", str(logs), "--host", "127.0.0.1", "--port", str(port),
              "--bottlenecks_cache_dir", str(cache)],
-            stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+            stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+            preexec_fn=default_sigint)
         tb = psutil.Process(proc.pid)
         kids = []
         try:
