@@ -101,15 +101,16 @@ WARMUP_CALL_RUNTIME_PCT = 50.0
 # the steps are not the steady state; profile after warm-up instead of tuning launches.
 WARMUP_CALL_STEP_PCT = 20.0
 
-# --- torch.compile and CUDA graphs (analysis/compilation.py, METRICS.md "torch.compile") -----
-# The Compilation card: graph breaks per profiled step at or above this colour it "medium"
-# (each break splits the frame: the rest runs as a resume frame, between graphs eager code runs).
-COMPILE_BREAKS_PER_STEP = 1.0
+# --- torch.compile and CUDA graphs (analysis/compilation.py, METRICS.md §16) -----------------
+# The Compilation card. Graph breaks per profiled step at or above this colour it "medium"
+# (each break splits the frame: the rest runs as a nested resume frame, with eager code
+# between the graphs); 0.5 = a break in at least every other step.
+COMPILE_BREAKS_PER_STEP = 0.5
 # Steady-state recompiles (a compile id > 0 compiled inside the profiled steps, or first seen
-# after the first profiled step) at or above this count colour it "high": the cache keeps
-# missing and every such step pays Dynamo + Inductor again (toy_graph_break: 1/4..1/6, 57 %
-# of the step in compilation).
-COMPILE_STEADY_RECOMPILES = 1
+# after the first profiled step) per profiled step at or above this colour it "high" (any
+# fewer: "medium"): the cache keeps missing and such steps pay Dynamo + Inductor again
+# (toy_graph_break: 1/4, 1/5, 1/6 in 3 steps, 57 % of the step time compiling).
+COMPILE_RECOMPILES_PER_STEP = 0.25
 
 # --- §15 FLOPs and MFU (analysis/flops.py; the "mfu" card's own scale) ------------------
 # Model FLOPs utilization below this share of the dense peak: "medium" (the GPU does little

@@ -112,6 +112,14 @@ def expected(card, r, v):
                 or (r.get("context") or {}).get("distributed") is False:
             return "ok"
         return "high" if value * (1 - (overlap or 0) / 100) >= T.COMM_EXPOSED_HIGH_PCT else "medium"
+    if card == "compilation":  # analysis/compilation.py's own scale (METRICS.md §16)
+        c = r["compilation"]
+        if not c["has_regions"]:
+            return "none"
+        if c["steady_recompiles"]:
+            per_step = c["steady_recompiles"] / c["steps"]
+            return "high" if per_step >= T.COMPILE_RECOMPILES_PER_STEP else "medium"
+        return "medium" if c["breaks_per_step"] >= T.COMPILE_BREAKS_PER_STEP else "ok"
     if card == "mfu":  # analysis/flops.py's own scale (METRICS.md §15)
         return "medium" if value < T.MFU_LOW_PCT else "low" if value < T.MFU_MODERATE_PCT else "ok"
     raise AssertionError(card)
@@ -133,7 +141,7 @@ def test_every_card_colour_follows_from_value_and_thresholds(reports):
             want = expected(card, r, v)
             assert v["severity"] == want, (where, card, v, want)
             seen.setdefault(card, set()).add(v["severity"])
-            if v["severity"] not in ("ok", "none", "na") and card not in ("input_bound", "mfu"):
+            if v["severity"] not in ("ok", "none", "na") and card not in ("input_bound", "compilation", "mfu"):
                 fired = [x for x in r["recommendations"] if x["rule"] == v["rule"]]
                 assert fired and fired[0]["severity"] == v["severity"], (where, card)
     # The traces exercise both colours of every card that has data, and n/a (allocator slack:

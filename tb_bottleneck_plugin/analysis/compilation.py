@@ -91,7 +91,7 @@ FUSED_OP_VOCAB = tuple(sorted({
     "view_as_complex", "view_as_real", "where", "zeros", "zeros_like", "mul_", "add_", "copy_",
     "reshape", "contiguous", "squeeze_copy", "unsqueeze_copy", "view_copy", "lt_", "ge_",
 }, key=lambda s: (-len(s), s)))
-_KERNEL_NAME_RE = re.compile(r"^triton_(?:(poi|red|per|tem|for)_)?(?:fused_(.*?))?(?:_\d+)?$")
+_KERNEL_NAME_RE = re.compile(r"^triton_(?:(poi|red|per|tem|for)_)?(?:fused(?:_(.*?))?)?(?:_\d+)?$")
 
 
 def fused_ops(name: str) -> List[str]:
@@ -110,7 +110,7 @@ def fused_ops(name: str) -> List[str]:
         if op is None:  # an op we do not list: up to the next "_" (a leading "_" belongs to it)
             j = body.find("_", i + 1)
             op = body[i:j if j >= 0 else n]
-        if op and op.strip("_") and op not in out:
+        if op and op.strip("_") and not op.strip("_").isdigit() and op not in out:
             out.append(op)
         i += len(op) + 1
     return out or list(UNKNOWN_OPS)
@@ -536,15 +536,18 @@ NOT_JUDGED_NO_REGIONS = ("not judged: no 'Torch-Compiled Region' markers, so gra
 
 def card_severity(sec: dict):
     """(severity, words) of the Compilation card from its section: "high" with steady-state
-    recompiles >= COMPILE_STEADY_RECOMPILES, else "medium" with graph breaks per step >=
-    COMPILE_BREAKS_PER_STEP, else "ok"; "none" (not judged) without region markers."""
+    recompiles per step >= COMPILE_RECOMPILES_PER_STEP, "medium" with fewer (any) or with graph
+    breaks per step >= COMPILE_BREAKS_PER_STEP, else "ok"; "none" (not judged) without
+    region markers."""
     if not sec.get("has_regions"):
         return "none", NOT_JUDGED_NO_REGIONS
     steady = sec.get("steady_recompiles") or 0
     breaks = sec.get("breaks_per_step")
-    if steady >= T.COMPILE_STEADY_RECOMPILES:
+    if steady > 0:
         ids = ", ".join(r["id"] for r in sec.get("recompile_ids") or [] if r.get("steady"))
-        return "high", f"{steady} recompile{'s' if steady != 1 else ''} in the profiled steps ({ids})"
+        words = f"{steady} recompile{'s' if steady != 1 else ''} in the profiled steps ({ids})"
+        per_step = steady / sec["steps"] if sec.get("steps") else None
+        return ("high" if per_step is not None and per_step >= T.COMPILE_RECOMPILES_PER_STEP else "medium"), words
     if breaks is not None and breaks >= T.COMPILE_BREAKS_PER_STEP:
         return "medium", f"{breaks:g} graph break{'s' if breaks != 1 else ''} per step"
     return "ok", "ok"
@@ -555,7 +558,7 @@ def _card(report: dict) -> dict:
 
     sec = report.get(NAME) if isinstance(report.get(NAME), dict) else {}
     value = V.num(sec.get("compiled_pct"))
-    out = V.card(report, value, "pct", RULE, None, ("COMPILE_BREAKS_PER_STEP", "COMPILE_STEADY_RECOMPILES"),
+    out = V.card(report, value, "pct", RULE, None, ("COMPILE_BREAKS_PER_STEP", "COMPILE_RECOMPILES_PER_STEP"),
                  (f"{NAME}.compiled_pct", NAME))
     if value is not None:
         out["severity"], out["verdict"] = card_severity(sec)

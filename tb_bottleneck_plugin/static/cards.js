@@ -255,6 +255,32 @@ export const CARDS = [
     },
   },
   {
+    // torch.compile / CUDA graphs (analysis/compilation.py, METRICS.md §16): the value is the
+    // compiled share of the step; colour and words (breaks, steady recompiles) are the server's.
+    id: "compilation",
+    label: "Compilation",
+    sublabel: () => "torch.compile",
+    field: ["compilation", "compiled_pct"],
+    unit: "pct",
+    optional: true,
+    explain: "Share of step time inside torch.compile'd regions and compiled backward graphs (CPU wall).",
+    def: "torch.compile: CPU time inside 'Torch-Compiled Region' spans and CompiledFunctionBackward, share of "
+      + "step time. A graph break splits a compiled frame (the rest runs as a nested resume frame); a compile "
+      + "id above 0 is a recompile. Triton kernel names reveal the ATen ops Inductor fused.",
+    details(report) {
+      const c = report.compilation || {};
+      const ids = Array.isArray(c.recompile_ids) ? c.recompile_ids.filter((r) => r && r.steady).map((r) => String(r.id)) : [];
+      const frames = Array.isArray(c.frames) ? c.frames.length : null;
+      return [
+        isNum(c.breaks_per_step) ? `${fmtCount(c.breaks_per_step)} graph break(s) per step` + (isNum(frames) ? ` · ${fmtCount(frames)} compiled frame(s)` : "") : null,
+        isNum(c.steady_recompiles) && c.steady_recompiles > 0 ? `recompiles in the steps: ${ids.join(", ")}` : null,
+        isNum(c.compile_pct) && c.compile_pct > 0 ? `compiling inside the steps ${fmtPct(c.compile_pct)} of step time` : null,
+        isNum(c.triton_pct) ? `Triton kernels ${fmtPct(c.triton_pct)} of kernel time${isNum(c.gemm_pct) ? `, library GEMMs ${fmtPct(c.gemm_pct)}` : ""}` : null,
+        isNum(c.graph_launches) && c.graph_launches > 0 ? `${fmtCount(c.graph_launches)} CUDA graph replays, ${fmtPct(c.graph_gpu_pct)} of kernel time` : null,
+      ];
+    },
+  },
+  {
     id: "short_kernels",
     label: "Short kernels",
     field: ["occupancy", "short_kernels", "time_pct"],
