@@ -71,20 +71,15 @@ class _GuardedStdout:
 
 
 def _drop_stdout(stream) -> None:
-    """Point the stdout file descriptor at /dev/null, so that the interpreter's last flush
-    of what is still buffered does not print "Exception ignored ... BrokenPipeError"."""
+    """After the reader of the real stdout left: make ``sys.stdout`` None, so that the
+    interpreter's last flush of what is still buffered (it flushes ``sys.stdout`` only)
+    does not print "Exception ignored ... BrokenPipeError"; print() to None prints
+    nothing. A stream that is not a real file (a test's capture) is left in place."""
     try:
-        fd = stream.fileno()
+        stream.fileno()
     except (AttributeError, OSError, ValueError):
-        return  # not a real file (a test's capture): nothing is flushed at exit
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(devnull, fd)
-        finally:
-            os.close(devnull)
-    except OSError:
-        pass
+        return
+    sys.stdout = None
 
 
 def main(argv: Optional[List[str]] = None) -> int:
