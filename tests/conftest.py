@@ -164,6 +164,18 @@ def browser_or_skip():
         pytest.skip(f"{CHROMIUM} missing (apt-get install chromium)")
 
 
+def need_torch_tb_profiler():
+    """torch-tb-profiler for the tests that run it live: the ``oracle`` extra. Skipped with
+    the install hint where it is missing, except in CI (BOTTLENECKS_REQUIRE_ORACLE=1, set by
+    .ci/run, which installs it): there a missing reference tool fails."""
+    try:
+        import torch_tb_profiler  # noqa: F401
+    except ImportError:
+        if os.environ.get("BOTTLENECKS_REQUIRE_ORACLE") == "1":
+            pytest.fail("torch-tb-profiler is required here (BOTTLENECKS_REQUIRE_ORACLE=1): pip install -e '.[oracle]'")
+        pytest.skip("torch-tb-profiler not installed: pip install -e '.[oracle]'")
+
+
 def default_sigint() -> None:
     """preexec_fn for children a test sends SIGINT to: a suite started with SIGINT ignored
     (``nohup ... &``, CI wrappers) would pass SIG_IGN on, and Python keeps ignoring an

@@ -13,13 +13,13 @@ import time
 
 import pytest
 
-from conftest import http_get, link_demo_run, wait_route
+from conftest import http_get, link_demo_run, need_torch_tb_profiler, wait_route
 
 RUN = "input_bound"
 
 
 def test_our_tab_works_beside_torch_tb_profiler(tmp_path, tensorboard_server, browser_page):
-    pytest.importorskip("torch_tb_profiler")  # in the [test] extra: present in CI
+    need_torch_tb_profiler()  # the [oracle] extra: present in CI
     logs = tmp_path / "logs"
     link_demo_run(logs, RUN)
     base = tensorboard_server(logs, all_plugins=True)

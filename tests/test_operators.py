@@ -17,7 +17,7 @@ import tempfile
 import numpy as np
 import pytest
 
-from conftest import TRACES, TraceBuilder
+from conftest import TRACES, TraceBuilder, need_torch_tb_profiler
 from tb_bottleneck_plugin.analysis import operators, steps
 from tb_bottleneck_plugin.loader import load_trace
 
@@ -178,7 +178,7 @@ def _whole_trace():
 
 
 def _tbp_tables(path):
-    pytest.importorskip("torch_tb_profiler")
+    need_torch_tb_profiler()  # the [oracle] extra: present in CI
     from torch_tb_profiler.profiler.data import RunProfileData
     from torch_tb_profiler.profiler.run_generator import RunGenerator
 

@@ -21,4 +21,4 @@ def test_ci_runs_the_readme_test_command():
 
 def test_readme_installs_pinned_torch_before_the_test_extra():
     command = _readme_test_command()
-    assert command.index("torch==2.13.0") < command.index('".[test]"')
+    assert command.index("torch==2.13.0") < command.index('".[test,oracle]"')
