@@ -264,3 +264,16 @@ def test_thresholds_are_ordered():
     assert flops.mfu_severity(T.MFU_LOW_PCT - 1) == "medium"
     assert flops.mfu_severity(T.MFU_LOW_PCT) == "low"
     assert flops.mfu_severity(T.MFU_MODERATE_PCT) == "ok"
+
+
+@needs_traces
+def test_resnet50_v100_convolutions_counted_through_the_backward():
+    """torch 1.8 ResNet-50 (batch 32, 224², fp32) on a V100: the convolution forwards get their
+    output size from the backward calls; fwd + bwd = 3 x the forward's 2 x 4.09 GMAC x 32."""
+    rep = real_report("kineto-tb-samples/resnet50_num_workers_4/worker0.1623212756351.pt.trace.json.gz")
+    sec = rep["flops"]
+    assert sec["uncounted_calls"] == {}
+    assert sec["flops_per_step"] == pytest.approx(3 * 2 * 4.09e9 * 32, rel=0.02)
+    assert sec["peak"]["gpu"] == "V100 SXM2" and sec["main_precision"] == "fp32"
+    conv = sec["by_class"]["conv"]
+    assert conv["bound"] == "compute" and conv["achieved_tflops"] < peaks.match("Tesla V100-DGXS-32GB").tflops["fp32"]

@@ -55,6 +55,9 @@ _CONV_FWD = re.compile(r"^(?:convolution|_convolution|conv[123]d|cudnn_convoluti
 _CONV_T = re.compile(r"^(?:conv_transpose[123]d|cudnn_convolution_transpose|miopen_convolution_transpose"
                      r"|slow_conv_transpose[23]d|_mps_convolution_transpose)$")
 _CONV_BWD = re.compile(r"^(?:convolution_backward|convolution_backward_overrideable)$")
+# before torch 1.11 (cudnn_/miopen_convolution_backward take (input, grad_output, weight))
+_CONV_BWD_XGW = re.compile(r"^(?:cudnn_convolution_backward|miopen_convolution_backward"
+                           r"|miopen_depthwise_convolution_backward|mkldnn_convolution_backward)$")
 # attention forward with (q, k, v) as [batch, heads, seq, dim]
 _ATTN_FWD_BHSD = re.compile(r"^(?:_scaled_dot_product_(?:flash|efficient|cudnn|fused)_attention(?:_overrideable)?"
                             r"|_scaled_dot_product_flash_attention_for_cpu|_cudnn_attention_forward"
@@ -84,6 +87,8 @@ def flop_kind(name: str) -> Optional[str]:
         return "conv_t"
     if _CONV_BWD.match(b):
         return "conv_bwd"
+    if _CONV_BWD_XGW.match(b):
+        return "conv_bwd_xgw"
     if _ATTN_FWD_BHSD.match(b):
         return "attn_fwd"
     if _ATTN_FWD_BSHD.match(b):
@@ -222,8 +227,8 @@ def op_flops(name: str, dims, types, conv_out: Optional[dict] = None
             return None
         flops = 2 * x[0] * w[0] * _numel(spatial) * _numel(w[1:])
         return flops, in_bytes + x[0] * w[0] * _numel(spatial) * es, prec, "conv"
-    if kind == "conv_bwd":
-        go, x, w = at(0), at(1), at(2)
+    if kind in ("conv_bwd", "conv_bwd_xgw"):
+        go, x, w = (at(0), at(1), at(2)) if kind == "conv_bwd" else (at(1), at(0), at(2))
         if not go or not x or not w or len(go) != len(w) or len(go) < 3:
             return None
         one = 2 * go[0] * go[1] * _numel(go[2:]) * _numel(w[1:])  # = the forward
@@ -316,6 +321,34 @@ def peak_for(trace: TraceData, not_available: Dict[str, str], user: Optional[Dic
             "hbm_gbps": p.hbm_gbps, "url": p.source, "note": p.note}
 
 
+NA_NO_SHAPES = "no recorded shapes (profile with record_shapes=True): FLOPs cannot be counted"
+
+
+def _no_shapes(trace: TraceData, steps, na: Dict[str, str], user_peak=None) -> dict:
+    """The section of a trace without recorded shapes: no FLOPs, MFU n/a; the step kernels
+    are all class "other"."""
+    gpu = trace.gpu
+    is_k = gpu.kind == GPU_KERNEL
+    in_step = is_k.copy() if getattr(steps, "gpu_step", None) is None or len(steps.gpu_step) != len(gpu) \
+        else is_k & np.isin(steps.gpu_step, np.flatnonzero(steps.included))
+    kus = float(np.nan_to_num(gpu.dur[in_step], nan=0.0).sum())
+    peak = peak_for(trace, na, user_peak if user_peak is not None else _user_peak())
+    durations = steps.durations.astype(float)
+    section = {
+        "flops": 0.0, "bytes": None, "step_us": float(durations.sum()), "steps": int(steps.count),
+        "flop_kernel_us": 0.0, "gpu_busy_us": None, "ideal_us": None,
+        "devices": len(np.unique(gpu.device[in_step])) if in_step.any() else 0, "counted_calls": 0,
+        "uncounted_calls": {}, "peak": peak, "by_precision": {},
+        "by_class": {"other": {"flops": 0.0, "bytes": None, "kernel_us": kus, "kernels": int(in_step.sum()),
+                               "calls": 0, "flops_by_precision": {}}} if in_step.any() else {},
+        "kernels": [], "record_shapes": False,
+        "per_step": [{"step": int(n), "flops": 0.0, "step_us": float(d), "ideal_us": None, "tflops": 0.0,
+                      "mfu_pct": None} for n, d in zip(steps.inc_numbers, durations)],
+    }
+    na["flops.flops"] = na["flops.mfu_pct"] = NA_NO_SHAPES
+    return derive(section, na)
+
+
 def _ancestors_marked(parent: np.ndarray, seeds: np.ndarray) -> np.ndarray:
     """Bool over nesting entries: a strict ancestor of one of ``seeds``."""
     mark = np.zeros(len(parent), bool)
@@ -340,7 +373,9 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
         na["flops"] = "no included step"
         return None
     cpu = trace.cpu
-    nest = op_nesting(trace) if nesting is None else nesting
+    if not (len(trace.op_inputs.dims) or (cpu.input_dims >= 0).any()):
+        return _no_shapes(trace, steps, na, user_peak)
+    nest = op_nesting(trace) if nesting is None else (nesting() if callable(nesting) else nesting)
     rows, parent = nest["rows"], nest["parent"]
     # ops starting inside an included step (host span)
     hs, he = steps.inc_host_start, steps.inc_host_end
@@ -365,10 +400,13 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
     # convolution output sizes learnt from the backward calls: (x, w) -> grad_out spatial
     conv_out: Dict[tuple, list] = {}
     for j in np.flatnonzero(is_flop_name & has_shape):
-        if kind_of[int(names[j])] == "conv_bwd":
+        kd = kind_of[int(names[j])]
+        if kd in ("conv_bwd", "conv_bwd_xgw"):
             d, _ = dec.row(int(rows[j]))
-            if isinstance(d, list) and len(d) >= 3 and all(isinstance(x, list) for x in d[:3]) and len(d[0]) >= 3:
-                conv_out.setdefault((tuple(d[1]), tuple(d[2])), list(d[0][2:]))
+            if isinstance(d, list) and len(d) >= 3 and all(isinstance(x, list) for x in d[:3]):
+                go, x = (d[0], d[1]) if kd == "conv_bwd" else (d[1], d[0])
+                if len(go) >= 3 and all(isinstance(v, int) for v in go + x + d[2]):
+                    conv_out.setdefault((tuple(x), tuple(d[2])), list(go[2:]))
 
     # FLOPs per candidate (cached per distinct name/dims/types)
     cache: Dict[tuple, object] = {}
@@ -404,9 +442,11 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
     counted_mask[cand[ok]] = True
     anc = _ancestors_marked(parent, np.flatnonzero(counted_mask))
     final = counted_mask & ~anc
-    # an uncounted op whose child was counted is not "uncounted"
+    # an uncounted op whose descendant was counted, or that holds another candidate
+    # (aten::conv2d -> ... -> aten::cudnn_convolution: only the innermost), is not listed
+    anc_cand = _ancestors_marked(parent, cand)
     for i, j in enumerate(cand):
-        if not ok[i] and anc[j] and step_of[j] >= 0:
+        if not ok[i] and (anc[j] or anc_cand[j]) and step_of[j] >= 0:
             nm = trace.strings[int(names[j])]
             uncounted[nm] -= 1
             if not uncounted[nm]:
@@ -448,6 +488,7 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
     owner = np.full(len(gpu), -1, np.int64)
     if len(gpu) and len(trace.runtime):
         rt_of = linking.gpu_runtime_index(trace) if gpu_runtime is None else gpu_runtime
+        op_calls = op_calls() if callable(op_calls) else op_calls
         all_rows = np.concatenate([rows[f_idx], rows[e_idx]])
         call_owner = np.full(len(trace.runtime), -1, np.int64)
         if len(all_rows):
@@ -457,8 +498,12 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
             op, call = linking.calls_inside(trace, sel, among=among)
             idx_of_row = np.full(len(cpu), -1, np.int64)
             idx_of_row[all_rows] = np.arange(len(all_rows))
-            # counted ops are disjoint; a byte-only op never holds a counted one: innermost = latest start
-            o = np.lexsort((-cpu.ts[op], call))
+            # a call inside a counted op is that op's (counted ops are disjoint; byte-only ops
+            # inside it, e.g. cudnn_convolution_backward_input, do not take its kernels);
+            # else the innermost byte-only op (latest start)
+            byte_only = np.zeros(len(cpu), bool)
+            byte_only[rows[e_idx]] = True
+            o = np.lexsort((-cpu.ts[op], byte_only[op], call))
             op, call = op[o], call[o]
             firsts = np.ones(len(call), bool)
             firsts[1:] = call[1:] != call[:-1]
@@ -594,7 +639,7 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
         "record_shapes": bool(has_shape.any()),
     }
     if not has_shape.any():
-        na["flops.flops"] = "no recorded shapes (profile with record_shapes=True): FLOPs cannot be counted"
+        na["flops.flops"] = NA_NO_SHAPES
     elif uncounted:
         na["flops.uncounted_calls"] = ("calls with a FLOP formula whose recorded shapes do not fit it (e.g. a "
                                        "convolution forward with no backward to learn its output size) are not "
@@ -692,8 +737,8 @@ def derive(sec: dict, na: Optional[Dict[str, str]] = None) -> dict:
 def _unit_compute(span):
     from .operators import span_op_nesting
 
-    return flops_report(span.trace, span.found, span.not_available, nesting=span_op_nesting(span),
-                        gpu_runtime=linking.span_gpu_runtime(span), op_calls=linking.span_op_calls(span))
+    return flops_report(span.trace, span.found, span.not_available, nesting=lambda: span_op_nesting(span),
+                        gpu_runtime=linking.span_gpu_runtime(span), op_calls=lambda: linking.span_op_calls(span))
 
 
 def _unit_partial(report: dict) -> dict:
