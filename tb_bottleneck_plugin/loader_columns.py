@@ -315,6 +315,9 @@ class _Builder:
             msg_dtype=np.array([-1 if a.msg_dtype is None else self.strings.setdefault(a.msg_dtype, len(self.strings))
                                 for a in args], dtype=np.int32),
         )
+        coll = [i for i, a in enumerate(args) if a.msg_in_nelems is not None]
+        if coll:  # collective kernels only (few): the rest keep the -1 defaults
+            self._add_collective_args(table, [args[i] for i in coll], np.array(coll, np.int64), kind[coll])
         if keep is not None:
             table = table.take(keep)
         self._span(table.ts, table.ts + table.dur)
@@ -360,6 +363,8 @@ class _Builder:
             external_id=self._ints([a.external_id for a in args], "CPU events", "External id"),
             input_dims=self._raw_ids(dims),
             input_types=self._raw_ids(types),
+            call_stack=self._raw_ids(self._raw_texts([a.call_stack for a in args])),
+            sequence=self._ints([a.sequence for a in args], "CPU events", "Sequence number"),
         )
         rows = np.arange(len(evs))
         if keep is not None:
@@ -428,6 +433,22 @@ class _Builder:
             table = table.take(keep)
         self.annotations.append(table)
 
+    def _add_collective_args(self, table, args: list, rows: np.ndarray, kind: np.ndarray) -> None:
+        """Out msg nelems, Group size, Collective name, Process Group Name/Ranks and Seq
+        of the kernels that carry collective metadata (``rows`` of ``table``)."""
+        def ids(values):
+            return np.array([-1 if v is None else self.strings.setdefault(v if isinstance(v, str) else str(v),
+                                                                          len(self.strings)) for v in values],
+                            dtype=np.int32)
+
+        table.msg_out_nelems[rows] = self._ints([a.msg_out_nelems for a in args], "", "Out msg nelems", kind,
+                                                min_value=-1)
+        table.group_size[rows] = self._ints([a.group_size for a in args], "", "Group size", kind, min_value=-1)
+        table.seq[rows] = self._ints([a.seq for a in args], "", "Seq", kind, min_value=-1)
+        table.coll_name[rows] = ids([a.coll_name for a in args])
+        table.pg_name[rows] = ids([a.pg_name for a in args])
+        table.pg_ranks[rows] = self._raw_ids(self._raw_texts([a.pg_ranks for a in args]))
+
     def merge(self, other: "_Builder") -> None:
         """Append a chunk decoded elsewhere (another process, or a chunk builder of this
         one): remap its string ids. The first ``other._base`` strings are this builder's,
@@ -456,10 +477,13 @@ class _Builder:
             t.name = ids(t.name)
             t.occupancy_limit = optional_ids(t.occupancy_limit)
             t.msg_dtype = optional_ids(t.msg_dtype)
+            t.coll_name, t.pg_name, t.pg_ranks = (optional_ids(t.coll_name), optional_ids(t.pg_name),
+                                                  optional_ids(t.pg_ranks))
             self.gpu.append(t)
         for t in other.cpu:
             t.name, t.category = ids(t.name), ids(t.category)
             t.input_dims, t.input_types = optional_ids(t.input_dims), optional_ids(t.input_types)
+            t.call_stack = optional_ids(t.call_stack)
             self.cpu.append(t)
         for t in other.runtime:
             t.name = ids(t.name)

@@ -58,10 +58,23 @@ class Args(msgspec.Struct, omit_defaults=True, gc=False):
     # ("Float", "Long", ...); the rank view's collective bytes (metrics §12).
     msg_in_nelems: Num = msgspec.field(default=None, name="In msg nelems")
     msg_dtype: Optional[str] = msgspec.field(default=None, name="dtype")
+    # More of that metadata, for the per-collective bandwidth (analysis/collectives.py,
+    # METRICS.md "Collective bandwidth"): read into columns only for kernels that carry "In msg nelems".
+    msg_out_nelems: Num = msgspec.field(default=None, name="Out msg nelems")
+    group_size: Num = msgspec.field(default=None, name="Group size")
+    coll_name: Optional[str] = msgspec.field(default=None, name="Collective name")
+    pg_name: Num = msgspec.field(default=None, name="Process Group Name")
+    pg_ranks: msgspec.Raw = msgspec.field(default=_EMPTY_RAW, name="Process Group Ranks")
+    seq: Num = msgspec.field(default=None, name="Seq")
     # Raw: left undecoded (a view, no objects) unless the op is one SHAPE_OP_MARKERS names.
     input_dims: msgspec.Raw = msgspec.field(default=_EMPTY_RAW, name="Input Dims")
     input_dims_2020: msgspec.Raw = msgspec.field(default=_EMPTY_RAW, name="Input dims")
     input_type: msgspec.Raw = msgspec.field(default=_EMPTY_RAW, name="Input type")
+    # Source attribution (METRICS.md §17): the old (<= torch 1.x) per-op Python stack, left
+    # undecoded like the inputs (a few hundred distinct texts), and the autograd sequence
+    # number that ties a backward op to the forward op that made its node.
+    call_stack: msgspec.Raw = msgspec.field(default=_EMPTY_RAW, name="Call stack")
+    sequence: Num = msgspec.field(default=None, name="Sequence number")
 
 
 _NO_ARGS = Args()

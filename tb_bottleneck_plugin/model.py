@@ -88,6 +88,19 @@ class GpuTable(_Table):
     bytes: np.ndarray = _col(np.int64)  # memcpy/memset size
     msg_nelems: np.ndarray = _col(np.int64)  # collective kernels: "In msg nelems", -1 if none
     msg_dtype: np.ndarray = _col(np.int32)  # its "dtype", index into strings, -1 if none
+    # More collective metadata (kernels with "In msg nelems" only; -1 where absent; the
+    # string ones are indices into strings). Optional in the constructor (-1 columns).
+    msg_out_nelems: np.ndarray = field(default=None, metadata={"dtype": np.int64})  # "Out msg nelems"
+    group_size: np.ndarray = field(default=None, metadata={"dtype": np.int64})  # "Group size"
+    coll_name: np.ndarray = field(default=None, metadata={"dtype": np.int32})  # "Collective name"
+    pg_name: np.ndarray = field(default=None, metadata={"dtype": np.int32})  # "Process Group Name"
+    pg_ranks: np.ndarray = field(default=None, metadata={"dtype": np.int32})  # "Process Group Ranks" (JSON text)
+    seq: np.ndarray = field(default=None, metadata={"dtype": np.int64})  # "Seq"
+
+    def __post_init__(self):
+        for f in fields(self):
+            if getattr(self, f.name) is None:
+                setattr(self, f.name, np.full(len(self.ts), -1, f.metadata["dtype"]))
 
 
 @dataclass
@@ -111,11 +124,18 @@ class CpuTable(_Table):
     # when a table is built without them).
     input_dims: np.ndarray = field(default=None, metadata={"dtype": np.int32})
     input_types: np.ndarray = field(default=None, metadata={"dtype": np.int32})
+    # Source attribution (METRICS.md §17): index into strings of the raw JSON text of the
+    # old-style args "Call stack" (innermost frame first, ";"-separated), and args
+    # "Sequence number" (autograd: a backward op's equals its forward op's); -1 when absent.
+    call_stack: np.ndarray = field(default=None, metadata={"dtype": np.int32})
+    sequence: np.ndarray = field(default=None, metadata={"dtype": np.int64})
 
     def __post_init__(self):
-        for name in ("input_dims", "input_types"):
+        for name in ("input_dims", "input_types", "call_stack"):
             if getattr(self, name) is None:
                 setattr(self, name, np.full(len(self.ts), -1, np.int32))
+        if self.sequence is None:
+            self.sequence = np.full(len(self.ts), -1, np.int64)
 
 
 @dataclass
