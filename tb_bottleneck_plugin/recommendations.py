@@ -270,8 +270,9 @@ def rule_tensor_cores(report) -> Optional[dict]:
         "gain_assumption": (f"eligible-not-using kernel time ({pct:.0f} % of the {_kernel_share(report):.0f} % of the "
                             f"step in kernels) x (1 - 1/{speedup:g}): {speedup:g}x faster on "
                             + ("matrix cores" if _is_amd(report) else "Tensor Cores")
-                            + (f" (compute capability {major}.x)" if major is not None and not _is_amd(report)
-                               else " (GPU generation unknown: the conservative speedup)" if major is None else "")),
+                            + (" (AMD: the conservative speedup)" if _is_amd(report)
+                               else " (GPU generation unknown: the conservative speedup)" if major is None
+                               else f" (compute capability {major}.x)")),
     }
 
 
