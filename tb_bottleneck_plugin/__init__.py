@@ -14,8 +14,28 @@ Data flows one way (docs/ARCHITECTURE.md has the map):
                    tiny entry point TensorBoard imports)
     cli.py         `tb-bottlenecks report|diff|check|demo` (text: text_report.py; the demo
                    generator is the separate tb_bottleneck_demo package)
+    api.py         the Python API: analyze(), compare() (here: compare_runs), Report with DataFrames (pandas, lazily)
+    html_report.py the single-file HTML report (`--html FILE`): static/ inlined, data embedded
 
-Keep this module import-free: TensorBoard imports the package on start-up.
+Keep this module import-free: TensorBoard imports the package on start-up; the API below is
+imported only when one of its names is first used (`tb_bottleneck_plugin.analyze`).
 """
 
 __version__ = "0.1.0"
+
+# The Python API (api.py), imported on first use only: TensorBoard imports this package at
+# start-up, so it must not pull in the analysis code. `compare_runs` is api.compare (the
+# package's own `compare` is the compare.py module).
+_API = {"analyze": "analyze", "compare_runs": "compare", "Report": "Report", "Comparison": "Comparison"}
+
+
+def __getattr__(name):
+    if name in _API:
+        from . import api
+
+        return getattr(api, _API[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_API))

@@ -6,6 +6,7 @@
                                           the cores), within a memory budget (default: half
                                           the machine; each reserves ~0.8x its JSON size)
         [--dask tcp://host:8786]          analyse the spans on an existing Dask cluster
+        [--html FILE]                     also write a self-contained HTML report (html_report.py)
     tb-bottlenecks demo OUTDIR [--quick]  write demo runs made with real PyTorch training
     tb-bottlenecks diff BASE CAND [--json]  compare two runs; `check PATH --max M=V ...` is a
                                           CI gate (gate.py: exit 1 on a violated bound)
@@ -123,6 +124,9 @@ def _main(argv: Optional[List[str]] = None) -> int:
     rep.add_argument("--dask", default=None, metavar="ADDRESS",
                      help="analyse the spans on an existing Dask cluster, e.g. tcp://scheduler:8786 "
                      "(needs dask[distributed]; its workers must see PATH: a shared path or gs://)")
+    rep.add_argument("--html", default=None, metavar="FILE",
+                     help="also write a single-file HTML report (cards, recommendations, step breakdown, "
+                     "kernels, operators) that opens offline from disk")
     demo = sub.add_parser("demo", help="generate demo runs with real PyTorch training (needs torch)")
     demo.add_argument("outdir")
     demo.add_argument("--quick", action="store_true", help="smaller, faster runs (for tests)")
@@ -156,7 +160,7 @@ def _main(argv: Optional[List[str]] = None) -> int:
             return _fail(f"--memory: {exc}")
     try:
         return _report(args.path, as_json=args.json, debug=debug, jobs=args.jobs, memory_budget=budget,
-                       dask_address=args.dask)
+                       dask_address=args.dask, html=args.html)
     except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, exit 2
         if debug:
             traceback.print_exc()
@@ -240,54 +244,99 @@ def _analyze_all(logdir, spans, *, debug: bool, jobs: Optional[int], memory_budg
     return results, errors
 
 
-def _report(path: str, *, as_json: bool, debug: bool = False, jobs: Optional[int] = None,
-            memory_budget: Optional[int] = None, dask_address: Optional[str] = None) -> int:
-    from . import discovery, ranks, report, text_report
+class NothingAnalysed(Exception):
+    """`collect` found nothing to report: the message (one line), or ``errors``, one line
+    per file that could not be analysed (exit code 2)."""
+
+    def __init__(self, message: str, errors=()):
+        super().__init__(message)
+        self.errors = list(errors)
+
+
+def collect(path: str, *, debug: bool = False, jobs: Optional[int] = None, memory_budget: Optional[int] = None,
+            dask_address: Optional[str] = None):
+    """Discover PATH and analyse its spans, as `tb-bottlenecks report` does (and the Python
+    API, api.analyze): (logdir, spans, {span url: result}, [error line], single_file).
+    Raises NothingAnalysed when nothing could be analysed."""
+    from . import discovery
     from .errors import BottleneckError
 
     try:
         logdir = discovery.discover_path(path)
     except BottleneckError as exc:
-        return _fail(str(exc))
+        raise NothingAnalysed(str(exc)) from exc
     spans = [(run, worker, span) for run in logdir.runs for worker in run.workers for span in worker.spans]
     if not spans:
-        return _fail(f"{path}: no PyTorch profiler trace files found "
-                     "(expected *.pt.trace.json[.gz] or Kineto *.json[.gz] files)")
+        raise NothingAnalysed(f"{path}: no PyTorch profiler trace files found "
+                              "(expected *.pt.trace.json[.gz] or Kineto *.json[.gz] files)")
     try:
         results, errors = _analyze_all(logdir, spans, debug=debug, jobs=jobs, memory_budget=memory_budget,
                                        dask_address=dask_address)
     except Exception as exc:  # noqa: BLE001 - dask_backend.DaskUnavailable: one line, exit 2
         if type(exc).__name__ == "DaskUnavailable":
-            return _fail(str(exc))
+            raise NothingAnalysed(str(exc)) from exc
         raise
     if not results:
-        for e in errors:
+        raise NothingAnalysed("; ".join(errors) or f"{path}: nothing could be analysed", errors)
+    single_file = len(spans) == 1 and path.rstrip("/").endswith((".json", ".json.gz"))
+    return logdir, spans, results, errors, single_file
+
+
+def json_report(logdir, spans, results, errors, single_file: bool) -> dict:
+    """What `report --json` prints: a single file's report object, else
+    {schema_version, logdir, runs: [{run, workers: [{worker, summary, spans}], summary?, ranks?}], errors}."""
+    from . import ranks, report
+
+    if single_file:
+        return results[spans[0][2].url]["report"]
+    out = {"schema_version": report.SCHEMA_VERSION, "logdir": logdir.url, "runs": [], "errors": errors}
+    for run in logdir.runs:
+        entry = {"run": run.name, "workers": []}
+        all_ready = [results[s.url] for w in run.workers for s in w.spans if s.url in results]
+        if len(run.workers) > 1 and len(all_ready) > 1:
+            entry["summary"] = report.combine_results(all_ready, run=run.name, views=False)["report"]
+            entry["ranks"] = ranks.rank_view({w.name: [results[s.url] for s in w.spans if s.url in results]
+                                              for w in run.workers})
+        for worker in run.workers:
+            ready = [results[s.url] for s in worker.spans if s.url in results]
+            entry["workers"].append({
+                "worker": worker.name,
+                "summary": report.combine_results(ready, run=run.name, worker=worker.name, views=False)["report"]
+                if len(ready) > 1 else (ready[0]["report"] if ready else None),
+                "spans": [r["report"] for r in ready],
+            })
+        out["runs"].append(entry)
+    return out
+
+
+def write_html_report(html_path: str, data: dict) -> Optional[str]:
+    """Writes the single-file HTML report (html_report.py); None, or the one-line reason it failed."""
+    from . import html_report
+
+    try:
+        size = html_report.write_html(html_path, data)
+    except OSError as exc:
+        return f"--html {html_path}: {exc.strerror or exc}"
+    print(f"tb-bottlenecks: wrote {html_path} ({size / 1024:.0f} KiB)", file=sys.stderr)
+    return None
+
+
+def _report(path: str, *, as_json: bool, debug: bool = False, jobs: Optional[int] = None,
+            memory_budget: Optional[int] = None, dask_address: Optional[str] = None,
+            html: Optional[str] = None) -> int:
+    from . import report, text_report
+
+    try:
+        logdir, spans, results, errors, single_file = collect(
+            path, debug=debug, jobs=jobs, memory_budget=memory_budget, dask_address=dask_address)
+    except NothingAnalysed as exc:
+        if not exc.errors:
+            return _fail(str(exc))
+        for e in exc.errors:
             print(f"tb-bottlenecks: {e}", file=sys.stderr)
         return 2
-
-    single_file = len(spans) == 1 and path.rstrip("/").endswith((".json", ".json.gz"))
     if as_json:
-        if single_file:
-            out = results[spans[0][2].url]["report"]
-        else:
-            out = {"schema_version": report.SCHEMA_VERSION, "logdir": logdir.url, "runs": [], "errors": errors}
-            for run in logdir.runs:
-                entry = {"run": run.name, "workers": []}
-                all_ready = [results[s.url] for w in run.workers for s in w.spans if s.url in results]
-                if len(run.workers) > 1 and len(all_ready) > 1:
-                    entry["summary"] = report.combine_results(all_ready, run=run.name, views=False)["report"]
-                    entry["ranks"] = ranks.rank_view({w.name: [results[s.url] for s in w.spans if s.url in results]
-                                                      for w in run.workers})
-                for worker in run.workers:
-                    ready = [results[s.url] for s in worker.spans if s.url in results]
-                    entry["workers"].append({
-                        "worker": worker.name,
-                        "summary": report.combine_results(ready, run=run.name, worker=worker.name, views=False)["report"]
-                        if len(ready) > 1 else (ready[0]["report"] if ready else None),
-                        "spans": [r["report"] for r in ready],
-                    })
-                out["runs"].append(entry)
-        json.dump(_json_safe(out), sys.stdout, indent=1)
+        json.dump(_json_safe(json_report(logdir, spans, results, errors, single_file)), sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
         summary = functools.partial(report.combine_results, views=False)  # the text reads only "report"
@@ -296,6 +345,14 @@ def _report(path: str, *, as_json: bool, debug: bool = False, jobs: Optional[int
         print(f"tb-bottlenecks: {line}", file=sys.stderr)
     for e in errors:
         print(f"tb-bottlenecks: {e}", file=sys.stderr)
+    if html:
+        from . import html_report
+
+        data = html_report.page_data("report", html_report.run_views(logdir, results), title=f"Bottlenecks: {path}",
+                                     errors=errors)
+        failed = write_html_report(html, data)
+        if failed:
+            return _fail(failed)
     return 1 if errors else 0
 
 

@@ -83,6 +83,7 @@ def add_subcommands(sub) -> None:
     diff.add_argument("--batch-size", metavar="N[,M]",
                       help="samples per step, for throughput (N for both, or N,M for baseline,candidate)")
     diff.add_argument("--top", type=int, default=10, help="kernel/operator rows to print (default 10)")
+    diff.add_argument("--html", metavar="FILE", help="also write a single-file HTML report of the comparison")
     check = sub.add_parser(
         "check", help="CI gate: exit 1 when a metric violates a bound, 2 on unreadable input",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -99,6 +100,8 @@ def add_subcommands(sub) -> None:
                        help="largest allowed change in the worse direction against --baseline: "
                             "relative with %% (avg_step_us=5%%), else in the metric's unit")
     check.add_argument("--batch-size", metavar="N[,M]", help="samples per step, for throughput_samples_per_s")
+    check.add_argument("--html", metavar="FILE", help="also write a single-file HTML report (the gate's verdict and "
+                       "the candidate's report), whether the gate passes or fails")
 
 
 def run(args) -> int:
@@ -143,7 +146,22 @@ def _diff(args) -> int:
         sys.stdout.write("\n")
     else:
         print(cmp_mod.format_text(out, top=args.top))
+    if getattr(args, "html", None):
+        from . import html_report
+
+        views = [html_report.view_of(base, f"Baseline: {args.base}", "base"),
+                 html_report.view_of(cand, f"Candidate: {args.cand}", "cand")]
+        _write_html(args.html, html_report.page_data("compare", views, compare=out,
+                                                     title=f"Bottlenecks: {args.base} vs {args.cand}"))
     return 0
+
+
+def _write_html(path: str, data: dict) -> None:
+    from .cli import write_html_report
+
+    failed = write_html_report(path, data)
+    if failed:
+        raise InputError(failed)
 
 
 # ---------------------------------------------------------------------------- check
@@ -242,7 +260,24 @@ def _check(args) -> int:
     violations = evaluate(cand, maxes, mins, regressions, base, (bs[0], bs[1]))
     for line in violations:
         print(f"FAIL {line}")
-    if violations:
-        return 1
-    print(f"ok: {len(maxes) + len(mins) + len(regressions)} bound(s) hold for {args.path}")
-    return 0
+    count = len(maxes) + len(mins) + len(regressions)
+    if not violations:
+        print(f"ok: {count} bound(s) hold for {args.path}")
+    if getattr(args, "html", None):  # written whether the gate passes or fails
+        from . import html_report
+
+        views = [html_report.view_of(cand, f"Candidate: {args.path}", "cand")]
+        compared = None
+        if base is not None:
+            views.append(html_report.view_of(base, f"Baseline: {args.baseline}", "base"))
+            compared = cmp_mod.compare(base, cand, base_batch_size=bs[0], cand_batch_size=bs[1],
+                                       base_label=args.baseline, cand_label=args.path)
+            views = views[::-1]  # baseline, candidate: the comparison's order
+        summary = (f"{count} bound(s) hold for {args.path}" if not violations
+                   else f"{len(violations)} of {count} bound(s) violated for {args.path}")
+        check = {"ok": not violations, "summary": summary, "lines": [f"FAIL {v}" for v in violations],
+                 "bounds": {"max": args.max, "min": args.min, "max_regression": args.max_regression,
+                            "baseline": args.baseline}}
+        _write_html(args.html, html_report.page_data("check", views, compare=compared, check=check,
+                                                     title=f"Bottlenecks gate: {args.path}"))
+    return 1 if violations else 0

@@ -148,8 +148,11 @@ def test_plugin_loader_imports_only_tensorboard_base_plugin_statically():
     imported = {m for m, _ in _imports(modules["tb_bottleneck_plugin.plugin_loader"], module_level_only=True)}
     assert imported <= {"tensorboard.plugins", "tensorboard.plugins.base_plugin", "__future__",
                         "typing", "typing.Optional"}, imported
-    init_imports = _imports(modules["tb_bottleneck_plugin"], module_level_only=False)
+    init_imports = _imports(modules["tb_bottleneck_plugin"], module_level_only=True)
     assert init_imports == [], init_imports  # the package __init__ stays import-free
+    # ... but for the Python API, imported lazily (module __getattr__) on first use
+    lazy = [m for m, _ in _imports(modules["tb_bottleneck_plugin"], module_level_only=False)]
+    assert "tb_bottleneck_plugin.api" in lazy and set(lazy) <= {"tb_bottleneck_plugin", "tb_bottleneck_plugin.api"}, lazy
 
 
 def _new_modules_after(setup: str, statement: str):
@@ -239,6 +242,8 @@ _FILE_ACCESS_ALLOWED = {
     "tb_bottleneck_plugin.cache": "*",                # its own local disk cache of analysed reports
     "tb_bottleneck_plugin.timeline_store": "*",       # its own local store of step timelines
     "tb_bottleneck_plugin.plugin": {"_static_file"},  # the dashboard's files next to plugin.py
+    # the single-file HTML report: reads the dashboard's files next to it, writes the local --html FILE
+    "tb_bottleneck_plugin.html_report": {"_static_text", "write_html"},
 }
 
 

@@ -1,0 +1,125 @@
+// The single-file HTML report (`tb-bottlenecks report PATH --html FILE`, `diff --html`,
+// `check --html`; html_report.py): the dashboard's own views (views.js renderReport, the
+// cards, recommendations, step breakdown, kernel table, memory; operators.js; compare.js
+// compareView) over data embedded in the page, opened from disk with no server and no
+// network. html_report.py inlines this module and the modules it imports into one
+// <script type="module"> and the data as JSON in <script type="application/json" id="bn-data">.
+//
+// The page's data (html_report.page_data):
+//   {kind: "report"|"compare"|"check", title, generated, tool,
+//    views: [{id, label, report, kernels, memory, operators: {op, op_shape}}],
+//    compare: compare object | null, check: {ok, lines, summary} | null}
+// The data functions below answer like model.js's selectionData (kind "ok"/"error"), from
+// the embedded data: nothing is fetched.
+
+import {h, mount, clear} from "./dom.js";
+import {renderReport} from "./views.js";
+import {renderOperators} from "./operators.js";
+import {compareView} from "./compare.js";
+import {renderCards} from "./cards.js";
+import {renderError} from "./states.js";
+
+const NOT_HERE = "not part of this offline report (open the run in TensorBoard's Bottlenecks tab)";
+
+function ok(data) {
+  return Promise.resolve({kind: "ok", data, status: 200});
+}
+
+function missing(what) {
+  return Promise.resolve({kind: "error", status: 0, message: `${what}: ${NOT_HERE}`, file: null});
+}
+
+/** ctx.data of one embedded view (model.js selectionData's shape, no fetches). */
+export function offlineData(view) {
+  return {
+    params: {},
+    report: () => ok(view.report),
+    kernels: () => (Array.isArray(view.kernels) ? ok({kernels: view.kernels}) : missing("The kernel table")),
+    memory: () => (view.memory && typeof view.memory === "object" ? ok(view.memory) : missing("The memory timeline")),
+    ranks: () => missing("The ranks view"),
+    get: (route, extra = {}) => {
+      if (route === "operators") {
+        const group = (extra && extra.group) || "op";
+        const step = (extra && extra.step) || "all";
+        const table = view.operators && view.operators[group];
+        if (table && step === "all") return ok(table);
+        return missing(`The operator view${step !== "all" ? ` of step ${step}` : ""}`);
+      }
+      return missing(`The ${route} route`);
+    },
+    url: () => "#",
+  };
+}
+
+function reportView(container, view) {
+  const rep = view.report || {};
+  const sel = {run: rep.run ?? null, worker: rep.worker ?? null, span: rep.span ?? null};
+  const ctx = {sel, spans: [], signal: new AbortController().signal, data: offlineData(view), report: rep,
+    onPickSpan: null, run: sel.run, worker: sel.worker, span: sel.span, isSummary: sel.span === null};
+  renderReport(container, rep, ctx);
+  const body = h("div", {class: "panel-body"});
+  container.appendChild(h("section", {class: ["panel", "bn-registered"], id: "bn-panel-operators", "data-panel": "operators"},
+    h("header", {class: "panel-head"}, h("h2", {}, "Operators")), body));
+  if (view.operators) renderOperators(body, ctx);
+  else mount(body, h("p", {class: "note"}, `n/a: ${view.operators_na || "the operator view could not be computed"}`));
+}
+
+function compareViewOf(container, cmp, views) {
+  mount(container, compareView(cmp));
+  const slot = container.querySelector("#bn-cmp-cards .panel-body");
+  const reports = views.map((v) => v.report).filter((r) => r && typeof r === "object");
+  if (slot && reports.length === 2) renderCards(slot, reports, {labels: views.map((v) => v.label)});
+}
+
+function gateBanner(check) {
+  const lines = Array.isArray(check.lines) ? check.lines : [];
+  return h("div", {class: ["banner", check.ok ? "banner-info" : "banner-error"], id: "bn-gate", role: "status",
+    "data-gate": check.ok ? "pass" : "fail"},
+  h("strong", {}, check.ok ? "Gate passed: " : "Gate FAILED: "), String(check.summary || ""),
+  lines.length ? h("ul", {class: "err-list"}, lines.map((l) => h("li", {}, h("code", {}, String(l))))) : null);
+}
+
+/** Renders the embedded page data into document.body. */
+export function renderPage(data) {
+  clear(document.body);
+  document.body.classList.add("bn");
+  const views = Array.isArray(data.views) ? data.views : [];
+  const choices = [];
+  if (data.compare) choices.push({id: "compare", label: "Comparison", draw: (c) => compareViewOf(c, data.compare, views)});
+  for (const v of views) choices.push({id: v.id, label: v.label, draw: (c) => reportView(c, v)});
+  const main = h("main", {class: "view", id: "bn-view"});
+  const picker = h("select", {id: "bn-run", "aria-label": "View", onchange: () => show(picker.value)},
+    choices.map((c) => h("option", {value: c.id}, c.label)));
+  document.body.appendChild(h("header", {class: "topbar"},
+    h("div", {class: "brand", title: "Why is training slow, and what to change"}, "Bottlenecks"),
+    choices.length > 1 ? h("label", {class: "sel"}, h("span", {}, "View"), picker) : h("span", {class: "sel"}, choices.length ? choices[0].label : ""),
+    h("div", {class: "spacer"}),
+    h("span", {class: "scan-info muted", title: String(data.tool || "")},
+      `offline report${data.generated ? ` · ${data.generated}` : ""}`)));
+  const banners = h("div", {class: "banners"});
+  if (data.check) banners.appendChild(gateBanner(data.check));
+  for (const e of Array.isArray(data.errors) ? data.errors : []) {
+    banners.appendChild(h("div", {class: "banner banner-warn", role: "status"}, String(e)));
+  }
+  document.body.appendChild(banners);
+  document.body.appendChild(main);
+
+  function show(id) {
+    const choice = choices.find((c) => c.id === id) || choices[0];
+    clear(main);
+    if (!choice) {
+      renderError(main, {title: "Nothing to show", message: "this report holds no analysed run"});
+      return;
+    }
+    try {
+      choice.draw(main);
+    } catch (err) {
+      console.error(err); // eslint-disable-line no-console
+      renderError(main, {title: "Could not display this report", message: String(err && err.stack ? err.stack : err)});
+    }
+  }
+  show(choices.length ? choices[0].id : null);
+}
+
+const holder = typeof document !== "undefined" ? document.getElementById("bn-data") : null;
+if (holder) renderPage(JSON.parse(holder.textContent));
