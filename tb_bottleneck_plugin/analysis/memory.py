@@ -450,6 +450,11 @@ def _card_allocator_slack(report: dict) -> dict:
     dev = V.memory_device(report)
     if rec is not None and rec.get("device") in mem:  # the device the rule judged
         dev = rec["device"]
+    else:  # else the worst slack above the reserve floor (shown as information), if any
+        worst = [(k, V.num(v.get("slack_fragmentation_pct"))) for k, v in mem.items() if isinstance(v, dict)
+                 and (V.num(v.get("peak_reserved_bytes")) or 0) >= T.SLACK_MIN_RESERVED_BYTES
+                 and V.num(v.get("slack_fragmentation_pct")) is not None]
+        dev = max(worst, key=lambda kv: kv[1])[0] if worst else dev
     m = mem.get(dev) or {} if dev else {}
     value = V.num(m.get("slack_fragmentation_pct"))
     out = V.card(report, value, "pct", "allocator_slack", None,
