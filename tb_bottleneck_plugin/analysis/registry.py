@@ -8,6 +8,7 @@ from typing import List
 from . import breakdown, context, gpu, input_bound, memory, occupancy, signals, steps, tensor_cores, units_trace
 from . import compilation
 from . import flops
+from . import source
 from .units import Unit
 
 UNITS: List[Unit] = [
@@ -23,6 +24,7 @@ UNITS: List[Unit] = [
     signals.SYNC_UNIT, signals.COMMUNICATION_UNIT, signals.LAUNCH_UNIT,
     context.UNIT,       # context (training/inference, graphs, compile, distributed)
     compilation.UNIT,   # compilation (torch.compile regions, breaks, recompiles, Triton kernels, CUDA graphs)
+    source.UNIT,        # source_attribution (user source lines, nn.Module tree, record_function labels; §17)
 ]
 
 # Cross-section links, run after every unit (span and summary alike).

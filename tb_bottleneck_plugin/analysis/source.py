@@ -1,0 +1,616 @@
+"""Time by the user's source line, nn.Module and record_function label (METRICS.md §17).
+
+- ``source_view(trace, steps, gpu_runtime=None, not_available=None) -> section``: the span
+  maths, vectorised over one nesting of every host event (Python frames, CPU ops, user
+  annotations, runtime calls) per thread (operators._nesting).
+- The **user frame** of a host event: walking up its stack (enclosing ``python_function``
+  frames on the same pid/tid, or the old per-op ``Call stack`` arg), the first frame whose
+  file is not inside the Python installation, site-/dist-packages or torch (``is_library_file``).
+  GPU activity inherits the frame of the runtime call that launched it (correlation).
+  Ops of the autograd engine's thread (no Python frame there) inherit the frame of the Python
+  thread of the same process that waits in ``backward`` at that time.
+- ``UNIT``: the metric unit (analysis/units.py), section ``source_attribution``.
+
+Python frames of ``with_stack=True`` traces are named ``file(line): function`` with the
+*function's first line* (``co_firstlineno``), not the line being executed; the old ``Call
+stack`` arg names the executing line. ``frame_naming`` in the section says which.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ..model import CPU_OP, CPU_PYTHON, CPU_USER_ANNOTATION, TraceData
+from . import intervals as iv
+from .breakdown import dataloader_mask
+from .operators import _nesting
+from .units import Unit, NONE_FAILED, pct
+
+NAME = "source_attribution"  # report["source"] is already the trace path
+NO_STACK = ("the trace has no Python stacks (no python_function frames and no `Call stack` args): "
+            "record with torch.profiler.profile(with_stack=True)")
+NO_MODULES = ("the trace has no `nn.Module: <Class>_<id>` frames: record with "
+              "torch.profiler.profile(with_stack=True) (torch >= 2.0 adds them for nn.Module calls)")
+HINT = "record with torch.profiler.profile(with_stack=True)"
+TOP_LINES = 50  # lines in the section (and its partial), most CPU + GPU time first
+TOP_BOTTLENECK = 5  # lines per bottleneck kind
+MAX_MODULES = 2000
+MAX_LABELS = 100
+MAX_SKIPPED = 8
+
+_FRAME = re.compile(r"^(.*)\((\d+)\): (.*)$")
+# Top-level packages of relative frame paths that are libraries. The profiler writes paths
+# relative to the sys.path entry they were found under, so `transformers/models/x.py` (site-
+# packages) and `mypkg/train.py` (the script's directory) look alike: a relative path is the
+# user's unless its top-level name is the standard library's or one of these.
+LIBRARY_ROOTS = frozenset({
+    "torch", "torchvision", "torchaudio", "torchtext", "torchdata", "torchrec", "functorch", "triton",
+    "transformers", "accelerate", "datasets", "tokenizers", "safetensors", "huggingface_hub", "diffusers",
+    "peft", "trl", "timm", "lightning", "pytorch_lightning", "lightning_fabric", "torchmetrics", "apex",
+    "deepspeed", "megatron", "fairscale", "xformers", "flash_attn", "numpy", "scipy", "pandas", "PIL",
+    "cv2", "albumentations", "sklearn", "tqdm", "einops", "typing_extensions", "packaging", "google",
+    "tensorboard", "wandb", "hydra", "omegaconf", "importlib_metadata", "filelock", "fsspec", "jinja2",
+    "sympy", "networkx", "six", "yaml", "regex", "requests", "urllib3", "attr", "attrs", "pydantic",
+    "IPython", "ipykernel", "_pytest", "pytest", "pkg_resources", "setuptools", "site", "runpy",
+})
+_STDLIB = frozenset(getattr(sys, "stdlib_module_names", ())) | {"__future__"}
+_LIB_PATH = re.compile(r"[/\\](site-packages|dist-packages)[/\\]|[/\\]lib(64)?[/\\]python\d[^/\\]*[/\\]"
+                       r"|[/\\]Lib[/\\]|[/\\]torch[/\\]|^torch[/\\]")
+_BACKWARD_FUNCS = frozenset({"backward", "_engine_run_backward", "grad"})
+
+
+def parse_frame(name: str) -> Optional[Tuple[str, int, str]]:
+    """``file(line): function`` -> (file, line, function); None for other names
+    (``<built-in ...>``, ``nn.Module: ...``)."""
+    m = _FRAME.match(name)
+    return (m.group(1), int(m.group(2)), m.group(3)) if m else None
+
+
+def is_library_file(path: str) -> bool:
+    """Whether a frame's file is not the user's: not a file (``<frozen os>``, ``<string>``),
+    inside the Python installation, site-/dist-packages or torch (absolute paths), or a
+    relative path whose top-level name is the standard library's or in LIBRARY_ROOTS."""
+    if not path or path.startswith("<"):
+        return True
+    if path.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:[/\\]", path):
+        return bool(_LIB_PATH.search(path))
+    if _LIB_PATH.search(path):
+        return True
+    top = re.split(r"[/\\]", path, 1)[0]
+    top = top[:-3] if top.endswith(".py") else top
+    return top in _STDLIB or top in LIBRARY_ROOTS
+
+
+def is_user_frame(name: str) -> bool:
+    parsed = parse_frame(name)
+    return parsed is not None and not is_library_file(parsed[0])
+
+
+def _nearest(parent: np.ndarray, prop: np.ndarray) -> np.ndarray:
+    """For each node, the nearest ancestor-or-self with ``prop`` (-1 when none), by
+    pointer doubling: O(n log depth), no per-node loop."""
+    n = len(parent)
+    jump = np.where(prop, np.arange(n), parent)
+    while True:
+        ok = jump >= 0
+        go = ok.copy()
+        go[ok] = ~prop[jump[ok]]
+        if not go.any():
+            return jump
+        jump[go] = jump[jump[go]]
+
+
+def _strict(parent: np.ndarray, nearest: np.ndarray) -> np.ndarray:
+    """Nearest strict ancestor from the ancestor-or-self ``nearest``."""
+    return np.where(parent >= 0, nearest[np.maximum(parent, 0)], -1)
+
+
+def _stack_entries(text: str) -> List[str]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = text
+    return [e for e in str(value).split(";") if e] if value else []
+
+
+class _Keys:
+    """Local string table of frame keys."""
+
+    def __init__(self):
+        self.ids: Dict[str, int] = {}
+        self.names: List[str] = []
+
+    def get(self, name: str) -> int:
+        i = self.ids.get(name)
+        if i is None:
+            i = self.ids[name] = len(self.names)
+            self.names.append(name)
+        return i
+
+
+def _in_windows(ts: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Whether each time lies in one of the sorted disjoint windows [lo, hi)."""
+    if not len(lo):
+        return np.zeros(len(ts), bool)
+    i = np.searchsorted(lo, ts, side="right") - 1
+    return (i >= 0) & (ts < hi[np.maximum(i, 0)])
+
+
+def _sum_inside(thr_a, ts_a, w, thr_q, lo_q, hi_q) -> np.ndarray:
+    """For each query window (thread, [lo, hi]), Σ w of the points (thread, ts) inside."""
+    out = np.zeros(len(lo_q))
+    if not len(ts_a) or not len(lo_q):
+        return out
+    order = np.lexsort((ts_a, thr_a))
+    t_s, x_s = thr_a[order], ts_a[order]
+    cum = np.concatenate([[0.0], np.cumsum(w[order])])
+    for t in np.unique(thr_q):
+        a, b = np.searchsorted(t_s, t, "left"), np.searchsorted(t_s, t, "right")
+        if a == b:
+            continue
+        sel = thr_q == t
+        lo = a + np.searchsorted(x_s[a:b], lo_q[sel], "left")
+        hi = a + np.searchsorted(x_s[a:b], hi_q[sel], "right")
+        out[sel] = cum[hi] - cum[lo]
+    return out
+
+
+def _line_fields(key: str) -> dict:
+    parsed = parse_frame(key)
+    if parsed is None:
+        return {"frame": key, "file": None, "line": None, "function": None}
+    return {"frame": key, "file": parsed[0], "line": parsed[1], "function": parsed[2]}
+
+
+def source_view(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = None,
+                not_available: Optional[Dict[str, str]] = None) -> dict:
+    """The span's ``source`` section (module docstring; METRICS.md §17)."""
+    na = not_available if not_available is not None else {}
+    cpu, rt, gpu, S = trace.cpu, trace.runtime, trace.gpu, trace.strings
+    nc, nr = len(cpu), len(rt)
+    if gpu_runtime is None:
+        from .linking import gpu_runtime_index
+        gpu_runtime = gpu_runtime_index(trace)
+    # --- one nesting of every host event (cpu rows, then runtime rows) --------------------
+    pid = np.concatenate([cpu.pid, rt.pid])
+    tid = np.concatenate([cpu.tid, rt.tid])
+    ts = np.concatenate([cpu.ts, rt.ts])
+    dur = np.maximum(np.nan_to_num(np.concatenate([cpu.dur, rt.dur]), nan=0.0), 0.0)
+    end = ts + dur
+    n = nc + nr
+    _, parent = _nesting(pid, tid, ts, end) if n else (None, np.zeros(0, np.int64))
+    kind = np.concatenate([cpu.kind, np.full(nr, -1, np.int8)])
+    name = np.concatenate([cpu.name, np.full(nr, -1, np.int32)])
+    is_py = kind == CPU_PYTHON
+    # ProfilerStep#N (an Operator in old traces, with the profiler's own stack) is no op here
+    not_step = ~np.isin(name, trace.string_ids(lambda s: s.startswith("ProfilerStep#")))
+    is_op = (kind == CPU_OP) & not_step
+    # frame classes per distinct name
+    py_names = np.unique(name[is_py]) if is_py.any() else np.zeros(0, np.int32)
+    user_ids, module_ids, bwd_ids = [], [], []
+    for nid in py_names.tolist():
+        s = S[nid]
+        if s.startswith("nn.Module: "):
+            module_ids.append(nid)
+            continue
+        parsed = parse_frame(s)
+        if parsed is not None and not is_library_file(parsed[0]):
+            user_ids.append(nid)
+        func = parsed[2] if parsed else ""
+        if func in _BACKWARD_FUNCS or "run_backward" in s:
+            bwd_ids.append(nid)
+    is_user = is_py & np.isin(name, user_ids)
+    is_module = is_py & np.isin(name, module_ids)
+    is_bwd = is_py & np.isin(name, bwd_ids)
+    has_cs = np.concatenate([cpu.call_stack >= 0, np.zeros(nr, bool)]) & not_step
+    has_frames = bool(is_user.any())
+    has_stack = has_frames or bool(has_cs.any())
+    uf = _nearest(parent, is_user)
+    cs = _nearest(parent, has_cs) if has_cs.any() else np.full(n, -1, np.int64)
+    # --- frame key of each node ----------------------------------------------------------
+    keys = _Keys()
+    key = np.full(n, -1, np.int64)
+    how = np.zeros(n, np.int8)  # 1 python frame, 2 call stack, 3 backward thread
+    if has_frames:
+        fnames = np.unique(name[uf[uf >= 0]])
+        fkey = {int(f): keys.get(S[f]) for f in fnames.tolist()}
+        hit = uf >= 0
+        lut = np.full(len(S), -1, np.int64)
+        for f, k in fkey.items():
+            lut[f] = k
+        key[hit] = lut[name[uf[hit]]]
+        how[hit] = 1
+    cs_user: Dict[int, Tuple[int, List[str]]] = {}
+    cs_bwd = np.zeros(len(S), bool)  # call stacks inside backward()
+    if has_cs.any():
+        lut = np.full(len(S), -1, np.int64)
+        for sid in np.unique(cpu.call_stack[cpu.call_stack >= 0]).tolist():
+            entries = _stack_entries(S[sid])
+            cs_bwd[sid] = any((parse_frame(e) or ("", 0, ""))[2] in _BACKWARD_FUNCS for e in entries)
+            for i, e in enumerate(entries):
+                if is_user_frame(e):
+                    lut[sid] = keys.get(e)
+                    cs_user[sid] = (lut[sid], entries[:i])
+                    break
+        hit = (key < 0) & (cs >= 0)
+        key[hit] = lut[cpu.call_stack[cs[hit]]]
+        how[hit & (key >= 0)] = 2
+    # --- autograd-engine threads: adopt the waiting Python thread's context ---------------
+    anchor = np.arange(n)
+    in_bwd = _nearest(parent, is_bwd) if is_bwd.any() else None
+    pairs = np.stack([pid, tid], 1)
+    stack_threads = {tuple(p) for p in np.unique(pairs[is_py | has_cs], axis=0).tolist()} if n else set()
+    py_threads = {tuple(p) for p in np.unique(pairs[is_py], axis=0).tolist()} if is_py.any() else set()
+    want = (key < 0) & ~is_py & (cs < 0)
+    for (p, t) in sorted({tuple(x) for x in np.unique(pairs[want], axis=0).tolist()} - stack_threads):
+        q = np.flatnonzero(want & (pid == p) & (tid == t))
+        for (p2, t2) in sorted(stack_threads):
+            if p2 != p or not len(q):
+                continue
+            if (p2, t2) not in py_threads:  # old traces: the last op with a `Call stack` before, if in backward()
+                on = np.flatnonzero((pid == p2) & (tid == t2) & has_cs)
+                on = on[np.argsort(ts[on], kind="stable")]
+                j = np.searchsorted(ts[on], ts[q], side="right") - 1
+                cand = np.where(j >= 0, on[np.maximum(j, 0)], -1)
+                ok = cand >= 0
+                ok[ok] = cs_bwd[cpu.call_stack[cand[ok]]]
+                got = q[ok]
+                anchor[got] = cand[ok]
+                key[got] = key[cand[ok]]
+                how[got] = 4
+                q = q[~ok]
+                continue
+            if in_bwd is None:
+                continue
+            on = np.flatnonzero((pid == p2) & (tid == t2))
+            on = on[np.lexsort((-end[on], ts[on]))]
+            j = np.searchsorted(ts[on], ts[q], side="right") - 1
+            cand = np.where(j >= 0, on[np.maximum(j, 0)], -1)
+            for _ in range(512):  # walk up to the innermost event still open at ts[q]
+                open_ = cand >= 0
+                open_[open_] = end[cand[open_]] < ts[q[open_]]
+                if not open_.any():
+                    break
+                cand[open_] = parent[cand[open_]]
+            ok = cand >= 0
+            ok[ok] = in_bwd[cand[ok]] >= 0
+            got = q[ok]
+            anchor[got] = cand[ok]
+            key[got] = key[cand[ok]]
+            how[got] = 3
+            q = q[~ok]
+    # --- included steps ------------------------------------------------------------------
+    h_lo, h_hi = steps.inc_host_start, steps.inc_host_end
+    order = np.argsort(h_lo)
+    h_lo, h_hi = h_lo[order], h_hi[order]
+    host_steps_us = float((h_hi - h_lo).sum())
+    steps_us = float(steps.durations.sum()) if steps.count else 0.0
+    inc_node = _in_windows(ts, h_lo, h_hi)
+    g_node = np.where(gpu_runtime >= 0, nc + gpu_runtime, -1)
+    if steps.gpu_step is not None and len(steps.gpu_step) == len(gpu):
+        inc_gpu = (steps.gpu_step >= 0) & steps.included[np.maximum(steps.gpu_step, 0)] if len(gpu) else \
+            np.zeros(0, bool)
+    else:
+        inc_gpu = (g_node >= 0) & inc_node[np.maximum(g_node, 0)]
+    gdur = np.maximum(np.nan_to_num(gpu.dur, nan=0.0), 0.0)
+    g_key = np.where(g_node >= 0, key[np.maximum(g_node, 0)], -1)
+    gpu_us = float(gdur[inc_gpu].sum())
+    # --- per line ------------------------------------------------------------------------
+    op_near = _nearest(parent, is_op)
+    top_op = is_op & (_strict(parent, op_near) < 0) & inc_node
+    nk = len(keys.names)
+    lines = {
+        "cpu_us": np.bincount(key[top_op & (key >= 0)], dur[top_op & (key >= 0)], minlength=nk),
+        "calls": np.bincount(key[top_op & (key >= 0)], minlength=nk),
+        "gpu_us": np.bincount(g_key[inc_gpu & (g_key >= 0)], gdur[inc_gpu & (g_key >= 0)], minlength=nk),
+        "kernels": np.bincount(g_key[inc_gpu & (g_key >= 0)], minlength=nk),
+    }
+    unattributed_gpu = float(gdur[inc_gpu & (g_key < 0)].sum())
+    # --- bottlenecks: sync calls, DataLoader waits ---------------------------------------
+    from .signals import sync_rows
+
+    merged = iv.merge(h_lo, h_hi)
+    s_rows = nc + sync_rows(trace, gpu_runtime)
+    s_us = iv.covered_in(merged, ts[s_rows], end[s_rows]) if len(s_rows) else np.zeros(0)
+    d_rows = np.flatnonzero(dataloader_mask(trace))
+    d_us = iv.covered_in(merged, ts[d_rows], end[d_rows]) if len(d_rows) else np.zeros(0)
+
+    def chain(node: int) -> Tuple[Optional[str], List[str]]:
+        """(outermost CPU op below the user frame, skipped frames innermost first)."""
+        stop = uf[node] if how[node] == 1 else -1
+        top, skipped, i = None, [], node
+        while i >= 0 and i != stop and (how[node] != 2 or key[i] == key[node]):
+            if is_op[i]:
+                top = S[name[i]]
+            elif is_py[i] and not is_module[i]:
+                skipped.append(S[name[i]])
+            i = parent[i]
+        if how[node] == 3:  # the waiting thread's frames above the adopted event
+            i, stop = anchor[node], uf[anchor[node]]
+            while i >= 0 and i != stop:
+                if is_py[i] and not is_module[i]:
+                    skipped.append(S[name[i]])
+                i = parent[i]
+        if how[node] in (2, 4):
+            sid = int(cpu.call_stack[cs[node] if how[node] == 2 else anchor[node]])
+            skipped = skipped + cs_user.get(sid, (0, []))[1]
+        return top, skipped[:MAX_SKIPPED]
+
+    def bottleneck(rows: np.ndarray, us: np.ndarray) -> Tuple[dict, float]:
+        inside = us > 0
+        rows, us = rows[inside], us[inside]
+        out: Dict[str, dict] = {}
+        k = key[rows]
+        for kid in np.unique(k).tolist():
+            sel = k == kid
+            heaviest = int(rows[sel][np.argmax(us[sel])])
+            op, skipped = chain(heaviest)
+            label = keys.names[kid] if kid >= 0 else "(no stack)"
+            out[label] = {"us": float(us[sel].sum()), "count": int(sel.sum()), "op": op,
+                          "skipped": skipped, "via": _VIA[int(how[heaviest])]}
+        return out, float(us.sum())
+
+    sync, sync_us = bottleneck(s_rows, s_us)
+    dl, dl_us = bottleneck(d_rows, d_us)
+    line_rows = []
+    for kid, k in enumerate(keys.names):
+        row = dict(_line_fields(k), cpu_us=float(lines["cpu_us"][kid]), calls=int(lines["calls"][kid]),
+                   gpu_us=float(lines["gpu_us"][kid]), kernels=int(lines["kernels"][kid]),
+                   sync_us=(sync.get(k) or {}).get("us", 0.0), dataloader_us=(dl.get(k) or {}).get("us", 0.0))
+        if row["cpu_us"] or row["gpu_us"] or row["sync_us"] or row["dataloader_us"]:
+            line_rows.append(row)
+    line_rows.sort(key=lambda r: -(r["cpu_us"] + r["gpu_us"]))
+    # --- modules -------------------------------------------------------------------------
+    modules = _modules(trace, parent, is_module, is_op, name, ts, dur, inc_node, g_node, inc_gpu, gdur, anchor,
+                       pid, nc)
+    # --- record_function labels ----------------------------------------------------------
+    labels, label_union = _labels(trace, steps, pid, tid, ts, end, anchor, g_node, inc_gpu, gdur, h_lo, h_hi, nc)
+    section = {
+        "has_stack": has_stack,
+        "stack_source": "python_function" if has_frames else ("call_stack" if has_stack else None),
+        "frame_naming": ("function's first line" if has_frames else
+                         "line being executed" if has_stack else None),
+        "steps_us": steps_us, "host_steps_us": host_steps_us, "gpu_us": gpu_us,
+        "unattributed_gpu_us": unattributed_gpu if has_stack else None,
+        "lines": line_rows[:TOP_LINES] if has_stack else None,
+        "sync_us": sync_us, "dataloader_us": dl_us,
+        "bottlenecks": ({"sync": _top(sync, steps_us), "dataloader": _top(dl, steps_us)} if has_stack else None),
+        "modules": modules,
+        "labels": labels, "label_union_us": label_union,
+        "label_coverage_pct": pct(label_union, host_steps_us),
+        "hint": None if has_stack and modules is not None else HINT,
+    }
+    if not has_stack:
+        for k in ("lines", "bottlenecks", "unattributed_gpu_us"):
+            na[f"{NAME}.{k}"] = NO_STACK
+    if modules is None:
+        na[f"{NAME}.modules"] = NO_STACK if not has_stack else NO_MODULES
+    return section
+
+
+_VIA = {0: None, 1: "python_function", 2: "call_stack", 3: "autograd thread", 4: "autograd thread"}
+
+
+def _top(per_key: Dict[str, dict], steps_us: float) -> List[dict]:
+    rows = [dict(_line_fields(k), us=v["us"], pct=pct(v["us"], steps_us), count=v["count"], op=v["op"],
+                 skipped=v["skipped"], via=v["via"]) for k, v in per_key.items()]
+    rows.sort(key=lambda r: -r["us"])
+    return rows[:TOP_BOTTLENECK]
+
+
+def _modules(trace, parent, is_module, is_op, name, ts, dur, inc_node, g_node, inc_gpu, gdur, anchor, pid, nc):
+    """Per module path (``GPT2LMHeadModel_0/GPT2Model_0/GPT2Block_0``): calls, total and self
+    CPU time of its frames, GPU time launched in forward (inside the frame) and in backward
+    (ops of the autograd engine whose ``Sequence number`` is a forward op's inside it)."""
+    S = trace.strings
+    mods = np.flatnonzero(is_module)
+    if not len(mods):
+        return None
+    near = _nearest(parent, is_module)
+    up = _strict(parent, near)  # parent module node
+    mods = mods[np.lexsort((-dur[mods], ts[mods]))]
+    path_of: Dict[int, str] = {}
+    for m in mods.tolist():
+        own = S[name[m]][len("nn.Module: "):]
+        p = int(up[m])
+        path_of[m] = (path_of[p] + "/" + own) if p in path_of else own
+    paths = sorted(set(path_of.values()))
+    pid_of = {p: i for i, p in enumerate(paths)}
+    node_path = np.full(len(parent), -1, np.int64)
+    for m, p in path_of.items():
+        node_path[m] = pid_of[p]
+    np_ = len(paths)
+    inc_m = mods[inc_node[mods]]
+    calls = np.bincount(node_path[inc_m], minlength=np_)
+    total = np.bincount(node_path[inc_m], dur[inc_m], minlength=np_)
+    child = inc_m[up[inc_m] >= 0]
+    self_us = total - np.bincount(node_path[up[child]], dur[child], minlength=np_)
+    # forward: GPU activity whose launching call (its own thread) is inside a module frame
+    g_mod = np.where(g_node >= 0, node_path[np.maximum(near[np.maximum(g_node, 0)], 0)], -1)
+    g_mod = np.where((g_node >= 0) & (near[np.maximum(g_node, 0)] >= 0), g_mod, -1)
+    sel = inc_gpu & (g_mod >= 0)
+    fwd = np.bincount(g_mod[sel], gdur[sel], minlength=np_)
+    # backward: the launching call's nearest op with a sequence number -> the forward op's module
+    cpu = trace.cpu
+    seq = np.concatenate([cpu.sequence, np.full(len(parent) - nc, -1, np.int64)])
+    bwd = np.zeros(np_)
+    has_seq = is_op & (seq >= 0)
+    if has_seq.any():
+        fwd_ops = np.flatnonzero(has_seq & (near >= 0))
+        fkey = dict(zip(zip(pid[fwd_ops].tolist(), seq[fwd_ops].tolist()), node_path[near[fwd_ops]].tolist()))
+        seq_near = _nearest(parent, has_seq)
+        cand = inc_gpu & (g_mod < 0) & (g_node >= 0)
+        gi = np.flatnonzero(cand)
+        sn = seq_near[g_node[gi]]
+        gi, sn = gi[sn >= 0], sn[sn >= 0]
+        mp = np.array([fkey.get((p, s), -1) for p, s in zip(pid[sn].tolist(), seq[sn].tolist())], np.int64)
+        ok = mp >= 0
+        bwd = np.bincount(mp[ok], gdur[gi[ok]], minlength=np_)
+    # totals include descendants: roll self GPU time up the path tree
+    fwd_total, bwd_total = fwd.copy(), bwd.copy()
+    for i, p in enumerate(paths):
+        cut = p.rfind("/")
+        while cut > 0:
+            anc = pid_of.get(p[:cut])
+            if anc is not None:
+                fwd_total[anc] += fwd[i]
+                bwd_total[anc] += bwd[i]
+            cut = p.rfind("/", 0, cut)
+    rows = []
+    for i, p in enumerate(paths):
+        leaf = p.rsplit("/", 1)[-1]
+        cls = leaf.rsplit("_", 1)[0] if "_" in leaf else leaf
+        rows.append({"path": p, "module": leaf, "class": cls, "depth": p.count("/"),
+                     "parent": p.rsplit("/", 1)[0] if "/" in p else None, "calls": int(calls[i]),
+                     "total_us": float(total[i]), "self_us": float(self_us[i]),
+                     "gpu_fwd_us": float(fwd_total[i]), "gpu_bwd_us": float(bwd_total[i]),
+                     "gpu_us": float(fwd_total[i] + bwd_total[i]),
+                     "gpu_self_fwd_us": float(fwd[i]), "gpu_self_bwd_us": float(bwd[i])})
+    rows = [r for r in rows if r["calls"] or r["gpu_us"]]
+    if len(rows) > MAX_MODULES:
+        keep = {r["path"] for r in sorted(rows, key=lambda r: -r["total_us"])[:MAX_MODULES]}
+        rows = [r for r in rows if r["path"] in keep]
+    return rows
+
+
+def _labels(trace, steps, pid, tid, ts, end, anchor, g_node, inc_gpu, gdur, h_lo, h_hi, nc):
+    """Per record_function label (user annotations but ProfilerStep#N): count, CPU span time
+    (clipped to the included steps), GPU time launched by calls inside it (the waiting
+    thread's for autograd-engine calls) and its gpu_user_annotation time."""
+    cpu, S = trace.cpu, trace.strings
+    step_ids = trace.string_ids(lambda s: s.startswith("ProfilerStep#"))
+    rows = np.flatnonzero((cpu.kind == CPU_USER_ANNOTATION) & ~np.isin(cpu.name, step_ids))
+    if not len(rows):
+        return [], 0.0
+    merged = iv.merge(h_lo, h_hi)
+    r_end = ts[rows] + np.maximum(np.nan_to_num(cpu.dur[rows], nan=0.0), 0.0)
+    clipped = iv.covered_in(merged, ts[rows], r_end)
+    inside = clipped > 0
+    rows, r_end, clipped = rows[inside], r_end[inside], clipped[inside]
+    if not len(rows):
+        return [], 0.0
+    union = float(iv.covered_in(iv.merge(ts[rows], r_end), h_lo, h_hi).sum()) if len(h_lo) else 0.0
+    # GPU activity by its anchor (thread, start)
+    sel = np.flatnonzero(inc_gpu & (g_node >= 0))
+    a = anchor[g_node[sel]]
+    thr_keys = {}
+    thr_a = np.array([thr_keys.setdefault((int(p), int(t)), len(thr_keys))
+                      for p, t in zip(pid[a].tolist(), tid[a].tolist())], np.int64)
+    thr_q = np.array([thr_keys.get((int(p), int(t)), -1) for p, t in zip(cpu.pid[rows].tolist(),
+                                                                          cpu.tid[rows].tolist())], np.int64)
+    g_in = _sum_inside(thr_a, ts[g_node[sel]], gdur[sel], thr_q, ts[rows], r_end)
+    ga = trace.gpu_annotations
+    g_inc = _in_windows(ga.ts, *_sorted_windows(steps.inc_start, steps.inc_end))
+    out = []
+    names = cpu.name[rows]
+    for nid in np.unique(names).tolist():
+        s = names == nid
+        gsel = g_inc & (ga.name == nid)
+        out.append({"name": S[nid], "count": int(s.sum()), "cpu_us": float(clipped[s].sum()),
+                    "gpu_us": float(g_in[s].sum()),
+                    "gpu_annotation_us": float(np.maximum(np.nan_to_num(ga.dur[gsel]), 0).sum())})
+    out.sort(key=lambda r: -r["cpu_us"])
+    return out[:MAX_LABELS], union
+
+
+def _sorted_windows(lo, hi):
+    o = np.argsort(lo)
+    return lo[o], hi[o]
+
+
+# ---------------------------------------------------------------- the metric unit
+
+
+def _compute(span) -> dict:
+    from .linking import span_gpu_runtime
+
+    return source_view(span.trace, span.found, gpu_runtime=span_gpu_runtime(span),
+                       not_available=span.not_available)
+
+
+_LINE_SUMS = ("cpu_us", "calls", "gpu_us", "kernels", "sync_us", "dataloader_us")
+_MODULE_SUMS = ("calls", "total_us", "self_us", "gpu_fwd_us", "gpu_bwd_us", "gpu_self_fwd_us", "gpu_self_bwd_us")
+_MODULE_FIRST = ("module", "class", "depth", "parent")
+_LABEL_SUMS = ("count", "cpu_us", "gpu_us", "gpu_annotation_us")
+
+
+def _partial(report: dict) -> dict:
+    sec = report.get(NAME) or {}
+    out = {"any:has_stack": bool(sec.get("has_stack")), "first:stack_source": sec.get("stack_source"),
+           "first:frame_naming": sec.get("frame_naming"),
+           "any:has_modules": sec.get("modules") is not None}
+    for k in ("steps_us", "host_steps_us", "gpu_us", "unattributed_gpu_us", "sync_us", "dataloader_us",
+              "label_union_us"):
+        out[f"sum:{k}"] = sec.get(k)
+    out["keyed:lines"] = {r["frame"]: {f"sum:{f}": r.get(f) for f in _LINE_SUMS}
+                          for r in sec.get("lines") or []}
+    for kind in ("sync", "dataloader"):
+        out[f"keyed:{kind}"] = {r["frame"]: {"sum:us": r.get("us"), "sum:count": r.get("count"),
+                                             "first:op": r.get("op"), "first:skipped": r.get("skipped"),
+                                             "first:via": r.get("via")}
+                                for r in (sec.get("bottlenecks") or {}).get(kind) or []}
+    out["keyed:modules"] = {r["path"]: dict({f"sum:{f}": r.get(f) for f in _MODULE_SUMS},
+                                            **{f"first:{f}": r.get(f) for f in _MODULE_FIRST})
+                            for r in sec.get("modules") or []}
+    out["keyed:labels"] = {r["name"]: {f"sum:{f}": r.get(f) for f in _LABEL_SUMS} for r in sec.get("labels") or []}
+    return out
+
+
+def _finish(m: dict) -> dict:
+    has_stack = bool(m.get("any:has_stack"))
+    steps_us = m.get("sum:steps_us")
+
+    def line(frame, v):
+        row = _line_fields(frame)
+        row.update({f: v.get(f"sum:{f}") for f in _LINE_SUMS})
+        for f in ("calls", "kernels"):
+            row[f] = int(row[f] or 0)
+        return row
+
+    lines = [line(k, v) for k, v in (m.get("keyed:lines") or {}).items()]
+    lines.sort(key=lambda r: -((r["cpu_us"] or 0) + (r["gpu_us"] or 0)))
+
+    def top(kind):
+        rows = [dict(_line_fields(k), us=v.get("sum:us"), pct=pct(v.get("sum:us"), steps_us),
+                     count=int(v.get("sum:count") or 0), op=v.get("first:op"), skipped=v.get("first:skipped"),
+                     via=v.get("first:via")) for k, v in (m.get(f"keyed:{kind}") or {}).items()]
+        rows.sort(key=lambda r: -(r["us"] or 0))
+        return rows[:TOP_BOTTLENECK]
+
+    modules = None
+    if m.get("any:has_modules"):
+        modules = []
+        for p, v in (m.get("keyed:modules") or {}).items():
+            row = {"path": p, **{f: v.get(f"first:{f}") for f in _MODULE_FIRST},
+                   **{f: v.get(f"sum:{f}") for f in _MODULE_SUMS}}
+            row["calls"] = int(row["calls"] or 0)
+            row["gpu_us"] = (row["gpu_fwd_us"] + row["gpu_bwd_us"]
+                             if row["gpu_fwd_us"] is not None and row["gpu_bwd_us"] is not None else None)
+            modules.append(row)
+        modules.sort(key=lambda r: r["path"])
+    labels = []
+    for k, v in (m.get("keyed:labels") or {}).items():
+        row = {"name": k, **{f: v.get(f"sum:{f}") for f in _LABEL_SUMS}}
+        row["count"] = int(row["count"] or 0)
+        labels.append(row)
+    labels.sort(key=lambda r: -(r["cpu_us"] or 0))
+    host = m.get("sum:host_steps_us")
+    return {
+        "has_stack": has_stack, "stack_source": m.get("first:stack_source"),
+        "frame_naming": m.get("first:frame_naming"),
+        "steps_us": steps_us, "host_steps_us": host, "gpu_us": m.get("sum:gpu_us"),
+        "unattributed_gpu_us": m.get("sum:unattributed_gpu_us") if has_stack else None,
+        "lines": lines[:TOP_LINES] if has_stack else None,
+        "sync_us": m.get("sum:sync_us"), "dataloader_us": m.get("sum:dataloader_us"),
+        "bottlenecks": {"sync": top("sync"), "dataloader": top("dataloader")} if has_stack else None,
+        "modules": modules, "labels": labels, "label_union_us": m.get("sum:label_union_us"),
+        "label_coverage_pct": pct(m.get("sum:label_union_us"), host),
+        "hint": None if has_stack and modules is not None else HINT,
+    }
+
+
+UNIT = Unit(NAME, _compute, _partial, _finish, requires=("steps",), group=NONE_FAILED)
