@@ -38,6 +38,8 @@ setup(
         # e2e test). Its own TensorBoard tab parses every run a second time, so it is not in
         # "test": a TensorBoard in the same environment keeps only our tab. CI installs both.
         "oracle": ["torch-tb-profiler==0.4.3"],
+        # the Python API's DataFrames in notebooks (tb_bottleneck_plugin.api: Report.steps_df() ...)
+        "notebook": ["pandas>=1.3"],
         # the test suite: GCS emulator, browser driver
         "test": [
             "pytest>=7",
@@ -47,6 +49,7 @@ setup(
             "playwright>=1.40",
             "jsonschema>=4.18",  # tests/test_route_schema.py: docs/route-schema.json (draft 2020-12)
             "dask[distributed]",  # tests/test_dask.py: a real distributed.LocalCluster
+            "pandas>=1.3",  # tests/test_api.py: the API's DataFrames
         ],
     },
     entry_points={

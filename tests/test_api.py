@@ -1,0 +1,164 @@
+"""The Python API (tb_bottleneck_plugin.api, issue 25): the same numbers as the CLI's
+``--json`` (one code path: cli.collect / cli.json_report), DataFrames built from them, a
+comparison equal to ``diff --json``, and pandas never imported by the tab's or the CLI's
+import path."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from conftest import DEMO_LOGS, REPO, link_demo_run
+
+pd = pytest.importorskip("pandas")
+
+import tb_bottleneck_plugin as tbb  # noqa: E402
+
+RUNS = ("ddp_straggler_2rank", "input_bound_nw0", "resnet50_v100_nw0")  # a 2-rank run, a 2-span run, one file
+
+
+def _cli_json(*args):
+    done = subprocess.run([sys.executable, "-m", "tb_bottleneck_plugin.cli", *args], capture_output=True,
+                          text=True, timeout=600, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def logdir(tmp_path_factory):
+    """A logdir of three demo runs (symlinked), its CLI --json and its API Report."""
+    root = tmp_path_factory.mktemp("logs")
+    for run in RUNS:
+        link_demo_run(root, run, run)
+    return _cli_json("report", str(root), "--json", "--jobs", "1"), tbb.analyze(str(root), jobs=1)
+
+
+def _same(a, b):
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(b):
+        return a is None or math.isnan(a)
+    if a is None and isinstance(b, float) and math.isnan(b):
+        return True
+    return a == b
+
+
+def _headline(entry):
+    return entry.get("summary") or entry["workers"][0]["summary"]
+
+
+def test_to_dict_is_the_cli_json(logdir):
+    cli, rep = logdir
+    api = json.loads(rep.to_json())
+    assert api["runs"] == cli["runs"] and api["errors"] == cli["errors"] == []
+    assert rep.runs == list(RUNS)
+    for entry in cli["runs"]:
+        one = rep.run(entry["run"])
+        assert one.report == _headline(entry)
+        assert one.cards == _headline(entry)["verdicts"] and one.cards["input_bound"]["severity"]
+        assert one.recommendations == _headline(entry)["recommendations"]
+    with pytest.raises(ValueError, match="pick one with .run"):
+        rep.cards  # noqa: B018 - several runs: no single headline
+
+
+def test_steps_df_is_the_cli_breakdown_per_step(logdir):
+    cli, rep = logdir
+    df = rep.steps_df()
+    for entry in cli["runs"]:
+        want = _headline(entry)["breakdown_per_step"]
+        got = df[df["run"] == entry["run"]].reset_index(drop=True)
+        assert len(got) == len(want) > 0, entry["run"]
+        inp = {r["step"]: r["input_bound_pct"] for r in _headline(entry)["input"]["per_step"]}
+        for i, row in enumerate(want):
+            for key, value in row.items():
+                assert _same(value, got.loc[i, key]), (entry["run"], i, key)
+            assert got.loc[i, "input_bound_pct"] == pytest.approx(inp[row["step"]])
+
+
+def test_kernels_memory_ranks_df_are_the_cli_numbers(logdir):
+    cli, rep = logdir
+    kernels, memory, ranks = rep.kernels_df(), rep.memory_df(), rep.ranks_df()
+    for entry in cli["runs"]:
+        head = _headline(entry)
+        top = head["occupancy"]["kernels"] if head.get("occupancy") else []
+        got = kernels[kernels["run"] == entry["run"]].reset_index(drop=True)
+        assert len(got) >= len(top)
+        for i, k in enumerate(top):  # the report's top 50 are the kernel table's first rows
+            assert (got.loc[i, "name"], got.loc[i, "calls"]) == (k["name"], k["calls"])
+            assert got.loc[i, "total_us"] == pytest.approx(k["total_us"])
+        mem = memory[memory["run"] == entry["run"]].set_index("device")
+        assert set(mem.index) == set(head["memory"])
+        for dev, sec in head["memory"].items():
+            assert _same(sec["peak_allocated_bytes"], mem.loc[dev, "peak_allocated_bytes"])
+        got_ranks = ranks[ranks["run"] == entry["run"]].reset_index(drop=True)
+        want_ranks = (entry.get("ranks") or {}).get("ranks") or []
+        assert len(got_ranks) == len(want_ranks)
+        for i, r in enumerate(want_ranks):
+            assert got_ranks.loc[i, "worker"] == r["worker"]
+            assert got_ranks.loc[i, "exposed_comm_us"] == pytest.approx(r["exposed_comm_us"])
+    assert len(ranks) == 2 and set(kernels["run"]) == {"resnet50_v100_nw0"}  # the CPU demo runs have no kernels
+
+
+def test_operators_df_is_the_operator_view(logdir):
+    from tb_bottleneck_plugin.analysis import operators
+
+    _, rep = logdir
+    one = rep.run("resnet50_v100_nw0")
+    df = one.operators_df()
+    view = one._result(one._one_run())["operator_view"]
+    rows = operators.view_table(view, None, "op")["rows"]
+    assert list(df["name"]) == [r["name"] for r in rows] and len(rows) > 10
+    assert df["self_us"].tolist() == pytest.approx([r["self_us"] for r in rows])
+    assert len(one.operators_df("op_shape")) >= len(df)
+
+
+def test_a_single_file_is_the_cli_report_object():
+    path = next((DEMO_LOGS / "bert_h100_inference").glob("*.pt.trace.json.gz"))
+    cli = _cli_json("report", str(path), "--json")
+    rep = tbb.analyze(str(path))
+    assert rep.to_dict() == cli and rep.report == cli and rep.single_file
+    html = rep._repr_html_()
+    for cid, v in cli["verdicts"].items():
+        assert f"data-card='{cid}'" in html and f"data-severity='{v['severity']}'" in html
+    assert len(rep.memory_timeline_df()) > 0
+
+
+def test_peak_tflops_reaches_the_analysis_and_is_restored(monkeypatch):
+    from tb_bottleneck_plugin.analysis import peaks
+
+    monkeypatch.delenv(peaks.ENV_PEAK, raising=False)
+    path = next((DEMO_LOGS / "bert_h100_inference").glob("*.pt.trace.json.gz"))
+    rep = tbb.analyze(str(path), peak_tflops={"bf16": 500, "hbm": 2000}, jobs=1)
+    assert rep.report["flops"]["peak"]["source"].startswith("user-given")
+    assert peaks.ENV_PEAK not in __import__("os").environ
+
+
+def test_compare_is_diff_json():
+    base, cand = str(DEMO_LOGS / "input_bound_nw0"), str(DEMO_LOGS / "input_fixed_nw4")
+    cli = _cli_json("diff", base, cand, "--json")
+    got = tbb.compare_runs(base, cand)
+    assert got.to_dict() == cli
+    df = got.metrics_df()
+    assert list(df["key"]) == [m["key"] for m in cli["metrics"]]
+    assert df.set_index("key").loc["input_bound_pct", "verdict"] == "better"
+
+
+def test_nothing_to_analyse_is_a_value_error(tmp_path):
+    with pytest.raises(ValueError, match="no PyTorch profiler trace files"):
+        tbb.analyze(str(tmp_path))
+
+
+def test_the_tab_and_the_cli_never_import_pandas_and_the_api_says_which_extra():
+    code = ("import sys\n"
+            "import tb_bottleneck_plugin.plugin_loader, tb_bottleneck_plugin.plugin, tb_bottleneck_plugin.cli\n"
+            "import tb_bottleneck_plugin.api, tb_bottleneck_plugin.html_report\n"
+            "assert 'pandas' not in sys.modules, 'pandas imported'\n"
+            "sys.modules['pandas'] = None\n"  # as if not installed
+            "import tb_bottleneck_plugin as t\n"
+            f"r = t.analyze({str(next((DEMO_LOGS / 'bert_h100_inference').glob('*.gz')))!r}, jobs=1)\n"
+            "assert r.cards\n"
+            "try:\n    r.steps_df()\nexcept ImportError as e:\n    print(e)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert 'pip install "tb_bottleneck_plugin[notebook]"' in done.stdout
