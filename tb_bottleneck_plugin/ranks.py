@@ -42,7 +42,7 @@ def rank_view(results_by_worker: Dict[str, List[dict]]) -> dict:
     na: Dict[str, str] = {}
     view: dict = {"available": False, "rank_count": len(workers), "world_size": None, "backend": None,
                   "ranks": [], "steps": [], "collectives": [], "imbalance_pct": None, "straggler": None,
-                  "flagged": False, "recommendation": None, "not_available": na}
+                  "flagged": False, "recommendation": None, "collective_bandwidth": None, "not_available": na}
     if len(workers) < 2:
         na["ranks"] = SINGLE_WORKER
         return view
@@ -219,6 +219,7 @@ def rank_view(results_by_worker: Dict[str, List[dict]]) -> dict:
         na["ranks.straggler"] = "no step in which the ranks waited different times"
     view.update(available=True, ranks=rows, steps=common_steps, collectives=collectives,
                 imbalance_pct=imbalance, straggler=straggler)
+    view["collective_bandwidth"] = _collective_bandwidth(workers, rank_of, results_by_worker, na)
     straggler_fires = (straggler is not None and straggler["share_pct"] >= T.STRAGGLER_STEP_SHARE_PCT
                        and (straggler["wait_caused_pct"] or 0.0) >= T.STRAGGLER_MIN_WAIT_PCT)
     imbalance_fires = imbalance is not None and imbalance >= T.LOAD_IMBALANCE_PCT
@@ -235,6 +236,20 @@ def rank_view(results_by_worker: Dict[str, List[dict]]) -> dict:
     # Plain JSON already: partials hold finite Python floats (span_partial), sums and
     # ratios of them are guarded against zero denominators.
     return view
+
+
+def _collective_bandwidth(workers: List[str], rank_of: Dict[str, int], results_by_worker: Dict[str, List[dict]],
+                          na: Dict[str, str]) -> dict:
+    """Bandwidth per collective against the link over all ranks (METRICS.md "Collective
+    bandwidth", analysis/collectives.run_table): each call's transfer time is the shortest
+    duration among the ranks that ran it."""
+    from .analysis import collectives as C
+
+    table = C.run_table([C.rank_call_rows(results_by_worker[w]) for w in workers], [rank_of[w] for w in workers],
+                        next((link for w in workers for link in [C.run_link(results_by_worker[w])] if link), None))
+    for key, why in table.pop("not_available").items():
+        na[f"ranks.{key}"] = why
+    return table
 
 
 def _clean(view: dict) -> dict:

@@ -9,6 +9,7 @@ from . import breakdown, context, gpu, input_bound, memory, occupancy, signals, 
 from . import compilation
 from . import flops
 from . import source
+from . import collectives
 from .units import Unit
 
 UNITS: List[Unit] = [
@@ -22,6 +23,7 @@ UNITS: List[Unit] = [
     occupancy.UNIT,     # occupancy
     memory.UNIT,        # memory (and the memory curves, the snapshot)
     signals.SYNC_UNIT, signals.COMMUNICATION_UNIT, signals.LAUNCH_UNIT,
+    collectives.UNIT,   # collectives (bytes, algbw/busbw per collective vs the link, exposed; METRICS.md)
     context.UNIT,       # context (training/inference, graphs, compile, distributed)
     compilation.UNIT,   # compilation (torch.compile regions, breaks, recompiles, Triton kernels, CUDA graphs)
     source.UNIT,        # source_attribution (user source lines, nn.Module tree, record_function labels; §17)
