@@ -27,7 +27,7 @@ import numpy as np
 from ..model import CPU_OP, CPU_PYTHON, CPU_USER_ANNOTATION, TraceData
 from . import intervals as iv
 from .breakdown import dataloader_mask
-from .operators import _nesting
+from .operators import _nesting, _unique_rows
 from .units import Unit, NONE_FAILED, pct
 
 NAME = "source_attribution"  # report["source"] is already the trace path
@@ -242,17 +242,19 @@ def source_view(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = Non
     # --- autograd-engine threads: adopt the waiting Python thread's context ---------------
     anchor = np.arange(n)
     in_bwd = _nearest(parent, is_bwd) if is_bwd.any() else None
-    pairs = np.stack([pid, tid], 1)
-    stack_threads = {tuple(p) for p in np.unique(pairs[is_py | has_cs], axis=0).tolist()} if n else set()
-    py_threads = {tuple(p) for p in np.unique(pairs[is_py], axis=0).tolist()} if is_py.any() else set()
+    thr = _unique_rows(np.stack([pid, tid], 1))[1] if n else np.zeros(0, np.int64)  # dense thread ids
+    thr_pid = np.zeros(int(thr.max()) + 1 if n else 0, np.int64)
+    thr_pid[thr] = pid
+    stack_threads = set(np.unique(thr[is_py | has_cs]).tolist())
+    py_threads = set(np.unique(thr[is_py]).tolist())
     want = (key < 0) & ~is_py & (cs < 0)
-    for (p, t) in sorted({tuple(x) for x in np.unique(pairs[want], axis=0).tolist()} - stack_threads):
-        q = np.flatnonzero(want & (pid == p) & (tid == t))
-        for (p2, t2) in sorted(stack_threads):
-            if p2 != p or not len(q):
+    for t in sorted(set(np.unique(thr[want]).tolist()) - stack_threads):
+        q = np.flatnonzero(want & (thr == t))
+        for t2 in sorted(stack_threads):
+            if thr_pid[t2] != thr_pid[t] or not len(q):
                 continue
-            if (p2, t2) not in py_threads:  # old traces: the last op with a `Call stack` before, if in backward()
-                on = np.flatnonzero((pid == p2) & (tid == t2) & has_cs)
+            if t2 not in py_threads:  # old traces: the last op with a `Call stack` before, if in backward()
+                on = np.flatnonzero((thr == t2) & has_cs)
                 on = on[np.argsort(ts[on], kind="stable")]
                 j = np.searchsorted(ts[on], ts[q], side="right") - 1
                 cand = np.where(j >= 0, on[np.maximum(j, 0)], -1)
@@ -266,7 +268,7 @@ def source_view(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = Non
                 continue
             if in_bwd is None:
                 continue
-            on = np.flatnonzero((pid == p2) & (tid == t2))
+            on = np.flatnonzero(thr == t2)
             on = on[np.lexsort((-end[on], ts[on]))]
             j = np.searchsorted(ts[on], ts[q], side="right") - 1
             cand = np.where(j >= 0, on[np.maximum(j, 0)], -1)
@@ -368,7 +370,7 @@ def source_view(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = Non
     modules = _modules(trace, parent, is_module, is_op, name, ts, dur, inc_node, g_node, inc_gpu, gdur, anchor,
                        pid, nc)
     # --- record_function labels ----------------------------------------------------------
-    labels, label_union = _labels(trace, steps, pid, tid, ts, end, anchor, g_node, inc_gpu, gdur, h_lo, h_hi, nc)
+    labels, label_union = _labels(trace, steps, thr, ts, anchor, g_node, inc_gpu, gdur, h_lo, h_hi)
     section = {
         "has_stack": has_stack,
         "stack_source": "python_function" if has_frames else ("call_stack" if has_stack else None),
@@ -477,7 +479,7 @@ def _modules(trace, parent, is_module, is_op, name, ts, dur, inc_node, g_node, i
     return rows
 
 
-def _labels(trace, steps, pid, tid, ts, end, anchor, g_node, inc_gpu, gdur, h_lo, h_hi, nc):
+def _labels(trace, steps, thr, ts, anchor, g_node, inc_gpu, gdur, h_lo, h_hi):
     """Per record_function label (user annotations but ProfilerStep#N): count, CPU span time
     (clipped to the included steps), GPU time launched by calls inside it (the waiting
     thread's for autograd-engine calls) and its gpu_user_annotation time."""
@@ -497,12 +499,7 @@ def _labels(trace, steps, pid, tid, ts, end, anchor, g_node, inc_gpu, gdur, h_lo
     # GPU activity by its anchor (thread, start)
     sel = np.flatnonzero(inc_gpu & (g_node >= 0))
     a = anchor[g_node[sel]]
-    thr_keys = {}
-    thr_a = np.array([thr_keys.setdefault((int(p), int(t)), len(thr_keys))
-                      for p, t in zip(pid[a].tolist(), tid[a].tolist())], np.int64)
-    thr_q = np.array([thr_keys.get((int(p), int(t)), -1) for p, t in zip(cpu.pid[rows].tolist(),
-                                                                          cpu.tid[rows].tolist())], np.int64)
-    g_in = _sum_inside(thr_a, ts[g_node[sel]], gdur[sel], thr_q, ts[rows], r_end)
+    g_in = _sum_inside(thr[a], ts[g_node[sel]], gdur[sel], thr[rows], ts[rows], r_end)
     ga = trace.gpu_annotations
     g_inc = _in_windows(ga.ts, *_sorted_windows(steps.inc_start, steps.inc_end))
     out = []
