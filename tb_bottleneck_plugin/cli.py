@@ -38,6 +38,15 @@ EXIT_PIPE_CLOSED = 141  # 128 + SIGPIPE: what a shell reports for a tool its pip
 CHILD_TRACEBACKS_ENV = "TB_BOTTLENECKS_CHILD_TRACEBACKS"
 
 
+EXIT_CODES = """exit codes:
+  0    every file gave a report (a failed section is one line on stderr) / the gate holds
+  1    some files could not be read / a gate bound is violated / demo without torch
+  2    nothing could be analysed, or an internal error (one line; --debug: the traceback)
+  130  interrupted (Ctrl-C)
+  141  the reader of stdout went away (`... | head`): the rest of the output is dropped
+       quietly, as for a tool killed by SIGPIPE (0 when everything fit in the pipe)"""
+
+
 class _StdoutClosed(BaseException):
     """The reader of stdout went away (``| head``). A BaseException, so that no
     ``except Exception`` on the way (gate.run, the report's last line of defence) turns it
@@ -108,7 +117,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="tb-bottlenecks", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="tb-bottlenecks", description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXIT_CODES)
     sub = parser.add_subparsers(dest="command", required=True)
     rep = sub.add_parser("report", help="analyse a trace file, a run directory or a logdir")
     rep.add_argument("path", help="trace file, run directory or logdir (local or URL, e.g. gs://b/p)")

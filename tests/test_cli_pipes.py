@@ -81,8 +81,13 @@ def test_in_process_closed_stdout_is_141_and_restores_sys_stdout(monkeypatch, ca
     _quiet(capsys.readouterr().err)
 
 
-def test_documented_in_the_help():
+def test_documented_in_the_help(capsys):
     assert "141" in cli.__doc__ and "head" in cli.__doc__
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "exit codes:" in out and "141" in out and "| head" in out
 
 
 def test_children_print_no_traceback_without_debug(tmp_path):
