@@ -809,7 +809,8 @@ def mfu_severity(value: float) -> str:
 
 
 def _fmt_tflops(v) -> str:
-    return f"{v:.0f}" if v >= 10 else f"{v:.1f}" if v >= 1 else f"{v:.2f}"
+    whole = f"{v:.0f}"
+    return whole if len(whole) > 2 else f"{v:.3g}"  # 989, 211, 86.5, 8.64, 0.0234
 
 
 def _card_mfu(report: dict) -> dict:
