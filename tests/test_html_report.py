@@ -1,0 +1,188 @@
+"""The single-file HTML report (`report/diff/check --html FILE`, html_report.py, issue 25):
+opened from disk in a real headless Chromium with every request routed (anything but the
+file itself fails the test), its cards equal to the JSON report's verdicts, no console
+error, and trace strings named like HTML shown as text."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import DEMO_LOGS, REPO, XSS_KERNEL, XSS_OP, write_html_names_trace
+from tb_bottleneck_plugin import html_report
+from tb_bottleneck_plugin.ranks import _bytes_words as _fmt_bytes
+
+CARDS_JS = """() => [...document.querySelectorAll('.card[data-card]')].map(c => ({
+    id: c.getAttribute('data-card'), cls: [...c.classList].filter(k => k.startsWith('sev-')),
+    value: c.querySelector('.card-value').textContent,
+    verdict: (c.querySelector('.card-verdict') || {}).textContent || ''}))"""
+
+
+def _cli(*args, ok=(0,)):
+    done = subprocess.run([sys.executable, "-m", "tb_bottleneck_plugin.cli", *args], capture_output=True,
+                          text=True, timeout=600, cwd=REPO)
+    assert done.returncode in ok, done.stderr[-2000:]
+    return done
+
+
+def _fmt_value(v):  # cards.js fmtVerdictValue for the units of these reports
+    if v["value"] is None:
+        return "n/a"
+    if v["unit"] == "pct":
+        return f"{v['value']:.1f}%"
+    if v["unit"] == "bytes":
+        return _fmt_bytes(v["value"])
+    raise AssertionError(v["unit"])
+
+
+def _markup(text: str) -> str:
+    """The page without the bodies of its <script> and <style> elements."""
+    return re.sub(r"(<(script|style)[^>]*>).*?(</\2>)", r"\1\3", text, flags=re.S)
+
+
+class Offline:
+    """A page that may load only ``file://`` URLs: every other request is aborted and recorded."""
+
+    def __init__(self, browser):
+        self.page = browser.new_page(viewport={"width": 1280, "height": 900})
+        self.foreign, self.console, self.errors, self.dialogs = [], [], [], []
+        self.page.route("**/*", self._route)
+        self.page.on("console", lambda m: self.console.append(f"{m.type}: {m.text}") if m.type in ("error", "warning") else None)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("dialog", lambda d: (self.dialogs.append(d.message), d.dismiss()))
+
+    def _route(self, route):
+        if route.request.url.startswith("file://"):
+            route.continue_()
+        else:
+            self.foreign.append(route.request.url)
+            route.abort()
+
+    def open(self, path: Path, ready=".card[data-card]"):
+        self.page.goto(path.resolve().as_uri())
+        self.page.locator(ready).first.wait_for(timeout=60_000)
+        return self.page
+
+    def check_clean(self):
+        assert not self.foreign, self.foreign
+        assert not self.errors, self.errors
+        assert not self.console, self.console
+        assert not self.dialogs, self.dialogs
+
+
+@pytest.fixture
+def offline(chromium):
+    pages = []
+
+    def make():
+        p = Offline(chromium)
+        pages.append(p)
+        return p
+
+    yield make
+    for p in pages:
+        p.page.close()
+
+
+def test_report_html_opens_offline_with_the_json_reports_cards(tmp_path, offline):
+    run = DEMO_LOGS / "resnet50_v100_nw0"
+    out = tmp_path / "report.html"
+    _cli("report", str(run), "--html", str(out))
+    rep = json.loads(_cli("report", str(next(run.glob("*.gz"))), "--json").stdout)
+    text = out.read_text(encoding="utf-8")
+    size = len(text.encode())
+    assert size < 1_000_000, size  # 0.6 MB: 0.45 MB data, 0.16 MB code, 0.02 MB CSS
+    # one file: no element that loads anything (the modules' own text aside, whose only URL is the
+    # SVG namespace name), and the CSP forbids any fetch
+    markup = _markup(text)
+    assert "<link" not in markup and " src=" not in markup and "//" not in markup, markup
+    assert "default-src 'none'" in markup
+    data = html_report.read_page_data(text)
+    assert data["views"][0]["report"]["verdicts"] == rep["verdicts"]
+    w = offline()
+    page = w.open(out)
+    page.locator("table.operators tbody tr").first.wait_for(timeout=30_000)
+    cards = page.evaluate(CARDS_JS)
+    hidden = set(rep["verdicts"]) - {c["id"] for c in cards}  # cards.js `optional` cards at null/0
+    assert len(cards) >= 8 and all(rep["verdicts"][i]["value"] in (None, 0) for i in hidden), hidden
+    for c in cards:
+        v = rep["verdicts"][c["id"]]
+        assert c["cls"] == [f"sev-{v['severity']}"], c
+        assert c["verdict"] == v["verdict"], c
+        if v["unit"] in ("pct", "bytes"):
+            assert c["value"] == _fmt_value(v), c
+    body = page.inner_text("body")
+    assert rep["recommendations"][0]["title"] in body
+    for panel in ("Step-time breakdown", "Kernels", "Operators", "Recommendations"):
+        assert panel in body, panel
+    assert page.locator(".kernel-body table tbody tr").count() >= 20
+    assert page.locator("table.operators tbody tr").count() >= 20
+    w.check_clean()
+
+
+def test_trace_strings_named_like_html_stay_text(tmp_path, offline):
+    run = tmp_path / "logs" / "<i>run</i>"
+    write_html_names_trace(run / "worker0.1700000000000.pt.trace.json")
+    out = tmp_path / "xss.html"
+    _cli("report", str(tmp_path / "logs"), "--html", str(out))
+    text = out.read_text(encoding="utf-8")
+    data_block = text.split('id="bn-data">', 1)[1].split("</script>", 1)[0]
+    assert "<" not in data_block and ">" not in data_block and XSS_KERNEL in html_report.read_page_data(text)["views"][0]["kernels"][0]["name"]
+    w = offline()
+    page = w.open(out)
+    page.locator(".kernel-body table tbody tr").first.wait_for(timeout=30_000)
+    page.locator("table.operators tbody tr").first.wait_for(timeout=30_000)
+    body = page.inner_text("body")
+    kernel_text = page.locator(".kernel-body").evaluate(
+        "e => e.textContent + ' ' + [...e.querySelectorAll('[title]')].map((x) => x.title).join(' ')")
+    assert XSS_KERNEL in kernel_text and XSS_OP in body and "<i>run</i>" in body
+    assert page.evaluate("() => document.querySelectorAll('img, #injected, i').length") == 0
+    w.check_clean()
+    # the notebook view of the same run escapes them too
+    import tb_bottleneck_plugin as tbb
+
+    html = tbb.analyze(str(tmp_path / "logs"), jobs=1)._repr_html_()
+    assert "<i>run</i>" not in html and "&lt;i&gt;run&lt;/i&gt;" in html
+
+
+def test_script_end_tags_in_data_cannot_close_the_data_block():
+    page = html_report.render(html_report.page_data("report", [{"id": "a", "label": "</script><script>alert(1)</script>",
+                                                                 "report": {"run": "<!--"}}], title="<t>"))
+    assert page.count("</script>") == 2  # the data block's and the module's own
+    assert html_report.read_page_data(page)["views"][0]["label"] == "</script><script>alert(1)</script>"
+    assert "<title>&lt;t&gt;</title>" in page
+
+
+def test_diff_and_check_html(tmp_path, offline):
+    base, cand = str(DEMO_LOGS / "input_fixed_nw4"), str(DEMO_LOGS / "input_bound_nw0")
+    diff = tmp_path / "diff.html"
+    _cli("diff", base, cand, "--html", str(diff))
+    cmp = json.loads(_cli("diff", base, cand, "--json").stdout)
+    assert html_report.read_page_data(diff.read_text(encoding="utf-8"))["compare"] == cmp
+    w = offline()
+    page = w.open(diff, ready="#bn-cmp-cards .card[data-card]")
+    assert "Headline numbers" in page.inner_text("body")
+    # the gate's page is written when it fails (exit 1) ...
+    failed = tmp_path / "check.html"
+    done = _cli("check", cand, "--max", "input_bound_pct=5", "--baseline", base,
+                "--max-regression", "avg_step_us=5%", "--html", str(failed), ok=(1,))
+    assert "FAIL input_bound_pct" in done.stdout
+    page = w.open(failed, ready="#bn-gate")
+    assert page.locator("#bn-gate").get_attribute("data-gate") == "fail"
+    assert "FAIL input_bound_pct" in page.locator("#bn-gate").inner_text()
+    # ... and when it passes
+    passed = tmp_path / "pass.html"
+    _cli("check", base, "--max", "input_bound_pct=5", "--html", str(passed))
+    page = w.open(passed, ready="#bn-gate")
+    assert page.locator("#bn-gate").get_attribute("data-gate") == "pass"
+    w.check_clean()
+
+
+def test_a_file_that_cannot_be_written_is_one_line_and_exit_2(tmp_path):
+    done = _cli("report", str(DEMO_LOGS / "input_bound_nw0"), "--html", str(tmp_path / "no" / "dir" / "r.html"),
+                ok=(2,))
+    assert done.stderr.strip().splitlines()[-1].startswith("tb-bottlenecks: --html")
