@@ -445,6 +445,15 @@ def format_ranks_text(view: dict, indent: str = "") -> str:
         lines.append(f"{indent}  {c['kind']}: {c['calls']} calls{size}, {c['total_us'] / 1000:.2f} ms "
                      f"(transfer {c['transfer_us'] / 1000:.2f} ms, wait {c['wait_us'] / 1000:.2f} ms"
                      + (f", {c['unmatched_calls']} unmatched" if c.get("unmatched_calls") else "") + ")")
+    cb = view.get("collective_bandwidth") or {}
+    link = cb.get("link") or {}
+    for g in (cb.get("groups") or [])[:12]:
+        if g.get("busbw_gbps") is None:
+            continue
+        pct = f" = {g['link_pct']:.0f}% of {link.get('link')} {link.get('gbps'):g} GB/s" \
+            if g.get("link_pct") is not None else ""
+        lines.append(f"{indent}  busbw {g['kind']} {g['size_bucket']} pg {g['process_group']}: "
+                     f"{g['busbw_gbps']:.1f} GB/s{pct} ({g['matched_calls']} calls, shortest rank's time)")
     for key, why in (view.get("not_available") or {}).items():
         lines.append(f"{indent}  n/a {key}: {why}")
     return "\n".join(lines)
