@@ -209,7 +209,10 @@ def _threshold_values():
     for node in ast.parse(src).body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
                 and node.targets[0].id.isupper():
-            out[node.targets[0].id] = float(eval(compile(ast.Expression(node.value), "thresholds.py", "eval"), {}))
+            value = eval(compile(ast.Expression(node.value), "thresholds.py", "eval"), {})
+            if isinstance(value, dict):  # a table of factors per GPU generation: not a threshold
+                continue                   # a view could compare with
+            out[node.targets[0].id] = float(value)
     return out
 
 
