@@ -68,7 +68,8 @@ function compareViewOf(container, cmp, views) {
   mount(container, compareView(cmp));
   const slot = container.querySelector("#bn-cmp-cards .panel-body");
   const reports = views.map((v) => v.report).filter((r) => r && typeof r === "object");
-  if (slot && reports.length === 2) renderCards(slot, reports, {labels: views.map((v) => v.label)});
+  // both sides present (a side whose report is missing leaves the side-by-side cards out)
+  if (slot && reports.length === views.length) renderCards(slot, reports, {labels: views.map((v) => v.label)});
 }
 
 function gateBanner(check) {
