@@ -85,6 +85,7 @@ def test_toy_graph_break_one_break_per_forward_and_the_recompiles_in_the_steps()
     assert sec["graphs_per_step"] == truth["explain"]["graph_count"] == 2
     assert sec["nested_per_step"] == 1 and sec["regions_per_step"] == 2 and sec["max_depth"] == 1
     assert [r["breaks"] for r in sec["per_step"]] == [1, 1, 1]
+    assert sec["broken_regions"] == [{"id": "0/0", "frame": 0, "count": 3, "nested": 3, "per_step": 1.0}]
     # frame 0 (Toy.forward) once; frame 1 (the resume frame after the .item()) recompiled each step
     frames = {f["frame"]: f["compile_ids"] for f in sec["frames"]}
     assert frames == {0: [0], 1: [4, 5, 6]}
@@ -126,6 +127,8 @@ def test_gpt2_compiled_frames_breaks_triton_ops_and_share():
     # two frames break (the two logging.Logger breaks of the dynamo counters), 4 nested regions
     assert sec["breaks_per_step"] == sum(truth["dynamo_counters"]["graph_break"].values()) == 2
     assert sec["nested_per_step"] == 4 and sec["max_depth"] == 2 and sec["graphs_per_step"] == 2
+    # frame 0 breaks once (into 1/0), frame 1 once (three resume regions nested in it)
+    assert [(b["id"], b["per_step"], b["nested"]) for b in sec["broken_regions"]] == [("0/0", 1, 3), ("1/0", 1, 9)]
     assert 55 < sec["compiled_pct"] < 70
     assert sec["compiled_gpu_pct"] > 90
     # Triton kernels hold 28 % of kernel time, library GEMMs (nvjet/cutlass) 47 %, cuDNN SDPA 17 %
@@ -312,6 +315,7 @@ def test_summary_of_two_ranks_adds_up(tmp_path):
                                             span="s"))
     summary = report.combine_results(results, run="r")["report"]["compilation"]
     assert summary["breaks"] == 2 and summary["regions"] == 4 and summary["steps"] == 2
+    assert summary["broken_regions"] == [{"id": "0/0", "frame": 0, "count": 2, "nested": 2, "per_step": 1.0}]
     assert summary["compiled_us"] == 800 and summary["compiled_pct"] == pytest.approx(40)
     assert [r["id"] for r in summary["recompile_ids"]] == ["1/1", "1/2"]
     assert summary["kernels"][0]["count"] == 2 and summary["kernels"][0]["us"] == 60

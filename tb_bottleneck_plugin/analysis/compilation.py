@@ -364,6 +364,13 @@ def compilation(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = Non
                                                      "first_step": step_no, "regions": 0,
                                                      "compiled_in_step": step_no in compile_steps})
             rc["regions"] += 1
+    broken: Dict[str, dict] = {}  # regions that broke (hold a nested region): where to look
+    for k in np.flatnonzero(has_child & (r_step >= 0)):
+        f, c = ids[k] if ids[k] is not None else (None, None)
+        key = trace.strings[int(cpu.name[region_rows[k]])] if f is None else f"{f}/{c}"
+        b = broken.setdefault(key, {"id": key, "frame": f, "count": 0, "nested": 0})
+        b["count"] += 1
+        b["nested"] += int((parent == k).sum())
     if have_regions and all(fc == (None, None) for fc in ids):
         na[f"{NAME}.recompiles"] = NA_NO_REGION_IDS
 
@@ -378,7 +385,7 @@ def compilation(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = Non
         for u, c, s, gk in zip(uniq, counts, sums, graphed):
             kernels[trace.strings[int(u)]] = {"count": int(c), "us": float(s), "graph_count": int(gk)}
 
-    sec = _finish_from(per_step, frames, recompiles, kernels, have_regions)
+    sec = _finish_from(per_step, frames, recompiles, kernels, have_regions, broken)
     if not have_compiled:
         na[f"{NAME}.compiled_pct"] = NA_NO_COMPILED
     if not have_regions:
@@ -413,8 +420,10 @@ def _per(part, n):
 
 
 def _finish_from(rows: List[dict], frames: Dict[str, dict], recompiles: Dict[str, dict],
-                 kernels: Dict[str, dict], have_regions: bool) -> dict:
+                 kernels: Dict[str, dict], have_regions: bool, broken: Optional[Dict[str, dict]] = None) -> dict:
     n = len(rows)
+    broken_list = sorted((dict(b, per_step=_per(b["count"], n)) for b in (broken or {}).values()),
+                         key=lambda b: (-b["count"], b["id"]))
     S = {k: _sum(rows, k) for k in PER_STEP_FIELDS}
     step_us, kernel_us = S["step_us"], S["kernel_us"]
     first_step = min((r["step"] for r in rows if isinstance(r.get("step"), int)), default=None)
@@ -443,6 +452,7 @@ def _finish_from(rows: List[dict], frames: Dict[str, dict], recompiles: Dict[str
         "regions": int(S["regions"] or 0), "regions_per_step": _per(S["regions"], n),
         "nested_regions": int(S["nested_regions"] or 0), "nested_per_step": _per(S["nested_regions"], n),
         "breaks": int(breaks) if breaks is not None else None, "breaks_per_step": _per(breaks, n),
+        "broken_regions": broken_list,
         "graphs_per_step": _per(S["graphs"], n),
         "max_depth": max((r.get("max_depth") or 0 for r in rows), default=0),
         "frames": frame_list, "compiled_frames": len(frame_list),
@@ -488,6 +498,8 @@ def _unit_partial(report: dict) -> dict:
                                                "sum:cpu_us": f.get("cpu_us", 0.0),
                                                "rows:compile_ids": list(f.get("compile_ids") or [])}
                          for f in sec.get("frames") or []},
+        "keyed:broken": {b["id"]: {"first:frame": b.get("frame"), "sum:count": b.get("count", 0),
+                                   "sum:nested": b.get("nested", 0)} for b in sec.get("broken_regions") or []},
         "keyed:recompiles": {r["id"]: {"first:frame": r.get("frame"), "first:compile": r.get("compile"),
                                        "rows:first_step": [r.get("first_step")], "sum:regions": r.get("regions", 0),
                                        "any:compiled_in_step": bool(r.get("compiled_in_step"))}
@@ -516,7 +528,9 @@ def _unit_finish(m: dict) -> Optional[dict]:
     kernels = {k: {"count": int(v.get("sum:count") or 0), "us": v.get("sum:us") or 0.0,
                    "graph_count": int(v.get("sum:graph_count") or 0)}
                for k, v in (m.get("keyed:kernels") or {}).items()}
-    sec = _finish_from(rows, frames, recompiles, kernels, bool(m.get("any:has_regions")))
+    broken = {k: {"id": k, "frame": v.get("first:frame"), "count": int(v.get("sum:count") or 0),
+                  "nested": int(v.get("sum:nested") or 0)} for k, v in (m.get("keyed:broken") or {}).items()}
+    sec = _finish_from(rows, frames, recompiles, kernels, bool(m.get("any:has_regions")), broken)
     # one row per step number across spans (the mean over spans; min/max of compiled %)
     steps = per_step_across_spans(rows, PER_STEP_FIELDS, "compiled_pct")
     for r in steps:

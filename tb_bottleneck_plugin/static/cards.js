@@ -271,8 +271,10 @@ export const CARDS = [
       const c = report.compilation || {};
       const ids = Array.isArray(c.recompile_ids) ? c.recompile_ids.filter((r) => r && r.steady).map((r) => String(r.id)) : [];
       const frames = Array.isArray(c.frames) ? c.frames.length : null;
+      const broken = Array.isArray(c.broken_regions) ? c.broken_regions.map((b) => String(b.id)) : [];
       return [
-        isNum(c.breaks_per_step) ? `${fmtCount(c.breaks_per_step)} graph break(s) per step` + (isNum(frames) ? ` · ${fmtCount(frames)} compiled frame(s)` : "") : null,
+        isNum(c.breaks_per_step) ? `${fmtCount(c.breaks_per_step)} graph break(s) per step`
+          + (broken.length ? ` (in ${broken.join(", ")})` : "") + (isNum(frames) ? ` · ${fmtCount(frames)} compiled frame(s)` : "") : null,
         isNum(c.steady_recompiles) && c.steady_recompiles > 0 ? `recompiles in the steps: ${ids.join(", ")}` : null,
         isNum(c.compile_pct) && c.compile_pct > 0 ? `compiling inside the steps ${fmtPct(c.compile_pct)} of step time` : null,
         isNum(c.triton_pct) ? `Triton kernels ${fmtPct(c.triton_pct)} of kernel time${isNum(c.gemm_pct) ? `, library GEMMs ${fmtPct(c.gemm_pct)}` : ""}` : null,
