@@ -1,12 +1,10 @@
 // The recommendations panel: every rule that fired on the server (recommendations.py),
-// with its severity, action, numbers and evidence. The order words come from the server's
-// severities; nothing is decided here.
+// with its severity, action, numbers and evidence, in the server's order (by the step time
+// each could give back, recommendations.py); nothing is decided or re-ordered here.
 
 import {h} from "./dom.js";
 import {fmtByName, humanizeKey} from "./format.js";
 import {panel, note, severityClass} from "./common.js";
-
-const SEVERITY_ORDER = {high: 0, medium: 1, low: 2, ok: 3};
 
 const CODE_LIKE = /^(?:[A-Za-z_][\w.]*\s*\(.*\)\s*$|[A-Z_][A-Z0-9_]*=\S|torch\.|model\s*=|with\s|import\s|from\s|python\s)/s;
 
@@ -23,15 +21,9 @@ function actionNode(action) {
   return h("p", {class: "rec-action"}, text);
 }
 
-/** The recommendations panel of one report, most severe first. */
+/** The recommendations panel of one report, in the server's order (most step time first). */
 export function recommendationsPanel(report) {
-  const recs = Array.isArray(report.recommendations) ? [...report.recommendations] : [];
-  recs.forEach((r, i) => { r.__i = i; });
-  recs.sort((a, b) => {
-    const sa = SEVERITY_ORDER[String(a.severity || "").toLowerCase()] ?? 3.5;
-    const sb = SEVERITY_ORDER[String(b.severity || "").toLowerCase()] ?? 3.5;
-    return sa - sb || a.__i - b.__i;
-  });
+  const recs = Array.isArray(report.recommendations) ? report.recommendations : [];
   const body = recs.length
     ? h("ol", {class: "recs"}, recs.map((r) => {
       const sev = severityClass(r.severity);
@@ -43,11 +35,14 @@ export function recommendationsPanel(report) {
           h("span", {class: "rec-title"}, String(r.title || r.rule || "Recommendation")),
           r.rule ? h("span", {class: "rec-rule", title: "rule name"}, String(r.rule)) : null),
         actionNode(r.action),
+        r.gain_assumption ? h("p", {class: "rec-gain"}, typeof r.estimated_gain_pct === "number"
+          ? `Could give back up to ${fmtByName("estimated_gain_pct", r.estimated_gain_pct)} of the step: ${r.gain_assumption}`
+          : String(r.gain_assumption)) : null,
         nums.length ? h("div", {class: "chips"}, nums.map(([k, v]) =>
           h("span", {class: "chip", title: k}, h("span", {class: "chip-k"}, `${humanizeKey(k)}:`), " ", h("span", {class: "chip-v"}, fmtByName(k, v))))) : null,
         ev.length ? h("ul", {class: "evidence"}, ev.map((e) => h("li", {}, typeof e === "string" ? e : JSON.stringify(e)))) : null);
     }))
     : note("No bottleneck rule fired for this selection.");
-  return panel("Recommendations", {subtitle: recs.length ? "most severe first" : null,
+  return panel("Recommendations", {subtitle: recs.length ? "most step time first" : null,
     info: "Each recommendation names the rule that fired, the measured numbers behind it and the evidence in the trace."}, body);
 }
