@@ -355,6 +355,8 @@ class _Builder:
             dims = [d if len(d) else a.input_dims_2020 for d, a in zip(dims, args)]
         dims = self._raw_texts(dims)
         types = self._raw_texts([a.input_type for a in args])
+        stacks = [a.call_stack for a in args]  # old traces only: skip the join/split/lookup without any
+        stacks = self._raw_ids(self._raw_texts(stacks)) if any(map(len, stacks)) else np.full(len(evs), -1, np.int32)
         table = model.CpuTable(
             kind=np.array(kinds, dtype=np.int8), category=cats, name=names,
             pid=self._ints([e.pid for e in evs], "CPU events", "pid"),
@@ -363,7 +365,7 @@ class _Builder:
             external_id=self._ints([a.external_id for a in args], "CPU events", "External id"),
             input_dims=self._raw_ids(dims),
             input_types=self._raw_ids(types),
-            call_stack=self._raw_ids(self._raw_texts([a.call_stack for a in args])),
+            call_stack=stacks,
             sequence=self._ints([a.sequence for a in args], "CPU events", "Sequence number"),
         )
         rows = np.arange(len(evs))
