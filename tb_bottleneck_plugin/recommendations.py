@@ -253,9 +253,20 @@ def rule_tensor_cores(report) -> Optional[dict]:
         action += " Pad channel, hidden and batch sizes to multiples of 8."
     if any("conv" in op.get("op", "") for op in top):
         action += " For convolutions also use channels-last: model.to(memory_format=torch.channels_last)."
-    # The eligible kernels' share of the step, run `speedup` times faster on Tensor Cores.
+    # The eligible kernels' share of the step, run `speedup` times faster on Tensor Cores;
+    # from the roofline where the FLOPs section knows the precision and the GPU's peaks.
     speedup = tc_speedup(major, _is_amd(report))
     gain = pct * _kernel_share(report) / 100 * (1 - 1 / speedup)
+    from_peaks = _tc_gain_from_peaks(report, "fp16" if major is not None and major < 8 else "bf16")
+    if from_peaks is not None:
+        gain, assumption = from_peaks
+    else:
+        assumption = (f"eligible-not-using kernel time ({pct:.0f} % of the {_kernel_share(report):.0f} % of the "
+                      f"step in kernels) x (1 - 1/{speedup:g}): {speedup:g}x faster on "
+                      + ("matrix cores" if _is_amd(report) else "Tensor Cores")
+                      + (" (AMD: the conservative speedup)" if _is_amd(report)
+                         else " (GPU generation unknown: the conservative speedup)" if major is None
+                         else f" (compute capability {major}.x)"))
     if not evidence:
         evidence.append(f"{pct:.1f} % of kernel time in matmul/conv kernels that do not use "
                         + ("matrix cores" if _is_amd(report) else "Tensor Cores"))
@@ -267,13 +278,40 @@ def rule_tensor_cores(report) -> Optional[dict]:
         "numbers": {"eligible_not_using_pct": round(pct, 2), "tensor_core_pct": tc.get("tensor_core_pct")},
         "evidence": evidence,
         "estimated_gain_pct": round(gain, 2),
-        "gain_assumption": (f"eligible-not-using kernel time ({pct:.0f} % of the {_kernel_share(report):.0f} % of the "
-                            f"step in kernels) x (1 - 1/{speedup:g}): {speedup:g}x faster on "
-                            + ("matrix cores" if _is_amd(report) else "Tensor Cores")
-                            + (" (AMD: the conservative speedup)" if _is_amd(report)
-                               else " (GPU generation unknown: the conservative speedup)" if major is None
-                               else f" (compute capability {major}.x)")),
+        "gain_assumption": assumption,
     }
+
+
+def _tc_gain_from_peaks(report, target: str) -> Optional[tuple]:
+    """(gain %, assumption) from the FLOPs section (METRICS §15): the step share of the
+    matmul/conv/attention kernels that ran in fp32 or tf32, each made faster by the ratio of
+    the GPU's ``target`` (bf16/fp16) peak to its own precision's peak; for fp32 (CUDA
+    cores) that ratio times ``T.TC_FP32_PEAK_FRACTION_KEPT`` (a kernel moved to Tensor
+    Cores reaches a smaller fraction of the higher peak). None without those numbers."""
+    flops = report.get("flops") or {}
+    peaks = (flops.get("peak") or {}).get("tflops") or {}
+    top = peaks.get(target)
+    if not isinstance(top, (int, float)) or top <= 0:
+        return None
+    gain, parts = 0.0, []
+    for name, c in (flops.get("by_class") or {}).items():
+        prec = c.get("precision") if isinstance(c, dict) else None
+        if name not in ("gemm", "conv", "attention") or prec not in ("fp32", "tf32"):
+            continue
+        own, share = peaks.get(prec), c.get("step_pct")
+        if not isinstance(own, (int, float)) or own <= 0 or not isinstance(share, (int, float)) \
+                or share < T.TC_MIN_CLASS_STEP_PCT:
+            continue
+        speedup = top / own * (T.TC_FP32_PEAK_FRACTION_KEPT if prec == "fp32" else 1.0)
+        if speedup <= 1:
+            continue
+        gain += share * (1 - 1 / speedup)
+        parts.append(f"{name} in {prec} ({share:.0f} % of the step) x (1 - 1/{speedup:.1f})")
+    if not parts:
+        return None
+    return gain, ("; ".join(parts) + f": {target} peak {top:g} TFLOP/s against the precision's own peak"
+                  + (f" (fp32 keeps {T.TC_FP32_PEAK_FRACTION_KEPT:g} of the ratio)"
+                     if any(" fp32 " in p for p in parts) else ""))
 
 
 def warmup_outlier(report) -> Optional[dict]:
@@ -387,6 +425,13 @@ def rule_small_kernels(report) -> Optional[dict]:
         title = "Many small or low-occupancy kernels: the GPU is launch- or latency-bound"
         action = _small_kernels_action(report)
     idle = gpu_idle_share(report)
+    compiling = compile_share(report) if rule == "host_bound" else 0.0
+    if idle is not None and compiling:
+        # The host was compiling (recompiles inside the steps, rule torch_compile): that
+        # part of the idle GPU is not host work between kernels.
+        idle = max(0.0, idle - compiling)
+        if idle < T.LOW_GPU_UTILIZATION_PCT / 10:
+            return None
     if idle is not None:
         gain, assumption = idle, ("the GPU idle share of the step (not waiting for input): "
                                   + ("less host work between kernels" if rule == "host_bound" else
@@ -402,6 +447,110 @@ def rule_small_kernels(report) -> Optional[dict]:
         "numbers": numbers, "evidence": reasons,
         "estimated_gain_pct": round(gain, 2),
         "gain_assumption": assumption,
+    }
+
+
+def compile_share(report) -> float:
+    """Share of the step (0-100) spent compiling inside the steps (recompiles, METRICS §16)."""
+    comp = report.get("compilation") or {}
+    pct = comp.get("compile_pct") if comp.get("steady_recompiles") else 0.0
+    return float(pct) if isinstance(pct, (int, float)) else 0.0
+
+
+def rule_torch_compile(report) -> Optional[dict]:
+    """A compiled run that recompiles in its steady state or breaks its graphs (METRICS
+    §16, the Compilation card). Gain: the share of the step spent compiling inside the
+    steps, plus, for graph breaks, the eager time between the graphs that the GPU waits
+    for (min of the eager share and the GPU idle share)."""
+    comp = report.get("compilation") or {}
+    if not comp.get("has_regions"):
+        return None
+    steps = comp.get("steps") or 0
+    breaks = comp.get("breaks_per_step")
+    steady = comp.get("steady_recompiles") or 0
+    recompiling = steps and steady / steps >= T.COMPILE_RECOMPILES_PER_STEP
+    breaking = isinstance(breaks, (int, float)) and breaks >= T.COMPILE_BREAKS_PER_STEP
+    if not (steady or breaking):
+        return None
+    numbers, evidence, actions = {}, [], []
+    compiling = compile_share(report)
+    gain, parts = 0.0, []
+    if steady:
+        ids = ", ".join(r["id"] for r in comp.get("recompile_ids") or [] if r.get("steady"))
+        numbers.update(steady_recompiles=steady, compile_pct=round(compiling, 2))
+        evidence.append(f"{steady} recompile(s) inside the profiled steps ({ids}); compiling holds "
+                        f"{compiling:.0f} % of the step time")
+        actions.append('Find the guard that fails with `TORCH_LOGS="recompiles"`; for shapes that change '
+                       "use `torch.compile(model, dynamic=True)` or `torch._dynamo.mark_dynamic(x, dim)`, keep "
+                       "Python values that change every step out of the compiled function, and check "
+                       "`torch._dynamo.config.cache_size_limit`.")
+        gain += compiling
+        parts.append("the time spent compiling inside the steps")
+    if breaking:
+        regions = ", ".join(r["id"] for r in comp.get("broken_regions") or [])
+        numbers.update(breaks_per_step=round(breaks, 2), eager_pct=round(comp.get("eager_pct") or 0.0, 2))
+        evidence.append(f"{breaks:g} graph break(s) per step, in compiled region(s) {regions}; "
+                        f"{comp.get('eager_pct') or 0:.0f} % of the step runs eager")
+        actions.append("See each break's reason and line with `TORCH_LOGS=\"graph_breaks\"` or "
+                       "`torch._dynamo.explain(model)(*inputs)`, then remove it (`.item()`/`.tolist()`, print or "
+                       "logging, Python branches on tensor values; for `.item()`, "
+                       "`torch._dynamo.config.capture_scalar_outputs = True`), or make it an error with "
+                       "`torch.compile(model, fullgraph=True)`.")
+        idle = gpu_idle_share(report)
+        eager = float(comp.get("eager_pct") or 0.0)
+        gain += min(eager, idle) if idle is not None else eager
+        parts.append("the eager time between the compiled graphs that the GPU waits for")
+    gain = min(gain, 100.0 - float((report.get("input") or {}).get("input_bound_pct") or 0.0))
+    if steady and breaking:
+        title = (f"torch.compile breaks the graph {breaks:g}x per step and recompiles {steady}x in the profiled "
+                 "steps")
+    elif steady:
+        title = f"torch.compile recompiles {steady}x in the profiled steps: compiling holds {compiling:.0f} % of the step"
+    else:
+        title = f"torch.compile breaks the graph {breaks:g}x per step: part of every step runs eager"
+    return {
+        "rule": "torch_compile", "severity": "high" if recompiling else "medium",
+        "title": title, "action": " ".join(actions), "numbers": numbers, "evidence": evidence,
+        "estimated_gain_pct": round(gain, 2), "gain_assumption": " plus ".join(parts),
+    }
+
+
+def rule_low_mfu(report) -> Optional[dict]:
+    """Low MFU because memory-bound kernels hold the step (METRICS §15 roofline), in an eager
+    run: fusing them (torch.compile) cuts their memory traffic. Gain: the memory-bound share of
+    the step x (1 - 1/T.FUSION_SPEEDUP). Compiled runs are already fused; fp32 matmuls are the
+    Tensor Core rule's."""
+    flops = report.get("flops") or {}
+    mfu = flops.get("mfu_pct")
+    memory = (flops.get("bound_split_pct") or {}).get("memory")
+    if not isinstance(mfu, (int, float)) or mfu >= T.MFU_MODERATE_PCT or _context(report).get("torch_compile"):
+        return None
+    if not isinstance(memory, (int, float)) or memory < T.FUSION_MEMORY_BOUND_STEP_PCT:
+        return None
+    classes = {name: c for name, c in (flops.get("by_class") or {}).items()
+               if isinstance(c, dict) and c.get("bound") == "memory" and (c.get("step_pct") or 0) > 0}
+    peak = flops.get("peak") or {}
+    evidence = [f"MFU {mfu:.1f} % of the {peak.get('gpu') or 'GPU'} {flops.get('main_precision') or ''} peak "
+                f"({flops.get('tflops') or 0:.1f} of {flops.get('peak_tflops') or 0:g} TFLOP/s)".replace("  ", " ")]
+    for name, c in sorted(classes.items(), key=lambda kv: -(kv[1].get("step_pct") or 0)):
+        gb = (c.get("bytes") or 0) / max(1, flops.get("steps") or 1) / 1e9
+        evidence.append(f"{name} kernels: memory-bound, {c['step_pct']:.0f} % of the step, {gb:.1f} GB moved per step (estimated from the shapes)")
+    inference = _is_inference(report)
+    action = ("Fuse the memory-bound kernels (elementwise, normalisation, softmax: each reads and writes its "
+              "tensors to GPU memory once more) with `model = torch.compile(model)`"
+              + (" inside `torch.inference_mode()`" if inference else "")
+              + "; check the result with the Compilation card (graph breaks leave parts eager).")
+    gain = memory * (1 - 1 / T.FUSION_SPEEDUP)
+    return {
+        "rule": "low_mfu", "severity": "high" if mfu < T.MFU_LOW_PCT else "medium",
+        "title": f"MFU {mfu:.0f} %: memory-bound kernels hold {memory:.0f} % of the step",
+        "action": action,
+        "numbers": {"mfu_pct": round(mfu, 2), "memory_bound_step_pct": round(memory, 2),
+                    "tflops": flops.get("tflops"), "peak_tflops": flops.get("peak_tflops")},
+        "evidence": evidence,
+        "estimated_gain_pct": round(gain, 2),
+        "gain_assumption": (f"the memory-bound kernels' share of the step ({memory:.0f} %) x "
+                            f"(1 - 1/{T.FUSION_SPEEDUP:g}): fusion at least halves their memory traffic"),
     }
 
 
@@ -598,6 +747,7 @@ def _mean_gpu(report, key) -> Optional[float]:
 
 
 RULES: List[Callable[[dict], Optional[dict]]] = [
-    rule_input_bound, rule_pageable_copies, rule_tensor_cores, rule_warmup_outlier, rule_small_kernels,
+    rule_input_bound, rule_pageable_copies, rule_tensor_cores, rule_warmup_outlier, rule_torch_compile, rule_low_mfu,
+    rule_small_kernels,
     rule_allocator_slack, rule_memory_growth, rule_sync, rule_communication,
 ]

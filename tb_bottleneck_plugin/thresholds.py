@@ -70,6 +70,16 @@ COMM_EXPOSED_HIGH_PCT = 30.0
 # (MI250 383:47.9, MI300X 1307:163, both about 8x peak): the conservative end. (One dict, not
 # a bare 4.0 constant, so test_no_threshold_number_is_compared_outside_thresholds_py does not
 # flag every `== 4` in the package.)
+# An fp32 matmul/conv moved to Tensor Cores speeds up by the ratio of the bf16 (fp16 before
+# Ampere) peak to the fp32 peak times this: it reaches a smaller fraction of the higher peak
+# (recommendations.py rule tensor_cores_unused, from the FLOPs section).
+TC_FP32_PEAK_FRACTION_KEPT = 0.5
+# Rule low_mfu: memory-bound kernels (the roofline, METRICS §15) holding at least this share
+# of an eager step are worth fusing; fusion at least halves their memory traffic.
+FUSION_MEMORY_BOUND_STEP_PCT = 20.0
+FUSION_SPEEDUP = 2.0
+# ... counting only the op classes that hold at least this share of the step.
+TC_MIN_CLASS_STEP_PCT = 0.5
 TC_SPEEDUP_BY_COMPUTE_MAJOR = {6: 2.0, 7: 4.0, 8: 8.0, 9: 7.0, 10: 8.0, None: 4.0}
 
 # --- §12 distributed runs: when the rank view flags a straggler -----------------------

@@ -162,11 +162,12 @@ def test_every_card_colour_follows_from_value_and_thresholds(reports):
 
 def test_warmup_outlier_fires_only_where_one_call_holds_the_steps(reports):
     """Over every span and summary of the shared traces and demo_logs: the warm-up rule fires
-    exactly where the launch section says one call holds >= the thresholds (the MI250 span,
-    its worker and run summaries), and small_kernels/host_bound never fire beside it."""
+    exactly where the launch section says one call holds >= the thresholds (among them the
+    MI250 span, whose first hipLaunchKernel holds 97 % of the runtime time, pinned to the raw
+    JSON in test_recommendations_warmup.py), and small_kernels/host_bound never fire beside it."""
     fired = {where for where, r in reports if any(x["rule"] == "warmup_outlier" for x in r["recommendations"])}
     assert fired == {where for where, r in reports if _warmup(r)}
-    assert fired and all("amd_trace" in where for where in fired), fired
+    assert any("amd_trace" in where for where in fired), fired
     for where, r in reports:
         if where in fired:
             assert not {x["rule"] for x in r["recommendations"]} & {"small_kernels", "host_bound"}, where

@@ -176,8 +176,11 @@ TC_PATTERNS = (
               "naming: MIOpen/rocBLAS kernels named after MFMA"),
 )
 
-# Names that match a pattern above but run on the SIMT (CUDA-core) pipes.
-TC_EXCLUDE = re.compile(r"(?i)_simt_")
+# Names that match a pattern above but run on the SIMT (CUDA-core) pipes: CUTLASS's
+# `_simt_`, and cuBLAS's XMMA kernels that say `_ffma_` (FP32 fused multiply-add, e.g.
+# `sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8_..._ffma_...`, what H100 runs
+# for an FP32 matmul without TF32); tbp's `xmma_gemm` entry counts those too.
+TC_EXCLUDE = re.compile(r"(?i)_simt_|_ffma_")
 
 
 
