@@ -114,6 +114,24 @@ def reserved_of_capacity_pct(mem: dict) -> Optional[float]:
     return 100.0 * reserved / cap
 
 
+def source_lines(report, kind: str, limit: int = 2) -> List[str]:
+    """Evidence naming the user's own source line behind a bottleneck (METRICS §17:
+    ``source_attribution.bottlenecks[kind]``, kind ``sync`` or ``dataloader``)."""
+    src = report.get("source_attribution") or {}
+    rows = ((src.get("bottlenecks") or {}).get(kind) or [])[:limit]
+    first_line = src.get("frame_naming") == "function's first line"
+    out = []
+    for r in rows:
+        if not isinstance(r, dict) or not r.get("frame"):
+            continue
+        text = (f"{r['frame']}" + (f" calls {r['op']}" if r.get("op") and kind == "sync" else "")
+                + f": {(r.get('us') or 0) / 1000:.1f} ms, {r.get('pct') or 0:.1f} % of the step time")
+        if first_line:
+            text += " (the line shown is where the function begins; the call is inside it)"
+        out.append(text)
+    return out
+
+
 def rule_input_bound(report) -> Optional[dict]:
     inp = report.get("input") or {}
     pct = inp.get("input_bound_pct")
@@ -157,6 +175,7 @@ def rule_input_bound(report) -> Optional[dict]:
                   + ("to the GPU or precompute them." if has_gpu else "out of the loop or precompute them."))
     if pageable and "pin_memory" not in action:
         action += " Set pin_memory=True so host-to-device copies are asynchronous."
+    evidence += [f"the loop that waits: {line}" for line in source_lines(report, "dataloader", 1)]
     if not evidence:
         evidence.append(f"{pct:.1f} % of the step time waiting for the DataLoader")
     return {
@@ -697,7 +716,7 @@ def rule_sync(report) -> Optional[dict]:
                    "metrics every N steps; use non_blocking=True copies."),
         "numbers": {"sync_gpu_idle_pct": round(pct, 2), "sync_pct": sync.get("sync_pct"),
                     "gpu_busy_during_sync_pct": busy, "sync_us": sync.get("sync_us")},
-        "evidence": [f"{o['op']}: {o['sync_us'] / 1000:.1f} ms" for o in ops[:5]]
+        "evidence": (source_lines(report, "sync") + [f"{o['op']}: {o['sync_us'] / 1000:.1f} ms" for o in ops[:5]])
         or [f"synchronisation calls: {(sync.get('sync_us') or 0) / 1000:.1f} ms, the GPU idle {pct:.1f} % "
             "of the step during them"],
         "estimated_gain_pct": round(pct, 2),

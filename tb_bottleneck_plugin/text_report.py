@@ -118,6 +118,10 @@ def format_report(rep: dict, indent: str = "", heading: Optional[str] = None) ->
     sync = rep.get("sync") or {}
     if sync.get("sync_pct"):
         add(f"{indent}host waits on the GPU (sync calls): {pct(sync['sync_pct'], 1)} of step time")
+    for line in _sync_and_input_lines(rep):
+        add(f"{indent}{line}")
+    for line in _flops_lines(rep) + _compilation_lines(rep) + _collective_lines(rep):
+        add(f"{indent}{line}")
     for key, m in (rep.get("memory") or {}).items():
         text = f"{indent}memory {_memory_device(key)}: peak allocated {size(m.get('peak_allocated_bytes'))}"
         if m.get("allocated_is_relative"):
@@ -132,12 +136,86 @@ def format_report(rep: dict, indent: str = "", heading: Optional[str] = None) ->
             text += f", allocator slack {m['slack_fragmentation_pct']:.1f}%"
         add(text)
     for rec in rep.get("recommendations") or []:
-        add(f"{indent}[{rec.get('severity')}] {rec.get('title')}")
+        gain = rec.get("estimated_gain_pct")
+        add(f"{indent}[{rec.get('severity')}] {rec.get('title')}"
+            + (f" (could give back up to {gain:.0f}% of the step)" if isinstance(gain, (int, float)) and gain >= 1 else ""))
         add(f"{indent}    -> {rec.get('action')}")
     labels = rep.get("not_available_labels") or {}
     for key, why in (rep.get("not_available") or {}).items():
         add(f"{indent}n/a {labels.get(key) or not_available_label(key)}: {why}")
     return "\n".join(lines)
+
+
+def _sync_and_input_lines(rep: dict) -> List[str]:
+    """The user's own lines behind the sync and DataLoader waits (METRICS §17)."""
+    src = rep.get("source_attribution") or {}
+    out = []
+    for kind, words in (("sync", "waits on the GPU"), ("dataloader", "waits for the DataLoader")):
+        for r in ((src.get("bottlenecks") or {}).get(kind) or [])[:1]:
+            if isinstance(r, dict) and r.get("frame") and (r.get("pct") or 0) >= 0.1:
+                out.append(f"source: {r['frame']} {words}"
+                           + (f" ({r['op']})" if kind == "sync" and r.get("op") else "")
+                           + f": {pct(r.get('pct'), 1)} of step time")
+    return out
+
+
+def _flops_lines(rep: dict) -> List[str]:
+    """MFU (the server's words) and the roofline split of the step (METRICS §15)."""
+    f = rep.get("flops") or {}
+    if not f or not f.get("flops"):
+        return []
+    v = (rep.get("verdicts") or {}).get("mfu") or {}
+    head = (f"MFU {v['verdict']}" if v.get("value") is not None and v.get("verdict")
+            else f"{f.get('gflops_per_s') or 0:,.0f} GFLOP/s over the steps (MFU n/a: "
+            + str((rep.get("not_available") or {}).get("flops.mfu_pct") or "no peak") + ")")
+    split = f.get("bound_split_pct") or {}
+    bound = ", ".join(f"{k}-bound {v:.0f}%" for k, v in split.items() if k != "unknown" and v and v >= 0.5)
+    return [f"{head}; {f.get('flops_per_step', 0) / 1e12:.3g} TFLOP per step"
+            + (f"; kernels {bound} of the step" if bound else "")]
+
+
+def _compilation_lines(rep: dict) -> List[str]:
+    """torch.compile regions, breaks and recompiles (METRICS §16)."""
+    c = rep.get("compilation") or {}
+    if not c.get("has_regions"):
+        return []
+    parts = [f"compiled {pct(c.get('compiled_pct'), 0)} of the step, eager {pct(c.get('eager_pct'), 0)}"]
+    if c.get("compile_pct"):
+        parts.append(f"compiling {pct(c.get('compile_pct'), 0)}")
+    breaks = c.get("breaks_per_step")
+    if isinstance(breaks, (int, float)):
+        regions = ", ".join(r["id"] for r in c.get("broken_regions") or [])
+        parts.append(f"{breaks:g} graph break(s) per step" + (f" (in {regions})" if regions else ""))
+    if c.get("steady_recompiles"):
+        ids = ", ".join(r["id"] for r in c.get("recompile_ids") or [] if r.get("steady"))
+        parts.append(f"{c['steady_recompiles']} recompile(s) in the steps ({ids})")
+    if c.get("graph_launches"):
+        parts.append(f"{c['graph_launches']} CUDA graph replays")
+    return ["torch.compile: " + "; ".join(parts)]
+
+
+def _collective_lines(rep: dict) -> List[str]:
+    """Bandwidth per collective kind against the link (METRICS §18)."""
+    c = rep.get("collectives") or {}
+    link = c.get("link") or {}
+    out = []
+    for k in c.get("kinds") or []:
+        if not k.get("calls"):
+            continue
+        text = f"{k['kind']}: {plural(k['calls'], 'call')}"
+        if k.get("bytes_per_call") is not None:
+            text += f", {size(k['bytes_per_call'])} per call"
+        if k.get("busbw_gbps") is not None:
+            text += f", busbw {k['busbw_gbps']:.1f} GB/s"
+            if k.get("link_pct") is not None and link.get("gbps"):
+                text += f" ({k['link_pct']:.1f}% of {link.get('link')} {link['gbps']:g} GB/s"
+                text += (", link assumed" if link.get("scope_assumed") else "") + ")"
+        if k.get("exposed_us") is not None:
+            text += f", exposed {duration(k['exposed_us'])}"
+        out.append("collective " + text)
+    if out and c.get("time_includes_wait"):
+        out.append("  (one rank's kernel durations include waiting for its peers: bandwidths are lower bounds)")
+    return out
 
 
 def _run_name(run, logdir) -> str:

@@ -337,3 +337,30 @@ def test_communication_gain_is_the_exposed_share_of_the_step():
     assert rec["estimated_gain_pct"] == 30.0 and "exposed" in rec["gain_assumption"]
     del rep["breakdown_pct"]["communication"]
     assert R.rule_communication(rep)["estimated_gain_pct"] == pytest.approx(50.0 * 0.8 * 0.4)
+
+
+# ---------------------------------------------------------------- the user's own lines, in advice and text
+def test_input_advice_names_the_loop_line_and_the_text_report_prints_it():
+    """V100 ResNet-50 num_workers=0 (old `Call stack` args): the DataLoader wait is the
+    script's loop line (METRICS §17), in the input-bound advice and in the CLI text."""
+    from tb_bottleneck_plugin.text_report import format_report
+
+    rel = "kineto-tb-samples/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz"
+    rep = real_report(rel)
+    advice = next(r for r in rep["recommendations"] if r["rule"] == "input_bound")
+    assert any("resnet50_profiler_api.py(42)" in e for e in advice["evidence"]), advice["evidence"]
+    assert "source: resnet50_profiler_api.py(42): <module> waits for the DataLoader" in format_report(rep)
+
+
+def test_text_report_prints_mfu_compilation_and_the_sync_line():
+    """gpt2_bf16_eager: the sync line (h100_truth: the loss.item() inside record_h100.py's
+    step(), whose frame is named by its first line 165) and the MFU card's own words;
+    toy_graph_break: its break and recompiles."""
+    from tb_bottleneck_plugin.text_report import format_report
+
+    rep = real_report(spans("gpt2_bf16_eager")[0])
+    text = format_report(rep)
+    assert "source: record_h100.py(165): step waits on the GPU (aten::item)" in text
+    assert f"MFU {rep['verdicts']['mfu']['verdict']}" in text
+    comp = format_report(real_report(spans("toy_graph_break")[0]))
+    assert "1 graph break(s) per step (in 0/0); 3 recompile(s) in the steps (1/4, 1/5, 1/6)" in comp
