@@ -30,6 +30,10 @@ import {registeredPanels} from "./static/panels.js";
 // (keep this block; add new lines at its end)
 import "./static/operators.js";
 import "./static/timeline.js";
+import "./static/roofline.js";
+import "./static/source_view.js";
+import "./static/compilation_view.js";
+import "./static/collectives_view.js";
 // ---- end of registered panels
 
 const RUNS_POLL_MS = 10000;

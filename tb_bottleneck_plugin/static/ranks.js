@@ -16,6 +16,7 @@ import {isNum, fmtPct, fmtUs, fmtUsTick, fmtBytes, fmtCount} from "./format.js";
 import {responsive, stackedBarChart, showTooltip, hideTooltip} from "./charts.js";
 import {renderCards} from "./cards.js";
 import {severityClass} from "./common.js";
+import {rankCollectivesSection} from "./collectives_view.js";
 
 // The bar's five parts (ranks.py BAR_KEYS, row.bar_us): the four-way split of metrics §12 with
 // the DataLoader wait (the report's input-bound time, §3) taken out as its own part, so a rank
@@ -108,7 +109,8 @@ export function renderRanksPanel(view, {selectedWorker = null, onPick = null, lo
       // the highlighted row is the rank the server flagged (not merely the one that waited least)
       sub("Ranks", renderRankTable(rows, {selectedWorker, onPick,
         flaggedWorker: view.flagged && view.recommendation ? view.recommendation.worker : null})),
-      sub("Collectives", renderCollectives(view.collectives || [])));
+      sub("Collectives", renderCollectives(view.collectives || [])),
+      sub("Collective bandwidth against the link", rankCollectivesSection(view)));
     if (loadReports) children.push(renderRankCards(view, rows, loadReports));
   }
   children.push(renderNotAvailable(view));
