@@ -861,8 +861,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--no-distributed", action="store_true",
                         help="skip the distributed pair (2 gloo ranks on CPU: "
                              + " vs ".join(DDP_PAIR) + ")")
+    parser.add_argument("--ground-truth", action="store_true",
+                        help="write only the ground-truth runs (tb_bottleneck_demo/ground_truth.py: "
+                             "with_stack + a known .item() line and slow module, a torch.compile "
+                             "graph-break/recompile pair, gloo all-gather/reduce-scatter on 2 ranks), "
+                             "each with PyTorch's own expected numbers in its trace (demo_truth)")
     args = parser.parse_args(argv)
     try:
+        if args.ground_truth:
+            from tb_bottleneck_demo.ground_truth import generate_ground_truth
+
+            generate_ground_truth(args.outdir, device=args.device or "cpu")
+            return 0
         generate(args.outdir, quick=args.quick, device=args.device, distributed=not args.no_distributed)
     except BottleneckError as exc:
         print(f"tb-bottlenecks demo: error: {exc}", file=sys.stderr)
