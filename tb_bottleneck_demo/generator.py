@@ -16,6 +16,9 @@ problem                fix                   what differs
                                              ``torch.compile`` (fused kernels; CUDA only)
 =====================  ====================  =============================================
 
+Besides the pairs, ``--ground-truth`` writes four small CPU runs whose traces carry
+PyTorch's own expected numbers (:mod:`tb_bottleneck_demo.ground_truth`).
+
 The input pair runs on any machine. Its dataset decodes and augments images with numpy
 in ``__getitem__`` (a RandAugment-style pipeline), and the depth of that pipeline is
 sized to the model's measured step time, so the same story comes out on a 2-core CI box
@@ -842,7 +845,10 @@ def generate(outdir: str, *, quick: bool = False, device: Optional[str] = None,
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``tb-bottlenecks demo OUTDIR [--quick] [--device cpu|cuda]``."""
+    """``tb-bottlenecks demo OUTDIR [--quick] [--device cpu|cuda] [--ground-truth]``.
+
+    ``--ground-truth`` writes only the runs of :mod:`tb_bottleneck_demo.ground_truth`
+    (``python -m tb_bottleneck_demo OUTDIR --ground-truth``)."""
     parser = argparse.ArgumentParser(
         prog="tb-bottlenecks demo",
         description=(

@@ -42,6 +42,8 @@ import time
 import warnings
 from typing import Callable, List, Optional
 
+from tb_bottleneck_plugin.errors import BottleneckError
+
 STACK_RUN = "stack_item_slow_module"
 COMPILE_PAIR = ("compile_graph_break", "compile_static_fixed")
 COLLECTIVES_RUN = "collectives_shard_2rank"
@@ -52,7 +54,7 @@ WORKER_NAME = "worker0"
 WAIT, WARMUP, ACTIVE = 1, 1, 2
 
 # with_stack run: the slow module's construction.
-STACK_DIM, STACK_BATCH, STACK_IN, STACK_CLASSES = 512, 128, 64, 10
+STACK_DIM, STACK_BATCH, STACK_IN, STACK_CLASSES = 512, 512, 64, 10
 SLOW_REPS = 8  # dim x dim matmuls (each followed by tanh) in SlowMixer.forward
 SLOW_MODULE = "SlowMixer"
 
@@ -438,6 +440,10 @@ def generate_ground_truth(outdir: str, *, device: Optional[str] = "cpu") -> List
     from .generator import _import_torch
 
     torch = _import_torch()
+    if device not in (None, "cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', not {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise BottleneckError("device='cuda' was requested but torch.cuda.is_available() is False")
     outdir = os.path.abspath(outdir)
     os.makedirs(outdir, exist_ok=True)
     threads = torch.get_num_threads()
