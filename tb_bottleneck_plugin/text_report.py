@@ -169,7 +169,7 @@ def _flops_lines(rep: dict) -> List[str]:
             else f"{f.get('gflops_per_s') or 0:,.0f} GFLOP/s over the steps (MFU n/a: "
             + str((rep.get("not_available") or {}).get("flops.mfu_pct") or "no peak") + ")")
     split = f.get("bound_split_pct") or {}
-    bound = ", ".join(f"{k}-bound {v:.0f}%" for k, v in split.items() if k != "unknown" and v and v >= 0.5)
+    bound = ", ".join(f"{k}-bound {v:.0f}%" for k, v in split.items() if k != "unknown" and v and round(v))
     return [f"{head}; {f.get('flops_per_step', 0) / 1e12:.3g} TFLOP per step"
             + (f"; kernels {bound} of the step" if bound else "")]
 

@@ -21,9 +21,10 @@ GPU_DEMO_RUNS = ("resnet50_v100_nw0", "resnet50_v100_nw4", "bert_h100_inference"
 # the 2021 V100 traces record [memory] events with Bytes only (no Total Reserved), so
 # allocator slack is n/a there ("strict in what we show": n/a with a reason, never 0).
 NA_CARDS = {("resnet50_v100_nw0", "Fragmentation"), ("resnet50_v100_nw4", "Fragmentation")}
-# cards.js CARDS order; "Communication" is an optional card, left out when its value is 0 (one GPU).
-CARDS = ("Input-bound", "GPU utilization", "Tensor Cores", "Est. achieved occupancy", "Peak memory", "Fragmentation",
-         "Synchronisation", "Short kernels")
+# cards.js CARDS order; "Communication" and "Compilation" are optional cards, left out when their
+# value is n/a or 0 (one GPU; an eager run).
+CARDS = ("Input-bound", "GPU utilization", "Tensor Cores", "MFU", "Est. achieved occupancy", "Peak memory",
+         "Fragmentation", "Synchronisation", "Short kernels")
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +93,8 @@ def test_gpu_demo_runs_show_every_number_and_draw_every_chart(tensorboard, brows
         assert by_label["Input-bound"]["value"] == f"{report['input']['input_bound_pct']:.1f}%"
         assert by_label["GPU utilization"]["value"] == f"{report['gpu']['0']['utilization_pct']:.1f}%"
         assert by_label["Tensor Cores"]["value"] == f"{report['tensor_cores']['tensor_core_pct']:.1f}%"
+        assert by_label["MFU"]["value"] == f"{report['flops']['mfu_pct']:.1f}%"
+        assert by_label["MFU"]["verdict"] == report["verdicts"]["mfu"]["verdict"]
         assert by_label["Peak memory"]["value"] == _fmt_bytes(report["memory"]["cuda:0"]["peak_allocated_bytes"])
         marks = iframe.evaluate(MARKS_JS)
         for title in ("Memory over time", "Step-time breakdown", "Occupancy"):
@@ -175,7 +178,7 @@ def _fmt_verdict_value(v):  # cards.js fmtVerdictValue
     raise AssertionError(f"unit {v['unit']!r} not handled by this test")
 
 
-OPTIONAL_CARDS = {"communication"}  # cards.js `optional`: left out when the value is null or 0
+OPTIONAL_CARDS = {"communication", "compilation"}  # cards.js `optional`: left out when the value is null or 0
 CARD_STATE_JS = """() => [...document.querySelectorAll('.card[data-card]')].map(c => ({
     id: c.getAttribute('data-card'), cls: [...c.classList].filter(k => k.startsWith('sev-')),
     value: c.querySelector('.card-value').textContent,

@@ -19,6 +19,7 @@ from conftest import DEMO_LOGS as DEMO, http_get, wait_route
 
 CPU_RUN, DDP_RUN, GPU_RUN = "input_bound_nw0", "ddp_straggler_2rank", "bert_h100_inference"
 GPU_CARDS = {"gpu_utilization", "tensor_cores", "occupancy", "short_kernels", "sync", "communication"}
+OPTIONAL = {"communication", "compilation"}  # cards.js `optional`: no card when n/a or 0
 CARDS_JS = """(root) => { const el = root ? document.querySelector(root) : document;
   return [...el.querySelectorAll('.cards')].map(row => ({
     cards: [...row.querySelectorAll('.card[data-card]')].map(c => c.getAttribute('data-card')),
@@ -85,7 +86,7 @@ def test_gpu_run_shows_every_card(tensorboard, browser_page):
     w = _open(browser_page, base, GPU_RUN)
     rows = w.page.evaluate(CARDS_JS, None)
     assert len(rows) == 1 and rows[0]["folded"] == [], rows
-    optional_absent = {k for k, v in rep["verdicts"].items() if k == "communication" and v["value"] in (None, 0)}
+    optional_absent = {k for k, v in rep["verdicts"].items() if k in OPTIONAL and v["value"] in (None, 0)}
     assert set(rows[0]["cards"]) == set(rep["verdicts"]) - optional_absent, rows
     assert GPU_CARDS - optional_absent <= set(rows[0]["cards"])
     w.check_clean()
@@ -104,6 +105,10 @@ def test_cards_per_rank_fold_the_gpu_cards_of_each_rank(tensorboard, browser_pag
     assert sorted(labels) == ["rank0", "rank1"] and len(rows) == 2, (labels, rows)
     for worker, row in zip(labels, rows):
         _check_folded_row(row, _report(base, DDP_RUN, worker)["verdicts"], worker)
-    # one line per rank instead of six n/a cards per rank
-    assert page.evaluate("() => document.querySelectorAll('#bn-ranks-cards .card.sev-na').length") == 2  # slack x2
+    # one line per rank instead of six n/a cards per rank: the n/a cards left are those n/a for
+    # another reason (allocator slack: no reserved memory on CPU; MFU: no peak for a CPU)
+    left = sum(1 for worker in labels for k, v in _report(base, DDP_RUN, worker)["verdicts"].items()
+               if v["severity"] == "na" and not v.get("na_cause") and k not in OPTIONAL)
+    assert left == 4
+    assert page.evaluate("() => document.querySelectorAll('#bn-ranks-cards .card.sev-na').length") == left
     w.check_clean()
