@@ -155,8 +155,31 @@ def run_views(logdir, results: Dict[str, dict]) -> List[dict]:
         result = ready[0] if len(ready) == 1 else report.combine_results(ready, run=run.name)
         name = text_report._run_name(run, logdir)  # a run at the root of PATH: the directory's name
         label = name if len(ready) == 1 else f"{name} (summary of {len(ready)} trace files)"
-        views.append(view_of(result, label, f"run{i}"))
+        view = view_of(result, label, f"run{i}")
+        if len(run.workers) > 1 and len(ready) > 1:
+            view.update(ranks_of(run, results))
+        views.append(view)
     return views
+
+
+def ranks_of(run, results: Dict[str, dict]) -> dict:
+    """The Ranks view of a run of several workers (the tab's ranks route body,
+    ranks.rank_view, as `report --json` puts it under the run) and each worker's own
+    report (the panel's "Cards per rank"): {"ranks": ..., "rank_reports": {worker: report}}."""
+    from . import ranks, report
+
+    by_worker = {w.name: [results[s.url] for s in w.spans if s.url in results] for w in run.workers}
+    view = ranks.rank_view(by_worker)
+    missing = sorted((w for w, rs in by_worker.items() if not rs), key=ranks._natural_key)
+    if missing:
+        view["not_available"]["ranks.workers"] = f"no analysed span for worker(s) {', '.join(missing)}"
+    view["run"] = run.name
+    per_worker = {}
+    for w, ready in by_worker.items():
+        if ready:
+            per_worker[w] = (ready[0]["report"] if len(ready) == 1 else
+                             report.combine_results(ready, run=run.name, worker=w, views=False)["report"])
+    return {"ranks": ranks._clean(view), "rank_reports": per_worker}
 
 
 def page_data(kind: str, views: List[dict], *, title: str, compare: Optional[dict] = None,

@@ -186,3 +186,45 @@ def test_a_file_that_cannot_be_written_is_one_line_and_exit_2(tmp_path):
     done = _cli("report", str(DEMO_LOGS / "input_bound_nw0"), "--html", str(tmp_path / "no" / "dir" / "r.html"),
                 ok=(2,))
     assert done.stderr.strip().splitlines()[-1].startswith("tb-bottlenecks: --html")
+
+
+def test_report_html_of_a_run_of_several_workers_shows_the_ranks_view(tmp_path, offline):
+    """The Ranks panel (ranks.js renderRanksPanel, as in the tab) above the run's summary, from
+    the rank view `report --json` puts under the run: the flagged rank, one table row per rank,
+    the heatmap and bars drawn, and "Cards per rank" from the embedded per-worker reports."""
+    run = DEMO_LOGS / "ddp_straggler_2rank"
+    out = tmp_path / "ranks.html"
+    _cli("report", str(run), "--html", str(out))
+    entry = json.loads(_cli("report", str(run), "--json").stdout)["runs"][0]
+    want = entry["ranks"]
+    text = out.read_text(encoding="utf-8")
+    assert len(text.encode()) < 1_000_000
+    view = html_report.read_page_data(text)["views"][0]
+    assert view["ranks"]["ranks"] == want["ranks"] and view["ranks"]["recommendation"] == want["recommendation"]
+    assert set(view["rank_reports"]) == {w["worker"] for w in entry["workers"]}
+    for w in entry["workers"]:
+        assert view["rank_reports"][w["worker"]]["verdicts"] == w["summary"]["verdicts"]
+    assert want["flagged"] and len(want["ranks"]) == 2
+    w = offline()
+    page = w.open(out, ready="#bn-ranks tr.rank-row")
+    page.wait_for_function("() => document.querySelector('#bn-ranks canvas.heatmap') && "
+                           "document.querySelector('#bn-ranks .ranks-bars svg')", timeout=30_000)
+    # above the report's own panels, in the same view
+    assert page.evaluate("() => { const r = document.querySelector('#bn-ranks'), c = document.querySelector('.card[data-card]');"
+                         " return !!(r.compareDocumentPosition(c) & Node.DOCUMENT_POSITION_FOLLOWING); }")
+    rec = want["recommendation"]
+    top = page.locator("#bn-ranks .ranks-rec").first
+    assert rec["title"] in top.inner_text() and f"sev-{rec['severity']}" in top.get_attribute("class")
+    rows = page.evaluate("() => [...document.querySelectorAll('#bn-ranks tr.rank-row')].map(tr => tr.dataset.worker)")
+    assert rows == [r["worker"] for r in want["ranks"]]
+    assert page.evaluate("() => [...document.querySelectorAll('#bn-ranks tr.rank-row.straggler')]"
+                         ".map(tr => tr.dataset.worker)") == [rec["worker"]]
+    page.click("#bn-ranks-cards > summary")
+    page.wait_for_function("() => document.querySelectorAll('#bn-ranks-cards .cards-row').length === 2", timeout=30_000)
+    labels = page.evaluate("() => [...document.querySelectorAll('#bn-ranks-cards .cards-row-label')].map(e => e.textContent)")
+    assert labels[0] == f"{rec['worker']} (flagged)", labels
+    w.check_clean()
+    # a run of one worker has none
+    single = tmp_path / "single.html"
+    _cli("report", str(DEMO_LOGS / "input_bound_nw0"), "--html", str(single))
+    assert "ranks" not in html_report.read_page_data(single.read_text(encoding="utf-8"))["views"][0]

@@ -1,13 +1,15 @@
 // The single-file HTML report (`tb-bottlenecks report PATH --html FILE`, `diff --html`,
 // `check --html`; html_report.py): the dashboard's own views (views.js renderReport, the
 // cards, recommendations, step breakdown, kernel table, memory; operators.js; compare.js
-// compareView) over data embedded in the page, opened from disk with no server and no
-// network. html_report.py inlines this module and the modules it imports into one
-// <script type="module"> and the data as JSON in <script type="application/json" id="bn-data">.
+// compareView; ranks.js renderRanksPanel for a run of several workers) over data embedded
+// in the page, opened from disk with no server and no network. html_report.py inlines this
+// module and the modules it imports into one <script type="module"> and the data as JSON
+// in <script type="application/json" id="bn-data">.
 //
 // The page's data (html_report.page_data):
 //   {kind: "report"|"compare"|"check", title, generated, tool,
-//    views: [{id, label, report, kernels, memory, operators: {op, op_shape}}],
+//    views: [{id, label, report, kernels, memory, operators: {op, op_shape},
+//             ranks?: ranks route body, rank_reports?: {worker: report}}],
 //    compare: compare object | null, check: {ok, lines, summary} | null}
 // The data functions below answer like model.js's selectionData (kind "ok"/"error"), from
 // the embedded data: nothing is fetched.
@@ -18,6 +20,7 @@ import {renderOperators} from "./operators.js";
 import {compareView} from "./compare.js";
 import {renderCards} from "./cards.js";
 import {renderError} from "./states.js";
+import {renderRanksPanel} from "./ranks.js";
 
 const NOT_HERE = "not part of this offline report (open the run in TensorBoard's Bottlenecks tab)";
 
@@ -36,7 +39,7 @@ export function offlineData(view) {
     report: () => ok(view.report),
     kernels: () => (Array.isArray(view.kernels) ? ok({kernels: view.kernels}) : missing("The kernel table")),
     memory: () => (view.memory && typeof view.memory === "object" ? ok(view.memory) : missing("The memory timeline")),
-    ranks: () => missing("The ranks view"),
+    ranks: () => (view.ranks && typeof view.ranks === "object" ? ok(view.ranks) : missing("The ranks view")),
     get: (route, extra = {}) => {
       if (route === "operators") {
         const group = (extra && extra.group) || "op";
@@ -62,6 +65,24 @@ function reportView(container, view) {
     h("header", {class: "panel-head"}, h("h2", {}, "Operators")), body));
   if (view.operators) renderOperators(body, ctx);
   else mount(body, h("p", {class: "note"}, `n/a: ${view.operators_na || "the operator view could not be computed"}`));
+  if (view.ranks && typeof view.ranks === "object") container.insertBefore(ranksSlot(view), container.firstChild);
+}
+
+/** A run of several workers: the tab's Ranks panel (ranks.js) above the report, from the
+ * embedded rank view; "Cards per rank" from the embedded per-worker reports. */
+function ranksSlot(view) {
+  const slot = h("div", {class: "ranks-slot", id: "bn-ranks-slot"});
+  const reports = view.rank_reports && typeof view.rank_reports === "object" ? view.rank_reports : {};
+  const loadReports = (workers) => Promise.resolve(workers.map((w) => (reports[w] && typeof reports[w] === "object"
+    ? {kind: "ok", data: reports[w], status: 200}
+    : {kind: "error", status: 0, message: `the report of ${w}: ${NOT_HERE}`, file: null})));
+  try {
+    mount(slot, renderRanksPanel(view.ranks, {loadReports}));
+  } catch (err) {
+    console.error(err); // eslint-disable-line no-console
+    mount(slot, h("div", {class: "banner banner-warn", role: "status"}, "Could not display the Ranks view: ", String(err)));
+  }
+  return slot;
 }
 
 function compareViewOf(container, cmp, views) {
