@@ -51,6 +51,31 @@ def _path(*keys):
     return get
 
 
+def _eager(rep) -> bool:
+    """The report is of an eager run: its steps hold no compiled region, Inductor kernel or
+    CUDA graph launch (compilation.NA_NO_MARKERS), so its compiled share, graph breaks and
+    recompiles are 0, not unknown."""
+    from .analysis.compilation import NA_NO_MARKERS
+
+    return (not isinstance(rep.get("compilation"), dict)
+            and (rep.get("not_available") or {}).get("compilation") == NA_NO_MARKERS
+            and bool((rep.get("steps") or {}).get("count")))
+
+
+def _compilation(key):
+    """A torch.compile number (§16): the compilation section's, 0 for an eager run (_eager);
+    ``steady_recompiles_per_step`` = steady_recompiles / the section's steps."""
+    def get(rep):
+        sec = rep.get("compilation")
+        if not isinstance(sec, dict):
+            return 0.0 if _eager(rep) else None
+        if key == "steady_recompiles_per_step":
+            n, steady = sec.get("steps"), sec.get("steady_recompiles")
+            return steady / n if steady is not None and n else None
+        return sec.get(key)
+    return get
+
+
 def _throughput(rep, batch_size):
     step = rep.get("avg_step_us")
     if not batch_size or not step:
@@ -88,6 +113,13 @@ HEADLINE: List[tuple] = [
     ("sync_pct", "Synchronisation", "%", LOWER, _path("sync", "sync_pct"), ("steps",)),
     ("launch_pct", "Kernel launch time", "%", LOWER, _path("launch", "launch_pct"), ("steps",)),
     ("kernels_per_step", "Kernels per step", "", None, _path("launch", "kernels_per_step"), ("steps",)),
+    ("compiled_pct", "Compiled share", "%", HIGHER, _compilation("compiled_pct"),
+     ("compilation.compiled_pct", "compilation")),
+    ("graph_breaks_per_step", "Graph breaks per step", "", LOWER, _compilation("breaks_per_step"),
+     ("compilation.breaks_per_step", "compilation")),
+    ("steady_recompiles_per_step", "Steady recompiles per step", "", LOWER,
+     _compilation("steady_recompiles_per_step"), ("compilation.recompiles", "compilation.breaks_per_step",
+                                                  "compilation")),
     ("comm_pct_of_kernel_time", "Communication share", "%", LOWER,
      _path("communication", "comm_pct_of_kernel_time"), ()),
 ]
@@ -378,6 +410,165 @@ def _op_diff(base, cand) -> Tuple[Optional[dict], Optional[str]]:
     return out, None
 
 
+# ---------------------------------------------------------------------------- torch.compile
+
+FAMILY_LABELS = {"triton": "Triton (Inductor)", "gemm": "library GEMM", "attention": "attention",
+                 "other": "other kernels"}
+# ATen ops a pointwise/reduction Triton kernel can name (an input it reads or a view of the
+# output it feeds) but not replace: the GEMM/attention still runs in a library kernel. They
+# count as replaced only by a template kernel (triton_tem_*), which is the GEMM itself.
+LIBRARY_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "convolution",
+                         "convolution_backward", "_scaled_dot_product_flash_attention",
+                         "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention"})
+FUSED_ROWS_MAX = 25
+
+
+def _families(result: dict, steps: int) -> Optional[Dict[str, list]]:
+    """{family: [kernels, µs]} over the result's kernel_names (the §11 kernel diff's rows),
+    each name classified by compilation.kernel_family; None when names were left out."""
+    from .analysis.compilation import kernel_family
+
+    kn = result.get("kernel_names")
+    if not isinstance(kn, dict) or kn.get("left_out") or not steps:
+        return None
+    out = {f: [0.0, 0.0] for f in FAMILY_LABELS}
+    for r in kn.get("rows") or []:
+        if r.get("total_us") is None:
+            return None
+        f = out[kernel_family(r["name"])]
+        f[0] += r.get("calls") or 0
+        f[1] += r["total_us"]
+    return out
+
+
+def _op_gpu(view: Optional[dict]) -> Optional[Dict[str, list]]:
+    """{op name: [calls, device total µs]} summed over the Operator view's rows (§13 gpu_us:
+    every GPU activity launched inside the op or its children); None without a view."""
+    if not isinstance(view, dict):
+        return None
+    rows, names = view.get("rows") or {}, view.get("names") or []
+    name_col = rows.get("name") or []
+    calls = rows.get("calls") or [0] * len(name_col)
+    gpu = rows.get("gpu_us") or [None] * len(name_col)
+    out: Dict[str, list] = {}
+    for n, c, g in zip(name_col, calls, gpu):
+        o = out.setdefault(names[n], [0, 0.0])
+        o[0] += c or 0
+        o[1] = None if g is None or o[1] is None else o[1] + g  # null: no GPU activity known
+    return out
+
+
+def _fused(compiled: dict, eager: dict) -> Tuple[Optional[dict], Optional[str]]:
+    """Which eager ops the compiled side's Triton kernels replaced: each kernel's fused ATen
+    ops (compilation.fused_ops of its name) matched to the eager side's ``aten::<op>`` rows
+    of the Operator view, with their device time per step against the fused kernel's."""
+    from .analysis.compilation import fused_ops, kernel_kind
+
+    sec = compiled["report"].get("compilation") or {}
+    kernels = sec.get("all_kernels") or {}
+    n = sec.get("steps") or 0
+    ops = _op_gpu(eager.get("operator_view"))
+    e_steps = _step_count(eager)
+    if not kernels or not n:
+        return None, "the compiled side ran no Triton (Inductor) kernel in its steps"
+    if ops is None:
+        return None, "the eager side's result carries no operator view (analysed by an older version: re-analyse)"
+    if not e_steps:
+        return None, _NO_STEPS
+    users: Dict[str, List[str]] = {}
+    rows = []
+    for name, (count, us, _graph) in kernels.items():
+        kind = kernel_kind(name)
+        entries = []
+        for op in fused_ops(name):
+            if op == "unknown":
+                continue
+            eager_name = "aten::" + op
+            calls, gpu = ops.get(eager_name, (0, 0.0))
+            counted = op not in LIBRARY_OPS or kind == "template"
+            if counted:
+                users.setdefault(op, []).append(name)
+            entries.append({"op": op, "eager_name": eager_name, "found": eager_name in ops, "counted": counted,
+                            "eager_calls_per_step": calls / e_steps,
+                            "eager_us_per_step": None if gpu is None else gpu / e_steps})
+        counted = [e["eager_us_per_step"] for e in entries if e["counted"]]
+        eager_us = None if any(v is None for v in counted) else sum(counted)
+        rows.append({"name": name, "kind": kind, "ops": entries, "launches_per_step": count / n,
+                     "us_per_step": us / n, "eager_us_per_step": eager_us,
+                     "saved_us_per_step": None if eager_us is None else eager_us - us / n})
+    rows.sort(key=lambda r: (-r["us_per_step"], r["name"]))
+    per_op = []
+    for op, names in users.items():
+        calls, gpu = ops.get("aten::" + op, (0, 0.0))
+        per_op.append({"op": op, "eager_name": "aten::" + op, "found": ("aten::" + op) in ops,
+                       "eager_calls_per_step": calls / e_steps,
+                       "eager_us_per_step": None if gpu is None else gpu / e_steps,
+                       "triton_kernels": len(names),
+                       "triton_us_per_step": sum(kernels[k][1] for k in names) / n})
+    per_op.sort(key=lambda r: (-(r["eager_us_per_step"] or 0.0), r["op"]))
+    op_times = [r["eager_us_per_step"] for r in per_op]
+    return {"compiled_side": None, "triton_kernels": len(rows),
+            "triton_us_per_step": sum(r[1] for r in kernels.values()) / n,
+            "eager_us_per_step": None if any(v is None for v in op_times) else sum(op_times),
+            "rows": rows[:FUSED_ROWS_MAX], "rows_left_out": max(0, len(rows) - FUSED_ROWS_MAX),
+            "ops": per_op[:FUSED_ROWS_MAX], "ops_left_out": max(0, len(per_op) - FUSED_ROWS_MAX)}, None
+
+
+def _compilation_part(base: dict, cand: dict) -> Tuple[Optional[dict], Dict[str, str]]:
+    """The torch.compile part of a comparison (METRICS.md §11, "torch.compile"): kernel
+    launches per step, kernel time per family (Triton / library GEMM / attention / other)
+    and the eager ops the Triton kernels replaced. None when neither side compiled."""
+    b_sec, c_sec = base["report"].get("compilation"), cand["report"].get("compilation")
+    if not isinstance(b_sec, dict) and not isinstance(c_sec, dict):
+        return None, {"compilation": "neither side has torch.compile regions, Inductor kernels or CUDA graph launches"}
+    na: Dict[str, str] = {}
+    bs, cs = _step_count(base), _step_count(cand)
+    launch = {}
+    for side, res, steps in (("base", base, bs), ("cand", cand, cs)):
+        lsec = res["report"].get("launch") or {}
+        launch[f"{side}_kernels_per_step"] = lsec.get("kernels_per_step")
+        lu = lsec.get("launch_us")
+        launch[f"{side}_launch_us_per_step"] = lu / steps if lu is not None and steps else None
+    b_k, c_k = launch["base_kernels_per_step"], launch["cand_kernels_per_step"]
+    launch["delta_kernels_per_step"] = c_k - b_k if b_k is not None and c_k is not None else None
+    launch["rel_pct"] = 100.0 * launch["delta_kernels_per_step"] / b_k \
+        if launch["delta_kernels_per_step"] is not None and b_k else None
+    fb, fc = _families(base, bs), _families(cand, cs)
+    families = None
+    if fb is None or fc is None:
+        na["compilation.families"] = "a side has no included step or left kernel names out"
+    else:
+        b_tot, c_tot = sum(v[1] for v in fb.values()), sum(v[1] for v in fc.values())
+        band = noise_band("us", b_tot / bs)  # held to a share of the baseline's kernel time
+        families = []
+        for fam, label in FAMILY_LABELS.items():
+            b_us, c_us = fb[fam][1] / bs, fc[fam][1] / cs
+            families.append({"family": fam, "label": label,
+                             "base_us_per_step": b_us, "cand_us_per_step": c_us, "delta_us_per_step": c_us - b_us,
+                             "base_kernels_per_step": fb[fam][0] / bs, "cand_kernels_per_step": fc[fam][0] / cs,
+                             "base_pct": 100.0 * fb[fam][1] / b_tot if b_tot else None,
+                             "cand_pct": 100.0 * fc[fam][1] / c_tot if c_tot else None,
+                             "verdict": _verdict(LOWER, c_us - b_us, band)})
+    b_tr = bool(isinstance(b_sec, dict) and b_sec.get("triton_kernels"))
+    c_tr = bool(isinstance(c_sec, dict) and c_sec.get("triton_kernels"))
+    fused, why = None, None
+    if c_tr and not b_tr:
+        fused, why = _fused(cand, base)
+        side = "cand"
+    elif b_tr and not c_tr:
+        fused, why = _fused(base, cand)
+        side = "base"
+    else:
+        why = ("both sides ran Triton kernels: no eager side to map them to" if b_tr and c_tr
+               else "neither side ran a Triton (Inductor) kernel")
+    if fused is not None:
+        fused["compiled_side"] = side
+    if why:
+        na["compilation.fused"] = why
+    return {"base_compiled": isinstance(b_sec, dict), "cand_compiled": isinstance(c_sec, dict),
+            "launch": launch, "families": families, "fused": fused}, na
+
+
 # ---------------------------------------------------------------------------- recommendations
 
 
@@ -471,11 +662,13 @@ def compare(base_result: dict, cand_result: dict, *, base_batch_size: Optional[f
     ops, why = _op_diff(base_result, cand_result)
     if why:
         not_available["ops"] = why
+    compilation, why = _compilation_part(base_result, cand_result)
+    not_available.update(why)
     differences = setup_differences(base_rep, cand_rep)
     return {"schema_version": COMPARE_SCHEMA_VERSION, "kind": "compare",
             "base": _side(base_result, base_label), "cand": _side(cand_result, cand_label),
             "setup_differences": differences, "setup_warning": setup_warning(differences),
-            "metrics": metrics, "step_time": step_time, "kernels": kernels, "ops": ops,
+            "metrics": metrics, "step_time": step_time, "kernels": kernels, "ops": ops, "compilation": compilation,
             "recommendations": _recommendation_diff(base_rep, cand_rep), "not_available": not_available}
 
 
@@ -563,6 +756,39 @@ def _side_line(side: dict) -> str:
     return f"{side.get('label') or side.get('run')} ({what})"
 
 
+def _compilation_text(part: Optional[dict], section, top: int) -> None:
+    """diff's torch.compile lines: launches, kernel time by family, the replaced eager ops."""
+    if not part:
+        return
+    la = part["launch"]
+    body = []
+    if la["base_kernels_per_step"] is not None and la["cand_kernels_per_step"] is not None:
+        rel = f", {la['rel_pct']:+.1f}%" if la["rel_pct"] is not None else ""
+        body.append(f"  kernels per step {la['base_kernels_per_step']:.0f} -> {la['cand_kernels_per_step']:.0f}"
+                    f" ({la['delta_kernels_per_step']:+.0f}{rel})")
+    for r in part.get("families") or []:
+        if not r["base_us_per_step"] and not r["cand_us_per_step"]:
+            continue
+        body.append(f"  {r['label']:<18} {_fmt(r['base_us_per_step'], 'us'):>10} -> {_fmt(r['cand_us_per_step'], 'us'):>10}"
+                    f"  {_fmt_delta(r['delta_us_per_step'], 'us'):>10}  kernels/step "
+                    f"{r['base_kernels_per_step']:.0f} -> {r['cand_kernels_per_step']:.0f}")
+    section("torch.compile: kernel launches and kernel time per step by family:", body)
+    fu = part.get("fused")
+    if not fu:
+        return
+    eager_side = "baseline" if fu["compiled_side"] == "cand" else "candidate"
+    eager_total = _fmt(fu["eager_us_per_step"], "us")
+    section(f"Triton kernels ({fu['triton_kernels']}, {_fmt(fu['triton_us_per_step'], 'us')} per step) fuse ATen ops "
+            f"that hold {eager_total} of kernel time per step in the {eager_side}; those ops:",
+            [f"  {'aten::' + r['op']:<36} {_fmt(r['eager_us_per_step'], 'us'):>10} ({r['eager_calls_per_step']:.0f}/step)"
+             f"  in {r['triton_kernels']} Triton kernel{'' if r['triton_kernels'] == 1 else 's'}"
+             f" ({_fmt(r['triton_us_per_step'], 'us')})" for r in fu["ops"][:top] if r["eager_us_per_step"]])
+    section(f"largest Triton kernels per step, against the {eager_side} kernel time of their ops "
+            "(an op fused into several kernels counts in each):",
+            [f"  {_fmt(r['us_per_step'], 'us'):>10} <- {_fmt(r['eager_us_per_step'], 'us'):>10}  {r['name'][:100]}"
+             for r in fu["rows"][:top]])
+
+
 def format_text(cmp: dict, top: int = 10) -> str:
     """The comparison for a terminal: the setup warning, headline deltas, the step-time
     waterfall, the largest kernel and operator changes, recommendations resolved and new.
@@ -614,6 +840,7 @@ def format_text(cmp: dict, top: int = 10) -> str:
                 for r in table["rows"][:top] if r["status"] != "same"]
         section(f"{title}: {table['new']} new, {table['vanished']} vanished, {table['changed']} changed; "
                 "largest changes per step:", body)
+    _compilation_text(cmp.get("compilation"), section, top)
     section("recommendations", [f"  {r['status']:<9} [{r['base_severity'] or '-'} -> {r['cand_severity'] or '-'}] "
                                 f"{r['title']}" for r in cmp.get("recommendations") or []])
     by_reason: Dict[str, List[str]] = {}

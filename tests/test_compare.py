@@ -587,6 +587,8 @@ def test_resnet50_run_pair_verdicts_by_hand():
         "sync_pct": "unchanged",  # 0.05 -> 0.05 %
         "launch_pct": "worse",  # 8.5 % -> 11.8 %: the runtime grew with 4 workers
         "kernels_per_step": "unchanged",  # 1462 -> 1478: +1.1 %, no direction
+        "compiled_pct": "unchanged", "graph_breaks_per_step": "unchanged",  # eager runs: 0 -> 0
+        "steady_recompiles_per_step": "unchanged",
         "comm_pct_of_kernel_time": "unchanged",  # no communication
         "throughput_samples_per_s": "n/a", "peak_gpu_reserved_bytes": "n/a", "allocator_slack_pct": "n/a",
     }
@@ -618,3 +620,104 @@ def test_resnet50_run_pair_verdicts_by_hand():
                 else:
                     assert verdict == "changed", (r["name"], field)
 
+
+
+# ---------------------------------------------------------------------------- torch.compile
+
+GPT2_EAGER = TRACES / "h100/gpt2_bf16_eager"
+GPT2_COMPILED = TRACES / "h100/gpt2_bf16_compiled"
+
+
+@pytest.mark.skipif(not GPT2_EAGER.exists(), reason="../shared/traces/h100 is not available")
+def test_gpt2_eager_to_compiled_explains_the_speedup():
+    """The compare's torch.compile part on the shared GPT-2 pair (METRICS.md §11 "torch.compile"),
+    every number recomputed here from the two results' own tables: launch section, kernel
+    names (classified with compilation's regexes, independently of compare's loop), the
+    compiled side's compilation section and the eager side's Operator view rows."""
+    import re
+
+    from tb_bottleneck_plugin.analysis import compilation
+
+    base, cand = result_of(GPT2_EAGER), result_of(GPT2_COMPILED)
+    cmp = compare.compare(base, cand)
+    bs, cs = base["report"]["steps"]["count"], cand["report"]["steps"]["count"]
+    sec = cand["report"]["compilation"]
+    # headline rows: an eager run is 0 compiled / 0 breaks, not n/a
+    assert metric(cmp, "compiled_pct")["base"] == 0.0
+    assert metric(cmp, "compiled_pct")["cand"] == pytest.approx(sec["compiled_pct"]) and sec["compiled_pct"] > 50
+    assert metric(cmp, "compiled_pct")["verdict"] == "better"
+    assert metric(cmp, "graph_breaks_per_step")["cand"] == sec["breaks_per_step"] == 2.0
+    assert metric(cmp, "graph_breaks_per_step")["verdict"] == "worse"  # 0 -> 2 breaks, lower is better
+    assert metric(cmp, "steady_recompiles_per_step")["cand"] == 0.0
+    part = cmp["compilation"]
+    assert part["base_compiled"] is False and part["cand_compiled"] is True
+    # launches per step from each report's launch section
+    la = part["launch"]
+    assert la["base_kernels_per_step"] == base["report"]["launch"]["kernels_per_step"] == 581
+    assert la["cand_kernels_per_step"] == cand["report"]["launch"]["kernels_per_step"] == 344
+    assert la["delta_kernels_per_step"] == -237
+    assert la["cand_launch_us_per_step"] == pytest.approx(cand["report"]["launch"]["launch_us"] / cs)
+
+    # kernel time per family: the kernel_names rows classified here
+    def fam(name):
+        if re.search(r"^triton_|triton_(poi|red|per|tem)_", name):
+            return "triton"
+        if compilation.ATTENTION_RE.search(name):
+            return "attention"
+        return "gemm" if compilation.GEMM_RE.search(name) else "other"
+
+    def per_family(res, steps):
+        out = {"triton": 0.0, "gemm": 0.0, "attention": 0.0, "other": 0.0}
+        for r in res["kernel_names"]["rows"]:
+            out[fam(r["name"])] += r["total_us"] / steps
+        return out
+
+    want_b, want_c = per_family(base, bs), per_family(cand, cs)
+    fams = {r["family"]: r for r in part["families"]}
+    for f in want_b:
+        assert fams[f]["base_us_per_step"] == pytest.approx(want_b[f], rel=1e-9)
+        assert fams[f]["cand_us_per_step"] == pytest.approx(want_c[f], rel=1e-9)
+    # the compiled side agrees with its own compilation section (launch-attributed times)
+    for f in ("triton", "gemm", "attention"):
+        assert fams[f]["cand_us_per_step"] == pytest.approx(sec[f + "_us"] / sec["steps"], rel=1e-4)
+    assert fams["triton"]["base_us_per_step"] == 0 and fams["triton"]["cand_kernels_per_step"] > 100
+    # the story of the 2.4x: eager elementwise kernels ("other") collapse into far fewer Triton µs
+    assert fams["other"]["delta_us_per_step"] + fams["triton"]["delta_us_per_step"] < -15000
+    assert fams["other"]["cand_kernels_per_step"] < fams["other"]["base_kernels_per_step"] / 5
+
+    # the replaced eager ops: the eager Operator view's device total per aten::<op>, by hand
+    view = base["operator_view"]
+    names, rows = view["names"], view["rows"]
+
+    def eager_us(op):
+        return sum(g for n, g in zip(rows["name"], rows["gpu_us"]) if names[n] == "aten::" + op) / bs
+
+    fu = part["fused"]
+    assert fu["compiled_side"] == "cand" and fu["triton_kernels"] == len(sec["all_kernels"])
+    assert fu["triton_us_per_step"] == pytest.approx(sec["triton_us"] / sec["steps"], rel=1e-9)
+    top = fu["rows"][0]
+    count, us, _ = max(sec["all_kernels"].values(), key=lambda v: v[1])
+    assert top["us_per_step"] == pytest.approx(us / sec["steps"]) and top["name"].startswith("triton_red_fused__log_softmax")
+    ops = compilation.fused_ops(top["name"])
+    assert [e["op"] for e in top["ops"]] == ops
+    assert top["eager_us_per_step"] == pytest.approx(sum(eager_us(o) for o in ops), rel=1e-9)
+    assert top["eager_us_per_step"] > 5 * top["us_per_step"]
+    by_op = {r["op"]: r for r in fu["ops"]}
+    assert by_op["_to_copy"]["eager_us_per_step"] == pytest.approx(eager_us("_to_copy"))
+    assert by_op["_to_copy"]["triton_kernels"] == sum(1 for k in sec["all_kernels"] if "_to_copy" in compilation.fused_ops(k))
+    # a pointwise kernel that names mm does not claim the eager GEMMs
+    mm_row = next(r for r in fu["rows"] if r["name"] == "triton_poi_fused_mm_view_1")
+    assert [e["counted"] for e in mm_row["ops"] if e["op"] == "mm"] == [False] and mm_row["eager_us_per_step"] == 0
+    assert "mm" not in by_op
+    text = compare.format_text(cmp)
+    assert "kernels per step 581 -> 344" in text and "aten::_to_copy" in text and "Triton (Inductor)" in text
+    # reversed (compiled -> eager): the same mapping, from the baseline's kernels
+    rev = compare.compare(cand, base)["compilation"]
+    assert rev["fused"]["compiled_side"] == "base"
+    assert rev["fused"]["eager_us_per_step"] == pytest.approx(fu["eager_us_per_step"])
+
+
+def test_two_eager_runs_have_no_compilation_part(tmp_path):
+    base, cand = hand_pair(tmp_path)
+    cmp = compare.compare(result_of(base), result_of(cand))
+    assert cmp["compilation"] is None and "compilation" in cmp["not_available"]

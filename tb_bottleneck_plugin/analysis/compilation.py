@@ -122,6 +122,20 @@ def kernel_kind(name: str) -> str:
     return KINDS.get(m.group(1), "triton") if m and m.group(1) else "triton"
 
 
+def kernel_family(name: str) -> str:
+    """The kernel family of one kernel name: ``triton`` (Inductor, §9 Context's test), else
+    ``attention`` (flash/SDPA/FMHA: cuDNN SDPA kernels carry "wgmma"), else ``gemm``
+    (library GEMMs), else ``other``. The section's triton/gemm/attention times use it, and
+    so does the run comparison's kernel-family table (compare.py) for eager runs too."""
+    if TRITON_RE.search(name) is not None:
+        return "triton"
+    if ATTENTION_RE.search(name) is not None:
+        return "attention"
+    if GEMM_RE.search(name) is not None:
+        return "gemm"
+    return "other"
+
+
 def region_ids(name: str):
     """(frame, compile) of a ``Torch-Compiled Region: f/c`` name; (None, None) without ids;
     None when the name is not a region."""
@@ -276,9 +290,8 @@ def compilation(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = Non
     k_compiled = linked & (rt_compiled[gr] if len(rt) else False)
     k_graph = linked & (is_graph_call[gr] if len(rt) else False)
     names = g.name
-    gemm_name_ids = _ids(trace, lambda s: GEMM_RE.search(s) is not None and ATTENTION_RE.search(s) is None
-                         and TRITON_RE.search(s) is None)
-    attn_name_ids = _ids(trace, lambda s: ATTENTION_RE.search(s) is not None and TRITON_RE.search(s) is None)
+    gemm_name_ids = _ids(trace, lambda s: kernel_family(s) == "gemm")
+    attn_name_ids = _ids(trace, lambda s: kernel_family(s) == "attention")
     is_gemm = is_kernel & np.isin(names, gemm_name_ids) if len(gemm_name_ids) else np.zeros(len(g), bool)
     is_attn = is_kernel & np.isin(names, attn_name_ids) if len(attn_name_ids) else np.zeros(len(g), bool)
     in_steps = is_kernel & (k_step >= 0)
