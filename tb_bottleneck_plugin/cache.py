@@ -3,8 +3,8 @@
 Separate from the scheduler (`scheduler.py`: which span is analysed next, and how many
 at once) and from the view-model (`service.Analyzer`: what the tab is shown). The
 service keys an entry by the span's URL, its fingerprint (size + mtime, or the GCS
-generation) and `current_version` (``service.ANALYSIS_VERSION`` and a digest of the
-package's source); the CLI does not use the cache.
+generation) and `current_version` (``service.ANALYSIS_VERSION``, a digest of the
+package's source and the user-given peak/link settings); the CLI does not use the cache.
 """
 from __future__ import annotations
 
@@ -77,12 +77,30 @@ def code_digest() -> str:
     return _code_digest
 
 
+# Environment variables the analysis reads (analysis/peaks.py ENV_PEAK, collectives.py
+# ENV_LINK): a report made with another user-given peak or link holds other MFU, roofline
+# and bandwidth numbers, so their values are part of a cache entry's version.
+SETTINGS_ENV = ("BOTTLENECKS_PEAK_TFLOPS", "BOTTLENECKS_LINK_GBPS")
+
+
+def analysis_settings() -> str:
+    """The analysis settings given through the environment, as part of the version:
+    ``""`` when none is set (entries written without them stay valid), else
+    ``"+env:"`` and a digest of the names and values."""
+    given = [(k, os.environ.get(k, "").strip()) for k in SETTINGS_ENV]
+    given = [(k, v) for k, v in given if v]
+    if not given:
+        return ""
+    return "+env:" + hashlib.sha1(repr(given).encode()).hexdigest()[:12]
+
+
 def current_version() -> str:
     """The version a cache entry must carry to be used: ``service.ANALYSIS_VERSION`` (the
-    report layout) and the code digest."""
+    report layout), the code digest and the settings from the environment
+    (`analysis_settings`: a changed ``--bottlenecks_peak_tflops`` analyses again)."""
     from . import service  # the one place the analysis version is defined
 
-    return f"{service.ANALYSIS_VERSION}+{code_digest()}"
+    return f"{service.ANALYSIS_VERSION}+{code_digest()}{analysis_settings()}"
 
 
 def valid_result(value) -> bool:

@@ -7,6 +7,7 @@
                                           the machine; each reserves ~0.8x its JSON size)
         [--dask tcp://host:8786]          analyse the spans on an existing Dask cluster
         [--html FILE]                     also write a self-contained HTML report (html_report.py)
+        [--peak-tflops PEAK]              the GPU's peak for MFU (989, or bf16=989,hbm=3350)
     tb-bottlenecks demo OUTDIR [--quick]  write demo runs made with real PyTorch training
     tb-bottlenecks diff BASE CAND [--json]  compare two runs; `check PATH --max M=V ...` is a
                                           CI gate (gate.py: exit 1 on a violated bound)
@@ -21,6 +22,7 @@ the rest of the output is dropped quietly, as a tool killed by SIGPIPE; every co
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import logging
@@ -137,11 +139,47 @@ def _main(argv: Optional[List[str]] = None) -> int:
     rep.add_argument("--html", default=None, metavar="FILE",
                      help="also write a single-file HTML report (cards, recommendations, step breakdown, "
                      "kernels, operators) that opens offline from disk")
+    add_peak_argument(rep)
     demo = sub.add_parser("demo", help="generate demo runs with real PyTorch training (needs torch)")
     demo.add_argument("outdir")
     demo.add_argument("--quick", action="store_true", help="smaller, faster runs (for tests)")
     gate.add_subcommands(sub)  # diff, check (gate.py)
     args = parser.parse_args(argv)
+    peak = getattr(args, "peak_tflops", None)
+    if peak is not None:
+        from .analysis import peaks
+
+        if peaks.user_peaks(peak) is None:
+            return _fail(f"--peak-tflops: expected TFLOP/s (989) or precision=value pairs "
+                         f"(bf16=989,fp32=67,hbm=3350; hbm in GB/s), got {peak!r}")
+        with _environ(peaks.ENV_PEAK, peak):  # the analysis children inherit it
+            return _run(args)
+    return _run(args)
+
+
+def add_peak_argument(parser) -> None:
+    """``--peak-tflops`` of report, diff and check: BOTTLENECKS_PEAK_TFLOPS for the analysis."""
+    parser.add_argument("--peak-tflops", default=None, metavar="PEAK",
+                        help="the GPU's dense peak for MFU and the roofline, replacing the built-in table: "
+                        "TFLOP/s for every precision (989) or per precision, hbm in GB/s "
+                        "(bf16=989,fp32=67,hbm=3350); sets $BOTTLENECKS_PEAK_TFLOPS for the analysis")
+
+
+@contextlib.contextmanager
+def _environ(name: str, value: str):
+    """``os.environ[name] = value`` for the block, then as it was."""
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved
+
+
+def _run(args) -> int:
     if args.command in ("diff", "check"):
         return gate.run(args)
     if args.command == "demo":

@@ -96,6 +96,11 @@ HEADLINE: List[tuple] = [
      ("tensor_cores.tensor_core_pct", "tensor_cores")),
     ("tc_eligible_not_using_pct", "TC-eligible, not using", "%", LOWER,
      _path("tensor_cores", "eligible_not_using_pct"), ("tensor_cores.eligible_not_using_pct", "tensor_cores")),
+    ("mfu_pct", "MFU", "%", HIGHER, _path("flops", "mfu_pct"), ("flops.mfu_pct", "flops.flops", "flops")),
+    ("tflops", "TFLOP/s over the step time", "TFLOP/s", HIGHER, _path("flops", "tflops"),
+     ("flops.flops", "flops")),
+    ("achieved_tflops", "TFLOP/s in FLOP kernels", "TFLOP/s", HIGHER, _path("flops", "achieved_tflops"),
+     ("flops.flops", "flops")),
     ("est_achieved_occupancy_pct", "Est. achieved occupancy", "%", HIGHER,
      _path("occupancy", "est_achieved_occupancy_pct"), ("occupancy.est_achieved_occupancy_pct",)),
     ("grid_too_small_pct", "Grid too small", "%", LOWER, _path("occupancy", "grid_too_small_pct"),
@@ -739,6 +744,8 @@ def _fmt(value, unit) -> str:
         return f"{value:.2f}%"
     if unit == "samples/s":
         return f"{value:.1f}/s"
+    if unit == "TFLOP/s":
+        return f"{value:.3g} TFLOP/s"
     return f"{value:.1f}"
 
 

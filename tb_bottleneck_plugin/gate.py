@@ -3,7 +3,7 @@ CI gate over it (METRICS.md §11, README "Compare runs and gate CI").
 
     tb-bottlenecks diff BASE CAND [--json]
     tb-bottlenecks check PATH --max input_bound_pct=5 --min tensor_core_pct=40 \\
-        [--baseline BASE --max-regression avg_step_us=5%]
+        [--baseline BASE --max-regression avg_step_us=5%] [--peak-tflops 989]
 
 PATH, BASE, CAND: a trace file or a run directory (local or URL). Exit codes of
 `check`: 0 every bound holds; 1 some bound is violated (one line each on stdout; a
@@ -84,6 +84,7 @@ def add_subcommands(sub) -> None:
                       help="samples per step, for throughput (N for both, or N,M for baseline,candidate)")
     diff.add_argument("--top", type=int, default=10, help="kernel/operator rows to print (default 10)")
     diff.add_argument("--html", metavar="FILE", help="also write a single-file HTML report of the comparison")
+    _add_peak(diff)
     check = sub.add_parser(
         "check", help="CI gate: exit 1 when a metric violates a bound, 2 on unreadable input",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -102,6 +103,13 @@ def add_subcommands(sub) -> None:
     check.add_argument("--batch-size", metavar="N[,M]", help="samples per step, for throughput_samples_per_s")
     check.add_argument("--html", metavar="FILE", help="also write a single-file HTML report (the gate's verdict and "
                        "the candidate's report), whether the gate passes or fails")
+    _add_peak(check)
+
+
+def _add_peak(parser) -> None:
+    from .cli import add_peak_argument  # cli imports this module: the one flag, defined there
+
+    add_peak_argument(parser)
 
 
 def run(args) -> int:

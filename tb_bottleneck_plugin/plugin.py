@@ -21,6 +21,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import os
 import posixpath
 import re
 import threading
@@ -33,6 +34,7 @@ from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
 from .scheduler import parse_bytes
+from .analysis import peaks
 from .cache import cache_max_bytes
 from .service import Analyzer, default_cache_dir
 
@@ -111,6 +113,11 @@ class BottlenecksPlugin(base_plugin.TBPlugin):
         memory = memory if isinstance(memory, str) and memory else None
         dask_address = getattr(flags, "bottlenecks_dask_scheduler", None) if flags else None
         dask_address = dask_address if isinstance(dask_address, str) and dask_address else None
+        peak = getattr(flags, "bottlenecks_peak_tflops", None) if flags else None
+        if isinstance(peak, str) and peak.strip():
+            # Before the Analyzer: its disk cache keys entries by this setting too
+            # (cache.analysis_settings), and the analysis processes inherit it.
+            os.environ[peaks.ENV_PEAK] = peak.strip()
         cache_mb = getattr(flags, "bottlenecks_cache_max_mb", None) if flags else None
         cache_mb = cache_mb if isinstance(cache_mb, (int, float)) and not isinstance(cache_mb, bool) \
             and 0 < cache_mb < float("inf") else None  # fix_flags refuses others

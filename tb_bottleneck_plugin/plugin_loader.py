@@ -67,6 +67,15 @@ class BottlenecksLoader(base_plugin.TBLoader):
             "dask[distributed]). Workers read the traces themselves. If it cannot be reached, "
             "spans are analysed locally and the runs listing says so.",
         )
+        group.add_argument(
+            "--bottlenecks_peak_tflops",
+            metavar="PEAK",
+            default=None,
+            help="The GPU's dense peak for MFU and the roofline when the built-in table does not "
+            "know it (or to override it): TFLOP/s for every precision (989) or per precision, hbm "
+            "in GB/s (bf16=989,fp32=67,hbm=3350). Sets $BOTTLENECKS_PEAK_TFLOPS for the analysis; "
+            "cached reports made with another peak are analysed again.",
+        )
 
     def fix_flags(self, flags):
         seconds = getattr(flags, "bottlenecks_rescan_seconds", 30.0)
@@ -86,6 +95,15 @@ class BottlenecksLoader(base_plugin.TBLoader):
                 parse_bytes(memory)
             except ValueError as exc:
                 raise base_plugin.FlagsError(f"--bottlenecks_analysis_memory: {exc}")
+
+        peak = getattr(flags, "bottlenecks_peak_tflops", None)
+        if peak:
+            from .analysis.peaks import user_peaks  # stdlib only
+
+            if user_peaks(peak) is None:
+                raise base_plugin.FlagsError(
+                    f"--bottlenecks_peak_tflops: expected TFLOP/s (989) or precision=value pairs "
+                    f"(bf16=989,fp32=67,hbm=3350), got {peak!r}")
 
     def load(self, context):
         from .plugin import BottlenecksPlugin  # heavy imports happen here, not at start-up

@@ -223,13 +223,14 @@ async function loadCompare(body, sel, signal, retry) {
 
 // ------------------------------------------------------------ formatting
 
-/** A metric value by the unit the server gives ("us", "%", "bytes", "samples/s", ""). */
+/** A metric value by the unit the server gives ("us", "%", "bytes", "samples/s", "TFLOP/s", ""). */
 export function fmtValue(v, unit) {
   if (!isNum(v)) return "n/a";
   if (unit === "us") return fmtUs(v);
   if (unit === "%") return fmtPct(v, 1);
   if (unit === "bytes") return fmtBytes(v);
   if (unit === "samples/s") return `${fmtNum(v, 1)}/s`;
+  if (unit === "TFLOP/s") return `${fmtNum(v, Math.abs(v) >= 10 ? 1 : 3)} TFLOP/s`;
   return fmtNum(v, 2);
 }
 
