@@ -39,7 +39,8 @@ setup(
         # "test": a TensorBoard in the same environment keeps only our tab. CI installs both.
         "oracle": ["torch-tb-profiler==0.4.3"],
         # the Python API's DataFrames in notebooks (tb_bottleneck_plugin.api: Report.steps_df() ...)
-        "notebook": ["pandas>=1.3"],
+        # and what runs examples/bottlenecks.ipynb outside a Jupyter install (nbclient, ipykernel)
+        "notebook": ["pandas>=1.3", "nbclient>=0.7", "ipykernel>=6", "nbformat>=5.7"],
         # the test suite: GCS emulator, browser driver
         "test": [
             "pytest>=7",
@@ -50,6 +51,10 @@ setup(
             "jsonschema>=4.18",  # tests/test_route_schema.py: docs/route-schema.json (draft 2020-12)
             "dask[distributed]",  # tests/test_dask.py: a real distributed.LocalCluster
             "pandas>=1.3",  # tests/test_api.py: the API's DataFrames
+            # tests/test_notebook.py: examples/bottlenecks.ipynb run by a real Jupyter kernel
+            "nbclient>=0.7",
+            "ipykernel>=6",
+            "nbformat>=5.7",
         ],
     },
     entry_points={
