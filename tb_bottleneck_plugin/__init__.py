@@ -14,7 +14,7 @@ Data flows one way (docs/ARCHITECTURE.md has the map):
                    tiny entry point TensorBoard imports)
     cli.py         `tb-bottlenecks report|diff|check|demo` (text: text_report.py; the demo
                    generator is the separate tb_bottleneck_demo package)
-    api.py         the Python API: analyze(), compare() (here: compare_runs), Report with DataFrames (pandas, lazily)
+    api.py         the Python API: analyze(), api.compare() (here: compare_runs), Report, DataFrames (pandas, lazily)
     html_report.py the single-file HTML report (`--html FILE`): static/ inlined, data embedded
 
 Keep this module import-free: TensorBoard imports the package on start-up; the API below is
@@ -24,8 +24,9 @@ imported only when one of its names is first used (`tb_bottleneck_plugin.analyze
 __version__ = "0.1.0"
 
 # The Python API (api.py), imported on first use only: TensorBoard imports this package at
-# start-up, so it must not pull in the analysis code. `compare_runs` is api.compare (the
-# package's own `compare` is the compare.py module).
+# start-up, so it must not pull in the analysis code. `compare_runs` is api.compare, whose
+# documented spelling is `from tb_bottleneck_plugin.api import compare` (the package's own
+# `compare` is the compare.py module, so the package-level name is the alias).
 _API = {"analyze": "analyze", "compare_runs": "compare", "Report": "Report", "Comparison": "Comparison"}
 
 

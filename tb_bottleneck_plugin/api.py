@@ -2,6 +2,7 @@
 `tb-bottlenecks`, as Python objects and pandas DataFrames.
 
     import tb_bottleneck_plugin as tbb
+    from tb_bottleneck_plugin.api import compare
 
     rep = tbb.analyze("runs/my_experiment")     # a trace file, a run directory or a logdir (or gs://...)
     rep                                         # in Jupyter: the headline cards and recommendations
@@ -10,8 +11,11 @@
     rep.steps_df(); rep.kernels_df(); rep.operators_df(); rep.memory_df(); rep.ranks_df()
     rep.to_dict()                               # exactly what `tb-bottlenecks report PATH --json` prints
     rep.write_html("report.html")               # the single-file HTML report (`report --html`)
-    tbb.compare_runs("runs/baseline", "runs/num_workers_4").metrics_df()  # `tb-bottlenecks diff`
-                                                # (api.compare; the package's `compare` is compare.py)
+    compare("runs/baseline", "runs/num_workers_4").metrics_df()  # `tb-bottlenecks diff`
+    # at package level the same function is tbb.compare_runs: the package's own
+    # `tb_bottleneck_plugin.compare` is the compare.py module
+
+examples/bottlenecks.ipynb walks through demo_logs/ with it (tests/test_notebook.py runs it).
 
 One code path: `analyze` is `cli.collect` (discovery, `report.analyze_span` per span in child
 processes or on Dask, as the CLI) and `to_dict` is `cli.json_report`; summaries are
@@ -367,7 +371,11 @@ def _report_html(run: str, rep: Optional[dict]) -> str:
 def compare(base, cand, *, base_batch_size: Optional[float] = None, cand_batch_size: Optional[float] = None,
             batch_size: Optional[float] = None) -> "Comparison":
     """The comparison of ``tb-bottlenecks diff BASE CAND`` (compare.compare, METRICS.md §11):
-    BASE and CAND are trace files or run directories (paths or URLs), or Reports of one run."""
+    BASE and CAND are trace files or run directories (paths or URLs), or Reports of one run.
+
+    Spelled ``from tb_bottleneck_plugin.api import compare``; at package level it is
+    ``tb_bottleneck_plugin.compare_runs`` (the same function), because
+    ``tb_bottleneck_plugin.compare`` is the compare.py module."""
     from . import compare as cmp_mod
     from . import gate
 

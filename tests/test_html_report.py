@@ -95,7 +95,14 @@ def test_report_html_opens_offline_with_the_json_reports_cards(tmp_path, offline
     rep = json.loads(_cli("report", str(next(run.glob("*.gz"))), "--json").stdout)
     text = out.read_text(encoding="utf-8")
     size = len(text.encode())
-    assert size < 1_000_000, size  # 0.6 MB: 0.45 MB data, 0.16 MB code, 0.02 MB CSS
+    assert size < 1_000_000, size  # 0.64 MB: 0.45 MB data, 0.17 MB code, 0.02 MB CSS
+    # the size README's "Share a report" states, and its GitHub Actions example keeps a failed gate's page
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    stated = re.search(r"For `demo_logs/resnet50_v100_nw0` it is ([\d.]+) MB", readme)
+    assert stated and abs(float(stated.group(1)) * 1e6 - size) < 50_000, (stated and stated.group(0), size)
+    share = readme.split("## Share a report", 1)[1].split("\n## ", 1)[0]
+    for words in ("--html report.html", "if: failure()", "uses: actions/upload-artifact@v4", "path: report.html"):
+        assert words in share, words
     # one file: no element that loads anything (the modules' own text aside, whose only URL is the
     # SVG namespace name), and the CSP forbids any fetch
     markup = _markup(text)
