@@ -55,10 +55,9 @@ def cpu_no_steps() -> TraceBuilder:
     return b
 
 
-# Units of other work known to fail on a GPU-only export (same class of bug as sync's:
-# analysis/source.py source_view indexes an empty table with np.maximum(g_node, 0)). Every
-# other section must answer; these make the test xfail (visible) until they are fixed.
-KNOWN_ELSEWHERE = ("source_attribution",)
+# Sections known to fail on a GPU-only export, made visible as xfail until fixed; none now
+# (source_attribution indexed an empty host table, fixed with source._at).
+KNOWN_ELSEWHERE = ()
 
 
 def _split_known(errors):

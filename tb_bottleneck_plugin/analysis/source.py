@@ -63,6 +63,16 @@ _LIB_PATH = re.compile(r"[/\\](site-packages|dist-packages)[/\\]|[/\\]lib(64)?[/
 _BACKWARD_FUNCS = frozenset({"backward", "_engine_run_backward", "grad"})
 
 
+
+def _at(values: np.ndarray, index: np.ndarray, fill) -> np.ndarray:
+    """values[index] where index >= 0, else ``fill`` (also for an empty ``values``: a trace
+    with GPU activity but no host events has no node to index)."""
+    ok = index >= 0
+    out = np.full(len(index), fill, dtype=values.dtype if len(values) else np.asarray(fill).dtype)
+    if len(values) and ok.any():
+        out[ok] = values[index[ok]]
+    return out
+
 def parse_frame(name: str) -> Optional[Tuple[str, int, str]]:
     """``file(line): function`` -> (file, line, function); None for other names
     (``<built-in ...>``, ``nn.Module: ...``)."""
@@ -297,9 +307,9 @@ def source_view(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = Non
         inc_gpu = (steps.gpu_step >= 0) & steps.included[np.maximum(steps.gpu_step, 0)] if len(gpu) else \
             np.zeros(0, bool)
     else:
-        inc_gpu = (g_node >= 0) & inc_node[np.maximum(g_node, 0)]
+        inc_gpu = _at(inc_node, g_node, False)
     gdur = np.maximum(np.nan_to_num(gpu.dur, nan=0.0), 0.0)
-    g_key = np.where(g_node >= 0, key[np.maximum(g_node, 0)], -1)
+    g_key = _at(key, g_node, -1)
     gpu_us = float(gdur[inc_gpu].sum())
     # --- per line ------------------------------------------------------------------------
     op_near = _nearest(parent, is_op)
@@ -432,8 +442,7 @@ def _modules(trace, parent, is_module, is_op, name, ts, dur, inc_node, g_node, i
     child = inc_m[up[inc_m] >= 0]
     self_us = total - np.bincount(node_path[up[child]], dur[child], minlength=np_)
     # forward: GPU activity whose launching call (its own thread) is inside a module frame
-    g_mod = np.where(g_node >= 0, node_path[np.maximum(near[np.maximum(g_node, 0)], 0)], -1)
-    g_mod = np.where((g_node >= 0) & (near[np.maximum(g_node, 0)] >= 0), g_mod, -1)
+    g_mod = _at(node_path, _at(near, g_node, -1), -1)
     sel = inc_gpu & (g_mod >= 0)
     fwd = np.bincount(g_mod[sel], gdur[sel], minlength=np_)
     # backward: the launching call's nearest op with a sequence number -> the forward op's module
