@@ -413,9 +413,10 @@ def rule_small_kernels(report) -> Optional[dict]:
         reasons.append(f"{short['count']} kernels shorter than {short.get('threshold_us', T.SHORT_KERNEL_US)} µs take "
                        f"{short_pct:.0f} % of kernel time")
         numbers["short_kernel_time_pct"] = round(short_pct, 2)
-    if achieved is not None and achieved < T.LOW_OCCUPANCY_PCT:
-        reasons.append(f"time-weighted theoretical occupancy {achieved:.0f} %")
-        numbers["est_achieved_occupancy_pct"] = round(achieved, 2)
+    low_occ = _low_occupancy_reason(report, occ, achieved)
+    if low_occ is not None:
+        reasons.append(low_occ[0])
+        numbers.update(low_occ[1])
     if gpu_util is not None and gpu_util < T.LOW_GPU_UTILIZATION_PCT and gpu_utilization_not_judged(report) is None:
         reasons.append(f"GPU busy only {gpu_util:.0f} % of the steps, and not because of input")
         numbers["gpu_utilization_pct"] = round(gpu_util, 2)
@@ -467,6 +468,32 @@ def rule_small_kernels(report) -> Optional[dict]:
         "estimated_gain_pct": round(gain, 2),
         "gain_assumption": assumption,
     }
+
+
+def _low_occupancy_reason(report, occ, achieved):
+    """(words, numbers) of the low-occupancy reason of rule small_kernels, or None. Only
+    kernel time the roofline does not judge compute-efficient counts (METRICS.md §9):
+    when GEMM/conv/attention kernels at >= ROOFLINE_EFFICIENT_PCT of their roof hold at
+    least that share of kernel time, low occupancy is their design (one large block per
+    SM), not latency; otherwise the occupancy of the other kernels decides."""
+    if achieved is None or achieved >= T.LOW_OCCUPANCY_PCT:
+        return None
+    from .analysis.flops import roofline_efficient
+    from .analysis.occupancy import occupancy_without
+
+    eff = roofline_efficient(report)
+    if eff is None or not eff["kernel_us"]:
+        return f"time-weighted theoretical occupancy {achieved:.0f} %", \
+            {"est_achieved_occupancy_pct": round(achieved, 2)}
+    if eff["pct"] >= T.ROOFLINE_EFFICIENT_PCT:
+        return None
+    rest = occupancy_without(occ, eff["names"])
+    if rest is None or rest >= T.LOW_OCCUPANCY_PCT:
+        return None
+    return (f"time-weighted theoretical occupancy {rest:.0f} % of the kernels below "
+            f"{T.ROOFLINE_EFFICIENT_PCT:g} % of their roofline ({100 - eff['pct']:.0f} % of kernel time)",
+            {"est_achieved_occupancy_pct": round(achieved, 2), "occupancy_not_roofline_efficient_pct": round(rest, 2),
+             "roofline_efficient_kernel_time_pct": round(eff["pct"], 2)})
 
 
 def compile_share(report) -> float:

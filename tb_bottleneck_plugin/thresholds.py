@@ -36,6 +36,11 @@ TC_ELIGIBLE_NOT_USING_HIGH_PCT = 50.0
 SHORT_KERNEL_TIME_PCT = 30.0
 # Time-weighted theoretical occupancy below this: latency-bound kernels.
 LOW_OCCUPANCY_PCT = 25.0
+# A GEMM/conv/attention kernel at or above this % of its attainable roofline rate (§15) is
+# compute-efficient: never called latency- or launch-bound for its occupancy (Hopper GEMMs
+# run one large block per SM, low occupancy by design). When such kernels hold at least
+# this share of kernel time, low occupancy is not a reason of rule small_kernels.
+ROOFLINE_EFFICIENT_PCT = 50.0
 # GPU utilization (kernels / steps window) below this while not input-bound.
 LOW_GPU_UTILIZATION_PCT = 50.0
 # Allocator slack: reserved but never allocated at the peak, % of peak reserved;

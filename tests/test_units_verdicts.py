@@ -59,7 +59,16 @@ def _small_kernel_reasons(r):
     if short.get("count") and (short.get("time_pct") or 0) >= T.SHORT_KERNEL_TIME_PCT:
         reasons.add("short")
     if occ.get("est_achieved_occupancy_pct") is not None and occ["est_achieved_occupancy_pct"] < T.LOW_OCCUPANCY_PCT:
-        reasons.add("occupancy")
+        # only kernel time the roofline does not judge compute-efficient counts (METRICS §6)
+        from tb_bottleneck_plugin.analysis.flops import roofline_efficient
+        from tb_bottleneck_plugin.analysis.occupancy import occupancy_without
+
+        eff = roofline_efficient(r)
+        if not eff or not eff["kernel_us"]:
+            reasons.add("occupancy")
+        elif eff["pct"] < T.ROOFLINE_EFFICIENT_PCT \
+                and (occupancy_without(occ, eff["names"]) or 100.0) < T.LOW_OCCUPANCY_PCT:
+            reasons.add("occupancy")
     utils = [g["utilization_pct"] for g in (r.get("gpu") or {}).values() if g.get("utilization_pct") is not None]
     if utils and sum(utils) / len(utils) < T.LOW_GPU_UTILIZATION_PCT and not _capture_only(r) \
             and ((r.get("input") or {}).get("input_bound_pct") or 0) < T.INPUT_BOUND_MODERATE_PCT:

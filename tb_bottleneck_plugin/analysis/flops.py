@@ -731,6 +731,42 @@ def derive(sec: dict, na: Optional[Dict[str, str]] = None) -> dict:
     return sec
 
 
+def roofline_efficient(report: dict) -> Optional[dict]:
+    """The kernel time judged compute-efficient by the roofline (METRICS.md §9, §15):
+    GEMM/conv/attention kernels at >= ROOFLINE_EFFICIENT_PCT of their attainable rate.
+    Each top kernel (``flops.kernels``) by its own ``roofline_pct``; the rest of a FLOP
+    class's kernel time by the class's. ``{"names": {kernel name}, "kernel_us", "total_us",
+    "pct"}`` (pct: of all kernel time in the steps); None without a roofline (no peak, no
+    FLOPs, n/a)."""
+    sec = report.get("flops") if isinstance(report.get("flops"), dict) else None
+    if not sec:
+        return None
+    by_class = sec.get("by_class") if isinstance(sec.get("by_class"), dict) else {}
+    total = sum(float(v.get("kernel_us") or 0.0) for v in by_class.values() if isinstance(v, dict))
+    judged = any(isinstance(v, dict) and v.get("roofline_pct") is not None
+                 for c, v in by_class.items() if c in FLOP_CLASSES)
+    if not total or not judged:
+        return None
+
+    def efficient(row) -> bool:
+        r = row.get("roofline_pct")
+        return isinstance(r, (int, float)) and r >= T.ROOFLINE_EFFICIENT_PCT
+
+    names, eff_us, top_us = set(), 0.0, {}
+    for k in sec.get("kernels") or []:
+        if not isinstance(k, dict) or k.get("class") not in FLOP_CLASSES:
+            continue
+        top_us[k["class"]] = top_us.get(k["class"], 0.0) + float(k.get("kernel_us") or 0.0)
+        if efficient(k):
+            names.add(k.get("name"))
+            eff_us += float(k.get("kernel_us") or 0.0)
+    for c in FLOP_CLASSES:
+        v = by_class.get(c)
+        if isinstance(v, dict) and efficient(v):
+            eff_us += max(0.0, float(v.get("kernel_us") or 0.0) - top_us.get(c, 0.0))
+    return {"names": names, "kernel_us": eff_us, "total_us": total, "pct": 100.0 * eff_us / total}
+
+
 # ---------------------------------------------------------------- metric unit (analysis/units.py)
 
 

@@ -574,6 +574,20 @@ def _kernel_table(trace: TraceData, krows: np.ndarray, w: np.ndarray, top_n: int
     return rows
 
 
+def occupancy_without(occ_section: dict, names) -> Optional[float]:
+    """Time-weighted est. achieved occupancy (%) of the kernel table's rows (the top
+    launch configurations by time) whose kernel name is not in ``names``; None when no
+    such row has an occupancy."""
+    num = den = 0.0
+    for row in (occ_section or {}).get("kernels") or []:
+        v, t = row.get("est_achieved_occupancy_pct"), row.get("total_us")
+        if row.get("name") in names or not isinstance(v, (int, float)) or not isinstance(t, (int, float)):
+            continue
+        num += v * t
+        den += t
+    return num / den if den > 0 else None
+
+
 # ---------------------------------------------------------------- metric unit (analysis/units.py)
 
 
@@ -681,12 +695,23 @@ def _card_occupancy(report: dict) -> dict:
     occ = report.get("occupancy") or {}
     value = V.num(occ.get("est_achieved_occupancy_pct"))
     out = V.card(report, value, "pct", "small_kernels", "est_achieved_occupancy_pct",
-                 ("LOW_OCCUPANCY_PCT",),
+                 ("LOW_OCCUPANCY_PCT", "ROOFLINE_EFFICIENT_PCT"),
                  # the section's reason first: it names ROCm where a device's reason cannot tell
                  ("occupancy.est_achieved_occupancy_pct", "est_achieved_occupancy_pct", "occupancy"))
     if value is not None and out["severity"] != "none":  # "none": verdicts.card's "not judged" words
         out["verdict"] = ("low occupancy: latency-bound kernels" if out["severity"] != "ok"
                           else f"at least {T.LOW_OCCUPANCY_PCT:g} %")
+        if value < T.LOW_OCCUPANCY_PCT and out["severity"] == "ok":
+            from .flops import roofline_efficient
+
+            eff = roofline_efficient(report)
+            if eff is not None and eff["pct"] >= T.ROOFLINE_EFFICIENT_PCT:
+                # rule small_kernels leaves such occupancy out (METRICS.md §6, §9)
+                out["verdict"] = (f"low by design: {eff['pct']:.0f} % of kernel time is GEMM/conv/attention "
+                                  f"at ≥ {T.ROOFLINE_EFFICIENT_PCT:g} % of its roofline")
+            elif eff is not None and eff["kernel_us"]:
+                out["verdict"] = (f"low, but not in the kernels below {T.ROOFLINE_EFFICIENT_PCT:g} % "
+                                  "of their roofline")
     return out
 
 
