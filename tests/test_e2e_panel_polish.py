@@ -59,6 +59,11 @@ def test_text_is_not_cut_at_1280px(tensorboard, browser_page):
     # kernel table: fits; "registers+shared_memory" wraps after "+" inside its cell
     fit = page.evaluate(FIT_JS, "table.kernels")
     assert fit["scroll"] <= fit["box"] and fit["table"] <= fit["box"], fit
+    # ... with the roofline columns of the report's top kernels (flops.kernels, joined by name)
+    heads = page.eval_on_selector_all("table.kernels thead th", "els => els.map(e => e.textContent)")
+    assert any(x.startswith("TFLOP/s") for x in heads) and any(x.startswith("Bound") for x in heads), heads
+    bounds = page.eval_on_selector_all("table.kernels tbody td", "els => els.map(e => e.textContent)")
+    assert "compute" in bounds or "memory" in bounds, bounds[:20]
     lim = page.eval_on_selector_all("td.lim", """els => els.map(td => ({text: td.textContent,
         over: td.scrollWidth > td.clientWidth, right: td.getBoundingClientRect().right,
         boxRight: td.closest('.table-scroll').getBoundingClientRect().right}))""")

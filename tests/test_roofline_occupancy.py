@@ -105,3 +105,24 @@ def test_low_occupancy_counts_only_kernel_time_not_at_the_roofline():
     rep["flops"]["by_class"]["gemm"]["roofline_pct"] = 20.0
     words, numbers = recommendations._low_occupancy_reason(rep, rep["occupancy"], 12.0)
     assert words == "time-weighted theoretical occupancy 12 %" and numbers == {"est_achieved_occupancy_pct": 12.0}
+
+
+@pytest.mark.skipif(not (DEMO_LOGS / "h100_fp32_matmul").is_dir(), reason="demo_logs missing")
+def test_top_kernels_carry_pct_of_peak_for_the_kernel_table():
+    """flops.kernels[].pct_of_peak (the kernel table's "% of peak" column, joined by name
+    in static/kernel_table.js): achieved TFLOP/s over the peak of the class's precision."""
+    from test_compare import result_of
+
+    sec = result_of(DEMO_LOGS / "h100_fp32_matmul")["report"]["flops"]
+    gemms = [k for k in sec["kernels"] if k["class"] == "gemm"]
+    assert len(gemms) == 3
+    peak = sec["peak"]["tflops"]["fp32"]
+    for k in gemms:
+        assert k["pct_of_peak"] == pytest.approx(100 * k["achieved_tflops"] / peak)
+        assert k["bound"] == "compute" and k["pct_of_peak"] == pytest.approx(k["roofline_pct"])
+    assert all(k["pct_of_peak"] is None for k in sec["kernels"] if not k["flops"])
+    from conftest import REPO
+
+    js = (REPO / "tb_bottleneck_plugin" / "static" / "kernel_table.js").read_text()
+    for field in ("report.flops.kernels", "achieved_tflops", "pct_of_peak", "bound"):
+        assert field in js, field

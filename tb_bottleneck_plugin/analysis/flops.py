@@ -727,6 +727,7 @@ def derive(sec: dict, na: Optional[Dict[str, str]] = None) -> dict:
         p = (sec["by_class"].get(k["class"]) or {}).get("precision")
         pk = tfp.get(p) if p else main_pk
         k.update(_roofline(k["flops"] if k["class"] != "other" else None, k.get("bytes"), k["kernel_us"], pk, hbm))
+        k["pct_of_peak"] = _ratio_pct(k["achieved_tflops"], pk) if k["flops"] and k["class"] != "other" else None
     sec["kernels"] = sorted(sec["kernels"], key=lambda k: -(k["kernel_us"] or 0.0))[:TOP_KERNELS]
     return sec
 

@@ -230,7 +230,7 @@ export function fmtValue(v, unit) {
   if (unit === "%") return fmtPct(v, 1);
   if (unit === "bytes") return fmtBytes(v);
   if (unit === "samples/s") return `${fmtNum(v, 1)}/s`;
-  if (unit === "TFLOP/s") return `${fmtNum(v, Math.abs(v) >= 10 ? 1 : 3)} TFLOP/s`;
+  if (unit === "TFLOP/s") return `${fmtNum(Number(v.toPrecision(3)), 4)} TFLOP/s`;
   return fmtNum(v, 2);
 }
 

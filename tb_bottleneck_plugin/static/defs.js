@@ -74,5 +74,8 @@ export const KERNEL_COL_DEFS = {
   launch: "Grid and block dimensions.",
   tensor_core: "Whether the kernel name matches the Tensor Core pattern list.",
   limiting_factor: "What caps the resident blocks per SM, computed like the CUDA occupancy calculator (warps, registers, shared memory, blocks per SM).",
+  achieved_tflops: "Achieved TFLOP/s of this kernel name: the FLOPs of the ops that launched it over its kernel time (report's top kernels only; METRICS.md §15).",
+  pct_of_peak: "Achieved TFLOP/s as % of the GPU's dense peak for the kernel's precision.",
+  bound: "Where the kernel sits on the roofline: compute-bound (arithmetic intensity at or above the ridge) or memory-bound.",
 };
 

@@ -60,6 +60,8 @@ function kernelTable(body, kernels, report, warning) {
     return;
   }
   const multiDev = new Set(kernels.map((k) => k.device)).size > 1;
+  const roof = rooflineByName(report);
+  const rf = (k) => roof.get(String(k.name ?? "")) || null;
   const cols = [
     {key: "name", label: "Kernel", text: true},
     multiDev ? {key: "device", label: "GPU", fmt: (v) => String(v ?? "")} : null,
@@ -75,13 +77,19 @@ function kernelTable(body, kernels, report, warning) {
     {key: "tensor_core", label: "TC", get: (k) => (k.tensor_core === true ? "yes" : k.tensor_core === false ? "no" : "?"),
       sortGet: (k) => (k.tensor_core ? 1 : 0)},
     {key: "limiting_factor", label: "Limited by", text: true},
+    roof.size ? {key: "achieved_tflops", label: "TFLOP/s", get: (k) => rf(k)?.achieved_tflops,
+      sortGet: (k) => rf(k)?.achieved_tflops ?? -1, fmt: (v) => (isNum(v) ? fmtNum(Number(v.toPrecision(3)), 4) : "")} : null,
+    roof.size ? {key: "pct_of_peak", label: "% peak", get: (k) => rf(k)?.pct_of_peak,
+      sortGet: (k) => rf(k)?.pct_of_peak ?? -1, fmt: (v) => (isNum(v) ? fmtPct(v, 0) : "")} : null,
+    roof.size ? {key: "bound", label: "Bound", get: (k) => rf(k)?.bound,
+      sortGet: (k) => String(rf(k)?.bound ?? ""), fmt: (v) => v ?? ""} : null,
   ].filter(Boolean);
   const state = {sortKey: "total_us", dir: -1, filter: ""};
   const filterBox = h("input", {type: "search", class: "filter", placeholder: "Filter kernels by name…", "aria-label": "Filter kernels by name"});
   const count = h("span", {class: "muted count"});
   const thead = h("thead");
   const tbody = h("tbody");
-  const table = h("table", {class: "grid-table kernels"}, thead, tbody);
+  const table = h("table", {class: ["grid-table", "kernels", roof.size ? "with-roof" : null]}, thead, tbody);
   const LIMIT = 200;
 
   const drawHead = () => sortableHead(thead, cols, state, KERNEL_COL_DEFS, drawBody);
@@ -101,6 +109,7 @@ function kernelTable(body, kernels, report, warning) {
       }
       if (c.key === "limiting_factor") return limitCell(k.limiting_factor);
       if (c.key === "est_achieved_occupancy_pct") return occupancyCell(k);
+      if (c.key === "achieved_tflops" || c.key === "pct_of_peak" || c.key === "bound") return rooflineCell(c, rf(k));
       const v = c.get ? c.get(k) : k[c.key];
       return h("td", {class: ["num", c.cls]}, c.get ? v : c.fmt(v));
     }))));
@@ -123,6 +132,23 @@ function limitCell(v) {
   const parts = String(v ?? "n/a").split("+");
   return h("td", {class: "lim", title: String(v ?? "n/a")},
     parts.flatMap((p, i) => (i < parts.length - 1 ? [`${p}+`, h("wbr")] : [p])));
+}
+
+/** The report's roofline rows (flops.kernels: the top kernels by time) by kernel name. */
+function rooflineByName(report) {
+  const rows = report && report.flops && Array.isArray(report.flops.kernels) ? report.flops.kernels : [];
+  return new Map(rows.filter((r) => r && isNum(r.achieved_tflops)).map((r) => [String(r.name), r]));
+}
+
+/** TFLOP/s, % of peak and bound of a kernel name, as the server computed them (blank when
+ *  the name is not among the report's top kernels or has no FLOPs). */
+function rooflineCell(c, r) {
+  if (!r) return h("td", {class: "num muted", title: "Not among the report's top kernels by time with counted FLOPs."}, "");
+  const v = c.get({name: r.name});
+  const title = `${r.class}: ${isNum(r.achieved_tflops) ? fmtNum(r.achieved_tflops, 1) : "n/a"} TFLOP/s, `
+    + `${isNum(r.roofline_pct) ? fmtPct(r.roofline_pct, 0) : "n/a"} of its attainable roof`
+    + `${r.bound ? ` (${r.bound}-bound)` : ""}; all launches of this name`;
+  return h("td", {class: "num", title}, c.fmt(v));
 }
 
 function occupancyCell(k) {
