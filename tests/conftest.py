@@ -176,6 +176,20 @@ def need_torch_tb_profiler():
         pytest.skip("torch-tb-profiler not installed: pip install -e '.[oracle]'")
 
 
+def fmt_verdict_value(v: dict) -> str:
+    """A card's value as static/cards.js fmtVerdictValue writes it (the units the tests
+    meet: pct and bytes; bytes through ranks._bytes_words, the server's mirror of format.js)."""
+    from tb_bottleneck_plugin.ranks import _bytes_words
+
+    if v["value"] is None:
+        return "n/a"
+    if v["unit"] == "pct":
+        return f"{v['value']:.1f}%"
+    if v["unit"] == "bytes":
+        return _bytes_words(v["value"])
+    raise AssertionError(f"unit {v['unit']!r} not handled by this test")
+
+
 def default_sigint() -> None:
     """preexec_fn for children a test sends SIGINT to: a suite started with SIGINT ignored
     (``nohup ... &``, CI wrappers) would pass SIG_IGN on, and Python keeps ignoring an

@@ -14,7 +14,8 @@ import shutil
 
 import pytest
 
-from conftest import ARTIFACTS, DEMO_LOGS as DEMO, XSS_KERNEL as XSS, http_get, wait_route, write_html_names_trace
+from conftest import (ARTIFACTS, DEMO_LOGS as DEMO, XSS_KERNEL as XSS, fmt_verdict_value, http_get, wait_route,
+                      write_html_names_trace)
 
 GPU_DEMO_RUNS = ("resnet50_v100_nw0", "resnet50_v100_nw4", "bert_h100_inference")
 # Cards whose value the trace cannot give, with the reason the card must show instead:
@@ -168,14 +169,6 @@ def test_trace_strings_stay_text(tensorboard, browser_page):
 from tb_bottleneck_plugin.ranks import _bytes_words as _fmt_bytes  # noqa: E402
 
 
-def _fmt_verdict_value(v):  # cards.js fmtVerdictValue
-    if v["value"] is None:
-        return "n/a"
-    if v["unit"] == "pct":
-        return f"{v['value']:.1f}%"
-    if v["unit"] == "bytes":
-        return _fmt_bytes(v["value"])
-    raise AssertionError(f"unit {v['unit']!r} not handled by this test")
 
 
 OPTIONAL_CARDS = {"communication", "compilation"}  # cards.js `optional`: left out when the value is null or 0
@@ -222,7 +215,7 @@ def test_every_card_colour_is_the_servers_verdict(tensorboard, browser_page):
         for c in cards:
             v = verdicts[c["id"]]
             assert c["cls"] == [f"sev-{v['severity']}"], (run, c, v)
-            assert c["value"] == _fmt_verdict_value(v), (run, c, v)
+            assert c["value"] == fmt_verdict_value(v), (run, c, v)
             assert c["verdict"] == v["verdict"], (run, c, v)
             named = dict(kv.split(" = ") for kv in c["title"].split("Thresholds (thresholds.py): ", 1)[1]
                          .split("\n", 1)[0].split(" · "))

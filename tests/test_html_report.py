@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DEMO_LOGS, REPO, XSS_KERNEL, XSS_OP, write_html_names_trace
+from conftest import DEMO_LOGS, REPO, XSS_KERNEL, XSS_OP, fmt_verdict_value, write_html_names_trace
 from tb_bottleneck_plugin import html_report
-from tb_bottleneck_plugin.ranks import _bytes_words as _fmt_bytes
 
 CARDS_JS = """() => [...document.querySelectorAll('.card[data-card]')].map(c => ({
     id: c.getAttribute('data-card'), cls: [...c.classList].filter(k => k.startsWith('sev-')),
@@ -29,14 +28,6 @@ def _cli(*args, ok=(0,)):
     return done
 
 
-def _fmt_value(v):  # cards.js fmtVerdictValue for the units of these reports
-    if v["value"] is None:
-        return "n/a"
-    if v["unit"] == "pct":
-        return f"{v['value']:.1f}%"
-    if v["unit"] == "bytes":
-        return _fmt_bytes(v["value"])
-    raise AssertionError(v["unit"])
 
 
 def _markup(text: str) -> str:
@@ -121,7 +112,7 @@ def test_report_html_opens_offline_with_the_json_reports_cards(tmp_path, offline
         assert c["cls"] == [f"sev-{v['severity']}"], c
         assert c["verdict"] == v["verdict"], c
         if v["unit"] in ("pct", "bytes"):
-            assert c["value"] == _fmt_value(v), c
+            assert c["value"] == fmt_verdict_value(v), c
     body = page.inner_text("body")
     assert rep["recommendations"][0]["title"] in body
     for panel in ("Step-time breakdown", "Kernels", "Operators", "Recommendations"):
