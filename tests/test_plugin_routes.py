@@ -437,8 +437,12 @@ def test_is_active_is_instant_and_never_touches_storage(harnesses, logdir, tmp_p
 
     empty = tmp_path / "empty"
     empty.mkdir()
+    # hold this listing too: an empty folder lists in microseconds, and a scan that ended
+    # before the first is_active() would make "not scanned yet" a race (failed once in CI)
+    listing_may_finish.clear()
     e = harnesses(empty)
     assert e.plugin.is_active() is True  # not scanned yet
+    listing_may_finish.set()
     assert e.plugin.analyzer.wait_idle(30)
     assert e.plugin.is_active() is False
     listing = json.loads(e.client.get("/data/plugins_listing").get_data())
