@@ -65,6 +65,14 @@ class MissingTorchError(BottleneckError, ImportError):
     """The demo needs PyTorch, which is an optional extra of this package."""
 
 
+def check_device(torch, device: str) -> None:
+    """A device the demo runs on: 'cpu', or 'cuda' where torch sees a GPU."""
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', not {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise BottleneckError("device='cuda' was requested but torch.cuda.is_available() is False")
+
+
 def _import_torch():
     try:
         import torch
@@ -818,10 +826,7 @@ def generate(outdir: str, *, quick: bool = False, device: Optional[str] = None,
     torch = _import_torch()
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"device must be 'cpu' or 'cuda', not {device!r}")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise BottleneckError("device='cuda' was requested but torch.cuda.is_available() is False")
+    check_device(torch, device)
     outdir = os.path.abspath(outdir)
     os.makedirs(outdir, exist_ok=True)
     started = time.perf_counter()

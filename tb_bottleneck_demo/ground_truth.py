@@ -42,7 +42,6 @@ import time
 import warnings
 from typing import Callable, List, Optional
 
-from tb_bottleneck_plugin.errors import BottleneckError
 
 STACK_RUN = "stack_item_slow_module"
 COMPILE_PAIR = ("compile_graph_break", "compile_static_fixed")
@@ -437,13 +436,10 @@ def generate_ground_truth(outdir: str, *, device: Optional[str] = "cpu") -> List
     """Write the four ground-truth runs into ``outdir``; return their directories.
     ``device`` applies to the with_stack run only (on CUDA its ``.item()`` is a real sync
     that metrics §8/§17 report); the compiled pair and the gloo run are CPU runs."""
-    from .generator import _import_torch
+    from .generator import _import_torch, check_device
 
     torch = _import_torch()
-    if device not in (None, "cpu", "cuda"):
-        raise ValueError(f"device must be 'cpu' or 'cuda', not {device!r}")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise BottleneckError("device='cuda' was requested but torch.cuda.is_available() is False")
+    check_device(torch, device or "cpu")
     outdir = os.path.abspath(outdir)
     os.makedirs(outdir, exist_ok=True)
     threads = torch.get_num_threads()
