@@ -54,6 +54,9 @@ WORKER_NAME = "worker0"
 INPUT_PAIR = ("input_bound_nw0", "input_fixed_nw4")
 PRECISION_PAIR = ("fp32_matmul", "bf16_autocast")
 FUSION_PAIR = ("many_small_kernels", "compiled")
+# The fusion pair's model under torch.compile(mode="reduce-overhead"): the same fused
+# kernels, replayed from CUDA graphs (one launch per graph instead of one per kernel).
+CUDA_GRAPHS_RUN = "compiled_cuda_graphs"
 DDP_PAIR = ("ddp_straggler_2rank", "ddp_balanced_2rank")
 
 # Profiler schedule shared by every run: one waiting step, one warm-up step, two
@@ -642,12 +645,13 @@ def _make_pointwise_net(torch, dim: int, depth: int):
     return nn.Sequential(*[PointwiseBlock() for _ in range(depth)])
 
 
-def _run_fusion(torch, outdir: str, name: str, compiled: bool, quick: bool) -> Optional[str]:
+def _run_fusion(torch, outdir: str, name: str, compiled: bool, quick: bool,
+                mode: Optional[str] = None) -> Optional[str]:
     dim, depth, batch = (1024, 6, 256) if quick else (1024, 12, 512)
     torch.manual_seed(0)
     model = _make_pointwise_net(torch, dim, depth).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    forward = torch.compile(model) if compiled else model
+    forward = torch.compile(model, mode=mode) if compiled else model
 
     def step() -> float:
         x = torch.randn(batch, dim, device="cuda")
@@ -661,11 +665,15 @@ def _run_fusion(torch, outdir: str, name: str, compiled: bool, quick: bool) -> O
         _log("compiling (torch.compile, first steps only; this can take a minute)")
         try:
             step()  # the compilation happens here, outside the profiled steps
+            if mode == "reduce-overhead":
+                step()  # CUDA graphs are recorded on the second call
         except Exception as exc:  # noqa: BLE001 - missing triton/compiler: skip, say why
             _log(f"skipping {name}: torch.compile failed: {type(exc).__name__}: {exc}")
             return None
     run_dir = _prepare_run_dir(outdir, name)
     settings = dict(story=name, dim=dim, depth=depth, batch=batch, compiled=compiled)
+    if mode:
+        settings["compile_mode"] = mode
     _profiled_loop(torch, run_dir, name, step, repeat=1 if quick else 2,
                    settings=settings, warm_steps=2)
     return run_dir
@@ -675,6 +683,7 @@ def _fusion_pair(torch, outdir: str, quick: bool) -> List[str]:
     runs = [
         _run_fusion(torch, outdir, FUSION_PAIR[0], compiled=False, quick=quick),
         _run_fusion(torch, outdir, FUSION_PAIR[1], compiled=True, quick=quick),
+        _run_fusion(torch, outdir, CUDA_GRAPHS_RUN, compiled=True, quick=quick, mode="reduce-overhead"),
     ]
     return [r for r in runs if r is not None]
 

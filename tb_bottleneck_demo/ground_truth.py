@@ -62,6 +62,9 @@ COMPILE_DIM, COMPILE_ROWS0, COMPILE_ROWS_STEP = 128, 32, 8
 COMPILE_WARM = 1
 COMPILE_MAX_ROWS = COMPILE_ROWS0 + COMPILE_ROWS_STEP * (COMPILE_WARM + WAIT + WARMUP + ACTIVE)
 COMPILE_BACKEND = "aot_eager"
+# On CUDA the pair compiles with Inductor, as users do: real Triton kernels, and compile
+# times that show what a recompile costs there.
+COMPILE_BACKEND_CUDA = "inductor"
 
 # collectives run: two "FSDP units", Linear(256, 256) and Linear(256, 16), each a flat
 # fp32 parameter padded to a multiple of the world size and sharded over the ranks.
@@ -260,7 +263,7 @@ def _dynamo_counts(counters) -> dict:
             "graph_breaks": int(sum(counters["graph_break"].values()))}
 
 
-def run_compiled(torch, outdir: str, broken: bool) -> str:
+def run_compiled(torch, outdir: str, broken: bool, device: str = "cpu") -> str:
     """Issue 23's pair (``compile_graph_break`` / ``compile_static_fixed``)."""
     import torch._dynamo as dynamo
     from torch._dynamo.utils import counters
@@ -268,21 +271,23 @@ def run_compiled(torch, outdir: str, broken: bool) -> str:
     name = COMPILE_PAIR[0] if broken else COMPILE_PAIR[1]
     torch.manual_seed(0)
     dynamo.reset()
-    explained = dynamo.explain(_make_compile_model(torch, broken))(torch.randn(compile_rows(0), COMPILE_DIM))
+    backend = COMPILE_BACKEND_CUDA if device == "cuda" else COMPILE_BACKEND
+    explained = dynamo.explain(_make_compile_model(torch, broken).to(device))(
+        torch.randn(compile_rows(0), COMPILE_DIM, device=device))
     explain = {"graph_count": int(explained.graph_count), "graph_break_count": int(explained.graph_break_count),
                "break_reasons": [str(getattr(b, "reason", b)).splitlines()[0][:200]
                                  for b in explained.break_reasons]}
     dynamo.reset()
     counters.clear()
     torch.manual_seed(0)
-    model = _make_compile_model(torch, broken)
+    model = _make_compile_model(torch, broken).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    compiled = torch.compile(model, backend=COMPILE_BACKEND)
+    compiled = torch.compile(model, backend=backend)
     per_step: List[dict] = []
 
     def step(i: int) -> None:
         rows = compile_rows(i)
-        x = torch.randn(rows, COMPILE_DIM)
+        x = torch.randn(rows, COMPILE_DIM, device=device)
         if not broken:  # the fix: pad every batch to one static shape, mask the padding out
             x = torch.nn.functional.pad(x, (0, 0, 0, COMPILE_MAX_ROWS - rows))
         before = _dynamo_counts(counters)
@@ -308,7 +313,7 @@ def run_compiled(torch, outdir: str, broken: bool) -> str:
             "counters_total": _dynamo_counts(counters),
         }
 
-    settings = dict(story=name, backend=COMPILE_BACKEND, dim=COMPILE_DIM, device="cpu",
+    settings = dict(story=name, backend=backend, dim=COMPILE_DIM, device=device,
                     rows=("growing" if broken else f"padded to {COMPILE_MAX_ROWS}"),
                     automatic_dynamic_shapes=not broken)
     run_dir = _prepare(outdir, name, f"{WORKER_NAME}.*.pt.trace.json*")
@@ -434,8 +439,8 @@ def run_collectives(torch, outdir: str, active: int = COLL_ACTIVE) -> str:
 
 def generate_ground_truth(outdir: str, *, device: Optional[str] = "cpu") -> List[str]:
     """Write the four ground-truth runs into ``outdir``; return their directories.
-    ``device`` applies to the with_stack run only (on CUDA its ``.item()`` is a real sync
-    that metrics §8/§17 report); the compiled pair and the gloo run are CPU runs."""
+    ``device`` applies to the with_stack run (on CUDA its ``.item()`` is a real sync that
+    metrics §8/§17 report) and the compiled pair (Inductor on CUDA); the gloo run is on CPU."""
     from .generator import _import_torch, check_device
 
     torch = _import_torch()
@@ -446,8 +451,8 @@ def generate_ground_truth(outdir: str, *, device: Optional[str] = "cpu") -> List
     torch.set_num_threads(1)  # the same work per op on every machine
     try:
         runs = [run_stack(torch, outdir, device or "cpu"),
-                run_compiled(torch, outdir, broken=True),
-                run_compiled(torch, outdir, broken=False)]
+                run_compiled(torch, outdir, broken=True, device=device or "cpu"),
+                run_compiled(torch, outdir, broken=False, device=device or "cpu")]
     finally:
         torch.set_num_threads(threads)
     runs.append(run_collectives(torch, outdir))

@@ -376,3 +376,67 @@ def test_real_cpu_torch_compile_graph_break_matches_explain(tmp_path):
     assert explained.graph_break_count == 0
     assert sec["breaks_per_step"] == 0 and sec["graphs_per_step"] == explained.graph_count == 1
     torch._dynamo.reset()
+
+
+def _demo_span_report(run):
+    from pathlib import Path
+
+    from tb_bottleneck_plugin import discovery
+
+    logdir = Path(__file__).resolve().parents[1] / "demo_logs"
+    scanned = discovery.scan_logdir(str(logdir))
+    r = next(x for x in scanned.runs if x.name == run)
+    return [report.analyze_span(str(logdir), r, s)["report"] for w in r.workers for s in w.spans]
+
+
+def test_h100_cuda_graph_replays_hold_the_kernels_the_compiled_run_launches():
+    """demo_logs/h100_compiled_cuda_graphs: the fusion pair's model under
+    torch.compile(mode="reduce-overhead") on an H100 (demo generator, CUDA_GRAPHS_RUN). Training
+    with one compiled frame and no break, CUDA graph trees replay one forward and one backward
+    graph per step; the kernels replayed must be the Triton kernels that the same model compiled
+    without CUDA graphs (h100_compiled, a separate run) launches one by one."""
+    for graphs, plain in zip(_demo_span_report("h100_compiled_cuda_graphs"), _demo_span_report("h100_compiled")):
+        g, p = graphs["compilation"], plain["compilation"]
+        assert g["breaks_per_step"] == 0 and g["recompiles"] == 0
+        assert g["graph_launches"] == 2 * g["steps"]  # forward + backward graph per step
+        assert p["graph_launches"] == 0 and p["graph_kernels"] == 0
+        # every replayed kernel is one of the Triton kernels, the same ones with the same counts
+        assert g["graph_kernels"] == sum(k["count"] for k in g["kernels"]) == sum(k["count"] for k in p["kernels"])
+        assert {k["name"]: k["count"] for k in g["kernels"]} == {k["name"]: k["count"] for k in p["kernels"]}
+        assert all(k["graph_count"] == k["count"] for k in g["kernels"])
+        # the advice knows the run already replays graphs: no reduce-overhead, no torch.compile
+        text = json.dumps(graphs["recommendations"])
+        assert "reduce-overhead" not in text and "model = torch.compile" not in text
+        assert "inside CUDA graphs" in graphs["verdicts"]["launch"]["reason"] if "launch" in graphs.get(
+            "verdicts", {}) else True
+
+
+def test_h100_cuda_graph_gaps_are_not_shaded_launch_bound():
+    """The timeline's idle cause "launch" (gaps between consecutive short kernels) leaves out
+    kernels replayed from CUDA graphs: they have no launch of their own. Checked against the
+    graph-replayed kernels found here from the runtime calls (cudaGraphLaunch correlation)."""
+    import numpy as np
+
+    from tb_bottleneck_plugin.analysis import timeline
+    from tb_bottleneck_plugin.analysis.context import GRAPH_LAUNCH_CALLS
+    from tb_bottleneck_plugin.model import GPU_KERNEL
+
+    from pathlib import Path
+
+    run_dir = Path(__file__).resolve().parents[1] / "demo_logs" / "h100_compiled_cuda_graphs"
+    path = sorted(run_dir.glob("*.pt.trace.json.gz"))[0]
+    trace = load_trace(str(path))
+    g, rt = trace.gpu, trace.runtime
+    names = np.array([trace.strings[i] for i in rt.name])
+    graph_corr = set(rt.correlation[np.isin(names, list(GRAPH_LAUNCH_CALLS))].tolist())
+    k = np.flatnonzero(g.kind == GPU_KERNEL)
+    k = k[np.argsort(g.ts[k])]
+    replayed = np.array([c in graph_corr for c in g.correlation[k]])
+    assert replayed.sum() > 100
+    # gaps between two consecutive replayed kernels
+    both = replayed[1:] & replayed[:-1]
+    mids = ((g.ts[k] + g.dur[k])[:-1][both] + g.ts[k][1:][both]) / 2
+    ls, le = timeline._cause_sets(trace)["launch"]
+    inside = (np.searchsorted(ls, mids, side="right") - 1)
+    hit = (inside >= 0) & (mids < le[np.maximum(inside, 0)])
+    assert not hit.any()

@@ -722,7 +722,11 @@ def _card_short_kernels(report: dict) -> dict:
     out = V.card(report, value, "pct", "small_kernels", "short_kernel_time_pct",
                  ("SHORT_KERNEL_US", "SHORT_KERNEL_TIME_PCT"), ("short_kernels", "occupancy"))
     if value is not None and out["severity"] != "none":  # "none": verdicts.card's "not judged" words
-        out["verdict"] = ("short kernels: launch-bound" if out["severity"] != "ok"
+        graphs = bool((report.get("context") or {}).get("cuda_graphs"))
+        # CUDA graph replays have no per-kernel launch: small kernels there are latency-bound
+        # (the words of rule small_kernels for such runs)
+        bound = "latency-bound (replayed from CUDA graphs)" if graphs else "launch-bound"
+        out["verdict"] = (f"short kernels: {bound}" if out["severity"] != "ok"
                           else f"short kernels below {T.SHORT_KERNEL_TIME_PCT:g} % of kernel time")
     out["count"] = short.get("count")
     return out

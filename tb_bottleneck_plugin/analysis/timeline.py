@@ -58,6 +58,7 @@ from .. import thresholds as T
 from ..model import CPU_OP, CPU_USER_ANNOTATION, GPU_KERNEL, GPU_MEMCPY, TraceData
 from . import intervals as iv
 from .breakdown import cumulative_unions, dataloader_mask
+from .context import GRAPH_LAUNCH_CALLS
 from .linking import gpu_runtime_index, innermost_enclosing, span_gpu_runtime, span_op_calls
 from .operators import op_nesting, span_op_nesting
 from .signals import op_names, sync_rows
@@ -149,6 +150,15 @@ def _cause_sets(trace: TraceData, unions: Optional[dict] = None, gpu_runtime: Op
     kr = np.flatnonzero(k)
     order = kr[np.lexsort((g.ts[kr], g.stream[kr], g.device[kr]))]
     short = g.dur[order] < T.SHORT_KERNEL_US
+    # kernels replayed from a CUDA/HIP graph have no launch of their own: gaps between
+    # them are not launch-bound (rule small_kernels says latency-bound for such runs)
+    graph_ids = trace.string_ids(lambda s: s in GRAPH_LAUNCH_CALLS)
+    if len(graph_ids) and len(order):
+        is_graph_launch = np.isin(rt.name, graph_ids)
+        if is_graph_launch.any():
+            g_rt = gpu_runtime_index(trace) if gpu_runtime is None else gpu_runtime
+            replayed = (g_rt >= 0) & is_graph_launch[np.maximum(g_rt, 0)]
+            short &= ~replayed[order]
     same = (g.device[order][1:] == g.device[order][:-1]) & (g.stream[order][1:] == g.stream[order][:-1])
     both = same & short[1:] & short[:-1]
     gap_s = (g.ts[order] + g.dur[order])[:-1][both]
