@@ -15,7 +15,9 @@ setup(
     python_requires=">=3.9",
     # tb_bottleneck_demo: the demo generator (torch training loops), outside the runtime
     # package's import path; only `tb-bottlenecks demo` imports it (torch: the demo extra).
-    packages=["tb_bottleneck_plugin", "tb_bottleneck_plugin.analysis", "tb_bottleneck_demo"],
+    packages=["tb_bottleneck_plugin", "tb_bottleneck_plugin.trace", "tb_bottleneck_plugin.analysis",
+              "tb_bottleneck_plugin.judge", "tb_bottleneck_plugin.views", "tb_bottleneck_plugin.serving",
+              "tb_bottleneck_demo"],
     package_data={
         "tb_bottleneck_plugin": ["METRICS.md", "static/*.js", "static/*.css", "static/*.html", "static/*.svg"],
     },

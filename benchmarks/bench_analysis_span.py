@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # time before/after side by side under the same machine load
 sys.path.insert(0, os.environ.get("BENCH_PACKAGE_ROOT") or str(ROOT))
 
-from tb_bottleneck_plugin import loader, report  # noqa: E402
+from tb_bottleneck_plugin.trace import loader  # noqa: E402
+from tb_bottleneck_plugin import report
 from tb_bottleneck_plugin.analysis import linking, operators  # noqa: E402
 
 DEFAULT = ROOT.parent / "shared/traces/kineto-tb-samples/resnet50_num_workers_0"

@@ -35,7 +35,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tb_bottleneck_plugin import loader, ranks, report  # noqa: E402
+from tb_bottleneck_plugin.trace import loader  # noqa: E402
+from tb_bottleneck_plugin.views import ranks
+from tb_bottleneck_plugin import report
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = (ROOT.parent / "shared/traces/kineto-tb-samples/resnet50_num_workers_0/"

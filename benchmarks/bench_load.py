@@ -15,7 +15,7 @@ torch-tb-profiler and Holistic Trace Analysis, on the same big trace.
      floor-loader  the same gunzip + one msgspec decode into the loader's own (wider)
                    schema, loader.TraceObject (information: the floor of the old benchmark)
      floor-isal    floor-loader with isal's gunzip (information only)
-     ours          tb_bottleneck_plugin.loader.load_trace(path), as shipped
+     ours          tb_bottleneck_plugin.trace.loader.load_trace(path), as shipped
      ours-1proc    the same with TB_BOTTLENECKS_DECODE_PROCESSES=0 (no worker processes)
      report        `tb-bottlenecks report FILE --json` end to end (python -m
                    tb_bottleneck_plugin.cli): discovery + report.analyze_span (load +
@@ -111,7 +111,7 @@ def _child(mode: str, path: str, result_path: str, cache_dir: str) -> None:
 
         import msgspec
 
-        from tb_bottleneck_plugin import loader
+        from tb_bottleneck_plugin.trace import loader
 
         if mode == "floor-isal":
             from isal import igzip as gunzip
@@ -132,7 +132,7 @@ def _child(mode: str, path: str, result_path: str, cache_dir: str) -> None:
             return events
 
     elif mode in ("ours", "ours-1proc"):
-        from tb_bottleneck_plugin import loader
+        from tb_bottleneck_plugin.trace import loader
 
         def op():
             trace = loader.load_trace(path)

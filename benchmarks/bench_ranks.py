@@ -23,7 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tb_bottleneck_plugin import loader, ranks, report
+from tb_bottleneck_plugin.trace import loader
+from tb_bottleneck_plugin.views import ranks
+from tb_bottleneck_plugin import report
 
 DEFAULT = Path(__file__).resolve().parents[2] / "shared/traces/hta/nccl_parser_config/nccl_data.json.gz"
 

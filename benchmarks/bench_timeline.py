@@ -37,9 +37,9 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from bench_load import DEFAULT_OUT, DEFAULT_SOURCE, DEFAULT_TIMES, build_trace  # noqa: E402
 
-from tb_bottleneck_plugin import loader  # noqa: E402
+from tb_bottleneck_plugin.trace import loader  # noqa: E402
 from tb_bottleneck_plugin.analysis import timeline as tl  # noqa: E402
-from tb_bottleneck_plugin.timeline_store import encode  # noqa: E402
+from tb_bottleneck_plugin.serving.timeline_store import encode  # noqa: E402
 
 TARGET_MS = 100.0
 

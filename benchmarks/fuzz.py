@@ -48,7 +48,8 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_TRACES = REPO.parent / "shared" / "traces"
 sys.path.insert(0, str(REPO))
 
-from tb_bottleneck_plugin import loader, report  # noqa: E402
+from tb_bottleneck_plugin.trace import loader  # noqa: E402
+from tb_bottleneck_plugin import report
 from tb_bottleneck_plugin.errors import BottleneckError  # noqa: E402
 
 SEED_EVENTS = 300  # events per seed trace (plus steps and memory events)

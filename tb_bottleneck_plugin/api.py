@@ -13,7 +13,7 @@
     rep.write_html("report.html")               # the single-file HTML report (`report --html`)
     compare("runs/baseline", "runs/num_workers_4").metrics_df()  # `tb-bottlenecks diff`
     # at package level the same function is tbb.compare_runs: the package's own
-    # `tb_bottleneck_plugin.compare` is the compare.py module
+    # `tb_bottleneck_plugin.views.compare` is the compare.py module
 
 examples/bottlenecks.ipynb walks through demo_logs/ with it (tests/test_notebook.py runs it).
 
@@ -83,7 +83,7 @@ def analyze(path_or_url: str, *, jobs: Optional[int] = None, dask: Optional[str]
 
     budget = None
     if memory is not None:
-        from .scheduler import parse_bytes
+        from .serving.scheduler import parse_bytes
 
         budget = parse_bytes(str(memory))
     if jobs is not None and jobs <= 0:
@@ -131,7 +131,7 @@ class Report:
     @property
     def runs(self) -> List[str]:
         """The names of the analysed runs (a run at the root of the path: the directory's name)."""
-        from . import text_report
+        from .views import text_report
 
         return [text_report._run_name(r, self.logdir) for r in self._runs]
 
@@ -295,7 +295,7 @@ class Report:
     # ------------------------------------------------------------------ HTML
 
     def html_data(self) -> dict:
-        from . import html_report
+        from .views import html_report
 
         runs = set(id(r) for r in self._runs)
         results = {s.url: self._results[s.url] for run, _, s in self._spans
@@ -305,7 +305,7 @@ class Report:
 
     def write_html(self, path: str) -> int:
         """Writes the single-file HTML report (as ``report --html``); returns its size in bytes."""
-        from . import html_report
+        from .views import html_report
 
         return html_report.write_html(path, self.html_data())
 
@@ -323,7 +323,7 @@ class Report:
 
 
 def _fmt(value, unit) -> str:
-    from . import text_report
+    from .views import text_report
 
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return "n/a"
@@ -375,9 +375,9 @@ def compare(base, cand, *, base_batch_size: Optional[float] = None, cand_batch_s
 
     Spelled ``from tb_bottleneck_plugin.api import compare``; at package level it is
     ``tb_bottleneck_plugin.compare_runs`` (the same function), because
-    ``tb_bottleneck_plugin.compare`` is the compare.py module."""
-    from . import compare as cmp_mod
-    from . import gate
+    ``tb_bottleneck_plugin.views.compare`` is the compare.py module."""
+    from .views import compare as cmp_mod
+    from .views import gate
 
     def load(side):
         if isinstance(side, Report):
@@ -414,12 +414,12 @@ class Comparison:
         return _pandas().DataFrame(self._data.get("metrics") or [])
 
     def text(self, top: int = 10) -> str:
-        from . import compare as cmp_mod
+        from .views import compare as cmp_mod
 
         return cmp_mod.format_text(self._data, top=top)
 
     def write_html(self, path: str) -> int:
-        from . import html_report
+        from .views import html_report
 
         d = self._data
         views = [html_report.view_of(self._base, f"Baseline: {d['base'].get('label')}", "base"),

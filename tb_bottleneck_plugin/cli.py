@@ -32,7 +32,7 @@ import sys
 import traceback
 from typing import List, Optional
 
-from . import gate
+from .views import gate
 
 
 EXIT_PIPE_CLOSED = 141  # 128 + SIGPIPE: what a shell reports for a tool its pipe reader left
@@ -200,7 +200,7 @@ def _run(args) -> int:
         return _fail("--jobs must be positive")
     budget = None
     if args.memory:
-        from .scheduler import parse_bytes
+        from .serving.scheduler import parse_bytes
 
         try:
             budget = parse_bytes(args.memory)
@@ -232,12 +232,13 @@ def _analyze_all(logdir, spans, *, debug: bool, jobs: Optional[int], memory_budg
     """{span url: result} and [error line] in span order: on a Dask cluster, in child
     processes (``jobs`` at a time within the memory budget, `scheduler.run_all`), or in
     this process (one span, or ``--jobs 1``)."""
-    from . import report, scheduler
+    from . import report
+    from .serving import scheduler
     from .errors import BottleneckError
 
     outcomes = {}
     if dask_address:
-        from . import dask_backend  # only with --dask
+        from .serving import dask_backend  # only with --dask
 
         backend = dask_backend.DaskBackend.connect(dask_address)  # DaskUnavailable: one line, exit 2
         try:
@@ -246,7 +247,7 @@ def _analyze_all(logdir, spans, *, debug: bool, jobs: Optional[int], memory_budg
         finally:
             backend.close()
     else:
-        from . import service
+        from .serving import service
 
         jobs = jobs or scheduler.default_slots()
         if jobs > 1 and len(spans) > 1 and service.processes_supported():
@@ -306,7 +307,7 @@ def collect(path: str, *, debug: bool = False, jobs: Optional[int] = None, memor
     """Discover PATH and analyse its spans, as `tb-bottlenecks report` does (and the Python
     API, api.analyze): (logdir, spans, {span url: result}, [error line], single_file).
     Raises NothingAnalysed when nothing could be analysed."""
-    from . import discovery
+    from .trace import discovery
     from .errors import BottleneckError
 
     try:
@@ -333,7 +334,8 @@ def collect(path: str, *, debug: bool = False, jobs: Optional[int] = None, memor
 def json_report(logdir, spans, results, errors, single_file: bool) -> dict:
     """What `report --json` prints: a single file's report object, else
     {schema_version, logdir, runs: [{run, workers: [{worker, summary, spans}], summary?, ranks?}], errors}."""
-    from . import ranks, report
+    from .views import ranks
+    from . import report
 
     if single_file:
         return results[spans[0][2].url]["report"]
@@ -359,7 +361,7 @@ def json_report(logdir, spans, results, errors, single_file: bool) -> dict:
 
 def write_html_report(html_path: str, data: dict) -> Optional[str]:
     """Writes the single-file HTML report (html_report.py); None, or the one-line reason it failed."""
-    from . import html_report
+    from .views import html_report
 
     try:
         size = html_report.write_html(html_path, data)
@@ -372,7 +374,8 @@ def write_html_report(html_path: str, data: dict) -> Optional[str]:
 def _report(path: str, *, as_json: bool, debug: bool = False, jobs: Optional[int] = None,
             memory_budget: Optional[int] = None, dask_address: Optional[str] = None,
             html: Optional[str] = None) -> int:
-    from . import report, text_report
+    from . import report
+    from .views import text_report
 
     try:
         logdir, spans, results, errors, single_file = collect(
@@ -394,7 +397,7 @@ def _report(path: str, *, as_json: bool, debug: bool = False, jobs: Optional[int
     for e in errors:
         print(f"tb-bottlenecks: {e}", file=sys.stderr)
     if html:
-        from . import html_report
+        from .views import html_report
 
         data = html_report.page_data("report", html_report.run_views(logdir, results), title=f"Bottlenecks: {path}",
                                      errors=errors)

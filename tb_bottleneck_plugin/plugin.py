@@ -33,10 +33,10 @@ from tensorboard.backend import http_util, json_util
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
-from .scheduler import parse_bytes
+from .serving.scheduler import parse_bytes
 from .analysis import peaks
-from .cache import cache_max_bytes
-from .service import Analyzer, default_cache_dir
+from .serving.cache import cache_max_bytes
+from .serving.service import Analyzer, default_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -275,28 +275,28 @@ class BottlenecksPlugin(base_plugin.TBPlugin):
 
     @wrappers.Request.application
     def _serve_compare(self, request):
-        from .compare import compare_route  # 200/202/400/404/422 like the report route
+        from .views.compare import compare_route  # 200/202/400/404/422 like the report route
 
         body, code = compare_route(self.analyzer, request.args, self._problem)
         return http_util.Respond(request, body, "application/json", code=code)
 
     @wrappers.Request.application
     def _serve_ranks(self, request):
-        from .ranks import ranks_route  # metrics §12: the run's ranks side by side
+        from .views.ranks import ranks_route  # metrics §12: the run's ranks side by side
 
         body, code = ranks_route(self.analyzer, request.args, self._problem)
         return http_util.Respond(request, body, "application/json", code=code)
 
     @wrappers.Request.application
     def _serve_timeline(self, request):
-        from .timeline_store import timeline_route  # METRICS.md: Step timeline
+        from .serving.timeline_store import timeline_route  # METRICS.md: Step timeline
 
         body, code = timeline_route(self.analyzer, request.args, self._problem)
         return http_util.Respond(request, body, "application/json", code=code)
 
     @wrappers.Request.application
     def _serve_step_trace(self, request):
-        from .timeline_store import step_trace_route
+        from .serving.timeline_store import step_trace_route
 
         body, code, filename = step_trace_route(self.analyzer, request.args, self._problem)
         headers = [("Content-Disposition", f'attachment; filename="{filename}"')] if filename else None

@@ -89,7 +89,7 @@ class BottlenecksLoader(base_plugin.TBLoader):
             raise base_plugin.FlagsError("--bottlenecks_analysis_jobs must be positive")
         memory = getattr(flags, "bottlenecks_analysis_memory", None)
         if memory:
-            from .scheduler import parse_bytes  # stdlib only
+            from .serving.scheduler import parse_bytes  # stdlib only
 
             try:
                 parse_bytes(memory)

@@ -18,7 +18,8 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from . import discovery, loader, model, recommendations, storage, verdicts
+from .trace import discovery, loader, model, storage
+from .judge import recommendations, verdicts
 from .analysis import memory, occupancy, operators, registry, units
 from .analysis import distributed  # metrics §12: the rank view's per-span part
 from .errors import BottleneckError

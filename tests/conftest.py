@@ -47,7 +47,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from tb_bottleneck_plugin import discovery  # noqa: E402
+from tb_bottleneck_plugin.trace import discovery  # noqa: E402
 from trace_builder import (  # noqa: E402,F401  (re-exported: one trace builder for every test)
     A100, B200, H100, MI250, MI300, V100, XSS_KERNEL, XSS_OP, TraceBuilder, occupancy_args, write_html_names_trace,
     write_trace)
@@ -97,7 +97,7 @@ needs_traces = pytest.mark.skipif(not TRACES.exists(), reason="../shared/traces 
 def real_report(rel: str) -> dict:
     """The span report of the shared trace ``TRACES / rel``, analysed once per test process."""
     from tb_bottleneck_plugin import report
-    from tb_bottleneck_plugin.loader import load_trace
+    from tb_bottleneck_plugin.trace.loader import load_trace
 
     return report.analyze_trace(load_trace(str(TRACES / rel)))["report"]
 
@@ -179,7 +179,7 @@ def need_torch_tb_profiler():
 def fmt_verdict_value(v: dict) -> str:
     """A card's value as static/cards.js fmtVerdictValue writes it (the units the tests
     meet: pct and bytes; bytes through ranks._bytes_words, the server's mirror of format.js)."""
-    from tb_bottleneck_plugin.ranks import _bytes_words
+    from tb_bottleneck_plugin.views.ranks import _bytes_words
 
     if v["value"] is None:
         return "n/a"

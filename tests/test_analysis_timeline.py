@@ -6,7 +6,7 @@ checked by hand from the intervals written here.
 import numpy as np
 import pytest
 
-from tb_bottleneck_plugin import model as M
+from tb_bottleneck_plugin.trace import model as M
 from tb_bottleneck_plugin.analysis.breakdown import step_breakdown, is_comm_kernel_name
 from tb_bottleneck_plugin.analysis.gpu import (clipped_kernel_weights, gpu_metrics, idle_breakdown,
                                                sm_efficiency_integral)

@@ -156,7 +156,7 @@ def test_nothing_to_analyse_is_a_value_error(tmp_path):
 def test_the_tab_and_the_cli_never_import_pandas_and_the_api_says_which_extra():
     code = ("import sys\n"
             "import tb_bottleneck_plugin.plugin_loader, tb_bottleneck_plugin.plugin, tb_bottleneck_plugin.cli\n"
-            "import tb_bottleneck_plugin.api, tb_bottleneck_plugin.html_report\n"
+            "import tb_bottleneck_plugin.api, tb_bottleneck_plugin.views.html_report\n"
             "assert 'pandas' not in sys.modules, 'pandas imported'\n"
             "sys.modules['pandas'] = None\n"  # as if not installed
             "import tb_bottleneck_plugin as t\n"

@@ -138,7 +138,7 @@ def test_no_import_cycle_in_the_runtime_package():
     assert "tb_bottleneck_plugin.plugin" in modules and "tb_bottleneck_plugin.analysis" in modules
     graph = _graph(modules)
     # The graph is real: plugin imports the service at module level, the loader the model.
-    assert "tb_bottleneck_plugin.model" in graph["tb_bottleneck_plugin.loader"]
+    assert "tb_bottleneck_plugin.trace.model" in graph["tb_bottleneck_plugin.trace.loader"]
     cycle = _find_cycle(graph)
     assert cycle is None, " -> ".join(cycle)
 
@@ -236,14 +236,14 @@ _FILE_CALLS = {"open", "listdir", "scandir", "walk", "stat", "ls", "glob", "rglo
                "isdir", "exists", "cat_file", "find"}
 # Where a module may touch files itself ("*": anywhere in it; else the functions named), and why.
 _FILE_ACCESS_ALLOWED = {
-    "tb_bottleneck_plugin.storage": "*",              # fsspec: local paths and gs:// alike
-    "tb_bottleneck_plugin.discovery": "*",            # logdir listing, sniffing, snapshots (through storage)
-    "tb_bottleneck_plugin.loader": {"load_trace"},    # opens the one trace stream it decodes
-    "tb_bottleneck_plugin.cache": "*",                # its own local disk cache of analysed reports
-    "tb_bottleneck_plugin.timeline_store": "*",       # its own local store of step timelines
+    "tb_bottleneck_plugin.trace.storage": "*",              # fsspec: local paths and gs:// alike
+    "tb_bottleneck_plugin.trace.discovery": "*",            # logdir listing, sniffing, snapshots (through storage)
+    "tb_bottleneck_plugin.trace.loader": {"load_trace"},    # opens the one trace stream it decodes
+    "tb_bottleneck_plugin.serving.cache": "*",                # its own local disk cache of analysed reports
+    "tb_bottleneck_plugin.serving.timeline_store": "*",       # its own local store of step timelines
     "tb_bottleneck_plugin.plugin": {"_static_file"},  # the dashboard's files next to plugin.py
     # the single-file HTML report: reads the dashboard's files next to it, writes the local --html FILE
-    "tb_bottleneck_plugin.html_report": {"_static_text", "write_html"},
+    "tb_bottleneck_plugin.views.html_report": {"_static_text", "write_html"},
 }
 
 

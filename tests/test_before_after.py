@@ -62,7 +62,9 @@ def test_every_number_unchanged_on_all_traces(now):
 
 def test_compare_reads_the_operator_view(now):
     """A span's compare rows are its Operator view summed per name ÷ steps (METRICS §11, §13)."""
-    from tb_bottleneck_plugin import compare, discovery, report
+    from tb_bottleneck_plugin.views import compare
+    from tb_bottleneck_plugin.trace import discovery
+    from tb_bottleneck_plugin import report
     from tb_bottleneck_plugin.analysis import operators
 
     logdir = discovery.discover_path(os.path.join(rec.LOGDIRS["shared"], "kineto-tb-samples",

@@ -15,7 +15,7 @@ from tensorboard.plugins import base_plugin
 from werkzeug import test as wtest
 from werkzeug import wrappers
 
-from tb_bottleneck_plugin import timeline_store
+from tb_bottleneck_plugin.serving import timeline_store
 from tb_bottleneck_plugin.plugin import BottlenecksPlugin
 
 from trace_builder import TraceBuilder

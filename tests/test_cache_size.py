@@ -6,7 +6,7 @@ import json
 import pytest
 from tensorboard.plugins import base_plugin
 
-from tb_bottleneck_plugin import cache
+from tb_bottleneck_plugin.serving import cache
 from tb_bottleneck_plugin.plugin import BottlenecksPlugin
 from tb_bottleneck_plugin.plugin_loader import BottlenecksLoader
 

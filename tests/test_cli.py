@@ -128,7 +128,7 @@ def test_debug_shows_the_section_traceback(monkeypatch, capsys):
 
 
 def test_unexpected_error_is_one_line_exit_2_and_a_traceback_with_debug(monkeypatch, capsys):
-    from tb_bottleneck_plugin import discovery
+    from tb_bottleneck_plugin.trace import discovery
 
     monkeypatch.setattr(discovery, "discover_path", _boom)
     code, out, err = run_cli(capsys, "report", str(CPU_NW0))
@@ -141,7 +141,7 @@ def test_unexpected_error_is_one_line_exit_2_and_a_traceback_with_debug(monkeypa
 
 def test_a_crash_on_one_file_costs_that_file_only(monkeypatch, tmp_path, capsys):
     """Exit 1 when some file gave no report (here: an unexpected exception), 2 when none did."""
-    from tb_bottleneck_plugin import loader
+    from tb_bottleneck_plugin.trace import loader
 
     logdir = tmp_path / "logs" / "run"
     logdir.mkdir(parents=True)

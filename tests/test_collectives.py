@@ -12,10 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tb_bottleneck_plugin import ranks, report
+from tb_bottleneck_plugin.views import ranks
+from tb_bottleneck_plugin import report
 from tb_bottleneck_plugin.analysis import collectives as C
 from tb_bottleneck_plugin.analysis.distributed import _DTYPE_BYTES, collective_kind
-from tb_bottleneck_plugin.loader import load_trace
+from tb_bottleneck_plugin.trace.loader import load_trace
 
 from trace_builder import A100, MI300, V100, TraceBuilder
 

@@ -134,7 +134,7 @@ def test_per_step_across_spans_ties_and_missing():
 
 
 def test_combine_without_views_then_combine_views_equals_combine_with_views(tmp_path):
-    from tb_bottleneck_plugin import loader
+    from tb_bottleneck_plugin.trace import loader
 
     from trace_builder import write_trace
 
@@ -158,7 +158,7 @@ def test_combine_without_views_then_combine_views_equals_combine_with_views(tmp_
 
 
 def test_service_makes_run_views_only_when_asked_and_once(tmp_path, monkeypatch):
-    from tb_bottleneck_plugin.service import Analyzer
+    from tb_bottleneck_plugin.serving.service import Analyzer
 
     from trace_builder import write_trace
 

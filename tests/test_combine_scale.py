@@ -10,7 +10,8 @@ import tracemalloc
 
 import pytest
 
-from tb_bottleneck_plugin import loader, report
+from tb_bottleneck_plugin.trace import loader
+from tb_bottleneck_plugin import report
 from tb_bottleneck_plugin.analysis import occupancy, operators
 
 HERE = os.path.dirname(os.path.abspath(__file__))

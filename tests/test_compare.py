@@ -17,10 +17,12 @@ from tensorboard.plugins import base_plugin
 from werkzeug import test as wtest
 from werkzeug import wrappers
 
-from tb_bottleneck_plugin import compare, discovery, loader, report
+from tb_bottleneck_plugin.views import compare
+from tb_bottleneck_plugin.trace import discovery, loader
+from tb_bottleneck_plugin import report
 from tb_bottleneck_plugin.analysis import breakdown, operators, steps
 from tb_bottleneck_plugin.plugin import BottlenecksPlugin
-from tb_bottleneck_plugin.service import Analyzer
+from tb_bottleneck_plugin.serving.service import Analyzer
 
 REPO = Path(__file__).resolve().parents[1]
 from conftest import SHARED, TRACES, write_trace  # noqa: E402  (the one definition, tests/conftest.py)

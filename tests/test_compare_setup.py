@@ -14,7 +14,8 @@ import re
 
 import pytest
 
-from tb_bottleneck_plugin import cli, compare, gate
+from tb_bottleneck_plugin import cli
+from tb_bottleneck_plugin.views import compare, gate
 from conftest import TRACES
 from test_compare import DEMO_NW0, hand_pair, result_of
 

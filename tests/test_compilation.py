@@ -16,7 +16,7 @@ from tb_bottleneck_plugin import report, thresholds as T
 from tb_bottleneck_plugin.analysis import compilation as C
 from tb_bottleneck_plugin.analysis.linking import gpu_runtime_index
 from tb_bottleneck_plugin.analysis.steps import find_steps
-from tb_bottleneck_plugin.loader import load_trace
+from tb_bottleneck_plugin.trace.loader import load_trace
 from trace_builder import H100, TraceBuilder
 
 H100_DIR = TRACES / "h100"
@@ -381,7 +381,7 @@ def test_real_cpu_torch_compile_graph_break_matches_explain(tmp_path):
 def _demo_span_report(run):
     from pathlib import Path
 
-    from tb_bottleneck_plugin import discovery
+    from tb_bottleneck_plugin.trace import discovery
 
     logdir = Path(__file__).resolve().parents[1] / "demo_logs"
     scanned = discovery.scan_logdir(str(logdir))
@@ -419,7 +419,7 @@ def test_h100_cuda_graph_gaps_are_not_shaded_launch_bound():
 
     from tb_bottleneck_plugin.analysis import timeline
     from tb_bottleneck_plugin.analysis.context import GRAPH_LAUNCH_CALLS
-    from tb_bottleneck_plugin.model import GPU_KERNEL
+    from tb_bottleneck_plugin.trace.model import GPU_KERNEL
 
     from pathlib import Path
 

@@ -25,7 +25,7 @@ import pytest
 distributed = pytest.importorskip("distributed")
 
 from tb_bottleneck_plugin import cli, report  # noqa: E402
-from tb_bottleneck_plugin.service import Analyzer  # noqa: E402
+from tb_bottleneck_plugin.serving.service import Analyzer  # noqa: E402
 
 from conftest import TRACES  # noqa: E402
 
@@ -130,7 +130,7 @@ def test_service_on_dask_equals_local(tmp_path, cluster):
                 assert (remote.result(f"run{k}", f"rank{r}")["state"] == "ready")
         assert remote.runs_view()["runs"] == local.runs_view()["runs"]
         # the timeline of a span analysed on the cluster: the worker sent its store too
-        from tb_bottleneck_plugin.timeline_store import step_trace_route, timeline_route
+        from tb_bottleneck_plugin.serving.timeline_store import step_trace_route, timeline_route
 
         for k in range(4):
             q = {"run": f"run{k}", "worker": "rank0", "px": "900"}
@@ -222,14 +222,14 @@ def test_nothing_of_dask_is_imported_without_the_flag(tmp_path):
     code = (
         "import sys, io, contextlib\n"
         "from tb_bottleneck_plugin import cli, plugin_loader, plugin\n"
-        "from tb_bottleneck_plugin.service import Analyzer\n"
+        "from tb_bottleneck_plugin.serving.service import Analyzer\n"
         "with contextlib.redirect_stdout(io.StringIO()):\n"
         f"    assert cli.main(['report', {str(root)!r}, '--json', '--jobs', '2']) == 0\n"
         f"a = Analyzer({str(root)!r}, rescan_seconds=60)\n"
         "assert a.wait_idle(120)\n"
         "a.stop()\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('dask', 'distributed')"
-        " or m == 'tb_bottleneck_plugin.dask_backend')\n"
+        " or m == 'tb_bottleneck_plugin.serving.dask_backend')\n"
         "print(bad)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          cwd=str(Path(__file__).resolve().parents[1]))

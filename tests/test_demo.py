@@ -200,7 +200,8 @@ def test_main_reports_a_missing_gpu(tmp_path, capsys):
 def test_the_project_analysis_tells_the_demo_story(demo_logdir):
     """The real report (what the tab shows) agrees with the independent helper above:
     the input-bound run is flagged with the DataLoader fix first, its twin is not."""
-    from tb_bottleneck_plugin import discovery, report
+    from tb_bottleneck_plugin.trace import discovery
+    from tb_bottleneck_plugin import report
 
     outdir, _ = demo_logdir
     logdir = discovery.scan_logdir(outdir)

@@ -45,8 +45,10 @@ pytest.importorskip("torch")
 
 from tb_bottleneck_demo import generator as demo  # noqa: E402
 from tb_bottleneck_demo import ground_truth as gt  # noqa: E402
-from tb_bottleneck_plugin import discovery, ranks, report  # noqa: E402
-from tb_bottleneck_plugin.loader import load_trace  # noqa: E402
+from tb_bottleneck_plugin.trace import discovery  # noqa: E402
+from tb_bottleneck_plugin.views import ranks
+from tb_bottleneck_plugin import report
+from tb_bottleneck_plugin.trace.loader import load_trace  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 MAX_TRACE_BYTES = 300 * 1024

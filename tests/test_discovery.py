@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tb_bottleneck_plugin import discovery, storage
-from tb_bottleneck_plugin.discovery import ROOT_RUN, classify_head
+from tb_bottleneck_plugin.trace import discovery, storage
+from tb_bottleneck_plugin.trace.discovery import ROOT_RUN, classify_head
 from tb_bottleneck_plugin.errors import StorageError
 
 from conftest import TRACES  # noqa: E402  (the one definition, tests/conftest.py)

@@ -29,7 +29,9 @@ from pathlib import Path
 import pytest
 
 from tb_bottleneck_demo import generator as demo
-from tb_bottleneck_plugin import discovery, ranks, report
+from tb_bottleneck_plugin.trace import discovery
+from tb_bottleneck_plugin.views import ranks
+from tb_bottleneck_plugin import report
 from tb_bottleneck_plugin import thresholds as T
 
 REPO = Path(__file__).resolve().parents[1]
@@ -142,7 +144,7 @@ def test_split_adds_up_on_every_rank_and_step(pair, name):
 
 
 def test_ranks_route_through_the_analyzer(tmp_path):
-    from tb_bottleneck_plugin.service import Analyzer
+    from tb_bottleneck_plugin.serving.service import Analyzer
 
     for name in demo.DDP_PAIR + ("input_bound_nw0",):
         shutil.copytree(REPO / "demo_logs" / name, tmp_path / name)

@@ -166,7 +166,7 @@ def test_trace_strings_stay_text(tensorboard, browser_page):
 
 # format.js fmtBytes, mirrored on the server for the straggler advice (ranks._bytes_words):
 # the drawn card must read exactly what the server writes.
-from tb_bottleneck_plugin.ranks import _bytes_words as _fmt_bytes  # noqa: E402
+from tb_bottleneck_plugin.views.ranks import _bytes_words as _fmt_bytes  # noqa: E402
 
 
 

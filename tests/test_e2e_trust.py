@@ -97,9 +97,9 @@ def test_recommendation_chips_carry_units(trust_base, browser_page):
     """The allocator-slack advice on HTA's V100 memory trace, as the server makes it, drawn by
     the tab's own recommendations panel: its numbers read as sizes ("peak reserved: 11.9 GiB"),
     not as bare numbers under a unit-named key ("peak reserved gib: 11.9")."""
-    from tb_bottleneck_plugin import recommendations
+    from tb_bottleneck_plugin.judge import recommendations
     from tb_bottleneck_plugin import report as report_mod
-    from tb_bottleneck_plugin.loader import load_trace
+    from tb_bottleneck_plugin.trace.loader import load_trace
 
     path = TRACES / "hta/df_index_resolver/df_index_resolver.json.gz"
     rep = report_mod.analyze_trace(load_trace(str(path)))["report"]

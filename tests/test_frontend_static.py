@@ -286,7 +286,7 @@ def test_views_are_split_and_cards_come_from_descriptors():
     ids = re.findall(r'^\s+id: "([a-z_]+)",', cards, flags=re.M)
     # every descriptor is a card the server gives a verdict for (verdicts.py CARDS); a verdict
     # without a descriptor is still shown (cards.js genericDescriptor), so a new metric needs none
-    from tb_bottleneck_plugin import verdicts
+    from tb_bottleneck_plugin.judge import verdicts
     from tb_bottleneck_plugin.analysis import registry
 
     server_cards = {card for card, _ in verdicts.CARDS} | {card for u in registry.UNITS for card, _ in u.cards}

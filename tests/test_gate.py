@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from tb_bottleneck_plugin import cli, compare, gate
+from tb_bottleneck_plugin import cli
+from tb_bottleneck_plugin.views import compare, gate
 from test_compare import DEMO_NW0, DEMO_NW4, hand_pair, result_of
 
 

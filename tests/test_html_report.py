@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import DEMO_LOGS, REPO, XSS_KERNEL, XSS_OP, fmt_verdict_value, write_html_names_trace
-from tb_bottleneck_plugin import html_report
+from tb_bottleneck_plugin.views import html_report
 
 CARDS_JS = """() => [...document.querySelectorAll('.card[data-card]')].map(c => ({
     id: c.getAttribute('data-card'), cls: [...c.classList].filter(k => k.startsWith('sev-')),

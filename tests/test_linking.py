@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from conftest import TRACES, TraceBuilder  # noqa: E402
-from tb_bottleneck_plugin import loader, report
+from tb_bottleneck_plugin.trace import loader
+from tb_bottleneck_plugin import report
 from tb_bottleneck_plugin.analysis import context, distributed, gpu, linking, operators, signals, tensor_cores
 from tb_bottleneck_plugin.analysis import timeline as tl
 from tb_bottleneck_plugin.analysis.steps import find_steps

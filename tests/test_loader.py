@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tb_bottleneck_plugin import loader, loader_text, loader_workers, model
+from tb_bottleneck_plugin.trace import loader, text as loader_text, decode_workers as loader_workers, model
 from tb_bottleneck_plugin.errors import NotATraceError, TraceError, TruncatedTraceError
 
 from conftest import SHARED, TRACES  # noqa: E402  (the one definition, tests/conftest.py)

@@ -19,7 +19,8 @@ import zlib
 import numpy as np
 import pytest
 
-from tb_bottleneck_plugin import loader, loader_text, model, report
+from tb_bottleneck_plugin.trace import loader, text as loader_text, model
+from tb_bottleneck_plugin import report
 from tb_bottleneck_plugin.analysis.occupancy import device_properties
 from tb_bottleneck_plugin.errors import NotATraceError, TraceError, TruncatedTraceError
 
@@ -422,7 +423,7 @@ def test_whitespace_bomb_is_rejected_fast_in_bounded_memory(tmp_path):
     assert 5e6 < size < 20e6
     script = textwrap.dedent(f"""
         import json, time
-        from tb_bottleneck_plugin import loader
+        from tb_bottleneck_plugin.trace import loader
         from tb_bottleneck_plugin.errors import TraceError
         def status_kb(key):  # this process image only: ru_maxrss would include the
             # forking parent's RSS (Linux keeps the pre-exec peak in ru_maxrss)

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from tb_bottleneck_plugin import loader, loader_workers
+from tb_bottleneck_plugin.trace import loader, decode_workers as loader_workers
 
 from conftest import TRACES  # noqa: E402
 
@@ -243,8 +243,8 @@ def test_seeded_chunk_builders_merge_to_the_sequential_result():
     Merged in file order they give exactly the strings and ids of decoding every chunk
     here, both when nothing new came in meanwhile (no remap) and when an earlier chunk,
     merged after this one was seeded, brought the same new names (remap)."""
-    from tb_bottleneck_plugin.loader_columns import _Builder
-    from tb_bottleneck_plugin.loader_events import _decode_events
+    from tb_bottleneck_plugin.trace.columns import _Builder
+    from tb_bottleneck_plugin.trace.events import _decode_events
 
     first = _chunk(("cpu_op", "aten::mm", [[2, 3], [3, 4]]), ("kernel", "gemm_a", None))
     second = _chunk(("cpu_op", "aten::conv2d", [[1, 3, 8, 8]]), ("cpu_op", "aten::mm", [[2, 3], [3, 4]]),

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tb_bottleneck_plugin.analysis import memory as mem
-from tb_bottleneck_plugin.loader import load_trace
+from tb_bottleneck_plugin.trace.loader import load_trace
 
 GIB = 1 << 30
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tb_bottleneck_plugin.analysis import occupancy as occ
-from tb_bottleneck_plugin.loader import load_trace
+from tb_bottleneck_plugin.trace.loader import load_trace
 
 from conftest import TRACES  # noqa: E402  (the one definition, tests/conftest.py)
 V100 = {"id": 0, "computeMajor": 7, "computeMinor": 0, "maxThreadsPerBlock": 1024,

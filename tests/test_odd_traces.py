@@ -17,7 +17,7 @@ from tb_bottleneck_plugin import report as report_mod
 from tb_bottleneck_plugin.analysis import memory as mem
 from tb_bottleneck_plugin.analysis import signals
 from tb_bottleneck_plugin.analysis import timeline as tl
-from tb_bottleneck_plugin.loader import load_trace
+from tb_bottleneck_plugin.trace.loader import load_trace
 
 from trace_builder import V100, TraceBuilder, write_trace
 

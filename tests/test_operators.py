@@ -19,7 +19,7 @@ import pytest
 
 from conftest import TRACES, TraceBuilder, need_torch_tb_profiler
 from tb_bottleneck_plugin.analysis import operators, steps
-from tb_bottleneck_plugin.loader import load_trace
+from tb_bottleneck_plugin.trace.loader import load_trace
 
 LINEAR_A = {"Input Dims": [[8, 16], [32, 16], [32]], "Input type": ["float", "float", "float"]}
 LINEAR_B = {"Input Dims": [[4, 16], [32, 16], [32]], "Input type": ["float", "float", "float"]}

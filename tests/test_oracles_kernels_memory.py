@@ -15,7 +15,7 @@ from tb_bottleneck_plugin.analysis.occupancy import (KINETO_ROUNDS_TO_ZERO_PCT, 
                                                       shown_occupancy)
 from tb_bottleneck_plugin.analysis.steps import find_steps
 from tb_bottleneck_plugin.analysis.tensor_cores import TC_EXCLUDE, is_tensor_core_name, tensor_core_usage
-from tb_bottleneck_plugin.loader import load_trace
+from tb_bottleneck_plugin.trace.loader import load_trace
 
 from conftest import SHARED, TRACES  # noqa: E402  (the one definition, tests/conftest.py)
 REF = json.loads((SHARED / "oracles" / "reference.json").read_text())["traces"]

@@ -22,7 +22,7 @@ from tb_bottleneck_plugin.analysis.breakdown import step_breakdown
 from tb_bottleneck_plugin.analysis.gpu import gpu_metrics, hta_gpu_mask
 from tb_bottleneck_plugin.analysis.input_bound import input_bound
 from tb_bottleneck_plugin.analysis.steps import find_steps
-from tb_bottleneck_plugin.loader import load_trace
+from tb_bottleneck_plugin.trace.loader import load_trace
 
 from conftest import SHARED, TRACES  # noqa: E402  (the one definition, tests/conftest.py)
 import oracle_quirks as quirks  # noqa: E402

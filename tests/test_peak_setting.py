@@ -9,7 +9,9 @@ import pytest
 from tensorboard.plugins import base_plugin
 
 from conftest import DEMO_LOGS
-from tb_bottleneck_plugin import cache, cli, compare
+from tb_bottleneck_plugin.serving import cache
+from tb_bottleneck_plugin import cli
+from tb_bottleneck_plugin.views import compare
 from tb_bottleneck_plugin.analysis import collectives, peaks
 from tb_bottleneck_plugin.plugin import BottlenecksPlugin
 from tb_bottleneck_plugin.plugin_loader import BottlenecksLoader

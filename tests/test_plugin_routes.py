@@ -19,9 +19,11 @@ from tensorboard.plugins import base_plugin
 from werkzeug import test as wtest
 from werkzeug import wrappers
 
-from tb_bottleneck_plugin import discovery, plugin as plugin_module, report, service
+from tb_bottleneck_plugin.trace import discovery
+from tb_bottleneck_plugin import plugin as plugin_module, report
+from tb_bottleneck_plugin.serving import service
 from tb_bottleneck_plugin.plugin import BottlenecksPlugin
-from tb_bottleneck_plugin.service import Analyzer
+from tb_bottleneck_plugin.serving.service import Analyzer
 
 from conftest import TRACES  # noqa: E402  (the one definition, tests/conftest.py)
 CPU_NW0 = TRACES / "generated-cpu-torch2.13" / "nw0" / "worker0.1795274786665165565.pt.trace.json"
@@ -406,7 +408,7 @@ def test_is_active_is_instant_and_never_touches_storage(harnesses, logdir, tmp_p
 
     monkeypatch.setattr(discovery, "scan_logdir", slow_scan)
     storage_calls = []
-    from tb_bottleneck_plugin import storage
+    from tb_bottleneck_plugin.trace import storage
 
     real_get_fs = storage.get_fs
 

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tb_bottleneck_plugin import discovery, loader, ranks, report
+from tb_bottleneck_plugin.trace import discovery, loader
+from tb_bottleneck_plugin.views import ranks
+from tb_bottleneck_plugin import report
 from tb_bottleneck_plugin.analysis import distributed
 from tb_bottleneck_plugin.analysis import steps as steps_mod
 

@@ -5,7 +5,7 @@ Numbers hand-computed in tests/test_ranks_input.py's cpu_input_2rank run: rank 0
 105, 130, 40 µs of 300 µs; rank 1 = 70, 0, 80, 100, 50 µs of 300 µs."""
 from __future__ import annotations
 
-from tb_bottleneck_plugin import ranks
+from tb_bottleneck_plugin.views import ranks
 
 from test_ranks_input import _results, cpu_input_2rank  # noqa: F401  (the hand-built run, a fixture)
 

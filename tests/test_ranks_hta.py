@@ -35,12 +35,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tb_bottleneck_plugin import loader, report
+from tb_bottleneck_plugin.trace import loader
+from tb_bottleneck_plugin import report
 from tb_bottleneck_plugin.analysis import intervals as iv
 from tb_bottleneck_plugin.analysis import steps as steps_mod
 from tb_bottleneck_plugin.analysis.breakdown import comm_kernel_mask
 from tb_bottleneck_plugin.analysis.linking import gpu_runtime_index
-from tb_bottleneck_plugin.model import GPU_KERNEL
+from tb_bottleneck_plugin.trace.model import GPU_KERNEL
 
 from conftest import TRACES  # noqa: E402  (the one definition, tests/conftest.py)
 

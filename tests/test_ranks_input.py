@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tb_bottleneck_plugin import discovery, ranks, report
+from tb_bottleneck_plugin.trace import discovery
+from tb_bottleneck_plugin.views import ranks
+from tb_bottleneck_plugin import report
 
 from conftest import DEMO_LOGS, write_trace  # noqa: E402
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tb_bottleneck_plugin import recommendations as R
+from tb_bottleneck_plugin.judge import recommendations as R
 from tb_bottleneck_plugin import report as report_mod
 from tb_bottleneck_plugin.analysis import context
 from conftest import needs_traces, real_report as real, rules_by_id as rules, A100, B200, H100, MI250, MI300, V100, TraceBuilder, occupancy_args

@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from tb_bottleneck_plugin import recommendations as R
+from tb_bottleneck_plugin.judge import recommendations as R
 from tb_bottleneck_plugin import thresholds as T
 from conftest import TRACES, needs_traces, real_report
 
@@ -343,7 +343,7 @@ def test_communication_gain_is_the_exposed_share_of_the_step():
 def test_input_advice_names_the_loop_line_and_the_text_report_prints_it():
     """V100 ResNet-50 num_workers=0 (old `Call stack` args): the DataLoader wait is the
     script's loop line (METRICS §17), in the input-bound advice and in the CLI text."""
-    from tb_bottleneck_plugin.text_report import format_report
+    from tb_bottleneck_plugin.views.text_report import format_report
 
     rel = "kineto-tb-samples/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz"
     rep = real_report(rel)
@@ -356,7 +356,7 @@ def test_text_report_prints_mfu_compilation_and_the_sync_line():
     """gpt2_bf16_eager: the sync line (h100_truth: the loss.item() inside record_h100.py's
     step(), whose frame is named by its first line 165) and the MFU card's own words;
     toy_graph_break: its break and recompiles."""
-    from tb_bottleneck_plugin.text_report import format_report
+    from tb_bottleneck_plugin.views.text_report import format_report
 
     rep = real_report(spans("gpt2_bf16_eager")[0])
     text = format_report(rep)

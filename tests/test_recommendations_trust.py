@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from tb_bottleneck_plugin import recommendations as R
+from tb_bottleneck_plugin.judge import recommendations as R
 from conftest import needs_traces, real_report as real, rules_by_id as rules, MI250, MI300, V100
 
 CPU_NW0 = "generated-cpu-torch2.13/nw0/worker0.1795274786665165565.pt.trace.json"
@@ -145,7 +145,7 @@ MI250_TRAIN = "hta/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz"
 
 @needs_traces
 def test_cli_says_matrix_cores_on_amd_and_tensor_cores_on_nvidia():
-    from tb_bottleneck_plugin.text_report import format_report
+    from tb_bottleneck_plugin.views.text_report import format_report
 
     amd = format_report(real(MI250_TRAIN))
     assert "GPU 2: utilization 1.19%, matrix cores 27.27%" in amd and "Tensor Cores" not in amd
@@ -155,7 +155,7 @@ def test_cli_says_matrix_cores_on_amd_and_tensor_cores_on_nvidia():
 
 @needs_traces
 def test_cli_names_step_categories_as_the_tab_does():
-    from tb_bottleneck_plugin.text_report import format_report
+    from tb_bottleneck_plugin.views.text_report import format_report
 
     text = format_report(real(H100_BERT))
     assert ("average step 4.43 ms: Kernel 6.9%, Memcpy 0.1%, Runtime 8.6%, CPU Exec 35.9%, Other (idle) 48.5%"
@@ -164,7 +164,7 @@ def test_cli_names_step_categories_as_the_tab_does():
 
 
 def test_cli_step_list_of_a_multi_rank_summary_has_each_number_once():
-    from tb_bottleneck_plugin.text_report import format_report
+    from tb_bottleneck_plugin.views.text_report import format_report
 
     text = format_report({"source": "x", "steps": {"found": True, "numbers": [2, 3, 4, 2, 3, 4]}})
     assert "steps [2, 3, 4] (numbers repeated across spans: 6 step windows)" in text

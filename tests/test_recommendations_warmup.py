@@ -16,7 +16,7 @@ import json
 
 import pytest
 
-from tb_bottleneck_plugin import recommendations as R
+from tb_bottleneck_plugin.judge import recommendations as R
 from tb_bottleneck_plugin import report as report_mod
 from tb_bottleneck_plugin import thresholds as T
 from conftest import needs_traces, real_report as real, rules_by_id as rules, H100, TRACES, TraceBuilder, occupancy_args

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tb_bottleneck_plugin import discovery, report
-from tb_bottleneck_plugin.loader import load_trace
+from tb_bottleneck_plugin.trace import discovery
+from tb_bottleneck_plugin import report
+from tb_bottleneck_plugin.trace.loader import load_trace
 
 import oracle_quirks as quirks
 

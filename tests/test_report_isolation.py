@@ -9,7 +9,9 @@ import logging
 
 import pytest
 
-from tb_bottleneck_plugin import loader, recommendations, report
+from tb_bottleneck_plugin.trace import loader
+from tb_bottleneck_plugin.judge import recommendations
+from tb_bottleneck_plugin import report
 from tb_bottleneck_plugin.analysis import (breakdown, context, distributed, gpu, input_bound, memory, occupancy,
                                            operators, signals, steps, tensor_cores, units_trace)
 

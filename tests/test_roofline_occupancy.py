@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import DEMO_LOGS, TRACES
-from tb_bottleneck_plugin import recommendations
+from tb_bottleneck_plugin.judge import recommendations
 from tb_bottleneck_plugin import thresholds as T
 from tb_bottleneck_plugin.analysis import flops
 
@@ -25,7 +25,7 @@ def _files():
 
 def _report(path: str) -> dict:
     from tb_bottleneck_plugin import report
-    from tb_bottleneck_plugin.loader import load_trace
+    from tb_bottleneck_plugin.trace.loader import load_trace
 
     return report.analyze_trace(load_trace(path))["report"]
 

@@ -13,9 +13,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from tb_bottleneck_plugin import cli, report, scheduler
-from tb_bottleneck_plugin.scheduler import Scheduler, estimate_peak_bytes, parse_bytes, uncompressed_size
-from tb_bottleneck_plugin.service import Analyzer
+from tb_bottleneck_plugin import cli, report
+from tb_bottleneck_plugin.serving import scheduler
+from tb_bottleneck_plugin.serving.scheduler import (
+    Scheduler,
+    estimate_peak_bytes,
+    parse_bytes,
+    uncompressed_size,
+)
+from tb_bottleneck_plugin.serving.service import Analyzer
 
 from conftest import TRACES  # noqa: E402
 
@@ -199,7 +205,7 @@ def test_cli_jobs_in_child_processes_equal_one_in_process(tmp_path, capsys, monk
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, dst)
     (root / "run1" / "broken.1.pt.trace.json").write_text('{"traceEvents": [')
-    from tb_bottleneck_plugin import service
+    from tb_bottleneck_plugin.serving import service
 
     started = []
     real = service.ChildPool.analyze

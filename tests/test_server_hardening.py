@@ -17,9 +17,10 @@ from tensorboard.plugins import base_plugin
 from werkzeug import test as wtest
 from werkzeug import wrappers
 
-from tb_bottleneck_plugin import cache, report, service
+from tb_bottleneck_plugin.serving import cache, service
+from tb_bottleneck_plugin import report
 from tb_bottleneck_plugin.plugin import BottlenecksPlugin
-from tb_bottleneck_plugin.service import Analyzer, DiskCache
+from tb_bottleneck_plugin.serving.service import Analyzer, DiskCache
 
 from conftest import TRACES  # noqa: E402  (the one definition, tests/conftest.py)
 CPU_NW0 = TRACES / "generated-cpu-torch2.13" / "nw0" / "worker0.1795274786665165565.pt.trace.json"
@@ -400,7 +401,7 @@ def test_children_end_at_interpreter_exit(tmp_path):
     link(root / "cpu" / CPU_NW0.name, CPU_NW0)
     code = (
         "import sys, time\n"
-        "from tb_bottleneck_plugin.service import Analyzer\n"
+        "from tb_bottleneck_plugin.serving.service import Analyzer\n"
         f"a = Analyzer({str(root)!r}, rescan_seconds=60, processes=True)\n"
         "a.start()\n"
         "deadline = time.monotonic() + 60\n"

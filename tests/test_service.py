@@ -15,8 +15,9 @@ from typing import Callable, Optional
 
 import pytest
 
-from tb_bottleneck_plugin import report, service
-from tb_bottleneck_plugin.service import Analyzer, DiskCache
+from tb_bottleneck_plugin import report
+from tb_bottleneck_plugin.serving import service
+from tb_bottleneck_plugin.serving.service import Analyzer, DiskCache
 
 from conftest import TRACES, patience  # noqa: E402  (the one definition, tests/conftest.py)
 CPU_NW0 = TRACES / "generated-cpu-torch2.13" / "nw0" / "worker0.1795274786665165565.pt.trace.json"
@@ -278,7 +279,7 @@ def test_analysis_version_bump_invalidates_the_cache(tmp_path, analyzers, monkey
 def test_a_code_change_invalidates_the_cache_without_a_version_bump(tmp_path, analyzers, monkeypatch):
     """Cached results carry numbers, verdict words and advice: results written by other code
     (an upgrade, a local edit) are not served even when ANALYSIS_VERSION stayed the same."""
-    from tb_bottleneck_plugin import cache as cache_mod
+    from tb_bottleneck_plugin.serving import cache as cache_mod
 
     root = _cached_logdir(tmp_path)
     cache = tmp_path / "cache"
@@ -297,7 +298,7 @@ def test_a_code_change_invalidates_the_cache_without_a_version_bump(tmp_path, an
 def test_code_digest_follows_the_python_source_only(tmp_path, monkeypatch):
     import shutil
 
-    from tb_bottleneck_plugin import cache as cache_mod
+    from tb_bottleneck_plugin.serving import cache as cache_mod
 
     copy = tmp_path / "pkg"
     shutil.copytree(cache_mod._PACKAGE_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
@@ -311,7 +312,7 @@ def test_code_digest_follows_the_python_source_only(tmp_path, monkeypatch):
     assert digest() == first
     (copy / "static" / "cards.js").write_text("// the dashboard renders what routes send\n")
     assert digest() == first
-    rec = copy / "recommendations.py"
+    rec = copy / "judge" / "recommendations.py"
     rec.write_text(rec.read_text().replace("the host does not keep it busy", "the host keeps it idle"))
     assert digest() != first
 

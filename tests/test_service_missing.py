@@ -13,8 +13,9 @@ import time
 
 import pytest
 
-from tb_bottleneck_plugin import report, service
-from tb_bottleneck_plugin.service import Analyzer
+from tb_bottleneck_plugin import report
+from tb_bottleneck_plugin.serving import service
+from tb_bottleneck_plugin.serving.service import Analyzer
 
 from conftest import DEMO_LOGS
 

@@ -221,7 +221,7 @@ def test_analyzer_stop_kills_and_reaps_busy_children_at_once(tmp_path):
     returns within a second or so, every analysis child is gone (reaped, not a zombie of
     ours), nothing is started after it, and the threads that waited on the children are
     daemon threads (a non-daemon one is joined by the interpreter's exit)."""
-    from tb_bottleneck_plugin.service import Analyzer
+    from tb_bottleneck_plugin.serving.service import Analyzer
 
     logs = _logdir(tmp_path, BUSY_TRACES, copies=1)
     a = Analyzer(str(logs), rescan_seconds=600, max_workers=3, processes=True)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tb_bottleneck_plugin import loader, report
+from tb_bottleneck_plugin.trace import loader
+from tb_bottleneck_plugin import report
 from tb_bottleneck_plugin.analysis import source, units
 from tb_bottleneck_plugin.analysis.steps import find_steps
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tb_bottleneck_plugin import discovery, loader, storage
+from tb_bottleneck_plugin.trace import discovery, loader, storage
 from tb_bottleneck_plugin.errors import MissingExtraError, StorageError
 
 from conftest import TRACES  # noqa: E402  (the one definition, tests/conftest.py)

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from tb_bottleneck_plugin.analysis import tensor_cores as tc
-from tb_bottleneck_plugin.loader import load_trace
+from tb_bottleneck_plugin.trace.loader import load_trace
 
 
 @pytest.mark.parametrize("entry", tc.TC_PATTERNS, ids=[p.pattern[:40] for p in tc.TC_PATTERNS])

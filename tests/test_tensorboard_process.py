@@ -280,7 +280,7 @@ def _ours(tb_pid: int) -> Dict[int, Tuple[int, int, str]]:
     starts multiprocessing workers of its own, which outlive a SIGKILLed TensorBoard."""
     out: Dict[int, Tuple[int, int, str]] = {}
     for pid, info in _descendants(tb_pid).items():
-        if info[0] == tb_pid and "tb_bottleneck_plugin.service import _child_entry" in _cmdline(pid):
+        if info[0] == tb_pid and "tb_bottleneck_plugin.serving.service import _child_entry" in _cmdline(pid):
             out[pid] = info
             out.update(_descendants(pid))
     return out
@@ -382,8 +382,8 @@ def test_entry_point_import_is_light(tmp_path):
         t0 = time.perf_counter()
         import tb_bottleneck_plugin.plugin_loader as pl
         seconds = time.perf_counter() - t0
-        heavy = sorted(m for m in ("numpy", "msgspec", "fsspec", "gcsfs", "aiohttp", "tb_bottleneck_plugin.service",
-                                   "tb_bottleneck_plugin.report", "tb_bottleneck_plugin.loader") if m in sys.modules)
+        heavy = sorted(m for m in ("numpy", "msgspec", "fsspec", "gcsfs", "aiohttp", "tb_bottleneck_plugin.serving.service",
+                                   "tb_bottleneck_plugin.report", "tb_bottleneck_plugin.trace.loader") if m in sys.modules)
         import argparse
         parser = argparse.ArgumentParser()
         pl.BottlenecksLoader().define_flags(parser)

@@ -287,7 +287,7 @@ ROCM_TRACES = {  # ../shared/traces ROCm traces: (path, the runtime threads of t
 
 def _rocm_store(key):
     from conftest import TRACES
-    from tb_bottleneck_plugin.loader import load_trace
+    from tb_bottleneck_plugin.trace.loader import load_trace
 
     path = TRACES / ROCM_TRACES[key]
     if not path.exists():

@@ -167,7 +167,7 @@ def test_store_on_disk_beside_the_cached_report(tmp_path):
 
 def test_store_files_unreadable_old_and_over_budget(tmp_path):
     from tb_bottleneck_plugin.analysis import timeline as tl
-    from tb_bottleneck_plugin.timeline_store import TimelineStores
+    from tb_bottleneck_plugin.serving.timeline_store import TimelineStores
 
     b = TraceBuilder()
     _step(b, 1, 0, 1000, 300)

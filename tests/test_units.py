@@ -11,7 +11,8 @@ import shutil
 import pytest
 
 from conftest import TRACES  # noqa: E402
-from tb_bottleneck_plugin import discovery, loader, report
+from tb_bottleneck_plugin.trace import discovery, loader
+from tb_bottleneck_plugin import report
 from tb_bottleneck_plugin.analysis import breakdown, occupancy, registry, units
 
 H100 = TRACES / "tracelens/h100/gaunernst_bert-small-uncased__1016001.json.gz"
@@ -102,7 +103,7 @@ def test_a_toy_metric_is_one_module_plus_one_registry_line(monkeypatch, resnet_s
     registry entry give a span section, its partial, a summary section and a card verdict,
     with no change to report.py, the summaries or verdicts.py."""
     from tb_bottleneck_plugin import thresholds as T
-    from tb_bottleneck_plugin import verdicts
+    from tb_bottleneck_plugin.judge import verdicts
 
     def compute(span):
         rt = span.trace.runtime

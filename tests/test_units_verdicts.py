@@ -9,7 +9,7 @@ import os
 import pytest
 
 from tb_bottleneck_plugin import thresholds as T
-from tb_bottleneck_plugin import verdicts
+from tb_bottleneck_plugin.judge import verdicts
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 _spec = importlib.util.spec_from_file_location("before_after_record_v",

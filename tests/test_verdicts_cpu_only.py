@@ -11,7 +11,8 @@ import copy
 
 import pytest
 
-from tb_bottleneck_plugin import gate, verdicts
+from tb_bottleneck_plugin.views import gate
+from tb_bottleneck_plugin.judge import verdicts
 from conftest import DEMO_LOGS
 
 GPU_CARDS = {"gpu_utilization", "tensor_cores", "occupancy", "short_kernels", "sync", "communication"}

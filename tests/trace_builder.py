@@ -7,7 +7,7 @@ import gzip
 import json
 from pathlib import Path
 
-from tb_bottleneck_plugin.loader import load_trace
+from tb_bottleneck_plugin.trace.loader import load_trace
 
 V100 = {"id": 0, "name": "Tesla V100-SXM2-32GB", "computeMajor": 7, "computeMinor": 0,
         "totalGlobalMem": 34089730048, "maxThreadsPerBlock": 1024, "maxThreadsPerMultiprocessor": 2048,

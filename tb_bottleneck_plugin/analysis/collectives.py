@@ -33,7 +33,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from ..model import GPU_KERNEL, TraceData
+from ..trace.model import GPU_KERNEL, TraceData
 from . import intervals as iv
 from .units import Unit, per_step_across_spans
 

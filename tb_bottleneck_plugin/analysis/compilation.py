@@ -27,7 +27,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from .. import thresholds as T
-from ..model import CPU_OP, CPU_USER_ANNOTATION, GPU_KERNEL, TraceData
+from ..trace.model import CPU_OP, CPU_USER_ANNOTATION, GPU_KERNEL, TraceData
 from . import intervals as iv
 from .context import GRAPH_LAUNCH_CALLS, TRITON_RE
 
@@ -581,7 +581,7 @@ def card_severity(sec: dict):
 
 
 def _card(report: dict) -> dict:
-    from .. import verdicts as V
+    from ..judge import verdicts as V
 
     sec = report.get(NAME) if isinstance(report.get(NAME), dict) else {}
     value = V.num(sec.get("compiled_pct"))

@@ -27,7 +27,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from ..model import CPU_OP, CPU_USER_ANNOTATION, GPU_KERNEL, TraceData
+from ..trace.model import CPU_OP, CPU_USER_ANNOTATION, GPU_KERNEL, TraceData
 from .breakdown import COMM_CPU_PREFIXES, comm_kernel_mask
 from .linking import gpu_runtime_index
 

@@ -1,7 +1,7 @@
 """Per-span part of the distributed (ranks) view, metrics.md §12.
 
 ``span_partial(trace, steps) -> dict`` reduces one trace file to what the run-level
-rank view (``tb_bottleneck_plugin.ranks``) needs: per included step its time split into
+rank view (``tb_bottleneck_plugin.views.ranks``) needs: per included step its time split into
 compute only / overlapped / exposed communication / other, and the ordered list of the
 step's collectives (kind, duration, bytes). The result is plain JSON (lists, dicts,
 floats, no numpy), a few KB, so the service can keep it beside the span's report and the
@@ -17,7 +17,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from ..model import CPU_OP, CPU_USER_ANNOTATION, GPU_KERNEL, TraceData
+from ..trace.model import CPU_OP, CPU_USER_ANNOTATION, GPU_KERNEL, TraceData
 from . import intervals as iv
 from .breakdown import COMM_CPU_PREFIXES, comm_kernel_mask
 from .linking import gpu_runtime_index, innermost_enclosing, span_gpu_runtime, span_op_calls

@@ -28,8 +28,8 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from .. import thresholds as T
-from .. import verdicts as V
-from ..model import GPU_KERNEL, TraceData
+from ..judge import verdicts as V
+from ..trace.model import GPU_KERNEL, TraceData
 from . import linking
 from . import peaks
 from .factorize import unique_rows

@@ -16,8 +16,8 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from .. import thresholds as T
-from .. import verdicts as V
-from ..model import GPU_KERNEL, TraceData
+from ..judge import verdicts as V
+from ..trace.model import GPU_KERNEL, TraceData
 from . import intervals as iv
 from .linking import gpu_runtime_index
 from .occupancy import clipped_weights, shown_occupancy
@@ -265,7 +265,7 @@ def _unit_finish(m: dict) -> dict:
 
 
 def _card_gpu_utilization(report: dict) -> dict:
-    from ..recommendations import gpu_utilization_not_judged
+    from ..judge.recommendations import gpu_utilization_not_judged
 
     value = V.mean_gpu_utilization(report)
     # host_bound judges the utilization alone; small_kernels when it fired with it among others

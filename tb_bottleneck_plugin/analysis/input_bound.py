@@ -12,8 +12,8 @@ from typing import Optional
 import numpy as np
 
 from .. import thresholds as T
-from .. import verdicts as V
-from ..model import GPU_KERNEL, GPU_MEMCPY, TraceData
+from ..judge import verdicts as V
+from ..trace.model import GPU_KERNEL, GPU_MEMCPY, TraceData
 from . import intervals as iv
 from .breakdown import Partition, dataloader_mask, partition
 from .steps import Steps

@@ -16,7 +16,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from ..model import CPU_OP, CPU_USER_ANNOTATION, TraceData
+from ..trace.model import CPU_OP, CPU_USER_ANNOTATION, TraceData
 from . import factorize
 
 __all__ = ["gpu_runtime_index", "span_gpu_runtime", "runtime_gpu_rows", "calls_inside", "op_calls",

@@ -45,8 +45,8 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .. import thresholds as T
-from .. import verdicts as V
-from ..model import DEVICE_TYPE_CPU, DEVICE_TYPE_CUDA, DEVICE_TYPE_HIP, TraceData
+from ..judge import verdicts as V
+from ..trace.model import DEVICE_TYPE_CPU, DEVICE_TYPE_CUDA, DEVICE_TYPE_HIP, TraceData
 from . import factorize
 from .occupancy import device_properties, prop_int
 
@@ -443,7 +443,7 @@ def _card_allocator_slack(report: dict) -> dict:
     """The slack of the device the allocator_slack rule judged (or of the shown device): coloured
     only under memory pressure (METRICS §9); without it the slack is shown, uncoloured, as
     information ("not judged"), since a cache that fits easily costs nothing."""
-    from ..recommendations import reserved_of_capacity_pct
+    from ..judge.recommendations import reserved_of_capacity_pct
 
     rec = V.fired(report, "allocator_slack")
     mem = report.get("memory") or {}

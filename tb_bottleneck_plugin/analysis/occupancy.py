@@ -47,8 +47,8 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from .. import thresholds as T
-from .. import verdicts as V
-from ..model import GPU_KERNEL, TraceData
+from ..judge import verdicts as V
+from ..trace.model import GPU_KERNEL, TraceData
 from . import factorize
 
 # Max resident blocks per SM (cuda_occupancy.h __occMaxBlocksPerMultiprocessor / the CUDA

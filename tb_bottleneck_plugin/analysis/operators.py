@@ -11,7 +11,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from ..model import CPU_OP, CPU_USER_ANNOTATION, TraceData
+from ..trace.model import CPU_OP, CPU_USER_ANNOTATION, TraceData
 from . import factorize
 from .steps import Steps
 

@@ -21,8 +21,8 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from .. import verdicts as V
-from ..model import CPU_OP, GPU_KERNEL, GPU_MEMCPY, TraceData
+from ..judge import verdicts as V
+from ..trace.model import CPU_OP, GPU_KERNEL, GPU_MEMCPY, TraceData
 from . import intervals as iv
 from .breakdown import comm_kernel_mask
 from .linking import gpu_runtime_index, innermost_enclosing

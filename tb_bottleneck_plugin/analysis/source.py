@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..model import CPU_OP, CPU_PYTHON, CPU_USER_ANNOTATION, TraceData
+from ..trace.model import CPU_OP, CPU_PYTHON, CPU_USER_ANNOTATION, TraceData
 from . import intervals as iv
 from .breakdown import dataloader_mask
 from .operators import _nesting, _unique_rows

@@ -14,7 +14,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from .. import thresholds as T
-from ..model import CPU_OP, CPU_USER_ANNOTATION, TraceData
+from ..trace.model import CPU_OP, CPU_USER_ANNOTATION, TraceData
 from .linking import gpu_runtime_index
 
 # At most 18 digits: N must fit int64 (a name like ProfilerStep#99999999999999999999 is

@@ -28,8 +28,8 @@ from typing import Dict, List, NamedTuple, Optional
 
 import numpy as np
 
-from .. import verdicts as V
-from ..model import GPU_KERNEL, TraceData
+from ..judge import verdicts as V
+from ..trace.model import GPU_KERNEL, TraceData
 from . import linking
 
 

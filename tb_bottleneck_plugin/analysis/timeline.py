@@ -55,7 +55,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from .. import thresholds as T
-from ..model import CPU_OP, CPU_USER_ANNOTATION, GPU_KERNEL, GPU_MEMCPY, TraceData
+from ..trace.model import CPU_OP, CPU_USER_ANNOTATION, GPU_KERNEL, GPU_MEMCPY, TraceData
 from . import intervals as iv
 from .breakdown import cumulative_unions, dataloader_mask
 from .context import GRAPH_LAUNCH_CALLS

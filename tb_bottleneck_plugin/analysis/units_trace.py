@@ -2,7 +2,7 @@
 ``trace``): facts about the file, counted once; a summary adds the counts."""
 from __future__ import annotations
 
-from .. import model
+from ..trace import model
 from .occupancy import device_properties
 from .units import ALWAYS, Unit
 

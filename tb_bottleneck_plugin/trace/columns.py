@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from . import model
-from .loader_events import _NO_ARGS, Event, _checked_int, _decode_raw
+from .events import _NO_ARGS, Event, _checked_int, _decode_raw
 
 # CPU op names whose recorded input shapes/dtypes the Tensor Core analysis reports
 # ("eligible but not using", metrics §5). Matched as substrings of the op name.

@@ -37,12 +37,20 @@ from typing import List, Optional
 import msgspec
 
 from . import model
-from .errors import NotATraceError, TraceError, TruncatedTraceError  # noqa: F401 - re-exported
-from .loader_columns import SHAPE_OP_MARKERS, _Builder  # noqa: F401 - re-exported
-from .loader_events import (  # noqa: F401 - Args, Event, TraceObject re-exported
-    Args, Event, TraceObject, _decode_events, _decode_object, _loose_top_level, _meta_from, _top_level_values)
-from .loader_text import _max_decompressed, _Prefetcher, _text_blocks  # noqa: F401 - _max_decompressed re-exported
-from .loader_workers import _ChunkSink
+from ..errors import NotATraceError, TraceError, TruncatedTraceError  # noqa: F401 - re-exported
+from .columns import SHAPE_OP_MARKERS, _Builder  # noqa: F401 - re-exported
+from .events import (
+    Args,
+    Event,
+    TraceObject,
+    _decode_events,
+    _decode_object,
+    _loose_top_level,
+    _meta_from,
+    _top_level_values,
+)
+from .text import _max_decompressed, _Prefetcher, _text_blocks  # noqa: F401 - _max_decompressed re-exported
+from .decode_workers import _ChunkSink
 
 CHUNK_BYTES = 8 << 20  # decoded text per chunk: big enough to amortise, small for memory
 # ... with decode workers: every process holds one chunk's events at a time, so smaller

@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import storage
-from .errors import StorageError
+from ..errors import StorageError
 
 log = logging.getLogger(__name__)
 

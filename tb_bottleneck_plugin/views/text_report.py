@@ -9,8 +9,8 @@ from __future__ import annotations
 import posixpath
 from typing import Dict, Iterable, List, Optional
 
-from .recommendations import _is_amd
-from .report import not_available_label
+from ..judge.recommendations import _is_amd
+from ..report import not_available_label
 
 _PLURALS = {"memcpy": "memcpys", "memset": "memsets"}
 # Step-time categories (metrics §2) as the tab's legend names them.

@@ -36,9 +36,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
-from . import discovery, procguard, report, storage
+from ..trace import discovery, storage
+from ..trace import procguard
+from .. import report
 from .cache import DEFAULT_CACHE_BYTES, DiskCache, default_cache_dir, valid_result  # noqa: F401 (re-exported)
-from .errors import BottleneckError, TruncatedTraceError
+from ..errors import BottleneckError, TruncatedTraceError
 from .timeline_store import TimelineStores
 from .scheduler import Scheduler, default_memory_budget, default_slots, estimate_peak_bytes
 
@@ -84,7 +86,7 @@ RECYCLE_AFTER_BYTES = 64 << 20  # a child that analysed a file this large is not
 # (TB_BOTTLENECKS_ANALYSIS_NICE overrides it; the CLI's children run at 0: they are the
 # foreground work there.) On a heavily loaded machine niced children get a small share.
 ANALYSIS_NICE = 10
-_CHILD_CODE = ("import sys; from tb_bottleneck_plugin.service import _child_entry; "
+_CHILD_CODE = ("import sys; from tb_bottleneck_plugin.serving.service import _child_entry; "
                "_child_entry(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))")
 
 
@@ -93,7 +95,7 @@ def default_nice() -> int:
         return int(os.environ.get("TB_BOTTLENECKS_ANALYSIS_NICE", ANALYSIS_NICE))
     except ValueError:
         return ANALYSIS_NICE
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding the package
 _live_children: "weakref.WeakSet" = weakref.WeakSet()  # every pool's processes, for atexit
 _children_lock = threading.Lock()
 

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import msgspec
 
 from . import model
-from .errors import NotATraceError, TraceError
+from ..errors import NotATraceError, TraceError
 
 Num = Union[int, float, str, None]
 

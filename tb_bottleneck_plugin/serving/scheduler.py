@@ -25,7 +25,7 @@ import re
 from collections import deque
 from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
 
-from .errors import StorageError
+from ..errors import StorageError
 
 # Peak memory of one analysis (its whole child process) ~ PEAK_BASE_BYTES + PEAK_FACTOR x
 # the uncompressed JSON size. Measured (peak RSS, fresh process each): 252-270 MB for
@@ -108,7 +108,7 @@ def uncompressed_size(span, read_tail: Optional[Callable[[Any, int], bytes]] = N
 
 def _local_isize(span) -> Optional[int]:
     """The gzip trailer's ISIZE of a local span, read through storage."""
-    from . import storage  # fsspec: not at import time (the TensorBoard entry point stays light)
+    from ..trace import storage  # fsspec: not at import time (the TensorBoard entry point stays light)
 
     fs, path = storage.get_fs(span.path)
     return storage.gzip_uncompressed_size(fs, path, url=span.url)

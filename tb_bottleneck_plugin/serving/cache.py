@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from . import report
+from .. import report
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ def default_cache_dir() -> Path:
     return Path(base) / "tb_bottleneck_plugin"
 
 
-_PACKAGE_DIR = Path(__file__).resolve().parent
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]  # tb_bottleneck_plugin/
 _code_digest: Optional[str] = None
 
 

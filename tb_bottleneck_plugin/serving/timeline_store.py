@@ -141,7 +141,7 @@ class TimelineStores:
         try:
             with np.load(path, allow_pickle=False) as z:
                 store = {k: z[k] for k in z.files}
-            from .analysis.timeline import STORE_VERSION
+            from ..analysis.timeline import STORE_VERSION
 
             if int(store["version"][0]) != STORE_VERSION:
                 raise ValueError("old store version")
@@ -174,7 +174,7 @@ def _number(args, name: str, kind=float):
 
 def _pick(analyzer, args, problem):
     """((worker, span, state, store, step) or None, error (body, code) or None)."""
-    from .plugin import MAX_NAME_CHARS, MAX_RUN_CHARS
+    from ..plugin import MAX_NAME_CHARS, MAX_RUN_CHARS
 
     if analyzer is None:
         return None, ({"error": problem or "no logdir"}, 404)
@@ -225,7 +225,7 @@ def _pick(analyzer, args, problem):
         if best is not None and step is not None:
             break
     if best is None and step is not None:  # an excluded step: only the stores know it
-        from .analysis import timeline as tl
+        from ..analysis import timeline as tl
 
         for w, s, st in ready:
             store = analyzer.timelines.get(s.url, st.fingerprint)
@@ -243,7 +243,7 @@ def _pick(analyzer, args, problem):
             return None, ({"state": "loading", "progress": 0.0}, 202)
         return None, ({"state": "error", "error": "the step timeline is not available for this span: "
                        + (reason or NO_STORE_RETURNED), "errors": []}, 422)
-    from .analysis import timeline as tl
+    from ..analysis import timeline as tl
 
     if tl.step_index(store, step) is None:
         return None, ({"state": "error", "error": "this span has no step", "errors": []}, 422)
@@ -269,7 +269,7 @@ def timeline_route(analyzer, args, problem: Optional[str] = None):
     """(body, HTTP status) of ``timeline?run=&worker=&span=&step=&t0=&t1=&px=``: 200 with
     one level-of-detail window (analysis/timeline.window), 202 while loading, 400 for bad
     numbers, 404 for unknown names or steps, 422 when the span has no timeline."""
-    from .analysis import timeline as tl
+    from ..analysis import timeline as tl
 
     picked, failure = _pick(analyzer, args, problem)
     if failure is not None:
@@ -302,7 +302,7 @@ def step_trace_route(analyzer, args, problem: Optional[str] = None):
     step's events (those overlapping [t0, t1] µs from the step start when given) as a
     Chrome trace to download, at most analysis.timeline.EXPORT_MAX_EVENTS of them
     (filename None on errors)."""
-    from .analysis import timeline as tl
+    from ..analysis import timeline as tl
 
     picked, failure = _pick(analyzer, args, problem)
     if failure is not None:

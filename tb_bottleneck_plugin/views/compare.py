@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 from typing import Dict, List, Optional, Tuple
 
-from . import thresholds as T
-from .analysis import breakdown, operators
-from .analysis.gpu import NA_NO_GPU
+from .. import thresholds as T
+from ..analysis import breakdown, operators
+from ..analysis.gpu import NA_NO_GPU
 
 COMPARE_SCHEMA_VERSION = 1
 LOWER, HIGHER = "lower", "higher"
@@ -55,7 +55,7 @@ def _eager(rep) -> bool:
     """The report is of an eager run: its steps hold no compiled region, Inductor kernel or
     CUDA graph launch (compilation.NA_NO_MARKERS), so its compiled share, graph breaks and
     recompiles are 0, not unknown."""
-    from .analysis.compilation import NA_NO_MARKERS
+    from ..analysis.compilation import NA_NO_MARKERS
 
     return (not isinstance(rep.get("compilation"), dict)
             and (rep.get("not_available") or {}).get("compilation") == NA_NO_MARKERS
@@ -437,7 +437,7 @@ FUSED_ROWS_MAX = 25
 def _families(result: dict, steps: int) -> Optional[Dict[str, list]]:
     """{family: [kernels, µs]} over the result's kernel_names (the §11 kernel diff's rows),
     each name classified by compilation.kernel_family; None when names were left out."""
-    from .analysis.compilation import kernel_family
+    from ..analysis.compilation import kernel_family
 
     kn = result.get("kernel_names")
     if not isinstance(kn, dict) or kn.get("left_out") or not steps:
@@ -473,7 +473,7 @@ def _fused(compiled: dict, eager: dict) -> Tuple[Optional[dict], Optional[str]]:
     """Which eager ops the compiled side's Triton kernels replaced: each kernel's fused ATen
     ops (compilation.fused_ops of its name) matched to the eager side's ``aten::<op>`` rows
     of the Operator view, with their device time per step against the fused kernel's."""
-    from .analysis.compilation import fused_ops, kernel_kind
+    from ..analysis.compilation import fused_ops, kernel_kind
 
     sec = compiled["report"].get("compilation") or {}
     kernels = sec.get("all_kernels") or {}

@@ -35,8 +35,9 @@ class InputError(Exception):
 
 def load_result(path: str) -> dict:
     """The result of one trace file or one run directory (all its spans combined)."""
-    from . import discovery, report
-    from .errors import BottleneckError
+    from ..trace import discovery
+    from .. import report
+    from ..errors import BottleneckError
 
     try:
         logdir = discovery.discover_path(path)
@@ -107,7 +108,7 @@ def add_subcommands(sub) -> None:
 
 
 def _add_peak(parser) -> None:
-    from .cli import add_peak_argument  # cli imports this module: the one flag, defined there
+    from ..cli import add_peak_argument  # cli imports this module: the one flag, defined there
 
     add_peak_argument(parser)
 
@@ -165,7 +166,7 @@ def _diff(args) -> int:
 
 
 def _write_html(path: str, data: dict) -> None:
-    from .cli import write_html_report
+    from ..cli import write_html_report
 
     failed = write_html_report(path, data)
     if failed:

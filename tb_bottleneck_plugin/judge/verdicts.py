@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Dict, List, Optional, Tuple
 
-from . import thresholds as T
+from .. import thresholds as T
 
 SEVERITIES = ("high", "medium", "low", "ok", "none", "na")
 # "none": a value the rules do not judge here (e.g. GPU utilization of an input-bound run,
@@ -159,7 +159,7 @@ CARDS: List[Tuple[str, Callable[[dict], dict]]] = []
 def card_verdicts(report: dict) -> Dict[str, dict]:
     """Every card's verdict (the cards above, then those of the registered metric units);
     a card whose inputs are malformed is n/a, never an exception."""
-    from .analysis import registry
+    from ..analysis import registry
 
     out = {}
     for card_id, fn in CARDS + [c for u in registry.UNITS for c in u.cards]:

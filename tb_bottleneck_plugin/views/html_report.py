@@ -29,7 +29,7 @@ _EXPORT_RE = re.compile(r"^export\s+(?:async\s+)?(?:function\*?|const|let|class)
 
 
 def _static_dir() -> Path:
-    return Path(__file__).resolve().parent / "static"
+    return Path(__file__).resolve().parents[1] / "static"
 
 
 def _static_text(name: str) -> str:
@@ -127,7 +127,7 @@ def _text(value: str) -> str:
 def view_of(result: dict, label: str, view_id: str) -> dict:
     """One selectable view of the page from a span result or a `combine_results` summary
     (with its views): the report, the kernel table, memory curves, operator tables."""
-    from .analysis import operators
+    from ..analysis import operators
 
     op_view = result.get("operator_view")
     tables = None
@@ -145,7 +145,8 @@ def view_of(result: dict, label: str, view_id: str) -> dict:
 def run_views(logdir, results: Dict[str, dict]) -> List[dict]:
     """One view per run of a CLI `report`: a single span's own result, else the run's
     summary over all its analysed spans (`report.combine_results`, the tab's run summary)."""
-    from . import report, text_report
+    from .. import report
+    from . import text_report
 
     views = []
     for i, run in enumerate(logdir.runs):
@@ -166,7 +167,8 @@ def ranks_of(run, results: Dict[str, dict]) -> dict:
     """The Ranks view of a run of several workers (the tab's ranks route body,
     ranks.rank_view, as `report --json` puts it under the run) and each worker's own
     report (the panel's "Cards per rank"): {"ranks": ..., "rank_reports": {worker: report}}."""
-    from . import ranks, report
+    from . import ranks
+    from .. import report
 
     by_worker = {w.name: [results[s.url] for s in w.spans if s.url in results] for w in run.workers}
     view = ranks.rank_view(by_worker)
@@ -184,7 +186,7 @@ def ranks_of(run, results: Dict[str, dict]) -> dict:
 
 def page_data(kind: str, views: List[dict], *, title: str, compare: Optional[dict] = None,
               check: Optional[dict] = None, errors=()) -> dict:
-    from . import __version__
+    from .. import __version__
 
     return {"kind": kind, "title": title, "tool": f"tb_bottleneck_plugin {__version__}",
             "generated": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z").strip(),

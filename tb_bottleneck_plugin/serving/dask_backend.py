@@ -43,8 +43,8 @@ def _analyze_task(analyze_span: Optional[Callable], logdir: str, run, span, time
     result also carries the span's step-timeline store (report.analyze_span(timeline=True):
     numpy arrays, ~2 MB for a resnet50-sized span; the service keeps it for the timeline
     routes)."""
-    from . import report
-    from .errors import BottleneckError, TruncatedTraceError
+    from .. import report
+    from ..errors import BottleneckError, TruncatedTraceError
 
     try:
         if analyze_span is None:

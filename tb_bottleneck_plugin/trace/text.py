@@ -16,7 +16,7 @@ import threading
 import zlib
 from typing import Iterator, List, Optional, Tuple
 
-from .errors import TraceError, TruncatedTraceError
+from ..errors import TraceError, TruncatedTraceError
 
 _READ_BYTES = 256 << 10  # compressed bytes per read
 _OUT_BYTES = 1 << 20  # most text one zlib call (or one plain read) may produce: a 1000x bomb stays 1 MB

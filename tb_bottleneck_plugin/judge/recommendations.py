@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Callable, List, Optional
 
-from . import thresholds as T
-from .analysis.input_bound import verdict_for
+from .. import thresholds as T
+from ..analysis.input_bound import verdict_for
 
 _SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2}
 
@@ -478,8 +478,8 @@ def _low_occupancy_reason(report, occ, achieved):
     SM), not latency; otherwise the occupancy of the other kernels decides."""
     if achieved is None or achieved >= T.LOW_OCCUPANCY_PCT:
         return None
-    from .analysis.flops import roofline_efficient
-    from .analysis.occupancy import occupancy_without
+    from ..analysis.flops import roofline_efficient
+    from ..analysis.occupancy import occupancy_without
 
     eff = roofline_efficient(report)
     if eff is None or not eff["kernel_us"]:

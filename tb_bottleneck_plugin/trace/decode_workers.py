@@ -12,8 +12,8 @@ import logging
 import os
 import threading
 
-from .loader_columns import _Builder
-from .loader_events import _decode_events
+from .columns import _Builder
+from .events import _decode_events
 
 log = logging.getLogger(__name__)
 

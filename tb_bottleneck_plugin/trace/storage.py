@@ -26,7 +26,7 @@ from typing import Any, BinaryIO, Dict, Iterator, Optional, Tuple
 
 import fsspec
 
-from .errors import MissingExtraError, StorageError
+from ..errors import MissingExtraError, StorageError
 
 GCS_PROTOCOLS = ("gs", "gcs")
 GCS_EXTRA_HINT = 'pip install "tb_bottleneck_plugin[gcs]"'

@@ -18,7 +18,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import thresholds as T
+from .. import thresholds as T
 
 SPLIT = ("compute_only_us", "overlapped_us", "exposed_comm_us", "other_us")
 SINGLE_WORKER = "single worker: no ranks to compare"
@@ -243,7 +243,7 @@ def _collective_bandwidth(workers: List[str], rank_of: Dict[str, int], results_b
     """Bandwidth per collective against the link over all ranks (METRICS.md "Collective
     bandwidth", analysis/collectives.run_table): each call's transfer time is the shortest
     duration among the ranks that ran it."""
-    from .analysis import collectives as C
+    from ..analysis import collectives as C
 
     table = C.run_table([C.rank_call_rows(results_by_worker[w]) for w in workers], [rank_of[w] for w in workers],
                         next((link for w in workers for link in [C.run_link(results_by_worker[w])] if link), None))
@@ -329,7 +329,7 @@ def _report_numbers(results: List[dict]) -> dict:
 def _recommendation(row: dict, straggler: Optional[dict], imbalance: Optional[float],
                     results: List[dict], compute: np.ndarray) -> dict:
     """Names the rank and quotes its own report's top bottleneck (metrics §12)."""
-    from . import report as report_mod  # the rank's own report, all its spans combined
+    from .. import report as report_mod  # the rank's own report, all its spans combined
 
     rep = report_mod.combine_results(results, worker=row["worker"], views=False)["report"] if len(results) > 1 \
         else (results[0].get("report") or {})

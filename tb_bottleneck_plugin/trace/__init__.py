@@ -1,0 +1,1 @@
+"""Storage, discovery and loading: from a logdir to typed columns (TraceData)."""
