@@ -139,7 +139,7 @@ def _main(argv: Optional[List[str]] = None) -> int:
     rep.add_argument("--html", default=None, metavar="FILE",
                      help="also write a single-file HTML report (cards, recommendations, step breakdown, "
                      "kernels, operators) that opens offline from disk")
-    add_peak_argument(rep)
+    gate.add_peak_argument(rep)
     demo = sub.add_parser("demo", help="generate demo runs with real PyTorch training (needs torch)")
     demo.add_argument("outdir")
     demo.add_argument("--quick", action="store_true", help="smaller, faster runs (for tests)")
@@ -155,14 +155,6 @@ def _main(argv: Optional[List[str]] = None) -> int:
         with _environ(peaks.ENV_PEAK, peak):  # the analysis children inherit it
             return _run(args)
     return _run(args)
-
-
-def add_peak_argument(parser) -> None:
-    """``--peak-tflops`` of report, diff and check: BOTTLENECKS_PEAK_TFLOPS for the analysis."""
-    parser.add_argument("--peak-tflops", default=None, metavar="PEAK",
-                        help="the GPU's dense peak for MFU and the roofline, replacing the built-in table: "
-                        "TFLOP/s for every precision (989) or per precision, hbm in GB/s "
-                        "(bf16=989,fp32=67,hbm=3350); sets $BOTTLENECKS_PEAK_TFLOPS for the analysis")
 
 
 @contextlib.contextmanager
@@ -359,18 +351,6 @@ def json_report(logdir, spans, results, errors, single_file: bool) -> dict:
     return out
 
 
-def write_html_report(html_path: str, data: dict) -> Optional[str]:
-    """Writes the single-file HTML report (html_report.py); None, or the one-line reason it failed."""
-    from .views import html_report
-
-    try:
-        size = html_report.write_html(html_path, data)
-    except OSError as exc:
-        return f"--html {html_path}: {exc.strerror or exc}"
-    print(f"tb-bottlenecks: wrote {html_path} ({size / 1024:.0f} KiB)", file=sys.stderr)
-    return None
-
-
 def _report(path: str, *, as_json: bool, debug: bool = False, jobs: Optional[int] = None,
             memory_budget: Optional[int] = None, dask_address: Optional[str] = None,
             html: Optional[str] = None) -> int:
@@ -401,7 +381,7 @@ def _report(path: str, *, as_json: bool, debug: bool = False, jobs: Optional[int
 
         data = html_report.page_data("report", html_report.run_views(logdir, results), title=f"Bottlenecks: {path}",
                                      errors=errors)
-        failed = write_html_report(html, data)
+        failed = html_report.write_html_report(html, data)
         if failed:
             return _fail(failed)
     return 1 if errors else 0

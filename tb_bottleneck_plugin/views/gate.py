@@ -85,7 +85,7 @@ def add_subcommands(sub) -> None:
                       help="samples per step, for throughput (N for both, or N,M for baseline,candidate)")
     diff.add_argument("--top", type=int, default=10, help="kernel/operator rows to print (default 10)")
     diff.add_argument("--html", metavar="FILE", help="also write a single-file HTML report of the comparison")
-    _add_peak(diff)
+    add_peak_argument(diff)
     check = sub.add_parser(
         "check", help="CI gate: exit 1 when a metric violates a bound, 2 on unreadable input",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -104,13 +104,15 @@ def add_subcommands(sub) -> None:
     check.add_argument("--batch-size", metavar="N[,M]", help="samples per step, for throughput_samples_per_s")
     check.add_argument("--html", metavar="FILE", help="also write a single-file HTML report (the gate's verdict and "
                        "the candidate's report), whether the gate passes or fails")
-    _add_peak(check)
+    add_peak_argument(check)
 
 
-def _add_peak(parser) -> None:
-    from ..cli import add_peak_argument  # cli imports this module: the one flag, defined there
-
-    add_peak_argument(parser)
+def add_peak_argument(parser) -> None:
+    """``--peak-tflops`` of report, diff and check: BOTTLENECKS_PEAK_TFLOPS for the analysis."""
+    parser.add_argument("--peak-tflops", default=None, metavar="PEAK",
+                        help="the GPU's dense peak for MFU and the roofline, replacing the built-in table: "
+                        "TFLOP/s for every precision (989) or per precision, hbm in GB/s "
+                        "(bf16=989,fp32=67,hbm=3350); sets $BOTTLENECKS_PEAK_TFLOPS for the analysis")
 
 
 def run(args) -> int:
@@ -166,7 +168,7 @@ def _diff(args) -> int:
 
 
 def _write_html(path: str, data: dict) -> None:
-    from ..cli import write_html_report
+    from .html_report import write_html_report
 
     failed = write_html_report(path, data)
     if failed:

@@ -19,6 +19,7 @@ import datetime
 import json
 import math
 import re
+import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -225,3 +226,13 @@ def read_page_data(text: str) -> dict:
     if not m:
         raise ValueError("no embedded report data")
     return json.loads(m.group(1))
+
+
+def write_html_report(html_path: str, data: dict) -> Optional[str]:
+    """Writes the HTML report for the CLI (``--html FILE``): None, or the one-line reason it failed."""
+    try:
+        size = write_html(html_path, data)
+    except OSError as exc:
+        return f"--html {html_path}: {exc.strerror or exc}"
+    print(f"tb-bottlenecks: wrote {html_path} ({size / 1024:.0f} KiB)", file=sys.stderr)
+    return None
