@@ -5,6 +5,8 @@
   do not count).
 - plugin_loader.py (TensorBoard imports it at start-up) pulls in nothing beyond
   TensorBoard's base_plugin and the package's empty __init__.
+- analysis/ (the maths) imports nothing of the later stages (judge/, report, views/,
+  serving/, plugin, cli, api), not even inside a function: judging builds on the maths.
 - The runtime package never imports torch or the demo generator (tb_bottleneck_demo), at
   module level or lazily, except `tb-bottlenecks demo` in cli.py; the demo depends on the
   runtime package, not the reverse.
@@ -141,6 +143,34 @@ def test_no_import_cycle_in_the_runtime_package():
     assert "tb_bottleneck_plugin.trace.model" in graph["tb_bottleneck_plugin.trace.loader"]
     cycle = _find_cycle(graph)
     assert cycle is None, " -> ".join(cycle)
+
+
+# What analysis/ may import from the package: itself and what comes before it in the stages.
+_ANALYSIS_MAY_IMPORT = ("tb_bottleneck_plugin.analysis", "tb_bottleneck_plugin.trace",
+                        "tb_bottleneck_plugin.thresholds", "tb_bottleneck_plugin.errors")
+
+
+def _is_under(module: str, prefixes) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def test_analysis_never_imports_a_later_stage():
+    """No module under analysis/ imports judge/ (verdicts, cards, recommendations), report,
+    views/, serving/ or the front ends, at module level or lazily inside a function: the
+    cards are judged in judge/cards.py, from the ids a unit declares (Unit.cards)."""
+    modules = _modules(PKG)
+    analysis = {n: p for n, p in modules.items() if _is_under(n, ["tb_bottleneck_plugin.analysis"])}
+    assert "tb_bottleneck_plugin.analysis.input_bound" in analysis
+    offending = []
+    for name, path in analysis.items():
+        for imported, line in _imports(path, module_level_only=False):
+            if _is_under(imported, ["tb_bottleneck_plugin"]) and imported != "tb_bottleneck_plugin" \
+                    and not _is_under(imported, _ANALYSIS_MAY_IMPORT):
+                offending.append(f"{path.relative_to(REPO)}:{line} imports {imported}")
+    assert not offending, offending
+    # The rule is one way: judging builds on the maths (the check sees package imports).
+    cards = {m for m, _ in _imports(modules["tb_bottleneck_plugin.judge.cards"], module_level_only=False)}
+    assert any(_is_under(m, ["tb_bottleneck_plugin.analysis"]) for m in cards), cards
 
 
 def test_plugin_loader_imports_only_tensorboard_base_plugin_statically():
@@ -303,31 +333,43 @@ def test_only_storage_discovery_and_the_caches_touch_files():
 
 # ---------------------------------------------------------------- docs/ARCHITECTURE.md's toy metric, as written
 
-def _doc_toy_source() -> str:
+def _doc_toy_sources():
+    """(the unit module, the card function) of the 'Adding a metric' section."""
     doc = (REPO / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
     section = doc.split("## Adding a metric", 1)[1].split("\n## ", 1)[0]
     blocks = section.split("```python\n")[1:]
-    assert len(blocks) == 1, "the 'Adding a metric' section holds exactly one python block"
-    return blocks[0].split("```", 1)[0]
+    assert len(blocks) == 2, "the 'Adding a metric' section holds two python blocks: unit, card"
+    return tuple(b.split("```", 1)[0] for b in blocks)
 
 
 def test_the_documented_toy_metric_works_end_to_end(monkeypatch, tmp_path):
-    """The code block of docs/ARCHITECTURE.md 'Adding a metric', as module
-    analysis/runtime_share.py plus its line in registry.UNITS (and nothing else): the span
-    section, its partial, the summary (a ratio of sums) and its card verdict, numbers by hand."""
+    """The code blocks of docs/ARCHITECTURE.md 'Adding a metric': the first as module
+    analysis/runtime_share.py plus its line in registry.UNITS, the second added to
+    judge/cards.py (and nothing else): the span section, its partial, the summary (a ratio
+    of sums) and its card verdict, numbers by hand."""
     import types
 
     from tb_bottleneck_plugin import report
     from tb_bottleneck_plugin.analysis import registry
+    from tb_bottleneck_plugin.judge import cards
 
     from conftest import TraceBuilder
 
+    unit_source, card_source = _doc_toy_sources()
+    # the toy unit follows the rule it teaches: no import of judge/ from analysis/
+    toy_imports = [n for n in ast.walk(ast.parse(unit_source)) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert toy_imports and not any("judge" in ast.unparse(n) for n in toy_imports)
     name = "tb_bottleneck_plugin.analysis.runtime_share"
     mod = types.ModuleType(name)
     mod.__package__ = "tb_bottleneck_plugin.analysis"
     monkeypatch.setitem(sys.modules, name, mod)
-    exec(compile(_doc_toy_source(), "docs/ARCHITECTURE.md", "exec"), mod.__dict__)
+    exec(compile(unit_source, "docs/ARCHITECTURE.md", "exec"), mod.__dict__)
     monkeypatch.setattr(registry, "UNITS", registry.UNITS + [mod.UNIT])
+    # The card block runs with judge/cards.py's names (register, V); its registration goes
+    # into a copy of CARD_FUNCTIONS that monkeypatch puts back afterwards.
+    monkeypatch.setattr(cards, "CARD_FUNCTIONS", dict(cards.CARD_FUNCTIONS))
+    exec(compile(card_source, "docs/ARCHITECTURE.md", "exec"), dict(vars(cards)))
+    assert mod.UNIT.cards == ("runtime_share",) and "runtime_share" in cards.CARD_FUNCTIONS
 
     # Span a: steps [0,1000) [1000,2000) [2000,3000); runtime calls starting in them: 50 + 200 + 30 µs
     # (the one at 1900 runs past the step end: the toy counts a call by where it starts); 10 µs outside.

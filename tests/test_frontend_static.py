@@ -289,7 +289,7 @@ def test_views_are_split_and_cards_come_from_descriptors():
     from tb_bottleneck_plugin.judge import verdicts
     from tb_bottleneck_plugin.analysis import registry
 
-    server_cards = {card for card, _ in verdicts.CARDS} | {card for u in registry.UNITS for card, _ in u.cards}
+    server_cards = set(verdicts.CARDS) | {card for u in registry.UNITS for card in u.cards}
     assert ids and set(ids) <= server_cards, (ids, server_cards)
     assert len(ids) == len(set(ids)) and "genericDescriptor" in cards
     # colours come from the verdict's severity word only

@@ -251,16 +251,17 @@ def test_allocator_slack_is_advice_only_under_memory_pressure():
 
 
 def test_memory_card_is_coloured_only_under_pressure():
-    from tb_bottleneck_plugin.analysis import memory
+    from tb_bottleneck_plugin.judge.cards import CARD_FUNCTIONS
 
+    slack_card = CARD_FUNCTIONS["allocator_slack"]
     rep = _memory_report()
     rep["recommendations"] = R.recommend(rep)
-    card = memory._card_allocator_slack(rep)
+    card = slack_card(rep)
     assert card["severity"] == "high" and card["device"] == "cuda:0"
     assert card["thresholds"]["MEMORY_PRESSURE_PCT"] == T.MEMORY_PRESSURE_PCT
     rep = _memory_report(reserved_gib=12.0, allocated_gib=1.0)
     rep["recommendations"] = R.recommend(rep)
-    card = memory._card_allocator_slack(rep)
+    card = slack_card(rep)
     assert card["severity"] == "none" and "not judged" in card["verdict"] and card["value"] > 90
 
 

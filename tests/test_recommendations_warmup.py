@@ -147,14 +147,14 @@ def test_warmup_thresholds(share, of_step, fires):
 
 # ------------------------------------------------------------------ host_bound rule id
 def test_gpu_idle_alone_is_host_bound_and_colours_the_gpu_card():
-    from tb_bottleneck_plugin.analysis.gpu import _card_gpu_utilization
+    from tb_bottleneck_plugin.judge.cards import CARD_FUNCTIONS
 
     rep = {"gpu": {"0": {"utilization_pct": 30.0}}, "input": {"input_bound_pct": 0.0},
            "breakdown_pct": {"cpu_exec": 60.0}, "context": {"mode": "training"},
            "occupancy": {"short_kernels": {"count": 3, "time_pct": 1.0, "threshold_us": 10}}}
     rep["recommendations"] = R.recommend(rep)
     assert [r["rule"] for r in rep["recommendations"]] == ["host_bound"]
-    card = _card_gpu_utilization(rep)
+    card = CARD_FUNCTIONS["gpu_utilization"](rep)
     assert card["rule"] == "host_bound" and card["severity"] == "medium"
 
 

@@ -99,11 +99,12 @@ def test_snapshot_beside_the_trace_is_found_and_applied(tmp_path):
 
 
 def test_a_toy_metric_is_one_module_plus_one_registry_line(monkeypatch, resnet_spans):
-    """The architecture doc's toy metric: a unit (compute/partial/finish and a card) and its
-    registry entry give a span section, its partial, a summary section and a card verdict,
-    with no change to report.py, the summaries or verdicts.py."""
+    """The architecture doc's toy metric: a unit (compute/partial/finish and a card id), its
+    registry entry and its card function (judge/cards.py) give a span section, its partial,
+    a summary section and a card verdict, with no change to report.py, the summaries or
+    verdicts.py."""
     from tb_bottleneck_plugin import thresholds as T
-    from tb_bottleneck_plugin.judge import verdicts
+    from tb_bottleneck_plugin.judge import cards, verdicts
 
     def compute(span):
         rt = span.trace.runtime
@@ -113,9 +114,10 @@ def test_a_toy_metric_is_one_module_plus_one_registry_line(monkeypatch, resnet_s
         "toy", compute,
         partial=lambda rep: {"sum:calls": rep["toy"]["calls"], "sum:us": rep["toy"]["us"]},
         finish=lambda m: {"calls": int(m["sum:calls"]), "us": m["sum:us"]},
-        cards=(("toy", lambda rep: verdicts.card(rep, (rep.get("toy") or {}).get("us"), "us", None, None,
-                                                 ("SYNC_PCT",), ("toy",))),))
+        cards=("toy",))
     monkeypatch.setattr(registry, "UNITS", registry.UNITS + [toy])
+    monkeypatch.setitem(cards.CARD_FUNCTIONS, "toy", lambda rep: verdicts.card(
+        rep, (rep.get("toy") or {}).get("us"), "us", None, None, ("SYNC_PCT",), ("toy",)))
     logdir = discovery.discover_path(str(RESNET0))
     (run,) = logdir.runs
     spans = [report.analyze_span(logdir.url, run, s) for w in run.workers for s in w.spans]

@@ -207,6 +207,31 @@ def test_na_verdict_is_the_reason():
     assert all(c["severity"] == "na" for c in v.values())
 
 
+def test_every_card_id_has_one_function_and_every_function_a_card():
+    """Units name their cards by id (data); judge/cards.py holds the functions. An id without
+    a function would only show up at run time, as an n/a "internal error" card, and a function
+    no unit (nor verdicts.CARDS) names would never run: both are caught here."""
+    from tb_bottleneck_plugin.analysis import registry
+    from tb_bottleneck_plugin.judge import cards
+
+    ids = list(verdicts.CARDS) + [c for u in registry.UNITS for c in u.cards]
+    assert ids and all(isinstance(c, str) for c in ids), ids
+    assert len(ids) == len(set(ids)), ids
+    assert set(ids) == set(cards.CARD_FUNCTIONS), (set(ids) ^ set(cards.CARD_FUNCTIONS))
+    assert CARDS < set(ids)
+    with pytest.raises(ValueError, match="already has a function"):
+        cards.register("mfu")(lambda rep: {})
+
+
+def test_a_card_id_without_a_function_is_an_na_card_not_an_exception(monkeypatch):
+    from tb_bottleneck_plugin.judge import cards
+
+    monkeypatch.delitem(cards.CARD_FUNCTIONS, "mfu")
+    v = verdicts.card_verdicts({"recommendations": []})
+    assert v["mfu"]["severity"] == "na" and "internal error in verdict mfu" in v["mfu"]["verdict"]
+    assert v["input_bound"]["severity"] == "na" and "internal error" not in v["input_bound"]["verdict"]
+
+
 def test_no_threshold_number_is_compared_outside_thresholds_py():
     """Issue 11: grep finds each threshold once. No comparison in the package compares with a
     literal equal to a thresholds.py value (0-3 excepted: counts and indices)."""

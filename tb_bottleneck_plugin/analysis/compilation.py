@@ -553,7 +553,7 @@ def _unit_finish(m: dict) -> Optional[dict]:
     return sec
 
 
-# ---------------------------------------------------------------- card (verdicts.py helpers, thresholds.py)
+# ---------------------------------------------------------------- card id, rule, scale (the card: judge/cards.py)
 
 CARD = "compilation"
 RULE = "torch_compile"  # the recommendation rule a Compilation card names (recommendations.py)
@@ -580,23 +580,11 @@ def card_severity(sec: dict):
     return "ok", "ok"
 
 
-def _card(report: dict) -> dict:
-    from ..judge import verdicts as V
-
-    sec = report.get(NAME) if isinstance(report.get(NAME), dict) else {}
-    value = V.num(sec.get("compiled_pct"))
-    out = V.card(report, value, "pct", RULE, None, ("COMPILE_BREAKS_PER_STEP", "COMPILE_RECOMPILES_PER_STEP"),
-                 (f"{NAME}.compiled_pct", NAME))
-    if value is not None:
-        out["severity"], out["verdict"] = card_severity(sec)
-    return out
-
-
 def _unit():
     from .units import NONE_FAILED, Unit
 
     return Unit(NAME, _unit_compute, _unit_partial, _unit_finish, requires=("steps",), group=NONE_FAILED,
-                cards=((CARD, _card),))
+                cards=(CARD,))
 
 
 UNIT = _unit()

@@ -28,7 +28,6 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from .. import thresholds as T
-from ..judge import verdicts as V
 from ..trace.model import GPU_KERNEL, TraceData
 from . import linking
 from . import peaks
@@ -848,7 +847,7 @@ def _unit_finish(m: dict):
     return derive(sec)
 
 
-# card verdicts (verdicts.py helpers; thresholds from thresholds.py)
+# the MFU card's own scale (the card, like every card, is judged in judge/cards.py)
 
 
 def mfu_severity(value: float) -> str:
@@ -856,40 +855,11 @@ def mfu_severity(value: float) -> str:
     return "medium" if value < T.MFU_LOW_PCT else "low" if value < T.MFU_MODERATE_PCT else "ok"
 
 
-def _fmt_tflops(v) -> str:
-    whole = f"{v:.0f}"
-    return whole if len(whole) > 2 else f"{v:.3g}"  # 989, 211, 86.5, 8.64, 0.0234
-
-
-def _card_mfu(report: dict) -> dict:
-    sec = report.get("flops") if isinstance(report.get("flops"), dict) else {}
-    value = V.num(sec.get("mfu_pct"))
-    out = V.card(report, value, "pct", "low_mfu", None, ("MFU_LOW_PCT", "MFU_MODERATE_PCT"),
-                 ("flops.mfu_pct", "flops.flops", "flops"))
-    peak = sec.get("peak") or {}
-    out["tflops"] = V.num(sec.get("tflops"))
-    out["peak_tflops"] = V.num(sec.get("peak_tflops"))
-    out["peak_source"] = peak.get("source")
-    if value is not None:
-        out["severity"] = mfu_severity(value)
-        words = f"{value:.0f} % of {peak.get('gpu')} {sec.get('main_precision') or ''} peak".replace("  ", " ")
-        if out["tflops"] is not None and out["peak_tflops"] is not None:
-            words += f" · {_fmt_tflops(out['tflops'])} of {_fmt_tflops(out['peak_tflops'])} TFLOP/s"
-        if peak.get("source", "").startswith("user"):
-            words += " (user-given peak)"
-        out["verdict"] = words
-    elif V.num(sec.get("tflops")) is not None and sec.get("flops"):
-        # FLOPs but no peak (CPU-only, unknown GPU): the rate, uncoloured
-        out["verdict"] = (f"{out['tflops'] * 1e3:.1f} GFLOP/s over the step time; MFU n/a: "
-                          + (out["verdict"] or "no peak"))
-    return out
-
-
 def _unit():
     from .units import Unit
 
     return Unit("flops", _unit_compute, _unit_partial, _unit_finish, requires=("steps",),
-                cards=(("mfu", _card_mfu),))
+                cards=("mfu",))
 
 
 UNIT = _unit()

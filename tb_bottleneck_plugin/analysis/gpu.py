@@ -16,7 +16,6 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from .. import thresholds as T
-from ..judge import verdicts as V
 from ..trace.model import GPU_KERNEL, TraceData
 from . import intervals as iv
 from .linking import gpu_runtime_index
@@ -260,36 +259,11 @@ def _unit_finish(m: dict) -> dict:
     return out
 
 
-
-# card verdicts (verdicts.py helpers; thresholds from thresholds.py)
-
-
-def _card_gpu_utilization(report: dict) -> dict:
-    from ..judge.recommendations import gpu_utilization_not_judged
-
-    value = V.mean_gpu_utilization(report)
-    # host_bound judges the utilization alone; small_kernels when it fired with it among others
-    rule = "small_kernels" if V.fired(report, "small_kernels", "gpu_utilization_pct") else "host_bound"
-    out = V.card(report, value, "pct", rule, "gpu_utilization_pct",
-                 ("LOW_GPU_UTILIZATION_PCT", "INPUT_BOUND_MODERATE_PCT"), ("utilization_pct", "gpu"))
-    why = gpu_utilization_not_judged(report) if value is not None and out["severity"] in ("ok", "none") else None
-    if why:  # uncoloured: the rules do not read this number here (never a green "ok")
-        out["severity"] = "none"
-        out["verdict"] = f"GPU busy {V.pct_words(value)} of the steps, not judged: {why}"
-    elif value is not None and out["severity"] == "ok":
-        out["verdict"] = f"GPU busy {V.pct_words(value)} of the steps"
-    elif value is not None:
-        out["verdict"] = f"GPU idle {V.pct_words(100 - value)} of the steps, and not because of input"
-    n = len([g for g in (report.get("gpu") or {}).values() if isinstance(g, dict)])
-    out["devices"] = n
-    return out
-
-
 def _unit():
     from .units import Unit
 
     return Unit("gpu", _unit_compute, _unit_partial, _unit_finish, requires=("steps",),
-                cards=(("gpu_utilization", _card_gpu_utilization),))
+                cards=("gpu_utilization",))
 
 
 UNIT = _unit()

@@ -12,7 +12,6 @@ from typing import Optional
 import numpy as np
 
 from .. import thresholds as T
-from ..judge import verdicts as V
 from ..trace.model import GPU_KERNEL, GPU_MEMCPY, TraceData
 from . import intervals as iv
 from .breakdown import Partition, dataloader_mask, partition
@@ -166,25 +165,11 @@ def _unit_finish(m: dict) -> dict:
     }
 
 
-
-# card verdicts (verdicts.py helpers; thresholds from thresholds.py)
-
-
-def _card_input_bound(report: dict) -> dict:
-    inp = report.get("input") or {}
-    value = V.num(inp.get("input_bound_pct"))
-    out = V.card(report, value, "pct", "input_bound", None,
-                 ("INPUT_BOUND_HIGH_PCT", "INPUT_BOUND_MODERATE_PCT"), ("input_bound_pct", "input"))
-    if value is not None:
-        out["verdict"], out["severity"] = verdict_for(value)
-    return out
-
-
 def _unit():
     from .units import Unit
 
     return Unit("input", _unit_compute, _unit_partial, _unit_finish, requires=("steps",),
-                cards=(("input_bound", _card_input_bound),))
+                cards=("input_bound",))
 
 
 UNIT = _unit()

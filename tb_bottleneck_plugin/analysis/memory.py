@@ -45,7 +45,6 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .. import thresholds as T
-from ..judge import verdicts as V
 from ..trace.model import DEVICE_TYPE_CPU, DEVICE_TYPE_CUDA, DEVICE_TYPE_HIP, TraceData
 from . import factorize
 from .occupancy import device_properties, prop_int
@@ -416,79 +415,11 @@ def _unit_finish(m: dict) -> dict:
     return out
 
 
-
-# card verdicts (verdicts.py helpers; thresholds from thresholds.py)
-
-
-def _card_peak_memory(report: dict) -> dict:
-    dev = V.memory_device(report)
-    m = (report.get("memory") or {}).get(dev) or {} if dev else {}
-    value = V.num(m.get("peak_allocated_bytes"))
-    out = V.card(report, value, "bytes", "memory_growth", None,
-                 ("MEMORY_LEAK_MIN_RISES", "MEMORY_LEAK_MIN_GROWTH_BYTES"),
-                 (f"memory.{dev}.peak_allocated_bytes", "memory") if dev else ("memory",))
-    out["device"] = dev
-    if value is not None:
-        cap = V.num(m.get("capacity_bytes"))
-        if out["severity"] != "ok":
-            out["verdict"] = "allocated memory rises every step: possible leak"
-        elif cap:
-            out["verdict"] = f"{100.0 * value / cap:.1f} % of capacity"
-        else:
-            out["verdict"] = "no steady growth across steps"
-    return out
-
-
-def _card_allocator_slack(report: dict) -> dict:
-    """The slack of the device the allocator_slack rule judged (or of the shown device): coloured
-    only under memory pressure (METRICS §9); without it the slack is shown, uncoloured, as
-    information ("not judged"), since a cache that fits easily costs nothing."""
-    from ..judge.recommendations import reserved_of_capacity_pct
-
-    rec = V.fired(report, "allocator_slack")
-    mem = report.get("memory") or {}
-    dev = V.memory_device(report)
-    if rec is not None and rec.get("device") in mem:  # the device the rule judged
-        dev = rec["device"]
-    else:  # else the worst slack above the reserve floor (shown as information), if any
-        worst = [(k, V.num(v.get("slack_fragmentation_pct"))) for k, v in mem.items() if isinstance(v, dict)
-                 and (V.num(v.get("peak_reserved_bytes")) or 0) >= T.SLACK_MIN_RESERVED_BYTES
-                 and V.num(v.get("slack_fragmentation_pct")) is not None]
-        dev = max(worst, key=lambda kv: kv[1])[0] if worst else dev
-    m = mem.get(dev) or {} if dev else {}
-    value = V.num(m.get("slack_fragmentation_pct"))
-    out = V.card(report, value, "pct", "allocator_slack", None,
-                 ("SLACK_FRAGMENTATION_PCT", "SLACK_FRAGMENTATION_HIGH_PCT", "SLACK_MIN_RESERVED_BYTES",
-                  "MEMORY_PRESSURE_PCT"),
-                 (f"memory.{dev}.slack_fragmentation_pct", "slack_fragmentation_pct") if dev else ("memory",))
-    out["device"] = dev
-    if value is None and dev and not str(dev).startswith("cuda:") and out["verdict"] == "not available":
-        out["verdict"] = "GPU devices only"
-    if value is not None:
-        reserved = V.num(m.get("peak_reserved_bytes")) or 0
-        used = reserved_of_capacity_pct(m)
-        if out["severity"] != "ok":
-            out["verdict"] = "much reserved memory unused at the peak, with the device nearly full"
-        elif reserved < T.SLACK_MIN_RESERVED_BYTES:
-            out["severity"] = "none"  # uncoloured: the rule does not judge tiny reserves (never a green "ok")
-            out["verdict"] = f"less than {T.SLACK_MIN_RESERVED_BYTES / (1 << 30):g} GiB reserved: not judged"
-        elif used is None:
-            out["severity"] = "none"
-            out["verdict"] = "device capacity unknown, so no memory pressure seen: not judged"
-        elif used < T.MEMORY_PRESSURE_PCT:
-            out["severity"] = "none"  # information: slack costs nothing while memory is to spare
-            out["verdict"] = (f"peak reserved {used:.0f} % of capacity, no memory pressure: not judged"
-                              + (" (unused reserve is harmless)" if value >= T.SLACK_FRAGMENTATION_PCT else ""))
-        else:
-            out["verdict"] = "little unused reserved memory"
-    return out
-
-
 def _unit():
     from .units import Unit
 
     return Unit("memory", _unit_compute, _unit_partial, _unit_finish,
-                cards=(("peak_memory", _card_peak_memory), ("allocator_slack", _card_allocator_slack),))
+                cards=("peak_memory", "allocator_slack"))
 
 
 UNIT = _unit()

@@ -47,7 +47,6 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from .. import thresholds as T
-from ..judge import verdicts as V
 from ..trace.model import GPU_KERNEL, TraceData
 from . import factorize
 
@@ -687,56 +686,11 @@ def combine_kernel_rows(tables: List[List[Dict]]) -> List[Dict]:
                                         else math.inf))
 
 
-
-# card verdicts (verdicts.py helpers; thresholds from thresholds.py)
-
-
-def _card_occupancy(report: dict) -> dict:
-    occ = report.get("occupancy") or {}
-    value = V.num(occ.get("est_achieved_occupancy_pct"))
-    out = V.card(report, value, "pct", "small_kernels", "est_achieved_occupancy_pct",
-                 ("LOW_OCCUPANCY_PCT", "ROOFLINE_EFFICIENT_PCT"),
-                 # the section's reason first: it names ROCm where a device's reason cannot tell
-                 ("occupancy.est_achieved_occupancy_pct", "est_achieved_occupancy_pct", "occupancy"))
-    if value is not None and out["severity"] != "none":  # "none": verdicts.card's "not judged" words
-        out["verdict"] = ("low occupancy: latency-bound kernels" if out["severity"] != "ok"
-                          else f"at least {T.LOW_OCCUPANCY_PCT:g} %")
-        if value < T.LOW_OCCUPANCY_PCT and out["severity"] == "ok":
-            from .flops import roofline_efficient
-
-            eff = roofline_efficient(report)
-            if eff is not None and eff["pct"] >= T.ROOFLINE_EFFICIENT_PCT:
-                # rule small_kernels leaves such occupancy out (METRICS.md §6, §9)
-                out["verdict"] = (f"low by design: {eff['pct']:.0f} % of kernel time is GEMM/conv/attention "
-                                  f"at ≥ {T.ROOFLINE_EFFICIENT_PCT:g} % of its roofline")
-            elif eff is not None and eff["kernel_us"]:
-                out["verdict"] = (f"low, but not in the kernels below {T.ROOFLINE_EFFICIENT_PCT:g} % "
-                                  "of their roofline")
-    return out
-
-
-def _card_short_kernels(report: dict) -> dict:
-    short = (report.get("occupancy") or {}).get("short_kernels")
-    short = short if isinstance(short, dict) else {}
-    value = V.num(short.get("time_pct"))
-    out = V.card(report, value, "pct", "small_kernels", "short_kernel_time_pct",
-                 ("SHORT_KERNEL_US", "SHORT_KERNEL_TIME_PCT"), ("short_kernels", "occupancy"))
-    if value is not None and out["severity"] != "none":  # "none": verdicts.card's "not judged" words
-        graphs = bool((report.get("context") or {}).get("cuda_graphs"))
-        # CUDA graph replays have no per-kernel launch: small kernels there are latency-bound
-        # (the words of rule small_kernels for such runs)
-        bound = "latency-bound (replayed from CUDA graphs)" if graphs else "launch-bound"
-        out["verdict"] = (f"short kernels: {bound}" if out["severity"] != "ok"
-                          else f"short kernels below {T.SHORT_KERNEL_TIME_PCT:g} % of kernel time")
-    out["count"] = short.get("count")
-    return out
-
-
 def _unit():
     from .units import Unit
 
     return Unit("occupancy", _unit_compute, _unit_partial, _unit_finish, requires=("steps",),
-                cards=(("occupancy", _card_occupancy), ("short_kernels", _card_short_kernels),))
+                cards=("occupancy", "short_kernels"))
 
 
 UNIT = _unit()

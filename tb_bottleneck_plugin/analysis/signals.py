@@ -21,7 +21,6 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from ..judge import verdicts as V
 from ..trace.model import CPU_OP, GPU_KERNEL, GPU_MEMCPY, TraceData
 from . import intervals as iv
 from .breakdown import comm_kernel_mask
@@ -332,49 +331,13 @@ def _launch_finish(m: dict) -> dict:
             "longest_runtime_call_step_pct": pct(longest["us"], m["sum:steps_us"]) if longest else None}
 
 
-
-# card verdicts (verdicts.py helpers; thresholds from thresholds.py)
-
-
-def _cpu_only(report: dict) -> bool:
-    """No GPU device at all (a summary that mixes CPU and GPU spans has GPU devices)."""
-    return "gpu" in (report.get("not_available") or {}) and not report.get("gpu")
-
-
-def _card_sync(report: dict) -> dict:
-    sync = report.get("sync") or {}
-    value = V.num(sync.get("sync_gpu_idle_pct")) if "sync_gpu_idle_pct" in sync else V.num(sync.get("sync_pct"))
-    if _cpu_only(report):
-        value = None  # no GPU in the trace: "does the host starve the GPU" has no answer (n/a, the gpu reason)
-    out = V.card(report, value, "pct", "synchronization", None,
-                 ("SYNC_PCT", "SYNC_HIGH_PCT", "SYNC_GPU_BUSY_OK_PCT"), ("sync_pct", "sync", "gpu"))
-    if value is not None:
-        out["verdict"] = ("the GPU idles while the host waits on it" if out["severity"] != "ok"
-                          else "host waits do not starve the GPU")
-    return out
-
-
-def _card_communication(report: dict) -> dict:
-    comm = report.get("communication") or {}
-    value = V.num(comm.get("comm_pct_of_kernel_time"))
-    if _cpu_only(report):
-        value = None  # CPU-only: no kernels to share time with (n/a, the gpu reason)
-    out = V.card(report, value, "pct", "communication", None,
-                 ("COMM_SHARE_PCT", "COMM_OVERLAP_OK_PCT", "COMM_EXPOSED_HIGH_PCT"),
-                 ("comm_pct_of_kernel_time", "communication", "gpu"))
-    if value is not None:
-        out["verdict"] = ("communication not hidden under compute" if out["severity"] != "ok"
-                          else "communication small or overlapped")
-    return out
-
-
 def _units():
     from .units import Unit
 
     return (Unit("sync", _sync_compute, _sync_partial, _sync_finish, requires=("steps",),
-                 cards=(("sync", _card_sync),)),
+                 cards=("sync",)),
             Unit("communication", _comm_compute, _comm_partial, _comm_finish, requires=("steps",),
-                 cards=(("communication", _card_communication),)),
+                 cards=("communication",)),
             Unit("launch", _launch_compute, _launch_partial, _launch_finish, requires=("steps",)))
 
 

@@ -28,7 +28,6 @@ from typing import Dict, List, NamedTuple, Optional
 
 import numpy as np
 
-from ..judge import verdicts as V
 from ..trace.model import GPU_KERNEL, TraceData
 from . import linking
 
@@ -456,30 +455,11 @@ def join_gpu(report: dict) -> None:
         gpu.setdefault(dev, {})["tensor_core_pct"] = share
 
 
-
-# card verdicts (verdicts.py helpers; thresholds from thresholds.py)
-
-
-def _card_tensor_cores(report: dict) -> dict:
-    tc = report.get("tensor_cores") or {}
-    value = V.num(tc.get("tensor_core_pct"))
-    out = V.card(report, value, "pct", "tensor_cores_unused", None,
-                 ("TC_ELIGIBLE_NOT_USING_PCT", "TC_ELIGIBLE_NOT_USING_HIGH_PCT"), ("tensor_core_pct", "tensor_cores"))
-    el = V.num(tc.get("eligible_not_using_pct"))
-    out["eligible_not_using_pct"] = el
-    if value is not None:
-        if el is not None and el >= 1:
-            out["verdict"] = f"{el:.1f} % of kernel time eligible but unused"
-        else:
-            out["verdict"] = "in use; no eligible op left out" if value > 0 else "no eligible work found"
-    return out
-
-
 def _unit():
     from .units import Unit
 
     return Unit("tensor_cores", _unit_compute, _unit_partial, _unit_finish,
-                cards=(("tensor_cores", _card_tensor_cores),))
+                cards=("tensor_cores",))
 
 
 UNIT = _unit()

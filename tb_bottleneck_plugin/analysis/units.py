@@ -26,8 +26,9 @@ Partial field conventions (``merge`` knows them by the prefix of the key):
 ``not_available``: one convention everywhere, ``report["not_available"][key] = reason``
 with key ``<section>`` or ``<section>.<metric>`` or ``<section>.<device>.<metric>``.
 
-Adding a metric: a module in analysis/ with ``UNIT = Unit(...)`` (a headline card: its
-``cards``, made with ``verdicts.card``), its line in ``registry.UNITS``, its METRICS.md entry.
+Adding a metric: a module in analysis/ with ``UNIT = Unit(...)``, its line in
+``registry.UNITS``, its METRICS.md entry; a headline card: its id in ``cards`` and its
+function in judge/cards.py (``@register(card id)``, made with ``verdicts.card``).
 """
 from __future__ import annotations
 
@@ -209,8 +210,9 @@ class Unit:
     requires: Tuple[str, ...] = ()
     fields: Optional[Dict[str, Any]] = None
     group: str = ALL_PRESENT
-    # headline cards of this unit: (card id, fn(report) -> verdict), see verdicts.card
-    cards: Tuple[Tuple[str, Callable[[dict], dict]], ...] = ()
+    # headline card ids of this unit, in display order. Data only: the verdict functions live
+    # in judge/cards.py (CARD_FUNCTIONS), so the maths never imports the judging
+    cards: Tuple[str, ...] = ()
 
     def defaults(self) -> Dict[str, Any]:
         import copy

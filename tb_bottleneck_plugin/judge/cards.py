@@ -1,0 +1,258 @@
+"""The headline cards (docs/report-schema.md `verdicts`): one function per card id,
+``fn(report) -> verdict`` made with ``verdicts.card``, kept out of the metric units so that
+analysis/ holds only the maths and never imports judge/ (judge -> analysis, not the reverse).
+
+A metric unit names its cards as data (``Unit.cards``: card ids, in display order);
+``verdicts.card_verdicts`` looks each id up in ``CARD_FUNCTIONS``. A new card: a function
+here under ``@register("<card id>")`` (tests/test_units_verdicts.py fails on a unit's card
+id without one, and on a function no unit or ``verdicts.CARDS`` names).
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict
+
+from .. import thresholds as T
+from ..analysis import compilation
+from ..analysis.flops import mfu_severity, roofline_efficient
+from ..analysis.input_bound import verdict_for
+from . import verdicts as V
+from .recommendations import gpu_utilization_not_judged, reserved_of_capacity_pct
+
+CardFunction = Callable[[dict], dict]
+
+# card id -> fn(report) -> verdict; filled by @register below, in registry order
+CARD_FUNCTIONS: Dict[str, CardFunction] = {}
+
+
+def register(card_id: str) -> Callable[[CardFunction], CardFunction]:
+    """Decorator: ``fn`` judges card ``card_id``. One function per id (a second is a
+    mistake, e.g. a copied id, so it raises at import rather than shadowing the first)."""
+    def add(fn: CardFunction) -> CardFunction:
+        if card_id in CARD_FUNCTIONS:
+            raise ValueError(f"card {card_id!r} already has a function: {CARD_FUNCTIONS[card_id].__name__}")
+        CARD_FUNCTIONS[card_id] = fn
+        return fn
+    return add
+
+
+@register("input_bound")
+def _card_input_bound(report: dict) -> dict:
+    inp = report.get("input") or {}
+    value = V.num(inp.get("input_bound_pct"))
+    out = V.card(report, value, "pct", "input_bound", None,
+                 ("INPUT_BOUND_HIGH_PCT", "INPUT_BOUND_MODERATE_PCT"), ("input_bound_pct", "input"))
+    if value is not None:
+        out["verdict"], out["severity"] = verdict_for(value)
+    return out
+
+
+@register("gpu_utilization")
+def _card_gpu_utilization(report: dict) -> dict:
+    value = V.mean_gpu_utilization(report)
+    # host_bound judges the utilization alone; small_kernels when it fired with it among others
+    rule = "small_kernels" if V.fired(report, "small_kernels", "gpu_utilization_pct") else "host_bound"
+    out = V.card(report, value, "pct", rule, "gpu_utilization_pct",
+                 ("LOW_GPU_UTILIZATION_PCT", "INPUT_BOUND_MODERATE_PCT"), ("utilization_pct", "gpu"))
+    why = gpu_utilization_not_judged(report) if value is not None and out["severity"] in ("ok", "none") else None
+    if why:  # uncoloured: the rules do not read this number here (never a green "ok")
+        out["severity"] = "none"
+        out["verdict"] = f"GPU busy {V.pct_words(value)} of the steps, not judged: {why}"
+    elif value is not None and out["severity"] == "ok":
+        out["verdict"] = f"GPU busy {V.pct_words(value)} of the steps"
+    elif value is not None:
+        out["verdict"] = f"GPU idle {V.pct_words(100 - value)} of the steps, and not because of input"
+    n = len([g for g in (report.get("gpu") or {}).values() if isinstance(g, dict)])
+    out["devices"] = n
+    return out
+
+
+@register("tensor_cores")
+def _card_tensor_cores(report: dict) -> dict:
+    tc = report.get("tensor_cores") or {}
+    value = V.num(tc.get("tensor_core_pct"))
+    out = V.card(report, value, "pct", "tensor_cores_unused", None,
+                 ("TC_ELIGIBLE_NOT_USING_PCT", "TC_ELIGIBLE_NOT_USING_HIGH_PCT"), ("tensor_core_pct", "tensor_cores"))
+    el = V.num(tc.get("eligible_not_using_pct"))
+    out["eligible_not_using_pct"] = el
+    if value is not None:
+        if el is not None and el >= 1:
+            out["verdict"] = f"{el:.1f} % of kernel time eligible but unused"
+        else:
+            out["verdict"] = "in use; no eligible op left out" if value > 0 else "no eligible work found"
+    return out
+
+
+def _fmt_tflops(v) -> str:
+    whole = f"{v:.0f}"
+    return whole if len(whole) > 2 else f"{v:.3g}"  # 989, 211, 86.5, 8.64, 0.0234
+
+
+@register("mfu")
+def _card_mfu(report: dict) -> dict:
+    sec = report.get("flops") if isinstance(report.get("flops"), dict) else {}
+    value = V.num(sec.get("mfu_pct"))
+    out = V.card(report, value, "pct", "low_mfu", None, ("MFU_LOW_PCT", "MFU_MODERATE_PCT"),
+                 ("flops.mfu_pct", "flops.flops", "flops"))
+    peak = sec.get("peak") or {}
+    out["tflops"] = V.num(sec.get("tflops"))
+    out["peak_tflops"] = V.num(sec.get("peak_tflops"))
+    out["peak_source"] = peak.get("source")
+    if value is not None:
+        out["severity"] = mfu_severity(value)
+        words = f"{value:.0f} % of {peak.get('gpu')} {sec.get('main_precision') or ''} peak".replace("  ", " ")
+        if out["tflops"] is not None and out["peak_tflops"] is not None:
+            words += f" · {_fmt_tflops(out['tflops'])} of {_fmt_tflops(out['peak_tflops'])} TFLOP/s"
+        if peak.get("source", "").startswith("user"):
+            words += " (user-given peak)"
+        out["verdict"] = words
+    elif V.num(sec.get("tflops")) is not None and sec.get("flops"):
+        # FLOPs but no peak (CPU-only, unknown GPU): the rate, uncoloured
+        out["verdict"] = (f"{out['tflops'] * 1e3:.1f} GFLOP/s over the step time; MFU n/a: "
+                          + (out["verdict"] or "no peak"))
+    return out
+
+
+@register("occupancy")
+def _card_occupancy(report: dict) -> dict:
+    occ = report.get("occupancy") or {}
+    value = V.num(occ.get("est_achieved_occupancy_pct"))
+    out = V.card(report, value, "pct", "small_kernels", "est_achieved_occupancy_pct",
+                 ("LOW_OCCUPANCY_PCT", "ROOFLINE_EFFICIENT_PCT"),
+                 # the section's reason first: it names ROCm where a device's reason cannot tell
+                 ("occupancy.est_achieved_occupancy_pct", "est_achieved_occupancy_pct", "occupancy"))
+    if value is not None and out["severity"] != "none":  # "none": verdicts.card's "not judged" words
+        out["verdict"] = ("low occupancy: latency-bound kernels" if out["severity"] != "ok"
+                          else f"at least {T.LOW_OCCUPANCY_PCT:g} %")
+        if value < T.LOW_OCCUPANCY_PCT and out["severity"] == "ok":
+            eff = roofline_efficient(report)
+            if eff is not None and eff["pct"] >= T.ROOFLINE_EFFICIENT_PCT:
+                # rule small_kernels leaves such occupancy out (METRICS.md §6, §9)
+                out["verdict"] = (f"low by design: {eff['pct']:.0f} % of kernel time is GEMM/conv/attention "
+                                  f"at ≥ {T.ROOFLINE_EFFICIENT_PCT:g} % of its roofline")
+            elif eff is not None and eff["kernel_us"]:
+                out["verdict"] = (f"low, but not in the kernels below {T.ROOFLINE_EFFICIENT_PCT:g} % "
+                                  "of their roofline")
+    return out
+
+
+@register("short_kernels")
+def _card_short_kernels(report: dict) -> dict:
+    short = (report.get("occupancy") or {}).get("short_kernels")
+    short = short if isinstance(short, dict) else {}
+    value = V.num(short.get("time_pct"))
+    out = V.card(report, value, "pct", "small_kernels", "short_kernel_time_pct",
+                 ("SHORT_KERNEL_US", "SHORT_KERNEL_TIME_PCT"), ("short_kernels", "occupancy"))
+    if value is not None and out["severity"] != "none":  # "none": verdicts.card's "not judged" words
+        graphs = bool((report.get("context") or {}).get("cuda_graphs"))
+        # CUDA graph replays have no per-kernel launch: small kernels there are latency-bound
+        # (the words of rule small_kernels for such runs)
+        bound = "latency-bound (replayed from CUDA graphs)" if graphs else "launch-bound"
+        out["verdict"] = (f"short kernels: {bound}" if out["severity"] != "ok"
+                          else f"short kernels below {T.SHORT_KERNEL_TIME_PCT:g} % of kernel time")
+    out["count"] = short.get("count")
+    return out
+
+
+@register("peak_memory")
+def _card_peak_memory(report: dict) -> dict:
+    dev = V.memory_device(report)
+    m = (report.get("memory") or {}).get(dev) or {} if dev else {}
+    value = V.num(m.get("peak_allocated_bytes"))
+    out = V.card(report, value, "bytes", "memory_growth", None,
+                 ("MEMORY_LEAK_MIN_RISES", "MEMORY_LEAK_MIN_GROWTH_BYTES"),
+                 (f"memory.{dev}.peak_allocated_bytes", "memory") if dev else ("memory",))
+    out["device"] = dev
+    if value is not None:
+        cap = V.num(m.get("capacity_bytes"))
+        if out["severity"] != "ok":
+            out["verdict"] = "allocated memory rises every step: possible leak"
+        elif cap:
+            out["verdict"] = f"{100.0 * value / cap:.1f} % of capacity"
+        else:
+            out["verdict"] = "no steady growth across steps"
+    return out
+
+
+@register("allocator_slack")
+def _card_allocator_slack(report: dict) -> dict:
+    """The slack of the device the allocator_slack rule judged (or of the shown device): coloured
+    only under memory pressure (METRICS §9); without it the slack is shown, uncoloured, as
+    information ("not judged"), since a cache that fits easily costs nothing."""
+    rec = V.fired(report, "allocator_slack")
+    mem = report.get("memory") or {}
+    dev = V.memory_device(report)
+    if rec is not None and rec.get("device") in mem:  # the device the rule judged
+        dev = rec["device"]
+    else:  # else the worst slack above the reserve floor (shown as information), if any
+        worst = [(k, V.num(v.get("slack_fragmentation_pct"))) for k, v in mem.items() if isinstance(v, dict)
+                 and (V.num(v.get("peak_reserved_bytes")) or 0) >= T.SLACK_MIN_RESERVED_BYTES
+                 and V.num(v.get("slack_fragmentation_pct")) is not None]
+        dev = max(worst, key=lambda kv: kv[1])[0] if worst else dev
+    m = mem.get(dev) or {} if dev else {}
+    value = V.num(m.get("slack_fragmentation_pct"))
+    out = V.card(report, value, "pct", "allocator_slack", None,
+                 ("SLACK_FRAGMENTATION_PCT", "SLACK_FRAGMENTATION_HIGH_PCT", "SLACK_MIN_RESERVED_BYTES",
+                  "MEMORY_PRESSURE_PCT"),
+                 (f"memory.{dev}.slack_fragmentation_pct", "slack_fragmentation_pct") if dev else ("memory",))
+    out["device"] = dev
+    if value is None and dev and not str(dev).startswith("cuda:") and out["verdict"] == "not available":
+        out["verdict"] = "GPU devices only"
+    if value is not None:
+        reserved = V.num(m.get("peak_reserved_bytes")) or 0
+        used = reserved_of_capacity_pct(m)
+        if out["severity"] != "ok":
+            out["verdict"] = "much reserved memory unused at the peak, with the device nearly full"
+        elif reserved < T.SLACK_MIN_RESERVED_BYTES:
+            out["severity"] = "none"  # uncoloured: the rule does not judge tiny reserves (never a green "ok")
+            out["verdict"] = f"less than {T.SLACK_MIN_RESERVED_BYTES / (1 << 30):g} GiB reserved: not judged"
+        elif used is None:
+            out["severity"] = "none"
+            out["verdict"] = "device capacity unknown, so no memory pressure seen: not judged"
+        elif used < T.MEMORY_PRESSURE_PCT:
+            out["severity"] = "none"  # information: slack costs nothing while memory is to spare
+            out["verdict"] = (f"peak reserved {used:.0f} % of capacity, no memory pressure: not judged"
+                              + (" (unused reserve is harmless)" if value >= T.SLACK_FRAGMENTATION_PCT else ""))
+        else:
+            out["verdict"] = "little unused reserved memory"
+    return out
+
+
+@register("sync")
+def _card_sync(report: dict) -> dict:
+    sync = report.get("sync") or {}
+    value = V.num(sync.get("sync_gpu_idle_pct")) if "sync_gpu_idle_pct" in sync else V.num(sync.get("sync_pct"))
+    if V.cpu_only(report):
+        value = None  # no GPU in the trace: "does the host starve the GPU" has no answer (n/a, the gpu reason)
+    out = V.card(report, value, "pct", "synchronization", None,
+                 ("SYNC_PCT", "SYNC_HIGH_PCT", "SYNC_GPU_BUSY_OK_PCT"), ("sync_pct", "sync", "gpu"))
+    if value is not None:
+        out["verdict"] = ("the GPU idles while the host waits on it" if out["severity"] != "ok"
+                          else "host waits do not starve the GPU")
+    return out
+
+
+@register("communication")
+def _card_communication(report: dict) -> dict:
+    comm = report.get("communication") or {}
+    value = V.num(comm.get("comm_pct_of_kernel_time"))
+    if V.cpu_only(report):
+        value = None  # CPU-only: no kernels to share time with (n/a, the gpu reason)
+    out = V.card(report, value, "pct", "communication", None,
+                 ("COMM_SHARE_PCT", "COMM_OVERLAP_OK_PCT", "COMM_EXPOSED_HIGH_PCT"),
+                 ("comm_pct_of_kernel_time", "communication", "gpu"))
+    if value is not None:
+        out["verdict"] = ("communication not hidden under compute" if out["severity"] != "ok"
+                          else "communication small or overlapped")
+    return out
+
+
+@register(compilation.CARD)
+def _card_compilation(report: dict) -> dict:
+    sec = report.get(compilation.NAME) if isinstance(report.get(compilation.NAME), dict) else {}
+    value = V.num(sec.get("compiled_pct"))
+    out = V.card(report, value, "pct", compilation.RULE, None,
+                 ("COMPILE_BREAKS_PER_STEP", "COMPILE_RECOMPILES_PER_STEP"),
+                 (f"{compilation.NAME}.compiled_pct", compilation.NAME))
+    if value is not None:
+        out["severity"], out["verdict"] = compilation.card_severity(sec)
+    return out
