@@ -405,7 +405,13 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
 
     # convolution output sizes learnt from the backward calls: (x, w) -> grad_out spatial
     conv_out: Dict[tuple, list] = {}
-    for j in np.flatnonzero(is_flop_name & has_shape):
+    bwd_name = np.zeros(len(trace.strings), bool)
+    bwd_name[[n for n, k in kind_of.items() if k in ("conv_bwd", "conv_bwd_xgw")]] = True
+    bwd = np.flatnonzero(bwd_name[names] & has_shape)
+    # one call per distinct (name, dims): the rest repeat it (ops with op_inputs shapes: each)
+    bwd_dims = cpu.input_dims[rows[bwd]]
+    bwd_key = np.stack([names[bwd], np.where(bwd_dims < 0, -1 - rows[bwd], bwd_dims)], axis=1)
+    for j in bwd[np.sort(np.unique(bwd_key, axis=0, return_index=True)[1])] if len(bwd) else bwd:
         kd = kind_of[int(names[j])]
         if kd in ("conv_bwd", "conv_bwd_xgw"):
             d, _ = dec.row(int(rows[j]))
@@ -414,35 +420,34 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
                 if len(go) >= 3 and all(isinstance(v, int) for v in go + x + d[2]):
                     conv_out.setdefault((tuple(x), tuple(d[2])), list(go[2:]))
 
-    # FLOPs per candidate (cached per distinct name/dims/types)
-    cache: Dict[tuple, object] = {}
+    # FLOPs per candidate, computed once per distinct (name, dims, types) and broadcast:
+    # ops repeat a few hundred signatures tens of thousands of times
     cand = np.flatnonzero(is_flop_name & has_shape)
-    c_flops = np.zeros(len(cand))
-    c_bytes = np.zeros(len(cand))
-    c_prec: List[str] = []
-    c_cls: List[str] = []
-    ok = np.zeros(len(cand), bool)
-    uncounted: Dict[str, int] = {}
-    for i, j in enumerate(cand):
-        r = int(rows[j])
-        key = (int(names[j]), int(cpu.input_dims[r]), int(cpu.input_types[r]),
-               r if cpu.input_dims[r] < 0 else -1)
-        got = cache.get(key, cache)
-        if got is cache:
-            d, t = dec.row(r)
-            got = op_flops(trace.strings[int(names[j])], d, t, conv_out)
-            cache[key] = got
-        if got is None:
-            c_prec.append("unknown")
-            c_cls.append("other")
-            if step_of[j] >= 0:
-                nm = trace.strings[int(names[j])]
-                uncounted[nm] = uncounted.get(nm, 0) + 1
-            continue
-        ok[i] = True
-        c_flops[i], c_bytes[i] = got[0], got[1]
-        c_prec.append(got[2])
-        c_cls.append(got[3])
+    rc = rows[cand]
+    dims_c = cpu.input_dims[rc]
+    # an op whose shapes sit in op_inputs (no dims id) is its own key
+    keys = np.stack([names[cand], dims_c, cpu.input_types[rc], np.where(dims_c < 0, rc, -1)], axis=1)
+    if len(cand):
+        _, first, inv = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+        inv = inv.reshape(-1)
+    else:
+        first, inv = np.zeros(0, np.int64), np.zeros(0, np.int64)
+    u_got = []
+    for j in cand[first]:
+        d, t = dec.row(int(rows[j]))
+        u_got.append(op_flops(trace.strings[int(names[j])], d, t, conv_out))
+    u_ok = np.array([g is not None for g in u_got], bool)
+    ok = u_ok[inv]
+    c_flops = np.array([g[0] if g else 0.0 for g in u_got], float)[inv]
+    c_bytes = np.array([g[1] if g else 0.0 for g in u_got], float)[inv]
+    c_prec = np.array([g[2] if g else "unknown" for g in u_got] or [""], object)[inv]
+    c_cls = np.array([g[3] if g else "other" for g in u_got] or [""], object)[inv]
+
+    def count_names(mask) -> Dict[str, int]:
+        ids, n = np.unique(names[cand[mask]], return_counts=True)
+        return {trace.strings[int(i)]: int(c) for i, c in zip(ids, n)}
+
+    uncounted = count_names(~ok & (step_of[cand] >= 0))
     # innermost counted: a candidate with a counted candidate below it is not counted
     counted_mask = np.zeros(len(rows), bool)
     counted_mask[cand[ok]] = True
@@ -451,19 +456,17 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
     # an uncounted op whose descendant was counted, or that holds another candidate
     # (aten::conv2d -> ... -> aten::cudnn_convolution: only the innermost), is not listed
     anc_cand = _ancestors_marked(parent, cand)
-    for i, j in enumerate(cand):
-        if not ok[i] and (anc[j] or anc_cand[j]) and step_of[j] >= 0:
-            nm = trace.strings[int(names[j])]
-            uncounted[nm] -= 1
-            if not uncounted[nm]:
-                del uncounted[nm]
+    for nm, n in count_names(~ok & (anc[cand] | anc_cand[cand]) & (step_of[cand] >= 0)).items():
+        uncounted[nm] -= n
+        if not uncounted[nm]:
+            del uncounted[nm]
     pos = np.full(len(rows), -1, np.int64)
     pos[cand] = np.arange(len(cand))
     f_idx = np.flatnonzero(final & (step_of >= 0))  # nesting entries of counted ops in steps
     f_flops = c_flops[pos[f_idx]]
     f_bytes = c_bytes[pos[f_idx]]
-    f_prec = [c_prec[p] for p in pos[f_idx]]
-    f_cls = [c_cls[p] for p in pos[f_idx]]
+    f_prec = c_prec[pos[f_idx]].tolist()
+    f_cls = c_cls[pos[f_idx]].tolist()
 
     # byte-only ops: shaped, not a FLOP op nor an ancestor of one, no shaped child below
     shaped = has_shape & ~is_flop_name & ~anc
