@@ -71,10 +71,23 @@ def _small_kernel_reasons(r):
             reasons.add("occupancy")
     utils = [g["utilization_pct"] for g in (r.get("gpu") or {}).values() if g.get("utilization_pct") is not None]
     if utils and sum(utils) / len(utils) < T.LOW_GPU_UTILIZATION_PCT and not _capture_only(r) \
+            and not _compiler_idle(r) \
             and ((r.get("input") or {}).get("input_bound_pct") or 0) < T.INPUT_BOUND_MODERATE_PCT:
         reasons.add("gpu")
     severity = "medium" if len(reasons) > 1 or "gpu" in reasons else "low"
     return reasons, severity
+
+
+def _compiler_idle(r) -> bool:
+    """The GPU idles because the host compiles (steady recompiles in the steps): idle minus
+    the compile share of the step under a tenth of the low-utilization threshold."""
+    c = r.get("compilation") or {}
+    utils = [g["utilization_pct"] for g in (r.get("gpu") or {}).values() if g.get("utilization_pct") is not None]
+    if not (c.get("steady_recompiles") and c.get("compile_pct") and utils):
+        return False
+    util = sum(utils) / len(utils)
+    idle = max(0.0, 100 - util - ((r.get("input") or {}).get("input_bound_pct") or 0))
+    return util < T.LOW_GPU_UTILIZATION_PCT and idle - c["compile_pct"] < T.LOW_GPU_UTILIZATION_PCT / 10
 
 
 def expected(card, r, v):
@@ -86,7 +99,7 @@ def expected(card, r, v):
         if "gpu" in reasons:
             return sk_severity
         # not read by any rule here: uncoloured ("none"), never a green "ok"
-        not_judged = _warmup(r) or _capture_only(r) or \
+        not_judged = _warmup(r) or _capture_only(r) or _compiler_idle(r) or \
             ((r.get("input") or {}).get("input_bound_pct") or 0) >= T.INPUT_BOUND_MODERATE_PCT
         return "none" if not_judged else "ok"
     if card == "occupancy":

@@ -359,6 +359,13 @@ def gpu_utilization_not_judged(report) -> Optional[str]:
     # runs on the GPU: its idle GPU says nothing about the workload.
     if bool(ctx.get("cuda_graph_capture")) and not (ctx.get("evidence") or {}).get("graph_kernels"):
         return "CUDA graphs captured, not replayed, in this trace"
+    # rule host_bound takes the time spent compiling off the idle GPU (recompiles in the
+    # steps): when that leaves too little to judge, the idle GPU is the compiler's
+    util, idle = _mean_gpu(report, "utilization_pct"), gpu_idle_share(report)
+    compiling = compile_share(report)
+    if compiling and util is not None and util < T.LOW_GPU_UTILIZATION_PCT and idle is not None \
+            and idle - compiling < T.LOW_GPU_UTILIZATION_PCT / 10:
+        return f"the host compiles {compiling:.0f} % of the steps (see Compilation)"
     return None
 
 
