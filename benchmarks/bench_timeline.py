@@ -39,7 +39,7 @@ from bench_load import DEFAULT_OUT, DEFAULT_SOURCE, DEFAULT_TIMES, build_trace  
 
 from tb_bottleneck_plugin.trace import loader  # noqa: E402
 from tb_bottleneck_plugin.analysis import timeline as tl  # noqa: E402
-from tb_bottleneck_plugin.serving.timeline_store import encode  # noqa: E402
+from tb_bottleneck_plugin.routes import json_text  # noqa: E402
 
 TARGET_MS = 100.0
 
@@ -51,11 +51,11 @@ def _timed(fn):
 
 
 def request_ms(store, step, t0, t1, px):
-    """One request as the route serves it: window, JSON text (timeline_store.encode), and
+    """One request as the route serves it: window, JSON text (routes.json_text), and
     the gzip TensorBoard's http_util.Respond applies (level 3) for a browser."""
     def run():
         body = tl.window(store, step, t0, t1, px=px, cap=tl.DEFAULT_CAP)
-        text = encode(body)
+        text = json_text(body)
         gzip.compress(text.encode(), compresslevel=3)
         return body, text
     (body, text), ms = _timed(run)

@@ -20,6 +20,8 @@ End-to-end helpers (a real ``tensorboard --logdir`` and a real headless Chromium
     ``w.check_clean()`` at the end; closed after the test.
   - ``wait_route(base, "report", run=...)``: the route's 200 JSON body (polls while 202).
   - ``route_validator("report")``: a jsonschema validator for one docs/route-schema.json $def.
+Without a server: ``route_response(analyzer, "ranks", run=...)`` answers one route over an
+Analyzer (routes.py behind werkzeug's test client).
 Deadlines on a busy machine: ``patience(30)`` is 30 s when the test gets a whole core and
 proportionally longer when it gets less (``cpu_share()``, measured); use it for hang guards
 (``a.wait_idle(patience(30))``), never to widen a bound that pins a measured number.
@@ -145,6 +147,19 @@ def link_demo_run(logs: Path, run: str, demo: str = "input_bound_nw0") -> Path:
 def trace_builder():
     """The synthetic-trace builder class (tests/trace_builder.py): ``trace_builder(props=(A100,))``."""
     return TraceBuilder
+
+
+def route_response(analyzer, route: str, problem=None, **query):
+    """One route of the plugin answered over ``analyzer`` (an Analyzer, or None with
+    ``problem``), without TensorBoard or a plugin object: routes.plugin_apps behind
+    werkzeug's test client. The werkzeug response (``status_code``, ``get_json()``, headers)."""
+    from werkzeug import test as wtest
+    from werkzeug import wrappers
+
+    from tb_bottleneck_plugin import routes
+
+    app = routes.plugin_apps(lambda: routes.RouteContext(analyzer, problem))["/" + route]
+    return wtest.Client(app, wrappers.Response).get("/" + route, query_string=query or None)
 
 
 # ---------------------------------------------------------------- end to end: TensorBoard + Chromium

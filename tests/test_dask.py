@@ -130,13 +130,14 @@ def test_service_on_dask_equals_local(tmp_path, cluster):
                 assert (remote.result(f"run{k}", f"rank{r}")["state"] == "ready")
         assert remote.runs_view()["runs"] == local.runs_view()["runs"]
         # the timeline of a span analysed on the cluster: the worker sent its store too
-        from tb_bottleneck_plugin.serving.timeline_store import step_trace_route, timeline_route
+        from conftest import route_response
 
         for k in range(4):
             q = {"run": f"run{k}", "worker": "rank0", "px": "900"}
-            (there, code), (here, code_here) = timeline_route(remote, q), timeline_route(local, q)
-            assert code == code_here == 200 and json.loads(there) == json.loads(here)
-            assert step_trace_route(remote, q)[:2] == step_trace_route(local, q)[:2]
+            there, here = route_response(remote, "timeline", **q), route_response(local, "timeline", **q)
+            assert there.status_code == here.status_code == 200 and there.get_json() == here.get_json()
+            there, here = route_response(remote, "step_trace", **q), route_response(local, "step_trace", **q)
+            assert (there.status_code, there.get_json()) == (here.status_code, here.get_json())
         # slots: the cluster's 2 worker threads + 1 kept for another run; no local children
         assert remote._sched.slots == 3 and remote.children is not None and remote.children.started == 0
     finally:

@@ -146,18 +146,21 @@ def test_split_adds_up_on_every_rank_and_step(pair, name):
 def test_ranks_route_through_the_analyzer(tmp_path):
     from tb_bottleneck_plugin.serving.service import Analyzer
 
+    from conftest import route_response
+
     for name in demo.DDP_PAIR + ("input_bound_nw0",):
         shutil.copytree(REPO / "demo_logs" / name, tmp_path / name)
     a = Analyzer(str(tmp_path), cache_dir=str(tmp_path / ".cache"), rescan_seconds=60.0)
     try:
         a.start()
         assert a.wait_scan(60) and a.wait_idle(120)
-        body, code = ranks.ranks_route(a, {"run": demo.DDP_PAIR[0]})
-        assert code == 200 and body["state"] == "ready" and body["recommendation"]["rank"] == 1
-        body, code = ranks.ranks_route(a, {"run": "input_bound_nw0"})
-        assert code == 200 and body["not_available"] == {"ranks": ranks.SINGLE_WORKER}
-        assert ranks.ranks_route(a, {"run": "nope"})[1] == 404
-        assert ranks.ranks_route(a, {})[1] == 400
+        resp = route_response(a, "ranks", run=demo.DDP_PAIR[0])
+        body = resp.get_json()
+        assert resp.status_code == 200 and body["state"] == "ready" and body["recommendation"]["rank"] == 1
+        resp = route_response(a, "ranks", run="input_bound_nw0")
+        assert resp.status_code == 200 and resp.get_json()["not_available"] == {"ranks": ranks.SINGLE_WORKER}
+        assert route_response(a, "ranks", run="nope").status_code == 404
+        assert route_response(a, "ranks").status_code == 400
     finally:
         a.stop()
-    assert ranks.ranks_route(None, {"run": "x"}, "no logdir given")[1] == 404
+    assert route_response(None, "ranks", "no logdir given", run="x").status_code == 404

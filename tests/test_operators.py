@@ -151,18 +151,6 @@ def test_cpu_only_trace_gpu_columns_are_na(tmp_path):
     assert operators.combine_views([view, view])["has_gpu"] is False
 
 
-def test_route_answer_parameters(tmp_path):
-    trace = hand_trace(tmp_path)
-    view = operators.operator_view(trace, steps.find_steps(trace))
-    assert operators.route_answer(view, {})[1] == 200
-    assert operators.route_answer(view, {"step": "2", "group": "op_shape"})[0]["step"] == 2
-    assert operators.route_answer(view, {"group": "callstack"})[1] == 400
-    assert operators.route_answer(view, {"step": "-1"})[1] == 400
-    assert operators.route_answer(view, {"step": "x" * 40})[1] == 400
-    assert operators.route_answer(view, {"step": "7"})[1] == 404
-    assert operators.route_answer(None, {})[1] == 422
-
-
 # ---------------------------------------------------------------------------- torch-tb-profiler
 
 RESNET = sorted((TRACES / "kineto-tb-samples" / "resnet50_num_workers_0").glob("*.pt.trace.json.gz"))
@@ -284,7 +272,9 @@ def test_route_through_tensorboard(tmp_path):
         assert (one["step"], one["group"], one["rows"][0]["total_us"], one["rows"][0]["tc_pct"]) == (2, "op_shape", 202, 100)
         assert one["rows"][0]["dims"] == json.dumps(LINEAR_A["Input Dims"])
         assert rec.get(h, "operators", step="3", **q)[1]["rows"][0]["total_us"] == 203  # not the cached step 2
-        for params, code in (({"group": "x"}, 400), ({"step": "one"}, 400), ({"step": "9"}, 404)):
+        for params, code in (({"group": "x"}, 400), ({"group": "callstack"}, 400), ({"step": "one"}, 400),
+                             ({"step": "-1"}, 400), ({"step": "x" * 40}, 400), ({"step": "9" * 20}, 400),
+                             ({"step": "9"}, 404)):
             status, body = rec.get(h, "operators", **params, **q)
             assert status == code and isinstance(body["error"], str), params
         assert rec.get(h, "operators", run="nope")[0] == 404

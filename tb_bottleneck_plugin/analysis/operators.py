@@ -515,27 +515,3 @@ def name_totals(view: Optional[dict]) -> Optional[List[dict]]:
     return [{"name": names[i], "calls": int(sums["calls"][i]), "top_calls": int(sums["top_calls"][i]),
              "total_us": _us(sums["total_us"][i]), "self_us": _us(sums["self_us"][i])}
             for i in np.flatnonzero(present)]
-
-
-def route_answer(view: Optional[dict], args) -> tuple:
-    """(body, HTTP status) of ``operators?run=&worker=&span=&step=&group=`` for a ready
-    result's ``operator_view``: 200 with :func:`view_table`; 400 for a ``group`` other
-    than op/op_shape or a ``step`` that is not a step number; 404 for a step the span did
-    not include; 422 when the view could not be computed (the reason in ``error``)."""
-    group = args.get("group") or "op"
-    if group not in ("op", "op_shape"):
-        return {"error": "query parameter 'group' must be 'op' or 'op_shape'"}, 400
-    if not isinstance(view, dict):
-        return {"state": "error", "error": "the operator view could not be computed for this selection "
-                                           "(see the report's errors)"}, 422
-    step_arg = args.get("step") or "all"
-    step = None
-    if step_arg != "all":
-        if len(step_arg) > 19 or not step_arg.isdigit():
-            return {"error": "query parameter 'step' must be 'all' or a step number"}, 400
-        step = int(step_arg)
-        if step not in (view.get("steps") or []):
-            what = "this selection has no per-step rows (several spans)" if not view.get("steps") \
-                else "not one of the included steps"
-            return {"error": f"unknown step {step}: {what}"}, 404
-    return view_table(view, step, group), 200

@@ -879,7 +879,8 @@ class Analyzer:
             return {
                 "logdir": self.logdir,
                 "scan": {"state": self._scan_state, "error": rel(self._scan_error), "scanned_at": self._scanned_at,
-                         "notes": (list(self._logdir_obj.notes) if self._logdir_obj else []) + self._notes},
+                         "notes": [rel(note) for note in
+                                   (list(self._logdir_obj.notes) if self._logdir_obj else []) + self._notes]},
                 "runs": runs,
             }
 

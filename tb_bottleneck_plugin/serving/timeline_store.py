@@ -9,7 +9,6 @@ is not in memory; it never parses a trace.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -160,57 +159,13 @@ class TimelineStores:
         evict_oldest(self.directory, "*" + SUFFIX, self.disk_bytes, keep=keep)
 
 
-# ----------------------------------------------------------------------------- routes
+# ----------------------------------------------------------------------------- span choice
 
-def _number(args, name: str, kind=float):
-    raw = args.get(name)
-    if raw is None or raw == "":
-        return None
-    value = kind(raw)  # ValueError -> 400
-    if kind is float and not np.isfinite(value):
-        raise ValueError(name)
-    return value
-
-
-def _pick(analyzer, args, problem):
-    """((worker, span, state, store, step) or None, error (body, code) or None)."""
-    from ..plugin import MAX_NAME_CHARS, MAX_RUN_CHARS
-
-    if analyzer is None:
-        return None, ({"error": problem or "no logdir"}, 404)
-    run = args.get("run")
-    if not run:
-        return None, ({"error": "missing query parameter 'run'"}, 400)
-    worker = args.get("worker") or None
-    span = args.get("span") or None
-    if span == "all":
-        span = None
-    if (len(run) > MAX_RUN_CHARS or len(worker or "") > MAX_NAME_CHARS
-            or len(span or "") > MAX_NAME_CHARS or "\x00" in run + (worker or "") + (span or "")):
-        return None, ({"error": "unknown run, worker or span (name too long or not a name)"}, 404)
-    try:
-        step = _number(args, "step", int)
-    except ValueError:
-        return None, ({"error": f"step must be a step number, got {args.get('step')!r}"}, 400)
-    try:
-        selected = analyzer.span_states(run, worker, span)
-    except KeyError:
-        if analyzer.activity()[1] is None:
-            return None, ({"state": "loading", "progress": 0.0, "scan": "pending"}, 202)
-        what = f"run {run!r}" + (f", worker {worker!r}" if worker else "") + (f", span {span!r}" if span else "")
-        return None, ({"error": f"unknown {what} (not among the runs found in the logdir)"}, 404)
-    loading = [st for _, _, st in selected if st.state in ("queued", "loading")]
-    if loading:
-        progress = sum(st.progress for st in loading) / len(loading)
-        return None, ({"state": "loading", "progress": round(progress, 3)}, 202)
-    ready = [(w, s, st) for w, s, st in selected if st.state == "ready" and st.result]
-    if not ready:
-        rel = analyzer.relative
-        errors = [{"file": rel(s.url), "error": rel(st.error), "retry": st.retry}
-                  for _, s, st in selected if st.error]
-        return None, ({"state": "error", "error": errors[0]["error"] if errors else "no trace files",
-                       "errors": errors}, 422)
-    # the span: the one holding the step asked for, else the slowest included step of all
+def span_to_show(ready: list, step: Optional[int], store_of):
+    """The (worker, span, state) of ``ready`` whose timeline a request shows: the one whose
+    report lists ``step`` (else whose store holds it: a step the report excluded), or
+    without a step the one with the slowest included step; the first when none matches.
+    ``store_of(span, state)``: that span's store or None (read only for excluded steps)."""
     best, best_us = None, -1.0
     for w, s, st in ready:
         per = ((st.result.get("report") or {}).get("input") or {}).get("per_step") or []
@@ -228,96 +183,9 @@ def _pick(analyzer, args, problem):
         from ..analysis import timeline as tl
 
         for w, s, st in ready:
-            store = analyzer.timelines.get(s.url, st.fingerprint)
-            if store is not None and (tl.step_index(store, step) or -1) >= 0:
+            store = store_of(s, st)
+            index = tl.step_index(store, step) if store is not None else None
+            if index is not None and index >= 0:  # -1: not in this store; 0 is the first step
                 best = (w, s, st)
                 break
-    if best is None:
-        best = ready[0]
-    w, s, st = best
-    store = analyzer.timelines.get(s.url, st.fingerprint)
-    if store is None:
-        reason = analyzer.timelines.missing_reason(s.url, st.fingerprint)
-        if reason is None and _analyse_again(analyzer, run, s):
-            # built once, gone now (an unreadable or evicted .timeline.npz): analysed again
-            return None, ({"state": "loading", "progress": 0.0}, 202)
-        return None, ({"state": "error", "error": "the step timeline is not available for this span: "
-                       + (reason or NO_STORE_RETURNED), "errors": []}, 422)
-    from ..analysis import timeline as tl
-
-    if tl.step_index(store, step) is None:
-        return None, ({"state": "error", "error": "this span has no step", "errors": []}, 422)
-    if step is not None and tl.step_index(store, step) < 0:
-        return None, ({"error": f"unknown step {step} in this span"}, 404)
-    return (w, s, st, store, step), None
-
-
-def _analyse_again(analyzer, run: str, span) -> bool:
-    """Queue ``span`` for a new analysis (the service's ``reanalyze``); False when the
-    analyzer cannot (an older or injected one) or the span is not ready any more."""
-    again = getattr(analyzer, "reanalyze", None)
-    if again is None:
-        return False
-    try:
-        return bool(again(run, span))
-    except Exception:  # noqa: BLE001 - the 422 below still names the cause
-        log.exception("bottlenecks: queueing %s for a new analysis failed", getattr(span, "url", span))
-        return False
-
-
-def timeline_route(analyzer, args, problem: Optional[str] = None):
-    """(body, HTTP status) of ``timeline?run=&worker=&span=&step=&t0=&t1=&px=``: 200 with
-    one level-of-detail window (analysis/timeline.window), 202 while loading, 400 for bad
-    numbers, 404 for unknown names or steps, 422 when the span has no timeline."""
-    from ..analysis import timeline as tl
-
-    picked, failure = _pick(analyzer, args, problem)
-    if failure is not None:
-        return failure
-    w, s, st, store, step = picked
-    try:
-        t0, t1 = _number(args, "t0"), _number(args, "t1")
-        px = _number(args, "px", int)
-    except ValueError:
-        return {"error": "t0 and t1 must be numbers (µs from the step start), px a whole number"}, 400
-    body = tl.window(store, step, t0, t1, px=px or 1200, cap=tl.DEFAULT_CAP)
-    body["worker"], body["span"] = w.name, s.name
-    body["has_gpu"] = bool(np.any(store["row_kind"] == tl.ROW_GPU))
-    body["spans"] = [{"worker": ww.name, "span": ss.name} for ww, ss, _ in analyzer.span_states(
-        args.get("run"), args.get("worker") or None, None if args.get("span") in (None, "", "all") else args.get("span"))]
-    return encode(body), 200
-
-
-def encode(body: dict):
-    """The JSON text of an answer (every number is finite: no NaN walk needed); the dict
-    itself, for TensorBoard's cleansing encoder, if one is not."""
-    try:
-        return json.dumps(body, ensure_ascii=True, allow_nan=False)
-    except ValueError:
-        return body
-
-
-def step_trace_route(analyzer, args, problem: Optional[str] = None):
-    """(body, status, filename) of ``step_trace?run=&worker=&span=&step=&t0=&t1=``: the
-    step's events (those overlapping [t0, t1] µs from the step start when given) as a
-    Chrome trace to download, at most analysis.timeline.EXPORT_MAX_EVENTS of them
-    (filename None on errors)."""
-    from ..analysis import timeline as tl
-
-    picked, failure = _pick(analyzer, args, problem)
-    if failure is not None:
-        return failure[0], failure[1], None
-    w, s, st, store, step = picked
-    try:
-        t0, t1 = _number(args, "t0"), _number(args, "t1")
-    except ValueError:
-        return {"error": "t0 and t1 must be numbers (µs from the step start)"}, 400, None
-    # at most tl.EXPORT_MAX_EVENTS events (the cut and a trace without steps said in otherData.note)
-    doc = tl.chrome_trace(store, step, t0, t1)
-    other = doc["otherData"]
-    what = f"step{other['step']}" if other["steps_found"] else "whole-trace"
-    w0, w1 = other["window_us"]
-    if w0 > 0 or w1 < other["step_end_us"] - other["step_start_us"]:  # a zoomed window
-        what += f"-{w0:.0f}-{w1:.0f}us"
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{args.get('run')}-{w.name}-{what}")
-    return doc, 200, safe[:120] + ".trace.json"
+    return best if best is not None else ready[0]

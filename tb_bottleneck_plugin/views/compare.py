@@ -683,57 +683,6 @@ def compare(base_result: dict, cand_result: dict, *, base_batch_size: Optional[f
             "recommendations": _recommendation_diff(base_rep, cand_rep), "not_available": not_available}
 
 
-# ---------------------------------------------------------------------------- route
-
-def compare_route(analyzer, args, problem: Optional[str] = None) -> Tuple[dict, int]:
-    """(body, HTTP status) of ``compare?base_run=&base_worker=&base_span=&cand_run=&...``:
-    200 with the compare dict, 202 while either side is loading, 400 for a missing
-    run, 404 for unknown names, 422 when a side has no analysable file."""
-    if analyzer is None:
-        return {"error": problem or "no logdir"}, 404
-    picks = {}
-    for side in ("base", "cand"):
-        run = args.get(f"{side}_run")
-        if not run:
-            return {"error": f"missing query parameter '{side}_run'"}, 400
-        worker = args.get(f"{side}_worker") or None
-        span = args.get(f"{side}_span") or None
-        picks[side] = (run, worker, None if span == "all" else span)
-    batch = {}
-    for side in ("base", "cand"):
-        raw = args.get(f"{side}_batch_size") or args.get("batch_size")
-        if raw:
-            try:
-                batch[side] = float(raw)
-                if not batch[side] > 0:
-                    raise ValueError
-            except ValueError:
-                return {"error": f"batch size must be a positive number, got {raw!r}"}, 400
-    results, progress = {}, []
-    for side, (run, worker, span) in picks.items():
-        try:
-            res = analyzer.result(run, worker, span)
-        except KeyError:
-            if analyzer.activity()[1] is None:
-                return {"state": "loading", "progress": 0.0, "scan": "pending"}, 202
-            what = f"run {run!r}" + (f", worker {worker!r}" if worker else "") + (f", span {span!r}" if span else "")
-            return {"error": f"{'baseline' if side == 'base' else 'candidate'}: unknown {what} "
-                             "(not among the runs found in the logdir)"}, 404
-        if res["state"] == "error":
-            return {"state": "error", "side": side, "error": res["error"], "errors": res.get("errors", [])}, 422
-        if res["state"] == "loading":
-            progress.append(res["progress"])
-        results[side] = res
-    if progress:
-        return {"state": "loading", "progress": round(min(progress), 3)}, 202
-    body = compare(results["base"], results["cand"], base_batch_size=batch.get("base"),
-                   cand_batch_size=batch.get("cand"))
-    for side in ("base", "cand"):
-        # a count only: the messages name files, and the report route serves them per side
-        body[side]["file_errors"] = len(results[side].get("errors") or [])
-    return body, 200
-
-
 # ---------------------------------------------------------------------------- text
 
 

@@ -8,7 +8,8 @@ is loaded again. Cost is a few numpy passes over the collectives of all ranks, s
 - ``rank_view(results_by_worker) -> dict``: ``{worker name: [span result, ...]}`` to the
   ``ranks`` object of docs/report-schema.md.
 - ``format_ranks_text(view) -> str``: the same for a terminal (``tb-bottlenecks report``).
-- ``ranks_route(analyzer, run) -> (body, status)``: the plugin's ``/ranks?run=`` route.
+- ``run_rank_view(run, spans, relative) -> dict``: the body of the ``/ranks?run=`` route
+  (routes.py parses the request).
 """
 from __future__ import annotations
 
@@ -462,35 +463,20 @@ def format_ranks_text(view: dict, indent: str = "") -> str:
 # ---------------------------------------------------------------------------- route
 
 
-def ranks_route(analyzer, args, problem: Optional[str] = None) -> Tuple[dict, int]:
-    """Body and status of ``/ranks?run=``: 400 without ``run``, 404 for an unknown run or
-    no logdir, 202 while spans load (or before the first scan), else 200 with the rank
-    view over the run's ready spans (failed files listed in ``file_errors``)."""
-    if analyzer is None:
-        return {"error": problem or "no logdir"}, 404
-    run = args.get("run")
-    if not run:
-        return {"error": "missing query parameter 'run'"}, 400
-    try:
-        selected = analyzer.span_states(run)
-    except KeyError:
-        if analyzer.activity()[1] is None:  # not scanned yet: the name may well exist
-            return {"state": "loading", "progress": 0.0, "scan": "pending"}, 202
-        return {"error": f"unknown run {run!r} (not among the runs found in the logdir)"}, 404
-    states = [st for _, _, st in selected]
-    if any(st.state in ("loading", "queued") for st in states):
-        done = sum(st.progress for st in states) / max(1, len(states))
-        return {"state": "loading", "progress": round(done, 3)}, 202
+def run_rank_view(run: str, spans: list, relative) -> dict:
+    """The ``/ranks?run=`` answer of a run none of whose spans is still loading: the rank
+    view over its ready spans, the spans that failed in ``file_errors``. ``spans``:
+    [(Worker, Span, SpanState)] (``Analyzer.span_states``); ``relative``: the redaction
+    the report route applies (``Analyzer.relative``), since an error names its file and
+    no answer may carry a server path."""
     by_worker: Dict[str, List[dict]] = {}
     errors = []
-    for w, s, st in selected:
+    for w, s, st in spans:
         if st.state == "ready" and st.result is not None:
             by_worker.setdefault(w.name, []).append(st.result)
         elif st.state == "error":
-            # The error text names the file; the browser gets it relative to the logdir,
-            # as /report does.
-            errors.append({"worker": w.name, "span": s.name, "error": analyzer.relative(st.error)})
-    workers = {w.name for w, _, _ in selected}
+            errors.append({"worker": w.name, "span": s.name, "error": relative(st.error)})
+    workers = {w.name for w, _, _ in spans}
     view = rank_view(by_worker)
     missing = sorted(workers - set(by_worker), key=_natural_key)
     if missing and len(workers) > 1:
@@ -498,7 +484,7 @@ def ranks_route(analyzer, args, problem: Optional[str] = None) -> Tuple[dict, in
     view["run"] = run
     view["state"] = "ready"
     view["file_errors"] = errors
-    return _clean(view), 200
+    return _clean(view)
 
 
 def _walk_clean(v):
@@ -511,4 +497,4 @@ def _walk_clean(v):
     return v
 
 
-__all__ = ["rank_view", "format_ranks_text", "ranks_route"]
+__all__ = ["rank_view", "format_ranks_text", "run_rank_view"]
