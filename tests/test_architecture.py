@@ -145,6 +145,58 @@ def test_no_import_cycle_in_the_runtime_package():
     assert cycle is None, " -> ".join(cycle)
 
 
+# The stages in data order (docs/ARCHITECTURE.md): a module imports only from its own stage
+# and earlier ones; thresholds and errors are shared by all.
+_STAGES = (("tb_bottleneck_plugin.errors", "tb_bottleneck_plugin.thresholds"),
+           ("tb_bottleneck_plugin.trace",), ("tb_bottleneck_plugin.analysis",), ("tb_bottleneck_plugin.judge",),
+           ("tb_bottleneck_plugin.report",), ("tb_bottleneck_plugin.views",), ("tb_bottleneck_plugin.serving",),
+           ("tb_bottleneck_plugin.plugin", "tb_bottleneck_plugin.plugin_loader", "tb_bottleneck_plugin.routes",
+            "tb_bottleneck_plugin.cli", "tb_bottleneck_plugin.api"))
+
+
+def _stage(module: str) -> int:
+    for i, prefixes in enumerate(_STAGES):
+        if _is_under(module, prefixes):
+            return i
+    raise AssertionError(f"{module} is in no stage of docs/ARCHITECTURE.md")
+
+
+def _full_graph(modules):
+    """module -> package modules it imports, inside functions too (parents of a submodule
+    counted as for _graph; a module's own package is no edge)."""
+    graph = {}
+    for name, path in modules.items():
+        edges = set()
+        for imported, _ in _imports(path, module_level_only=False):
+            parts = imported.split(".")
+            for i in range(1, len(parts) + 1):
+                target = ".".join(parts[:i])
+                if target in modules and target != name and not name.startswith(target + "."):
+                    edges.add(target)
+        graph[name] = edges
+    return graph
+
+
+def test_no_import_of_a_later_stage_and_no_cycle_counting_lazy_imports():
+    modules = _modules(PKG)
+    graph = _full_graph(modules)
+    back = []
+    for name, edges in graph.items():
+        if name == "tb_bottleneck_plugin":
+            # the package __init__ imports only the Python API, on first use (module __getattr__)
+            assert edges <= {"tb_bottleneck_plugin.api"}, edges
+            continue
+        for target in edges:
+            if target != "tb_bottleneck_plugin" and _stage(target) > _stage(name):
+                back.append(f"{name} -> {target}")
+    assert not back, sorted(back)
+    graph["tb_bottleneck_plugin"] = set()
+    cycle = _find_cycle(graph)
+    assert cycle is None, " -> ".join(cycle)
+    # the check sees lazy imports: cli imports the demo generator's module only inside a function
+    assert _stage("tb_bottleneck_plugin.judge.cards") > _stage("tb_bottleneck_plugin.analysis.flops")
+
+
 # What analysis/ may import from the package: itself and what comes before it in the stages.
 _ANALYSIS_MAY_IMPORT = ("tb_bottleneck_plugin.analysis", "tb_bottleneck_plugin.trace",
                         "tb_bottleneck_plugin.thresholds", "tb_bottleneck_plugin.errors")

@@ -270,7 +270,9 @@ def test_analysis_version_bump_invalidates_the_cache(tmp_path, analyzers, monkey
     a = analyzers(root, cache_dir=cache)
     assert a.wait_idle(patience(30)) and a.parse_count == 3
     a.stop()
-    monkeypatch.setattr(service, "ANALYSIS_VERSION", service.ANALYSIS_VERSION + ".test-bump")
+    from tb_bottleneck_plugin.serving import cache as cache_mod
+
+    monkeypatch.setattr(cache_mod, "ANALYSIS_VERSION", cache_mod.ANALYSIS_VERSION + ".test-bump")
     b = analyzers(root, cache_dir=cache)
     assert b.wait_idle(patience(30))
     assert b.parse_count == 3 and b.cache_hits == 0

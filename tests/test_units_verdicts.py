@@ -9,7 +9,7 @@ import os
 import pytest
 
 from tb_bottleneck_plugin import thresholds as T
-from tb_bottleneck_plugin.judge import verdicts
+from tb_bottleneck_plugin.judge import cards, verdicts
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 _spec = importlib.util.spec_from_file_location("before_after_record_v",
@@ -214,7 +214,7 @@ def test_card_values_are_the_numbers_the_report_shows(reports):
 def test_na_verdict_is_the_reason():
     """A null value: severity na and the not_available reason as the words."""
     rep = {"input": None, "not_available": {"input": "needs steps, which failed (boom)"}, "recommendations": []}
-    v = verdicts.card_verdicts(rep)
+    v = cards.card_verdicts(rep)
     assert v["input_bound"]["severity"] == "na"
     assert v["input_bound"]["verdict"] == "needs steps, which failed (boom)"
     assert all(c["severity"] == "na" for c in v.values())
@@ -223,11 +223,11 @@ def test_na_verdict_is_the_reason():
 def test_every_card_id_has_one_function_and_every_function_a_card():
     """Units name their cards by id (data); judge/cards.py holds the functions. An id without
     a function would only show up at run time, as an n/a "internal error" card, and a function
-    no unit (nor verdicts.CARDS) names would never run: both are caught here."""
+    no unit (nor cards.CARDS) names would never run: both are caught here."""
     from tb_bottleneck_plugin.analysis import registry
     from tb_bottleneck_plugin.judge import cards
 
-    ids = list(verdicts.CARDS) + [c for u in registry.UNITS for c in u.cards]
+    ids = list(cards.CARDS) + [c for u in registry.UNITS for c in u.cards]
     assert ids and all(isinstance(c, str) for c in ids), ids
     assert len(ids) == len(set(ids)), ids
     assert set(ids) == set(cards.CARD_FUNCTIONS), (set(ids) ^ set(cards.CARD_FUNCTIONS))
@@ -240,7 +240,7 @@ def test_a_card_id_without_a_function_is_an_na_card_not_an_exception(monkeypatch
     from tb_bottleneck_plugin.judge import cards
 
     monkeypatch.delitem(cards.CARD_FUNCTIONS, "mfu")
-    v = verdicts.card_verdicts({"recommendations": []})
+    v = cards.card_verdicts({"recommendations": []})
     assert v["mfu"]["severity"] == "na" and "internal error in verdict mfu" in v["mfu"]["verdict"]
     assert v["input_bound"]["severity"] == "na" and "internal error" not in v["input_bound"]["verdict"]
 

@@ -1,4 +1,4 @@
-"""verdicts.card_verdicts marks a card n/a *because the trace is CPU-only* (na_cause
+"""cards.card_verdicts marks a card n/a *because the trace is CPU-only* (na_cause
 "cpu_only": the dashboard folds those cards into one line) only where that is the reason:
 a report with no GPU device whose card is n/a for a reason of the gpu/occupancy/
 tensor_cores sections. Expected sets pinned by hand from what the traces hold: the CPU demo
@@ -12,7 +12,7 @@ import copy
 import pytest
 
 from tb_bottleneck_plugin.views import gate
-from tb_bottleneck_plugin.judge import verdicts
+from tb_bottleneck_plugin.judge import cards, verdicts
 from conftest import DEMO_LOGS
 
 GPU_CARDS = {"gpu_utilization", "tensor_cores", "occupancy", "short_kernels", "sync", "communication"}
@@ -40,5 +40,5 @@ def test_gpu_trace_has_no_cpu_only_cause():
 def test_a_report_with_a_gpu_device_is_never_cpu_only(cpu_report):
     mixed = copy.deepcopy(cpu_report)
     mixed["gpu"] = {"0": {"utilization_pct": None}}  # e.g. a summary mixing CPU and GPU spans
-    assert not any("na_cause" in x for x in verdicts.card_verdicts(mixed).values())
+    assert not any("na_cause" in x for x in cards.card_verdicts(mixed).values())
     assert not verdicts.cpu_only(mixed) and verdicts.cpu_only(cpu_report)

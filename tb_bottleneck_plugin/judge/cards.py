@@ -3,16 +3,16 @@
 analysis/ holds only the maths and never imports judge/ (judge -> analysis, not the reverse).
 
 A metric unit names its cards as data (``Unit.cards``: card ids, in display order);
-``verdicts.card_verdicts`` looks each id up in ``CARD_FUNCTIONS``. A new card: a function
+``card_verdicts`` looks each id up in ``CARD_FUNCTIONS``. A new card: a function
 here under ``@register("<card id>")`` (tests/test_units_verdicts.py fails on a unit's card
 id without one, and on a function no unit or ``verdicts.CARDS`` names).
 """
 from __future__ import annotations
 
-from typing import Callable, Dict
+from typing import Callable, Dict, Tuple
 
 from .. import thresholds as T
-from ..analysis import compilation
+from ..analysis import compilation, registry
 from ..analysis.flops import mfu_severity, roofline_efficient
 from ..analysis.input_bound import verdict_for
 from . import verdicts as V
@@ -255,4 +255,24 @@ def _card_compilation(report: dict) -> dict:
                  (f"{compilation.NAME}.compiled_pct", compilation.NAME))
     if value is not None:
         out["severity"], out["verdict"] = compilation.card_severity(sec)
+    return out
+
+
+# Ids of cards not owned by a metric unit (none today: every headline card is a unit's,
+# Unit.cards); their functions are in judge/cards.py too.
+CARDS: Tuple[str, ...] = ()
+
+
+def card_verdicts(report: dict) -> Dict[str, dict]:
+    """Every card's verdict (the cards above, then those of the registered metric units);
+    a card whose inputs are malformed is n/a, never an exception."""
+    out = {}
+    for card_id in CARDS + tuple(c for u in registry.UNITS for c in u.cards):
+        try:
+            # looked up per call (not bound at import) so a test may register a toy card
+            out[card_id] = CARD_FUNCTIONS[card_id](report)
+        except Exception as exc:  # noqa: BLE001 - one card's bad input must not cost the report
+            out[card_id] = {"value": None, "unit": "pct", "severity": "na",
+                            "verdict": f"internal error in verdict {card_id}: {type(exc).__name__}: {exc}",
+                            "thresholds": {}, "rule": None}
     return out

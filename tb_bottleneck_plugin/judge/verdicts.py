@@ -1,11 +1,9 @@
 """Card verdicts (issue 11 item 2, docs/report-schema.md `verdicts`): the colour and the
 words of every headline card are decided here, on the server, from thresholds.py.
 
-``card_verdicts(report)`` -> ``{card id: {value, unit, severity, verdict, thresholds, rule}}``
-for a span report or a combined summary whose ``recommendations`` are already made: the
-cards of every registered metric unit (the ids in ``Unit.cards``, analysis/*.py; e.g.
-input_bound.py's "input_bound", memory.py's "peak_memory" and "allocator_slack"), each
-judged by its function in judge/cards.py (``CARD_FUNCTIONS``, made with ``card``).
+``card(...)`` builds one card's verdict; judge/cards.py holds each card's function (by the
+ids in ``Unit.cards``, analysis/*.py) and ``cards.card_verdicts(report)`` makes every card's,
+for a span report or a combined summary whose ``recommendations`` are already made.
 
 A card's severity is the severity of the recommendation rule named in ``rule`` when that
 rule fired *for this card's number* (the rule's ``numbers`` hold the card's key: e.g.
@@ -151,25 +149,3 @@ def _card(report, value, unit, rule, number_key, threshold_names, na_keys) -> di
 
 
 num, pct_words, fired = _num, _pct, _fired  # for the card functions (judge/cards.py)
-
-# Ids of cards not owned by a metric unit (none today: every headline card is a unit's,
-# Unit.cards); their functions are in judge/cards.py too.
-CARDS: Tuple[str, ...] = ()
-
-
-def card_verdicts(report: dict) -> Dict[str, dict]:
-    """Every card's verdict (the cards above, then those of the registered metric units);
-    a card whose inputs are malformed is n/a, never an exception."""
-    from ..analysis import registry
-    from . import cards  # here, not at the top: cards.py builds on this module's helpers
-
-    out = {}
-    for card_id in CARDS + tuple(c for u in registry.UNITS for c in u.cards):
-        try:
-            # looked up per call (not bound at import) so a test may register a toy card
-            out[card_id] = cards.CARD_FUNCTIONS[card_id](report)
-        except Exception as exc:  # noqa: BLE001 - one card's bad input must not cost the report
-            out[card_id] = {"value": None, "unit": "pct", "severity": "na",
-                            "verdict": f"internal error in verdict {card_id}: {type(exc).__name__}: {exc}",
-                            "thresholds": {}, "rule": None}
-    return out

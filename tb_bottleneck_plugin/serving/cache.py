@@ -3,7 +3,7 @@
 Separate from the scheduler (`scheduler.py`: which span is analysed next, and how many
 at once) and from the view-model (`service.Analyzer`: what the tab is shown). The
 service keys an entry by the span's URL, its fingerprint (size + mtime, or the GCS
-generation) and `current_version` (``service.ANALYSIS_VERSION``, a digest of the
+generation) and `current_version` (``ANALYSIS_VERSION``, a digest of the
 package's source and the user-given peak/link settings); the CLI does not use the cache.
 """
 from __future__ import annotations
@@ -18,6 +18,10 @@ from pathlib import Path
 from typing import Optional
 
 from .. import report
+
+# The layout of a cached result: bump when results change shape (the code digest below
+# invalidates them on any code change anyway; the history is in git log).
+ANALYSIS_VERSION = f"{report.SCHEMA_VERSION}.11"
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +68,8 @@ def code_digest() -> str:
     tb_bottleneck_plugin/, read once per process, ~2 ms). A cached result holds numbers,
     verdict words and advice made by the code that wrote it: with this digest in the
     entry's version, an upgrade or a local edit never serves them stale, even when nobody
-    bumped ANALYSIS_VERSION (this session bumped it four times by hand and once forgot:
-    a restarted TensorBoard showed the old advice). The dashboard's static files are not
-    part of it: they render what the routes send."""
+    bumped ANALYSIS_VERSION (a forgotten bump once served old advice after a restart). The
+    dashboard's static files are not part of it: they render what the routes send."""
     global _code_digest
     if _code_digest is None:
         h = hashlib.sha1()
@@ -95,12 +98,10 @@ def analysis_settings() -> str:
 
 
 def current_version() -> str:
-    """The version a cache entry must carry to be used: ``service.ANALYSIS_VERSION`` (the
+    """The version a cache entry must carry to be used: ``ANALYSIS_VERSION`` (the
     report layout), the code digest and the settings from the environment
     (`analysis_settings`: a changed ``--bottlenecks_peak_tflops`` analyses again)."""
-    from . import service  # the one place the analysis version is defined
-
-    return f"{service.ANALYSIS_VERSION}+{code_digest()}{analysis_settings()}"
+    return f"{ANALYSIS_VERSION}+{code_digest()}{analysis_settings()}"
 
 
 def valid_result(value) -> bool:

@@ -10,7 +10,7 @@ Three parts, three modules:
 - **backends**: child processes on this machine (`ChildPool`, below), threads (tests),
   or an existing Dask cluster (`dask_backend`, only with ``dask_scheduler``).
 - **disk cache** (`cache.DiskCache`): each span's result, keyed by the file's URL, its
-  fingerprint (size + mtime or GCS generation) and ANALYSIS_VERSION.
+  fingerprint (size + mtime or GCS generation) and cache.ANALYSIS_VERSION.
 
 The Analyzer (this module) ties them: a background thread rescans the logdir (one flat
 listing) every `rescan_seconds` and on demand; new or changed spans are served from the
@@ -45,11 +45,6 @@ from .timeline_store import TimelineStores
 from .scheduler import Scheduler, default_memory_budget, default_slots, estimate_peak_bytes
 
 log = logging.getLogger(__name__)
-
-# Bump when the report layout changes. A change of the code alone (a metric, a verdict's
-# words, advice) needs no bump: the disk cache's version also carries a digest of the
-# package's source (cache.code_digest), so old entries are ignored after any edit.
-ANALYSIS_VERSION = f"{report.SCHEMA_VERSION}.11"  # .11: verdict na_cause "cpu_only" (GPU cards folded on CPU-only traces); .10: launch.longest_runtime_call, warmup_outlier and host_bound rules, verdict severity "none" (not judged); .9: recommendations reworded per context (CPU-only input advice, unknown GPU generation, host-bound GPU idle, matrix cores); cached advice is part of the result; .8: partials tag per-step rows with worker/span (summaries: one row per step across spans); .7: kernel_names (compare's kernel rows); .6: operators table gone (compare reads operator_view, top_calls); .5: partials (metric units), communication.kernel_union_us; .4: operator_view; .3: verdicts; .2: context, operators, distributed partial, occupancy_source
 
 # A truncated file whose fingerprint does not change is analysed again this many times
 # (on later scans) before it is left alone; any change of the file retries it again.
