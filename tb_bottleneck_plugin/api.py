@@ -292,6 +292,47 @@ class Report:
                 rows.append({"run": run, **{k: v for k, v in row.items() if not isinstance(v, (dict, list))}})
         return self._frame(rows, ("run", "rank", "worker"))
 
+    def _section_rows(self, section: str, table: str, key_name: Optional[str] = None):
+        """Rows of ``report[section][table]`` per run (a list of dicts, or a dict keyed by
+        ``key_name``); runs where the section is n/a add none (``Report.report["not_available"]``
+        says why)."""
+        rows = []
+        for run, rep, _ in self._run_reports():
+            sec = (rep or {}).get(section)
+            items = sec.get(table) if isinstance(sec, dict) else None
+            if isinstance(items, dict):
+                items = [{key_name: k, **v} for k, v in items.items() if isinstance(v, dict)]
+            for row in items or []:
+                if isinstance(row, dict):
+                    rows.append({"run": run, **{k: v for k, v in row.items() if not isinstance(v, dict)}})
+        return self._frame(rows, ("run", key_name) if key_name else ("run",))
+
+    def source_lines_df(self):
+        """One row per line of the user's code (METRICS.md §17, traces recorded with
+        ``with_stack=True`` or old ``Call stack`` args): the CPU time of the ops it called,
+        the GPU time they launched, calls and kernels; empty without stacks."""
+        return self._section_rows("source_attribution", "lines")
+
+    def modules_df(self):
+        """The nn.Module tree (METRICS.md §17) as rows: ``path``, ``parent``, ``depth``, self and
+        total CPU time, GPU time launched, calls; empty without ``nn.Module`` frames."""
+        return self._section_rows("source_attribution", "modules")
+
+    def labels_df(self):
+        """One row per ``record_function`` label (METRICS.md §17): CPU span time, the GPU time
+        of the kernels launched inside it and its ``gpu_user_annotation`` time."""
+        return self._section_rows("source_attribution", "labels")
+
+    def flops_df(self):
+        """FLOPs and the roofline per op class (METRICS.md §15, ``report["flops"]["by_class"]``):
+        FLOPs, bytes, intensity, achieved TFLOP/s, the bound and the share of the roofline."""
+        return self._section_rows("flops", "by_class", "op_class")
+
+    def collectives_df(self):
+        """One row per collective kind (METRICS.md §18, ``report["collectives"]["kinds"]``):
+        calls, bytes, time, algbw/busbw and the share of the link's peak where known."""
+        return self._section_rows("collectives", "kinds")
+
     # ------------------------------------------------------------------ HTML
 
     def html_data(self) -> dict:

@@ -166,3 +166,44 @@ def test_the_tab_and_the_cli_never_import_pandas_and_the_api_says_which_extra():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert done.returncode == 0, done.stderr[-2000:]
     assert 'pip install "tb_bottleneck_plugin[notebook]"' in done.stdout
+
+
+def _rows_equal(df, rows, drop=("run",)):
+    """The frame's records (NaN as None) equal the JSON rows, dict-valued fields left out."""
+    got = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items() if k not in drop}
+           for r in df.to_dict("records")]
+    want = [{k: v for k, v in r.items() if not isinstance(v, dict)} for r in rows]
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert set(g) >= set(w)
+        for k, v in w.items():
+            gv = g[k]
+            if isinstance(v, list):
+                assert list(gv) == v, k
+            else:
+                assert _same(gv, v) or gv == v, (k, gv, v)
+
+
+def test_source_modules_labels_flops_df_are_the_cli_tables():
+    """On the H100 with_stack demo run (source lines, modules, labels) and the H100 FP32
+    matmul run (FLOPs per op class): each DataFrame holds the CLI JSON's rows, and a trace
+    without stacks gives empty source frames (its not_available says why)."""
+    stack = next((DEMO_LOGS / "h100_stack_item_slow_module").glob("*.pt.trace.json.gz"))
+    cli = _cli_json("report", str(stack), "--json")
+    rep = tbb.analyze(str(stack))
+    sa = cli["source_attribution"]
+    assert sa["lines"] and sa["modules"]
+    _rows_equal(rep.source_lines_df(), sa["lines"])
+    _rows_equal(rep.modules_df(), sa["modules"])
+    _rows_equal(rep.labels_df(), sa["labels"])
+    assert rep.modules_df()["class"].iloc[0] == sa["modules"][0]["class"]
+
+    fp32 = sorted((DEMO_LOGS / "h100_fp32_matmul").glob("*.pt.trace.json.gz"))[0]
+    cli = _cli_json("report", str(fp32), "--json")
+    rep = tbb.analyze(str(fp32))
+    by_class = cli["flops"]["by_class"]
+    df = rep.flops_df()
+    assert list(df["op_class"]) == list(by_class)
+    _rows_equal(df.drop(columns=["op_class"]), list(by_class.values()))
+    assert rep.source_lines_df().empty and "source_attribution.lines" in cli["not_available"]
+    assert rep.collectives_df().empty
