@@ -436,6 +436,8 @@ const RANK_COLS = [
     title: "Waiting for the DataLoader, % of step time: the rank's input-bound % (its own report)"},
   {key: "bar_other_pct", label: "Other", fmt: (v) => fmtPct(v), title: "None of the above, % of step time"},
   {key: "gpu_utilization_pct", label: "GPU util.", fmt: (v) => fmtPct(v)},
+  {key: "mfu_pct", label: "MFU", fmt: (v) => fmtPct(v),
+    title: "Model FLOPs utilization of the rank: ideal time at the GPU's peak / step time, summed over its spans (METRICS.md §15)"},
   {key: "straggler_steps", label: "Least wait in (steps)", fmt: fmtCount,
     title: "Steps in which this rank waited least in the collectives: the others waited for it (metrics §12)"},
   {key: "wait_us", label: "Wait (total)", fmt: fmtUs, title: "Wait in the collectives, summed over all steps"},

@@ -309,8 +309,8 @@ def _bar_split(results: List[dict]) -> dict:
 
 
 def _report_numbers(results: List[dict]) -> dict:
-    """input-bound % (ratio of sums over the steps of all spans) and GPU utilization
-    (weighted by each span's steps window) from the rank's own span reports."""
+    """input-bound % (ratio of sums over the steps of all spans), GPU utilization
+    (weighted by each span's steps window), MFU and TFLOP/s from the rank's span reports."""
     dl = st = 0.0
     util = weight = 0.0
     for r in results:
@@ -323,8 +323,22 @@ def _report_numbers(results: List[dict]) -> dict:
             if g.get("utilization_pct") is not None and window:
                 util += g["utilization_pct"] * window
                 weight += window
+    # MFU (METRICS.md §15) as a ratio of sums over the rank's spans: Σ ideal time at the
+    # GPU's peak / Σ step time; unknown when any span has no FLOPs or no peak
+    ideal = flop = fstep = 0.0
+    flops_known = bool(results)
+    for r in results:
+        f = (r.get("report") or {}).get("flops")
+        if isinstance(f, dict) and isinstance(f.get("ideal_us"), (int, float)) and f.get("step_us"):
+            ideal += f["ideal_us"]
+            flop += f.get("flops") or 0.0
+            fstep += f["step_us"]
+        else:
+            flops_known = False
     return {"input_bound_pct": 100.0 * dl / st if st > 0 else None,
-            "gpu_utilization_pct": util / weight if weight > 0 else None}
+            "gpu_utilization_pct": util / weight if weight > 0 else None,
+            "mfu_pct": 100.0 * ideal / fstep if flops_known and fstep > 0 else None,
+            "tflops": flop / fstep / 1e6 if flops_known and fstep > 0 else None}
 
 
 def _recommendation(row: dict, straggler: Optional[dict], imbalance: Optional[float],
