@@ -331,3 +331,28 @@ def test_overlap_on_real_multi_gpu_traces(path, rank, overlap_pct):
     assert kinds and set(kinds) <= {"all_reduce", "broadcast"}
     # the report's communication overlap (§8, one window over all steps) says the same here
     assert result["report"]["communication"]["overlap_pct"] == pytest.approx(overlap_pct, abs=0.01)
+
+
+def test_mfu_per_rank_is_the_ratio_of_sums_of_the_rank_spans():
+    """Two 'ranks' made of the H100 FP32 matmul demo run's two spans: rank 0 has one span
+    (its MFU is the span's own flops.mfu_pct), rank 1 both (Σ ideal_us / Σ step_us, not the
+    mean of the two percentages); a rank without FLOPs (CPU input demo) gives None."""
+    import math
+
+    from conftest import DEMO_LOGS
+
+    run_dir = DEMO_LOGS / "h100_fp32_matmul"
+    res = [report.analyze_trace(loader.load_trace(str(p)), span=p.name)
+           for p in sorted(run_dir.glob("*.pt.trace.json.gz"))]
+    view = ranks.rank_view({"rank0": res[:1], "rank1": res})
+    rows = {r["worker"]: r for r in view["ranks"]}
+    f0, f1 = res[0]["report"]["flops"], res[1]["report"]["flops"]
+    assert rows["rank0"]["mfu_pct"] == pytest.approx(f0["mfu_pct"])
+    assert rows["rank0"]["tflops"] == pytest.approx(f0["tflops"])
+    want = 100 * (f0["ideal_us"] + f1["ideal_us"]) / (f0["step_us"] + f1["step_us"])
+    assert rows["rank1"]["mfu_pct"] == pytest.approx(want) and 60 < want < 80  # fp32 GEMMs at ~69 % of the fp32 peak
+    cpu = [report.analyze_trace(loader.load_trace(str(p)))
+           for p in sorted((DEMO_LOGS / "input_bound_nw0").glob("*.pt.trace.json.gz"))]
+    view = ranks.rank_view({"a": cpu[:1], "b": cpu[1:]})
+    assert all(r["mfu_pct"] is None and r["tflops"] is None for r in view["ranks"])
+    assert not any(isinstance(r["mfu_pct"], float) and math.isnan(r["mfu_pct"]) for r in view["ranks"])
