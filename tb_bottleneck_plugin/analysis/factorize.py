@@ -2,7 +2,7 @@
 
 The analyses group rows by integer keys (interned name ids, devices, streams, steps,
 launch dimensions) and used ``np.unique(..., return_inverse=True)``, which sorts (an
-argsort of every row; on the 292 MB benchmark trace ~0.3-0.5 s of the report's CPU).
+argsort of every row, a large share of the report's CPU on big traces).
 Most of these keys are dense: interned ids run 0..len(strings), devices and steps are
 few. A column whose values span at most a few times its length is ranked with a
 presence table and a cumulative sum (O(n + span), no sort); the columns' ranks are

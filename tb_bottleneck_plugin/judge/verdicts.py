@@ -1,4 +1,4 @@
-"""Card verdicts (issue 11 item 2, docs/report-schema.md `verdicts`): the colour and the
+"""Card verdicts (docs/report-schema.md `verdicts`): the colour and the
 words of every headline card are decided here, on the server, from thresholds.py.
 
 ``card(...)`` builds one card's verdict; judge/cards.py holds each card's function (by the

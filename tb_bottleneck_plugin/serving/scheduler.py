@@ -28,12 +28,8 @@ from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
 from ..errors import StorageError
 
 # Peak memory of one analysis (its whole child process) ~ PEAK_BASE_BYTES + PEAK_FACTOR x
-# the uncompressed JSON size. Measured (peak RSS, fresh process each): 252-270 MB for
-# `tb-bottlenecks report FILE --json` on the 315 MB scale trace (issue 14,
-# benchmarks/README.md), 120 MB in-process and ~140 MB per child process on the 35 MB
-# resnet50 span (benchmarks/bench_many_spans.py): ~0.6 x the JSON on top of ~100 MB of
-# interpreter, numpy and msgspec. Both constants are rounded so the estimate errs high
-# (315 MB -> 348 MB, 35 MB -> 124 MB).
+# the uncompressed JSON size: ~0.6 x the JSON on top of ~100 MB of interpreter, numpy and
+# msgspec, rounded so the estimate errs high (measurements: benchmarks/README.md).
 PEAK_FACTOR = 0.8
 PEAK_BASE_BYTES = 96 << 20
 # gzip ratio assumed when the uncompressed size cannot be read (a gzip trailer holds it

@@ -190,9 +190,8 @@ class _Builder:
 
     def _stack_ids(self, raws: list) -> np.ndarray:
         """``_raw_ids`` of the old per-op ``Call stack`` texts (~1 KB each). One Python line
-        launches many ops, so most ops repeat the previous op's stack (73 % on the ResNet-50
-        benchmark trace): an equality test of the undecoded values (a memcmp) then replaces
-        a bytes copy and a hash."""
+        launches many ops, so most ops repeat the previous op's stack: an equality test of
+        the undecoded values (a memcmp) then replaces a bytes copy and a hash."""
         known = self._raw_id_cache
         table = self.strings
         ids = []
@@ -212,9 +211,7 @@ class _Builder:
     def _decoded(self, raw):
         """A recorded input value (JSON text), decoded once per distinct text. Ops repeat
         a few hundred shapes tens of thousands of times: one shared (read-only) object per
-        text instead of nested lists per call, which every collection walked (on the
-        292 MB benchmark trace 269k tracked objects and 17 full collections became 24k
-        and 2: load 3.0-3.5 s -> 2.2-2.7 s)."""
+        text instead of nested lists per call, which the garbage collector would walk."""
         key = raw if type(raw) is bytes else bytes(raw)
         cache = self._decoded_cache
         value = cache.get(key, cache)

@@ -41,14 +41,10 @@ def _decode_workers() -> int:
 
     TB_BOTTLENECKS_DECODE_PROCESSES=N decides when set (0: in-process). Otherwise one
     worker when this process may use two or more cores and about one of them is idle
-    (1-minute load average below cores - 0.5), else none: on the 292 MB benchmark trace
-    (2 cores, benchmarks/README.md "after perf") one worker with 2 MB chunks cut the
-    report from 2.69 to 2.30-2.40 s on a quiet machine at about the same peak memory, but
-    on a busy one (load 3-10) it saved little and cost ~0.5 s more CPU (pickling, a
-    second interpreter; since chunk builders start from the main string table, "perf3"
-    in benchmarks/README.md, the CPU is about the in-process figure, but at load 8-10 it
-    was still no faster). Analyses of many spans at once load every core, so they decode
-    in-process."""
+    (1-minute load average below cores - 0.5), else none: a second core speeds a quiet
+    machine's report up, while on a busy one the extra interpreter and pickling only add
+    CPU (measurements: benchmarks/README.md, "after perf" and "perf3"). Analyses of many
+    spans at once load every core, so they decode in-process."""
     value = os.environ.get("TB_BOTTLENECKS_DECODE_PROCESSES")
     if value is not None and value.strip():
         try:
@@ -73,19 +69,16 @@ def _decode_workers() -> int:
 class _Worker:
     """One decode process fed by the loading thread itself, without helper threads.
 
-    No executor: a `ProcessPoolExecutor` hands chunks over and results back through two
-    helper threads of this process that must win the GIL from the loading thread, so the
-    worker sat idle and got only 30-40 % of the chunks (benchmarks/README.md, "perf3").
-    Here the loading thread copies the chunk into a shared memory slot (an anonymous
-    shared mapping made before the fork) and writes a small message into a pipe: a
-    write that never waits for the worker to be scheduled (a 2 MB write into the pipe
-    itself did, ~27 ms per chunk at load 10-16). The worker answers the same way: its
-    pickled columns in a second slot. Before each next chunk the loading thread takes a
-    finished result if one is there (`ready`). The worker keeps a mirror of this
-    process's string table, so a chunk carries only the table's new entries. Without
-    fork (a fork server, when threads run) or for a chunk larger than its slot, the
-    bytes go through the pipe. On the 292 MB benchmark trace the worker decodes ~52 % of the
-    chunks (the pool's: 30-40 %); benchmarks/README.md, "perf4"."""
+    No executor: a `ProcessPoolExecutor` hands chunks over and results back through
+    helper threads that must win the GIL from the loading thread, which starved the
+    worker. Here the loading thread copies the chunk into a shared memory slot (an
+    anonymous shared mapping made before the fork) and writes a small message into a
+    pipe, a write that never waits for the worker to be scheduled. The worker answers the
+    same way: its pickled columns in a second slot. Before each next chunk the loading
+    thread takes a finished result if one is there (`ready`). The worker keeps a mirror of
+    this process's string table, so a chunk carries only the table's new entries. Without
+    fork (a fork server, when threads run) or for a chunk larger than its slot, the bytes
+    go through the pipe. Measurements: benchmarks/README.md, "perf3" and "perf4"."""
 
     SLOT_BYTES = 8 << 20
 
