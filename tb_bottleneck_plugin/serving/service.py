@@ -654,12 +654,12 @@ class Analyzer:
                 self._sched.push(run.name, (run, span, state), cost)
             connecting = bool(self.dask_scheduler) and not self._dask_tried
             if not connecting:
-                self._kick()
+                self._start_allowed_loads()
         if connecting:
             # after the listing is published: an unreachable scheduler delays analyses, not the runs list
             self._connect_dask()
             with self._lock:
-                self._kick()
+                self._start_allowed_loads()
 
     def _cost(self, span) -> int:
         """Memory an analysis of ``span`` reserves (0 on Dask: workers have their own limits)."""
@@ -732,7 +732,7 @@ class Analyzer:
         return True
 
     # ------------------------------------------------------------------ scheduling
-    def _kick(self) -> None:
+    def _start_allowed_loads(self) -> None:
         """Start every load the scheduler allows now (lock held): the run the tab asked
         for last first, within the slots and the memory budget (`scheduler.Scheduler`)."""
         while not self._stopped:
@@ -758,7 +758,7 @@ class Analyzer:
         finally:
             with self._lock:
                 self._sched.done(name, cost)
-                self._kick()
+                self._start_allowed_loads()
 
     def _load(self, run, span, state: SpanState) -> None:
         def progress(fraction: float) -> None:
@@ -808,7 +808,7 @@ class Analyzer:
             fresh = SpanState(fingerprint=state.fingerprint)
             self._spans[span.url] = fresh
             self._sched.push(run.name, (run, span, fresh), cost)
-            self._kick()
+            self._start_allowed_loads()
         return True
 
     @staticmethod
@@ -847,7 +847,7 @@ class Analyzer:
             if self._stopped or self._spans.get(span.url) is not state or state.state != "queued":
                 return
             self._sched.push(run.name, (run, span, state), cost)
-            self._kick()
+            self._start_allowed_loads()
 
     # ------------------------------------------------------------------ queries
     def runs_view(self) -> dict:
