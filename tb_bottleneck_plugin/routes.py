@@ -44,6 +44,7 @@ from .analysis import operators
 from .analysis import timeline as tl
 from .serving import timeline_store
 from .views import compare as compare_view
+from .views import headline as headline_view
 from .views import ranks as ranks_view
 
 if TYPE_CHECKING:
@@ -254,12 +255,15 @@ def _static(ctx: RouteContext, request, name: str):
 
 
 def _serve_runs(ctx: RouteContext, request):
+    """The run list, and ``cards``: the headline cards the dashboard renders (views/headline.py
+    ``card_list``, declared in the metric units; static/cards.js has no list of its own)."""
     if ctx.analyzer is None:
         return _json(request, {"logdir": None, "runs": [],
-                               "scan": {"state": "error", "error": ctx.problem, "notes": []}})
+                               "scan": {"state": "error", "error": ctx.problem, "notes": []},
+                               "cards": headline_view.card_list()})
     if request.args.get("rescan"):
         ctx.analyzer.rescan()
-    return _json(request, ctx.analyzer.runs_view())
+    return _json(request, {**ctx.analyzer.runs_view(), "cards": headline_view.card_list()})
 
 
 def _serve_report(ctx: RouteContext, request):

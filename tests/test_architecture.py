@@ -447,6 +447,34 @@ def test_the_documented_toy_metric_works_end_to_end(monkeypatch, tmp_path):
     assert summary["verdicts"]["runtime_share"]["value"] == summary["runtime_share"]["runtime_pct"]
     assert not [e for e in summary["errors"] + res_a["report"]["errors"] if "runtime_share" in str(e)]
 
+    # Declared once in its unit, the metric is in compare (diff, check), in the report text
+    # and in the card list the runs route sends to the dashboard: no other file changed.
+    from tb_bottleneck_plugin.views import compare, gate, headline, text_report
+
+    cmp = compare.compare(res_a, res_b)
+    row = next(r for r in cmp["metrics"] if r["key"] == "runtime_pct")
+    assert (row["label"], row["unit"], row["better"]) == ("CUDA runtime share", "%", "lower")
+    assert row["base"] == pytest.approx(100 * 280 / 3000) and row["cand"] == pytest.approx(100 * 20 / 500)
+    assert row["verdict"] == "better" and [r["key"] for r in cmp["metrics"]][-1] == "runtime_pct"
+    assert "CUDA runtime share" in compare.format_text(cmp)
+    assert gate.parse_bound("runtime_pct=5", "--max") == ("runtime_pct", 5.0, False)
+    assert gate.evaluate(res_a, [("runtime_pct", 5.0, False)], []) == [
+        f"runtime_pct = {100 * 280 / 3000:.6g} > max 5"]
+    text = text_report.format_report(res_a["report"])
+    assert f"  CUDA runtime share {100 * 280 / 3000:.2f}%" in text.splitlines(), text
+    listed = headline.card_list()
+    assert listed[-1]["id"] == "runtime_share" and listed[-1]["label"] == "Runtime share"
+    assert (listed[-1]["unit"], listed[-1]["metric"], listed[-1]["field"]) == ("pct", "runtime_pct",
+                                                                           ["runtime_share", "runtime_pct"])
+    # ... which is what the runs route sends (routes.py), the dashboard's only card list
+    from tb_bottleneck_plugin import routes
+    from werkzeug.test import EnvironBuilder
+    from werkzeug.wrappers import Request
+
+    ctx = routes.RouteContext(analyzer=None, problem="no logdir")
+    body = json.loads(routes._serve_runs(ctx, Request(EnvironBuilder(path="/runs").get_environ())).get_data())
+    assert body["cards"] == listed
+
 
 
 def test_architecture_doc_names_only_what_exists():

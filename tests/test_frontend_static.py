@@ -283,14 +283,21 @@ def test_views_are_split_and_cards_come_from_descriptors():
         n = len(_read(path).splitlines())
         assert n <= 800, f"{os.path.basename(path)} has {n} lines (split files over ~800)"
     cards = _read(os.path.join(FRONTEND, "cards.js"))
-    ids = re.findall(r'^\s+id: "([a-z_]+)",', cards, flags=re.M)
-    # every descriptor is a card the server gives a verdict for (verdicts.py CARDS); a verdict
-    # without a descriptor is still shown (cards.js genericDescriptor), so a new metric needs none
-    from tb_bottleneck_plugin.judge import verdicts
+    # cards.js lists no card: the list (ids, order, labels, units) is the server's (the runs
+    # answer's `cards`, views/headline.py card_list from the metric units); what it keeps per
+    # id (EXTRAS: detail lines, sublabels, hover text) is for cards the server declares.
+    # A verdict the list does not name is still shown (cards.js genericDescriptor).
+    assert not re.search(r'^\s+id: "[a-z_]+",', cards, flags=re.M) and "CARDS" not in cards
+    assert not re.search(r'^\s+label: "', cards, flags=re.M) and "setCards" in cards
+    extras = cards.split("const EXTRAS = {", 1)[1].split("\n};", 1)[0]
+    ids = re.findall(r"^  ([a-z_]+): \{", extras, flags=re.M)
+    from tb_bottleneck_plugin.judge import cards as judge_cards
     from tb_bottleneck_plugin.analysis import registry
+    from tb_bottleneck_plugin.views import headline
 
-    server_cards = set(verdicts.CARDS) | {card for u in registry.UNITS for card in u.cards}
-    assert ids and set(ids) <= server_cards, (ids, server_cards)
-    assert len(ids) == len(set(ids)) and "genericDescriptor" in cards
+    server_cards = set(judge_cards.CARDS) | {card for u in registry.UNITS for card in u.cards}
+    listed = [c["id"] for c in headline.card_list()]
+    assert ids and set(ids) <= set(listed) <= server_cards, (ids, listed, server_cards)
+    assert len(ids) == len(set(ids)) and len(listed) == len(set(listed)) and "genericDescriptor" in cards
     # colours come from the verdict's severity word only
     assert "severityClass(v.severity)" in cards and "ruleSeverity" not in cards

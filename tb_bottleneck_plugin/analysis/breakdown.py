@@ -218,10 +218,12 @@ def _unit_finish(m: dict) -> dict:
 
 
 def _unit():
-    from .units import NONE_FAILED, Unit
+    from .units import LOWER, NONE_FAILED, Metric, Unit, path
 
+    metrics = (Metric("avg_step_us", "Avg step time", "us", LOWER, path("avg_step_us"), ("steps", "breakdown_pct"),
+                      text=False, order=0),)
     return Unit("breakdown", _unit_compute, _unit_partial, _unit_finish, requires=("steps",), fields=FIELDS,
-                group=NONE_FAILED)
+                group=NONE_FAILED, metrics=metrics)
 
 
 UNIT = _unit()

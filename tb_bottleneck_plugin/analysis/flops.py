@@ -859,10 +859,22 @@ def mfu_severity(value: float) -> str:
 
 
 def _unit():
-    from .units import Unit
+    from .units import HIGHER, Card, Metric, Unit, path
 
-    return Unit("flops", _unit_compute, _unit_partial, _unit_finish, requires=("steps",),
-                cards=("mfu",))
+    card = Card("mfu", "MFU", "Model FLOPs (from recorded shapes) per step time, as a share of the GPU's dense peak.",
+                field=("flops", "mfu_pct"), order=40,
+                definition="MFU: FLOPs counted from the recorded shapes of GEMM, convolution and attention ops (as "
+                "FlopCounterMode counts them) over the step time, divided by the GPU's dense peak for each "
+                "precision. Roofline: FLOPs per byte against the ridge point peak / memory bandwidth.")
+    metrics = (
+        Metric("mfu_pct", "MFU", "%", HIGHER, path("flops", "mfu_pct"), ("flops.mfu_pct", "flops.flops", "flops"),
+               card=card, text=False, order=80),
+        Metric("tflops", "TFLOP/s over the step time", "TFLOP/s", HIGHER, path("flops", "tflops"),
+               ("flops.flops", "flops"), text=False, order=90),
+        Metric("achieved_tflops", "TFLOP/s in FLOP kernels", "TFLOP/s", HIGHER, path("flops", "achieved_tflops"),
+               ("flops.flops", "flops"), text=False, order=100),
+    )
+    return Unit("flops", _unit_compute, _unit_partial, _unit_finish, requires=("steps",), metrics=metrics)
 
 
 UNIT = _unit()

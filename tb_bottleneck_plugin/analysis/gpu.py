@@ -260,10 +260,27 @@ def _unit_finish(m: dict) -> dict:
 
 
 def _unit():
-    from .units import Unit
+    from .units import HIGHER, Card, Metric, Unit
 
-    return Unit("gpu", _unit_compute, _unit_partial, _unit_finish, requires=("steps",),
-                cards=("gpu_utilization",))
+    metrics = (
+        Metric("gpu_utilization_pct", "GPU utilization", "%", HIGHER, gpu_mean("utilization_pct"), ("gpu",),
+               na_device_metric="gpu.*.utilization_pct",
+               card=Card("gpu_utilization", "GPU utilization", "Share of the steps window with a kernel running.",
+                         field=("gpu", "0", "utilization_pct"), order=20),
+               text=False, order=40),
+        Metric("est_sm_efficiency_pct", "Est. SM efficiency", "%", HIGHER, gpu_mean("est_sm_efficiency_pct"),
+               ("gpu",), na_device_metric="gpu.*.est_sm_efficiency_pct", text=False, order=50),
+    )
+    return Unit("gpu", _unit_compute, _unit_partial, _unit_finish, requires=("steps",), metrics=metrics)
+
+
+def gpu_mean(key: str):
+    """A headline getter: the mean over the report's GPU devices of ``gpu[dev][key]`` (None
+    when no device has it)."""
+    def get(rep):
+        values = [g.get(key) for g in (rep.get("gpu") or {}).values() if g.get(key) is not None]
+        return sum(values) / len(values) if values else None
+    return get
 
 
 UNIT = _unit()

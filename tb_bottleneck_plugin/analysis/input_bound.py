@@ -166,10 +166,17 @@ def _unit_finish(m: dict) -> dict:
 
 
 def _unit():
-    from .units import Unit
+    from .units import LOWER, Card, Metric, Unit, path
 
-    return Unit("input", _unit_compute, _unit_partial, _unit_finish, requires=("steps",),
-                cards=("input_bound",))
+    metrics = (
+        Metric("input_bound_pct", "Input-bound", "%", LOWER, path("input", "input_bound_pct"), ("steps", "input"),
+               card=Card("input_bound", "Input-bound", "Share of step time spent only waiting for the DataLoader.",
+                         field=("input", "input_bound_pct"), order=10),
+               text=False, order=20),
+        Metric("input_transfer_pct", "Input transfer (H2D)", "%", LOWER, path("input", "input_transfer_pct"),
+               ("steps", "input"), text=False, order=30),
+    )
+    return Unit("input", _unit_compute, _unit_partial, _unit_finish, requires=("steps",), metrics=metrics)
 
 
 UNIT = _unit()

@@ -416,10 +416,36 @@ def _unit_finish(m: dict) -> dict:
 
 
 def _unit():
-    from .units import Unit
+    from .units import LOWER, Card, Metric, Unit
 
-    return Unit("memory", _unit_compute, _unit_partial, _unit_finish,
-                cards=("peak_memory", "allocator_slack"))
+    no_gpu = "no GPU device with this value in the memory section"
+    metrics = (
+        Metric("peak_gpu_allocated_bytes", "Peak GPU memory allocated", "bytes", LOWER,
+               memory_max("peak_allocated_bytes", gpu=True), ("memory",), na_default=no_gpu,
+               card=Card("peak_memory", "Peak memory", "Peak memory allocated by tensors.", order=60),
+               text=False, order=140),
+        Metric("peak_gpu_reserved_bytes", "Peak GPU memory reserved", "bytes", LOWER,
+               memory_max("peak_reserved_bytes", gpu=True), ("memory",), na_default=no_gpu, text=False, order=150),
+        Metric("allocator_slack_pct", "Allocator slack (worst GPU)", "%", LOWER,
+               memory_max("slack_fragmentation_pct", gpu=True), ("memory",), na_default=no_gpu,
+               card=Card("allocator_slack", "Fragmentation", "Reserved by the caching allocator but unused at the peak.",
+                         order=70),
+               text=False, order=160),
+        Metric("peak_cpu_allocated_bytes", "Peak CPU memory allocated", "bytes", LOWER,
+               memory_max("peak_allocated_bytes", gpu=False), ("memory",), na_default="no CPU [memory] events",
+               text=False, order=170),
+    )
+    return Unit("memory", _unit_compute, _unit_partial, _unit_finish, metrics=metrics)
+
+
+def memory_max(key: str, gpu: bool):
+    """A headline getter: the largest ``memory[dev][key]`` over the GPU devices (``gpu``) or
+    the CPU (None when none has it)."""
+    def get(rep):
+        values = [m.get(key) for dev, m in (rep.get("memory") or {}).items()
+                  if (dev != "cpu") == gpu and m.get(key) is not None]
+        return max(values) if values else None
+    return get
 
 
 UNIT = _unit()

@@ -687,10 +687,25 @@ def combine_kernel_rows(tables: List[List[Dict]]) -> List[Dict]:
 
 
 def _unit():
-    from .units import Unit
+    from .units import HIGHER, LOWER, Card, Metric, Unit, path
 
-    return Unit("occupancy", _unit_compute, _unit_partial, _unit_finish, requires=("steps",),
-                cards=("occupancy", "short_kernels"))
+    metrics = (
+        Metric("est_achieved_occupancy_pct", "Est. achieved occupancy", "%", HIGHER,
+               path("occupancy", "est_achieved_occupancy_pct"), ("occupancy.est_achieved_occupancy_pct",),
+               card=Card("occupancy", "Est. achieved occupancy",
+                         "Kernel-time-weighted estimate per launch; not a measurement.",
+                         field=("occupancy", "est_achieved_occupancy_pct"),
+                         sublabel="theoretical, from the occupancy calculator", order=50),
+               text=False, order=110),
+        Metric("grid_too_small_pct", "Grid too small", "%", LOWER, path("occupancy", "grid_too_small_pct"),
+               ("occupancy.grid_too_small_pct",), text=False, order=120),
+        Metric("short_kernel_time_pct", "Short kernels", "%", LOWER, path("occupancy", "short_kernels", "time_pct"),
+               ("occupancy.short_kernels",),
+               card=Card("short_kernels", "Short kernels", "Share of kernel time in very short kernels (launch overhead).",
+                         field=("occupancy", "short_kernels", "time_pct"), order=110),
+               text=False, order=130),
+    )
+    return Unit("occupancy", _unit_compute, _unit_partial, _unit_finish, requires=("steps",), metrics=metrics)
 
 
 UNIT = _unit()

@@ -332,13 +332,27 @@ def _launch_finish(m: dict) -> dict:
 
 
 def _units():
-    from .units import Unit
+    from .units import LOWER, Card, Metric, Unit, path
 
-    return (Unit("sync", _sync_compute, _sync_partial, _sync_finish, requires=("steps",),
-                 cards=("sync",)),
+    sync = (Metric("sync_pct", "Synchronisation", "%", LOWER, path("sync", "sync_pct"), ("steps",),
+                   card=Card("sync", "Synchronisation",
+                             "GPU idle while the host waits in synchronisation calls, share of step time.",
+                             field=("sync", "sync_gpu_idle_pct"), order=80),
+                   text=False, order=180),)
+    communication = (Metric("comm_pct_of_kernel_time", "Communication share", "%", LOWER,
+                            path("communication", "comm_pct_of_kernel_time"), (),
+                            card=Card("communication", "Communication",
+                                      "Share of kernel time in collective (communication) kernels.",
+                                      field=("communication", "comm_pct_of_kernel_time"), optional=True, order=90),
+                            text=False, order=250),)
+    launch = (Metric("launch_pct", "Kernel launch time", "%", LOWER, path("launch", "launch_pct"), ("steps",),
+                     text=False, order=190),
+              Metric("kernels_per_step", "Kernels per step", "", None, path("launch", "kernels_per_step"), ("steps",),
+                     text=False, order=200))
+    return (Unit("sync", _sync_compute, _sync_partial, _sync_finish, requires=("steps",), metrics=sync),
             Unit("communication", _comm_compute, _comm_partial, _comm_finish, requires=("steps",),
-                 cards=("communication",)),
-            Unit("launch", _launch_compute, _launch_partial, _launch_finish, requires=("steps",)))
+                 metrics=communication),
+            Unit("launch", _launch_compute, _launch_partial, _launch_finish, requires=("steps",), metrics=launch))
 
 
 SYNC_UNIT, COMMUNICATION_UNIT, LAUNCH_UNIT = _units()

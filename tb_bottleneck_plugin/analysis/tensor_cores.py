@@ -456,10 +456,20 @@ def join_gpu(report: dict) -> None:
 
 
 def _unit():
-    from .units import Unit
+    from .units import HIGHER, LOWER, Card, Metric, Unit, path
 
-    return Unit("tensor_cores", _unit_compute, _unit_partial, _unit_finish,
-                cards=("tensor_cores",))
+    metrics = (
+        Metric("tensor_core_pct", "Tensor Core", "%", HIGHER, path("tensor_cores", "tensor_core_pct"),
+               ("tensor_cores.tensor_core_pct", "tensor_cores"),
+               card=Card("tensor_cores", "Tensor Cores", "Share of kernel time in Tensor Core kernels.",
+                         field=("tensor_cores", "tensor_core_pct"), amd_label="Matrix cores",
+                         amd_explain="Share of kernel time in matrix-core (MFMA) kernels.", order=30),
+               text=False, order=60),
+        Metric("tc_eligible_not_using_pct", "TC-eligible, not using", "%", LOWER,
+               path("tensor_cores", "eligible_not_using_pct"), ("tensor_cores.eligible_not_using_pct", "tensor_cores"),
+               text=False, order=70),
+    )
+    return Unit("tensor_cores", _unit_compute, _unit_partial, _unit_finish, metrics=metrics)
 
 
 UNIT = _unit()

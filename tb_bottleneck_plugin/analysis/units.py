@@ -27,7 +27,9 @@ Partial field conventions (``merge`` knows them by the prefix of the key):
 with key ``<section>`` or ``<section>.<metric>`` or ``<section>.<device>.<metric>``.
 
 Adding a metric: a module in analysis/ with ``UNIT = Unit(...)``, its line in
-``registry.UNITS``, its METRICS.md entry; a headline card: its id in ``cards`` and its
+``registry.UNITS``, its METRICS.md entry; its headline numbers as ``Metric`` data in
+``Unit.metrics`` (compare, diff, check, the report text and the dashboard's card list are
+derived from them, views/headline.py); a headline card: a ``Card`` on its metric and its
 function in judge/cards.py (``@register(card id)``, made with ``verdicts.card``).
 """
 from __future__ import annotations
@@ -194,6 +196,73 @@ class SpanContext:
 
 ALL_PRESENT, NONE_FAILED, ALWAYS = "all_present", "none_failed", "always"
 
+# ---------------------------------------------------------------------------- headline metadata
+# Data only (no judging, no formatting code): views/headline.py derives compare's HEADLINE,
+# the gate's metric names, the report text's lines and the dashboard's card list from it.
+
+LOWER, HIGHER = "lower", "higher"  # Metric.direction: which way is better (None: neither)
+
+
+def path(*keys: str) -> Callable[[dict], Any]:
+    """A getter: ``report[k0][k1]...``, None where a level is missing or not a dict."""
+    def get(rep):
+        d = rep
+        for k in keys:
+            if not isinstance(d, dict):
+                return None
+            d = d.get(k)
+        return d
+    return get
+
+
+@dataclass(frozen=True)
+class Card:
+    """A headline card of the dashboard (its verdict: judge/cards.py under ``id``). What the
+    card shows besides the server's verdict: ``label`` (``amd_label``/``amd_explain`` for AMD
+    traces), ``sublabel`` (small text beside the label), ``explain`` (one line under the
+    verdict), ``definition`` (hover text; the frontend may have its own for the id),
+    ``field`` (the report path of the number, shown uncoloured only when the report has no
+    verdict), ``optional`` (no card when the value is n/a or 0), ``order`` (position in the
+    card row; equal orders keep registry order)."""
+
+    id: str
+    label: str
+    explain: str = ""
+    field: Optional[Tuple[str, ...]] = None
+    sublabel: Optional[str] = None
+    definition: Optional[str] = None
+    amd_label: Optional[str] = None
+    amd_explain: Optional[str] = None
+    optional: bool = False
+    order: int = 1000
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A headline number (compare's ``metrics`` rows, ``diff``, ``check``): ``key`` (the
+    name in compare, the gate and the CLI), ``label`` (words), ``unit`` ("%", "bytes",
+    "us", "TFLOP/s", "" for a count), ``direction`` (LOWER / HIGHER is better, None:
+    neither), ``get(report)`` (its value; ``path(...)`` for a plain path), ``na_keys`` (the
+    report's ``not_available`` keys that explain an n/a, first found wins),
+    ``na_device_metric`` (else a per-device key matching this pattern, e.g.
+    ``"gpu.*.utilization_pct"``, explains it),
+    ``na_default`` (else these words), ``card`` (its headline card, if any), ``text``
+    (printed as a plain line by ``tb-bottlenecks report``; False where the report text has
+    its own line for it), ``order`` (position among the headline numbers; equal orders keep
+    registry order)."""
+
+    key: str
+    label: str
+    unit: str
+    direction: Optional[str]
+    get: Optional[Callable[[dict], Any]]
+    na_keys: Tuple[str, ...] = ()
+    na_device_metric: Optional[str] = None
+    na_default: str = "not available in this report"
+    card: Optional[Card] = None
+    text: bool = True
+    order: int = 1000
+
 
 @dataclass
 class Unit:
@@ -210,9 +279,16 @@ class Unit:
     requires: Tuple[str, ...] = ()
     fields: Optional[Dict[str, Any]] = None
     group: str = ALL_PRESENT
-    # headline card ids of this unit, in display order. Data only: the verdict functions live
-    # in judge/cards.py (CARD_FUNCTIONS), so the maths never imports the judging
+    # headline numbers of this unit (Metric above: compare, CLI, gate, card list)
+    metrics: Tuple[Metric, ...] = ()
+    # headline card ids of this unit, in display order; by default those of ``metrics``. Data
+    # only: the verdict functions live in judge/cards.py (CARD_FUNCTIONS), so the maths never
+    # imports the judging
     cards: Tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if not self.cards:
+            self.cards = tuple(m.card.id for m in self.metrics if m.card is not None)
 
     def defaults(self) -> Dict[str, Any]:
         import copy

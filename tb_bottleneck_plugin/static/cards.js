@@ -1,19 +1,24 @@
-// Headline cards, driven by ONE list of metric descriptors (CARDS below).
+// Headline cards, driven by the server's card list (no list of cards here).
 //
-// A card's number, colour and verdict words come from the server: report.verdicts[id] =
-// {value, unit, severity, verdict, thresholds, rule} (docs/route-schema.json `verdict`,
-// made from thresholds.py in report.py). This file only formats the value by its unit,
-// picks the style class named by the severity word and adds detail lines read from the
-// report. It holds no threshold and decides no verdict.
+// Which cards, in which order, with which label, unit, explain line, report field and
+// `optional` flag: the `cards` block of the runs answer (docs/route-schema.json `runs.cards`;
+// the HTML report's data holds the same), declared once in the metric units
+// (analysis/units.py `Card`, views/headline.py card_list). index.js and report_page.js hand
+// it to setCards. A card's number, colour and verdict words come from the server too:
+// report.verdicts[id] = {value, unit, severity, verdict, thresholds, rule}
+// (docs/route-schema.json `verdict`, made from thresholds.py). This file only formats the
+// value by its unit, picks the style class named by the severity word and adds detail lines
+// read from the report (EXTRAS below, per card id). It holds no threshold, decides no
+// verdict and lists no card.
 //
-// ADDING A CARD: one descriptor in CARDS, with the id the server uses in report.verdicts
-// (and its METRICS.md entry server-side). A verdict without a descriptor is still shown, as a
-// plain card titled by its id (value, colour and words are the server's anyway). Fields:
+// ADDING A CARD: a `Card` on the unit's metric (server-side, analysis/units.py) and its
+// verdict function (judge/cards.py); nothing here. A verdict the card list does not name is
+// still shown, as a plain card titled by its id. Descriptor fields (descriptor() below):
 //   id        key in report.verdicts
-//   label     card title (or label(report), e.g. "Matrix cores" on AMD); sublabel(report)? -> small text beside it
+//   label     card title (or label(report): the server's amd_label on AMD); sublabel(report)? -> small text beside it
 //   field     where the report holds the number (a path, shown only when the report has no
 //             verdict for the card, i.e. its "verdicts" section failed; the card is then uncoloured)
-//   explain   one line under the verdict (or explain(report));   def: hover text (definition, from defs.js)
+//   explain   one line under the verdict (or explain(report));   def: hover text (defs.js, else the server's definition)
 //   details(report)? -> extra lines (strings or nodes) read from the report's sections
 //   optional  true: no card when the value is n/a or exactly 0 (communication on one GPU:
 //             nothing to show; a display choice, not a verdict)
@@ -65,13 +70,15 @@ export function coresWord(report) {
   return isAmd(report) ? "Matrix cores" : "Tensor Cores";
 }
 
-export const CARDS = [
-  {
-    id: "input_bound",
-    label: "Input-bound",
-    field: ["input", "input_bound_pct"],
-    unit: "pct",
-    explain: "Share of step time spent only waiting for the DataLoader.",
+// The cards themselves (which, in what order, their labels, units, explain lines, report
+// fields, `optional`) come from the server: the `cards` block of the runs answer (the HTML
+// report's data), declared once in the metric units (analysis/units.py `Card`, sent by
+// views/headline.py card_list) and given to this module by setCards. What needs code or the
+// frontend's own definitions stays here, per card id: hover text (defs.js), sublabels and
+// detail lines read from the report. A card id without an entry here is shown with the
+// server's metadata alone.
+const EXTRAS = {
+  input_bound: {
     def: DEFS.input,
     details(report) {
       const inp = report.input || {};
@@ -83,16 +90,11 @@ export const CARDS = [
       ];
     },
   },
-  {
-    id: "gpu_utilization",
-    label: "GPU utilization",
-    field: ["gpu", "0", "utilization_pct"],
-    unit: "pct",
+  gpu_utilization: {
     sublabel: (report) => {
       const n = gpuEntries(report).length;
       return n > 1 ? `mean of ${n} GPUs` : null;
     },
-    explain: "Share of the steps window with a kernel running.",
     def: `${DEFS.gpu}\n\n${DEFS.sm}`,
     details(report) {
       const devs = gpuEntries(report);
@@ -105,12 +107,7 @@ export const CARDS = [
       return devs.length ? [devs.map(([id, g]) => `GPU ${id}: ${fmtPct(g && g.utilization_pct)}`).join(" · ")] : [];
     },
   },
-  {
-    id: "tensor_cores",
-    label: (report) => coresWord(report),
-    field: ["tensor_cores", "tensor_core_pct"],
-    unit: "pct",
-    explain: (report) => (isAmd(report) ? "Share of kernel time in matrix-core (MFMA) kernels." : "Share of kernel time in Tensor Core kernels."),
+  tensor_cores: {
     def: `${DEFS.tc}\n\n${DEFS.eligible}`,
     details(report) {
       const tc = report.tensor_cores || {};
@@ -123,22 +120,14 @@ export const CARDS = [
       ];
     },
   },
-  {
-    // FLOPs and MFU (analysis/flops.py, METRICS.md §15): value, colour and words (e.g. "9 % of
-    // H100 SXM bf16 peak · 86 of 989 TFLOP/s") are the server's; the lines below read report.flops.
-    id: "mfu",
-    label: "MFU",
+  // FLOPs and MFU (analysis/flops.py, METRICS.md §15): value, colour and words (e.g. "9 % of
+  // H100 SXM bf16 peak · 86 of 989 TFLOP/s") are the server's; the lines below read report.flops.
+  mfu: {
     sublabel: (report) => {
       const p = (report.flops || {}).peak;
       return p && typeof p === "object" && typeof p.source === "string" && p.source.startsWith("user")
         ? "user-given peak" : "of the dense peak";
     },
-    field: ["flops", "mfu_pct"],
-    unit: "pct",
-    explain: "Model FLOPs (from recorded shapes) per step time, as a share of the GPU's dense peak.",
-    def: "MFU: FLOPs counted from the recorded shapes of GEMM, convolution and attention ops (as "
-      + "FlopCounterMode counts them) over the step time, divided by the GPU's dense peak for each "
-      + "precision. Roofline: FLOPs per byte against the ridge point peak / memory bandwidth.",
     details(report) {
       const f = report.flops || {};
       const tf = (x) => (isNum(x) ? fmtNum(x, 1) : "n/a");
@@ -158,29 +147,18 @@ export const CARDS = [
       ];
     },
   },
-  {
-    id: "occupancy",
-    label: "Est. achieved occupancy",
-    sublabel: () => "theoretical, from the occupancy calculator",
-    field: ["occupancy", "est_achieved_occupancy_pct"],
-    unit: "pct",
-    explain: "Kernel-time-weighted estimate per launch; not a measurement.",
+  occupancy: {
     def: `${DEFS.occupancy}\n\n${DEFS.gridSmall}`,
     details(report) {
       const occ = report.occupancy || {};
       return [isNum(occ.grid_too_small_pct) ? `grid too small: ${fmtPct(occ.grid_too_small_pct)} of kernel time` : null];
     },
   },
-  {
-    id: "peak_memory",
-    label: "Peak memory",
+  peak_memory: {
     sublabel: (report, v) => {
       const [key] = memoryOf(report, v);
       return key ? memDeviceLabel(report, key) : null;
     },
-    field: null, // per device: report.memory[device].peak_allocated_bytes
-    unit: "bytes",
-    explain: "Peak memory allocated by tensors.",
     def: DEFS.memory,
     details(report, v) {
       const [key, m] = memoryOf(report, v);
@@ -199,12 +177,7 @@ export const CARDS = [
       return out;
     },
   },
-  {
-    id: "allocator_slack",
-    label: "Fragmentation",
-    field: null, // per device: report.memory[device].slack_fragmentation_pct
-    unit: "pct",
-    explain: "Reserved by the caching allocator but unused at the peak.",
+  allocator_slack: {
     def: DEFS.slack,
     sublabel: (report, v) => {
       const [key] = memoryOf(report, v);
@@ -222,12 +195,7 @@ export const CARDS = [
       ];
     },
   },
-  {
-    id: "sync",
-    label: "Synchronisation",
-    field: ["sync", "sync_gpu_idle_pct"],
-    unit: "pct",
-    explain: "GPU idle while the host waits in synchronisation calls, share of step time.",
+  sync: {
     def: DEFS.sync,
     details(report) {
       const sync = report.sync || {};
@@ -238,13 +206,7 @@ export const CARDS = [
       ];
     },
   },
-  {
-    id: "communication",
-    label: "Communication",
-    field: ["communication", "comm_pct_of_kernel_time"],
-    unit: "pct",
-    optional: true,
-    explain: "Share of kernel time in collective (communication) kernels.",
+  communication: {
     def: DEFS.comm,
     details(report) {
       const comm = report.communication || {};
@@ -254,19 +216,9 @@ export const CARDS = [
       ];
     },
   },
-  {
-    // torch.compile / CUDA graphs (analysis/compilation.py, METRICS.md §16): the value is the
-    // compiled share of the step; colour and words (breaks, steady recompiles) are the server's.
-    id: "compilation",
-    label: "Compilation",
-    sublabel: () => "torch.compile",
-    field: ["compilation", "compiled_pct"],
-    unit: "pct",
-    optional: true,
-    explain: "Share of step time inside torch.compile'd regions and compiled backward graphs (CPU wall).",
-    def: "torch.compile: CPU time inside 'Torch-Compiled Region' spans and CompiledFunctionBackward, share of "
-      + "step time. A graph break splits a compiled frame (the rest runs as a nested resume frame); a compile "
-      + "id above 0 is a recompile. Triton kernel names reveal the ATen ops Inductor fused.",
+  // torch.compile / CUDA graphs (analysis/compilation.py, METRICS.md §16): the value is the
+  // compiled share of the step; colour and words (breaks, steady recompiles) are the server's.
+  compilation: {
     details(report) {
       const c = report.compilation || {};
       const ids = Array.isArray(c.recompile_ids) ? c.recompile_ids.filter((r) => r && r.steady).map((r) => String(r.id)) : [];
@@ -282,12 +234,7 @@ export const CARDS = [
       ];
     },
   },
-  {
-    id: "short_kernels",
-    label: "Short kernels",
-    field: ["occupancy", "short_kernels", "time_pct"],
-    unit: "pct",
-    explain: "Share of kernel time in very short kernels (launch overhead).",
+  short_kernels: {
     def: DEFS.shortKernels,
     details(report) {
       const sk = (report.occupancy || {}).short_kernels || {};
@@ -297,7 +244,45 @@ export const CARDS = [
       ];
     },
   },
-];
+};
+
+const str = (x) => (typeof x === "string" && x ? x : null);
+
+/** A card descriptor from one entry of the server's card list (docs/route-schema.json
+ * `runs.cards`) and this module's EXTRAS for its id. */
+function descriptor(c) {
+  const x = EXTRAS[c.id] || {};
+  const label = String(c.label ?? readableKey(c.id));
+  const explain = str(c.explain);
+  const amdLabel = str(c.amd_label);
+  const amdExplain = str(c.amd_explain);
+  const sublabel = str(c.sublabel);
+  return {
+    id: c.id,
+    label: amdLabel ? (report) => (isAmd(report) ? amdLabel : label) : label,
+    explain: amdExplain ? (report) => (isAmd(report) ? amdExplain : explain) : explain,
+    field: Array.isArray(c.field) && c.field.length ? c.field.map(String) : null,
+    unit: str(c.unit),
+    optional: c.optional === true,
+    sublabel: x.sublabel || (sublabel ? () => sublabel : null),
+    def: x.def || str(c.definition),
+    details: x.details || null,
+  };
+}
+
+let serverCards = [];
+
+/** Sets the card list the server sent (the runs answer's `cards`; the HTML report's data). */
+export function setCards(list) {
+  serverCards = (Array.isArray(list) ? list : [])
+    .filter((c) => c && typeof c === "object" && typeof c.id === "string" && c.id)
+    .map(descriptor);
+}
+
+/** The card descriptors, in the server's order (empty until setCards). */
+export function cardDescriptors() {
+  return serverCards.slice();
+}
 
 /** "INPUT_BOUND_HIGH_PCT = 20 · INPUT_BOUND_MODERATE_PCT = 5": the constants the server used. */
 function thresholdsText(v) {
@@ -363,11 +348,12 @@ function genericDescriptor(id) {
 
 /** One row of cards (div.cards) for one report: the descriptors, then any other verdict the
  * server sends (so a new metric shows up before it gets its own descriptor). */
-export function cardRow(report, {cards = CARDS} = {}) {
-  const known = new Set(CARDS.map((d) => d.id));
+export function cardRow(report, {cards = null} = {}) {
+  const list = cards || serverCards;
+  const known = new Set(list.map((d) => d.id));
   const verdicts = report && report.verdicts && typeof report.verdicts === "object" ? Object.keys(report.verdicts) : [];
-  const extra = cards === CARDS ? verdicts.filter((id) => !known.has(id)).map(genericDescriptor) : [];
-  const all = [...cards, ...extra];
+  const extra = cards ? [] : verdicts.filter((id) => !known.has(id)).map(genericDescriptor);
+  const all = [...list, ...extra];
   // Cards the server marks n/a because the trace has no GPU activity (verdict na_cause
   // "cpu_only", verdicts.py GPU_SECTIONS) are one line, not a card each: the banner says why.
   const folded = all.filter((d) => { const v = cardState(d, report).v; return v && v.severity === "na" && v.na_cause === "cpu_only"; });
@@ -386,7 +372,7 @@ function foldedLine(folded, report) {
 /**
  * Renders the cards of N reports into container: one row per report, each headed by
  * ctx.labels[i] when there is more than one report (e.g. ["Baseline", "Candidate"]).
- * ctx: {labels?: string[], cards?: descriptor list (a subset of CARDS)}.
+ * ctx: {labels?: string[], cards?: descriptor list (a subset of cardDescriptors())}.
  */
 export function renderCards(container, reports, ctx = {}) {
   const list = (reports || []).filter((r) => r && typeof r === "object");

@@ -19,6 +19,7 @@
 import {h, mount, clear} from "./static/dom.js";
 import * as model from "./static/model.js";
 import {renderReport} from "./static/views.js";
+import {setCards} from "./static/cards.js";
 import {renderLoading, renderError, renderEmpty, TRACE_HOWTO} from "./static/states.js";
 import {mountRanks} from "./static/ranks.js";
 import {fmtTimestamp, fmtPct, spanLabel} from "./static/format.js";
@@ -212,6 +213,7 @@ async function refreshRuns({forceView}) {
     if (r.kind === "ok" && r.data && typeof r.data === "object") {
       state.runs = r.data;
       state.runsError = null;
+      setCards(r.data.cards); // the headline cards to render (routes.py: declared in the metric units)
     } else if (r.kind !== "aborted") {
       state.runsError = r.kind === "error" ? r : {message: "The runs route answered that it is still loading.", status: r.status};
     }

@@ -18,7 +18,7 @@ import {h, mount, clear} from "./dom.js";
 import {renderReport} from "./views.js";
 import {renderOperators} from "./operators.js";
 import {compareView} from "./compare.js";
-import {renderCards} from "./cards.js";
+import {renderCards, setCards} from "./cards.js";
 import {renderError} from "./states.js";
 import {renderRanksPanel} from "./ranks.js";
 
@@ -103,6 +103,7 @@ function gateBanner(check) {
 
 /** Renders the embedded page data into document.body. */
 export function renderPage(data) {
+  setCards(data.cards); // the server's card list (html_report.page_data), as the runs answer gives the tab
   clear(document.body);
   document.body.classList.add("bn");
   const views = Array.isArray(data.views) ? data.views : [];

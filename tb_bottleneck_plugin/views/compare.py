@@ -14,68 +14,20 @@ from typing import Dict, List, Optional, Tuple
 from .. import thresholds as T
 from ..analysis import breakdown, operators
 from ..analysis.gpu import NA_NO_GPU
+from ..analysis.units import HIGHER, LOWER
+from . import headline
 
 COMPARE_SCHEMA_VERSION = 1
-LOWER, HIGHER = "lower", "higher"
 # the direction words the route sends beside `better` (the frontend colours by verdict only)
 DIRECTION_WORDS = {LOWER: "lower_is_better", HIGHER: "higher_is_better", None: "neutral"}
 _SEVERITY_RANK = {"low": 1, "medium": 2, "high": 3}
 
 
 # ---------------------------------------------------------------------------- headline
-
-
-def _gpu_mean(key):
-    def get(rep):
-        values = [g.get(key) for g in (rep.get("gpu") or {}).values() if g.get(key) is not None]
-        return sum(values) / len(values) if values else None
-    return get
-
-
-def _memory_max(key, gpu: bool):
-    def get(rep):
-        values = [m.get(key) for dev, m in (rep.get("memory") or {}).items()
-                  if (dev != "cpu") == gpu and m.get(key) is not None]
-        return max(values) if values else None
-    return get
-
-
-def _path(*keys):
-    def get(rep):
-        d = rep
-        for k in keys:
-            if not isinstance(d, dict):
-                return None
-            d = d.get(k)
-        return d
-    return get
-
-
-def _eager(rep) -> bool:
-    """The report is of an eager run: its steps hold no compiled region, Inductor kernel or
-    CUDA graph launch (compilation.NA_NO_MARKERS), so its compiled share, graph breaks and
-    recompiles are 0, not unknown."""
-    from ..analysis.compilation import NA_NO_MARKERS
-
-    return (not isinstance(rep.get("compilation"), dict)
-            and (rep.get("not_available") or {}).get("compilation") == NA_NO_MARKERS
-            and bool((rep.get("steps") or {}).get("count")))
-
-
-def _compilation(key):
-    """A torch.compile number (§16): the compilation section's, 0 for an eager run (_eager);
-    ``steady_recompiles_per_step`` = steady_recompiles / the section's steps."""
-    def get(rep):
-        sec = rep.get("compilation")
-        if not isinstance(sec, dict):
-            if key == "compiled_gpu_pct" and not (rep.get("launch") or {}).get("kernels_per_step"):
-                return None  # no kernels: no GPU time to share out
-            return 0.0 if _eager(rep) else None
-        if key == "steady_recompiles_per_step":
-            n, steady = sec.get("steps"), sec.get("steady_recompiles")
-            return steady / n if steady is not None and n else None
-        return sec.get(key)
-    return get
+# The headline numbers are declared once, in their metric units (analysis/units.py
+# ``Metric``, ``Unit.metrics``); views/headline.py lists them in order. HEADLINE and the
+# names below are that list when this module was imported (the gate's and the CLI's help);
+# compare itself reads headline.metrics() at call time, so a unit added later is in it.
 
 
 def _throughput(rep, batch_size):
@@ -85,95 +37,55 @@ def _throughput(rep, batch_size):
     return batch_size * 1e6 / step
 
 
-# (key, label, unit, better, getter, not_available keys of the report that explain an n/a)
-HEADLINE: List[tuple] = [
-    ("avg_step_us", "Avg step time", "us", LOWER, _path("avg_step_us"), ("steps", "breakdown_pct")),
-    ("throughput_samples_per_s", "Throughput", "samples/s", HIGHER, None, ()),
-    ("input_bound_pct", "Input-bound", "%", LOWER, _path("input", "input_bound_pct"), ("steps", "input")),
-    ("input_transfer_pct", "Input transfer (H2D)", "%", LOWER, _path("input", "input_transfer_pct"),
-     ("steps", "input")),
-    ("gpu_utilization_pct", "GPU utilization", "%", HIGHER, _gpu_mean("utilization_pct"), ("gpu",)),
-    ("est_sm_efficiency_pct", "Est. SM efficiency", "%", HIGHER, _gpu_mean("est_sm_efficiency_pct"), ("gpu",)),
-    ("tensor_core_pct", "Tensor Core", "%", HIGHER, _path("tensor_cores", "tensor_core_pct"),
-     ("tensor_cores.tensor_core_pct", "tensor_cores")),
-    ("tc_eligible_not_using_pct", "TC-eligible, not using", "%", LOWER,
-     _path("tensor_cores", "eligible_not_using_pct"), ("tensor_cores.eligible_not_using_pct", "tensor_cores")),
-    ("mfu_pct", "MFU", "%", HIGHER, _path("flops", "mfu_pct"), ("flops.mfu_pct", "flops.flops", "flops")),
-    ("tflops", "TFLOP/s over the step time", "TFLOP/s", HIGHER, _path("flops", "tflops"),
-     ("flops.flops", "flops")),
-    ("achieved_tflops", "TFLOP/s in FLOP kernels", "TFLOP/s", HIGHER, _path("flops", "achieved_tflops"),
-     ("flops.flops", "flops")),
-    ("est_achieved_occupancy_pct", "Est. achieved occupancy", "%", HIGHER,
-     _path("occupancy", "est_achieved_occupancy_pct"), ("occupancy.est_achieved_occupancy_pct",)),
-    ("grid_too_small_pct", "Grid too small", "%", LOWER, _path("occupancy", "grid_too_small_pct"),
-     ("occupancy.grid_too_small_pct",)),
-    ("short_kernel_time_pct", "Short kernels", "%", LOWER, _path("occupancy", "short_kernels", "time_pct"),
-     ("occupancy.short_kernels",)),
-    ("peak_gpu_allocated_bytes", "Peak GPU memory allocated", "bytes", LOWER,
-     _memory_max("peak_allocated_bytes", gpu=True), ("memory",)),
-    ("peak_gpu_reserved_bytes", "Peak GPU memory reserved", "bytes", LOWER,
-     _memory_max("peak_reserved_bytes", gpu=True), ("memory",)),
-    ("allocator_slack_pct", "Allocator slack (worst GPU)", "%", LOWER,
-     _memory_max("slack_fragmentation_pct", gpu=True), ("memory",)),
-    ("peak_cpu_allocated_bytes", "Peak CPU memory allocated", "bytes", LOWER,
-     _memory_max("peak_allocated_bytes", gpu=False), ("memory",)),
-    ("sync_pct", "Synchronisation", "%", LOWER, _path("sync", "sync_pct"), ("steps",)),
-    ("launch_pct", "Kernel launch time", "%", LOWER, _path("launch", "launch_pct"), ("steps",)),
-    ("kernels_per_step", "Kernels per step", "", None, _path("launch", "kernels_per_step"), ("steps",)),
-    # CPU wall in compiled regions: no direction, since CUDA graph replays shrink it as they
-    # speed the step up (h100_compiled -> h100_compiled_cuda_graphs: 62 % -> 33 %)
-    ("compiled_pct", "Compiled share (CPU)", "%", None, _compilation("compiled_pct"),
-     ("compilation.compiled_pct", "compilation")),
-    ("compiled_gpu_pct", "Compiled share (GPU)", "%", HIGHER, _compilation("compiled_gpu_pct"),
-     ("compilation.compiled_gpu_pct", "compilation")),
-    ("graph_breaks_per_step", "Graph breaks per step", "", LOWER, _compilation("breaks_per_step"),
-     ("compilation.breaks_per_step", "compilation")),
-    ("steady_recompiles_per_step", "Steady recompiles per step", "", LOWER,
-     _compilation("steady_recompiles_per_step"), ("compilation.recompiles", "compilation.breaks_per_step",
-                                                  "compilation")),
-    ("comm_pct_of_kernel_time", "Communication share", "%", LOWER,
-     _path("communication", "comm_pct_of_kernel_time"), ()),
-]
+def _as_row(m) -> tuple:
+    """(key, label, unit, better, getter, not_available keys of the report that explain an n/a)"""
+    return (m.key, m.label, m.unit, m.direction, m.get, m.na_keys)
+
+
+HEADLINE: List[tuple] = [_as_row(m) for m in headline.metrics()]
 METRIC_NAMES = tuple(h[0] for h in HEADLINE)
 DIRECTION = {h[0]: h[3] for h in HEADLINE}
 UNITS = {h[0]: h[2] for h in HEADLINE}
 
 
+def _metric(key: str):
+    return next(m for m in headline.metrics() if m.key == key)
+
+
 def headline_value(result: dict, key: str, batch_size: Optional[float] = None):
     """One headline number of one result (None when n/a)."""
     rep = result["report"] if "report" in result else result
-    if key == "throughput_samples_per_s":
+    return _value(rep, _metric(key), batch_size)
+
+
+def _value(rep: dict, metric, batch_size):
+    if metric.key == "throughput_samples_per_s":
         return _throughput(rep, batch_size)
-    getter = next(h[4] for h in HEADLINE if h[0] == key)
-    value = getter(rep)
+    value = metric.get(rep)
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def headline_na_reason(result: dict, key: str, batch_size: Optional[float] = None) -> str:
     """Why a headline number of one result is n/a, in words."""
     rep = result["report"] if "report" in result else result
-    return _why_na(rep, key, next(h[5] for h in HEADLINE if h[0] == key), batch_size)
+    return _why_na(rep, _metric(key), batch_size)
 
 
-def _why_na(rep: dict, key: str, na_keys, batch_size) -> str:
-    if key == "throughput_samples_per_s":
+def _why_na(rep: dict, metric, batch_size) -> str:
+    if metric.key == "throughput_samples_per_s":
         if not batch_size:
             return "the trace does not record the batch size: pass it (diff --batch-size, route batch_size=)"
         return "no average step time"
     na = rep.get("not_available") or {}
-    for k in na_keys:
+    for k in metric.na_keys:
         if k in na:
             return na[k]
-    if key in ("gpu_utilization_pct", "est_sm_efficiency_pct"):  # per device: gpu.<dev>.<name>
-        name = "utilization_pct" if key == "gpu_utilization_pct" else key
+    if metric.na_device_metric:  # per device: e.g. gpu.<dev>.<name>
+        head, _, tail = metric.na_device_metric.partition("*")
         for k, why in na.items():
-            if k.startswith("gpu.") and k.endswith("." + name):
+            if k.startswith(head) and k.endswith(tail):
                 return why
-    if key.startswith("peak_gpu") or key == "allocator_slack_pct":
-        return "no GPU device with this value in the memory section"
-    if key == "peak_cpu_allocated_bytes":
-        return "no CPU [memory] events"
-    return "not available in this report"
+    return metric.na_default
 
 
 def noise_band(unit: str, scale: Optional[float]) -> Optional[float]:
@@ -201,9 +113,10 @@ def _verdict(better: Optional[str], delta: Optional[float], band: Optional[float
 
 def _metric_rows(base_rep, cand_rep, batch_sizes) -> Tuple[List[dict], Dict[str, str]]:
     rows, not_available = [], {}
-    for key, label, unit, better, _, na_keys in HEADLINE:
-        b = headline_value(base_rep, key, batch_sizes[0])
-        c = headline_value(cand_rep, key, batch_sizes[1])
+    for m in headline.metrics():
+        key, label, unit, better = m.key, m.label, m.unit, m.direction
+        b = _value(base_rep, m, batch_sizes[0])
+        c = _value(cand_rep, m, batch_sizes[1])
         delta = c - b if b is not None and c is not None else None
         band = noise_band(unit, b) if delta is not None else None
         row = {"key": key, "label": label, "unit": unit, "better": better, "direction": DIRECTION_WORDS[better],
@@ -211,9 +124,9 @@ def _metric_rows(base_rep, cand_rep, batch_sizes) -> Tuple[List[dict], Dict[str,
                "delta": delta, "rel_pct": 100.0 * delta / abs(b) if delta is not None and b else None,
                "noise_band": band, "verdict": _verdict(better, delta, band)}
         if b is None:
-            not_available[f"metrics.{key}.base"] = _why_na(base_rep, key, na_keys, batch_sizes[0])
+            not_available[f"metrics.{key}.base"] = _why_na(base_rep, m, batch_sizes[0])
         if c is None:
-            not_available[f"metrics.{key}.cand"] = _why_na(cand_rep, key, na_keys, batch_sizes[1])
+            not_available[f"metrics.{key}.cand"] = _why_na(cand_rep, m, batch_sizes[1])
         rows.append(row)
     return rows, not_available
 

@@ -21,9 +21,22 @@ import sys
 from typing import List, Optional, Tuple
 
 from . import compare as cmp_mod
+from . import headline
 
 ALIASES = {"avg_step_ms": ("avg_step_us", 1e-3)}  # name -> (metric, factor applied to its value)
-GATE_METRICS = tuple(cmp_mod.METRIC_NAMES) + tuple(ALIASES)
+
+
+def gate_metrics() -> Tuple[str, ...]:
+    """The names `check` takes: every headline number (views/headline.py, from the metric
+    units), then the aliases."""
+    return tuple(m.key for m in headline.metrics()) + tuple(ALIASES)
+
+
+def _direction(metric: str) -> Optional[str]:
+    return next((m.direction for m in headline.metrics() if m.key == metric), None)
+
+
+GATE_METRICS = gate_metrics()  # at import; parse_bound asks gate_metrics() at call time
 
 
 class InputError(Exception):
@@ -66,9 +79,8 @@ def load_result(path: str) -> dict:
 
 def _metric_help() -> str:
     lines = ["metrics (direction of better):"]
-    for key in cmp_mod.METRIC_NAMES:
-        better = cmp_mod.DIRECTION[key] or "neither"
-        unit = cmp_mod.UNITS[key]
+    for m in headline.metrics():
+        key, better, unit = m.key, m.direction or "neither", m.unit
         lines.append(f"  {key:<28} {unit:<10} {better}")
     lines.append(f"  {'avg_step_ms':<28} {'ms':<10} lower (avg_step_us / 1000)")
     return "\n".join(lines)
@@ -184,8 +196,9 @@ def parse_bound(text: str, option: str, allow_relative: bool = False) -> Tuple[s
     name, value = name.strip(), value.strip()
     if not sep or not name or not value:
         raise InputError(f"{option} {text!r}: expected METRIC=VALUE")
-    if name not in GATE_METRICS:
-        raise InputError(f"{option} {text!r}: unknown metric {name!r}; known metrics: " + ", ".join(GATE_METRICS))
+    known = gate_metrics()
+    if name not in known:
+        raise InputError(f"{option} {text!r}: unknown metric {name!r}; known metrics: " + ", ".join(known))
     relative = value.endswith("%") and allow_relative
     try:
         number = float(value[:-1] if relative else value)
@@ -224,7 +237,7 @@ def evaluate(cand: dict, bounds_max, bounds_min, regressions=(), base: Optional[
             violations.append(f"{name} = {_num(value)} {'>' if kind == 'max' else '<'} {kind} {_num(limit)}")
     for name, limit, relative in regressions:
         metric = ALIASES.get(name, (name, 1.0))[0]
-        better = cmp_mod.DIRECTION.get(metric)
+        better = _direction(metric)
         if better is None:
             raise InputError(f"--max-regression {name}: this metric has no better direction; use --max/--min")
         b = metric_value(base, name, batch_sizes[0])
@@ -253,7 +266,7 @@ def _check(args) -> int:
     mins = [parse_bound(t, "--min") for t in args.min]
     regressions = [parse_bound(t, "--max-regression", allow_relative=True) for t in args.max_regression]
     for name, _, _ in regressions:
-        if cmp_mod.DIRECTION.get(ALIASES.get(name, (name, 1.0))[0]) is None:
+        if _direction(ALIASES.get(name, (name, 1.0))[0]) is None:
             raise InputError(f"--max-regression {name}: this metric has no better direction; use --max/--min")
     if regressions and not args.baseline:
         raise InputError("--max-regression needs --baseline PATH")

@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from . import headline
+
 ENTRY = "report_page.js"
 _IMPORT_RE = re.compile(r"^import\s*(?:\{([^}]*)\}\s*from\s*)?\"\./([A-Za-z0-9_]+\.js)\";[ \t]*$", re.M | re.S)
 _REEXPORT_RE = re.compile(r"^export\s*\{([^}]*)\}\s*from\s*\"\./([A-Za-z0-9_]+\.js)\";[ \t]*$", re.M)
@@ -191,7 +193,8 @@ def page_data(kind: str, views: List[dict], *, title: str, compare: Optional[dic
 
     return {"kind": kind, "title": title, "tool": f"tb_bottleneck_plugin {__version__}",
             "generated": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z").strip(),
-            "views": views, "compare": compare, "check": check, "errors": list(errors)}
+            "views": views, "compare": compare, "check": check, "errors": list(errors),
+            "cards": headline.card_list()}  # the dashboard's card list, as the runs route sends it
 
 
 def render(data: dict) -> str:

@@ -62,6 +62,34 @@ def _memory_device(key: str) -> str:
     return f"GPU {num}" if kind == "cuda" else key
 
 
+def headline_text(value, unit: str) -> str:
+    """A headline number (analysis/units.py ``Metric``) in its unit: '12.34%', '2.60 GiB', '12.3 ms'."""
+    if value is None:
+        return "n/a"
+    if unit == "%":
+        return pct(value)
+    if unit == "bytes":
+        return size(value)
+    if unit == "us":
+        return duration(value)
+    return f"{value:.3g}" + (f" {unit}" if unit else "")
+
+
+def _headline_lines(rep: dict) -> List[str]:
+    """One line per headline number whose unit asks for a plain line (``Metric.text``; the
+    built-in ones have their own lines above), when the report has it: 'Runtime share 9.33%'."""
+    from .headline import metrics
+
+    out = []
+    for m in metrics():
+        if not m.text or m.get is None:
+            continue
+        value = m.get(rep)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out.append(f"{m.label} {headline_text(float(value), m.unit)}")
+    return out
+
+
 def format_report(rep: dict, indent: str = "", heading: Optional[str] = None) -> str:
     """One report (a span, or a worker/run summary) as text; `heading` is its first line
     (by default the trace file it came from)."""
@@ -135,6 +163,8 @@ def format_report(rep: dict, indent: str = "", heading: Optional[str] = None) ->
         if m.get("slack_fragmentation_pct") is not None:
             text += f", allocator slack {m['slack_fragmentation_pct']:.1f}%"
         add(text)
+    for line in _headline_lines(rep):
+        add(f"{indent}{line}")
     for rec in rep.get("recommendations") or []:
         gain = rec.get("estimated_gain_pct")
         add(f"{indent}[{rec.get('severity')}] {rec.get('title')}"
