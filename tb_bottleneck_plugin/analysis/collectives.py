@@ -23,6 +23,15 @@ Per communication kernel in the included steps (one collective call on this rank
   of two streams overlap each other).
 
 Aggregates are ratios of sums (Σ bytes / Σ time), kept additive in the partial.
+
+Without communication kernels (CPU runs, gloo), the ``gloo:`` CPU spans (one per collective
+call, on gloo's worker thread; record_shapes gives their input) are the calls
+(``source: "cpu_spans"``, ``cpu_call_table``): bytes from the recorded input in nccl-tests'
+convention (all-gather and gather: the local input x n), time = the span's duration (waiting
+included), the same algbw/busbw; no link peak (gloo runs over TCP/shared memory). gloo runs
+``reduce_scatter_tensor`` as an all-reduce of the full input: a ``gloo:all_reduce`` matched to
+the ``c10d::_reduce_scatter_base_`` op that enqueued it (``c10d_op_of``) is named
+reduce_scatter (``implemented_as: all_reduce``).
 """
 from __future__ import annotations
 
@@ -47,6 +56,40 @@ NO_BYTES = ("no collective kernel carries its message size (kernel args 'In msg 
             "PyTorch >= 2.2 with the NCCL/RCCL metadata) and no launching nccl: span recorded its input "
             "(record_shapes=True)")
 TIME_WORDS = "kernel duration on this rank: includes waiting for the slowest peer (bandwidth is a lower bound)"
+
+# ---- the CPU path (gloo)
+GLOO_PREFIX = "gloo:"
+NO_GLOO_IN_STEPS = "no communication kernel and no gloo: collective span in the included steps"
+GLOO_NO_LINK = "n/a: gloo over TCP/shared memory, no link peak"
+CPU_TIME_WORDS = ("duration of the gloo: span on this rank (gloo's worker thread): includes waiting for the "
+                  "slowest peer (bandwidth is a lower bound)")
+NO_CPU_BYTES = ("no gloo: span recorded its input (profile with record_shapes=True), or the group size that "
+                "all_gather/gather bytes need is unknown (process groups of different sizes)")
+# gloo records the local input of these: nccl-tests' size is the input x n.
+_TIMES_N = ("all_gather", "gather")
+# The kinds of gloo: span a c10d op may enqueue, besides its own kind.
+_ALSO_RUNS = {"reduce_scatter": ("all_reduce",)}
+# At most this many c10d ops wait for their gloo: span (ops whose span is not in the trace).
+_MAX_PENDING = 64
+# The ops that enqueue gloo work: the c10d dispatcher ops (c10d::allreduce_, ...) and the
+# functional collectives (_c10d_functional::all_gather_into_tensor, ...).
+C10D_PREFIXES = ("c10d::", "_c10d_functional::")
+CPU_NOTES = (
+    "bytes: the gloo: span's recorded input(s) (record_shapes), in nccl-tests' size convention: all_reduce, "
+    "reduce_scatter (the full input), broadcast, reduce, all_to_all, scatter, send/recv: the input; "
+    "all_gather and gather: the local input x n (= nccl-tests' size: the gathered array)",
+    "time: the gloo: span's duration on this rank, waiting for the slowest peer included; the Ranks view "
+    "takes the shortest among the ranks",
+    "busbw: algbw x nccl-tests' factor of the kind (all_reduce 2(n-1)/n, all_gather/reduce_scatter "
+    "(n-1)/n, ...); no link peak for gloo (TCP/shared memory)",
+)
+RS_AS_AR = ("reduce_scatter: gloo runs reduce_scatter_tensor as all_reduce of the full input (the "
+            "gloo:all_reduce that c10d::_reduce_scatter_base_ enqueued); named reduce_scatter with its "
+            "nccl-tests size (the full input) and factor (n-1)/n: the all_reduce gloo ran moved 2x those bus bytes")
+AR_KEPT = ("all_reduce: gloo runs reduce_scatter as all_reduce; a gloo:all_reduce whose enqueuing c10d "
+           "reduce-scatter op is not in the trace stays all_reduce")
+RS_LIST = ("c10d::reduce_scatter_ (list form): gloo runs one all_reduce per rank's chunk; each is counted as "
+           "the all_reduce of one chunk")
 
 # Message-size buckets (bandwidth depends on size: small messages are latency-bound).
 BUCKETS = ((64 << 10, "<64KiB"), (1 << 20, "64KiB-1MiB"), (16 << 20, "1-16MiB"), (256 << 20, "16-256MiB"),
@@ -317,6 +360,201 @@ def call_table(trace: TraceData, steps, span=None) -> Optional[dict]:
             "spans_nodes": spans, "comm_union_us": comm_union, "exposed_union_us": max(exposed_union, 0.0)}
 
 
+# ---------------------------------------------------------------- the CPU path (gloo)
+
+
+def _input_bytes(trace: TraceData, row: int) -> Optional[float]:
+    """Σ bytes of a gloo: span's recorded inputs (record_shapes): one for most, one per tensor
+    of allreduce_coalesced, the chunks on scatter's root. None when not recorded."""
+    from .distributed import _DTYPE_BYTES, _bytes_of
+
+    dims = trace.op_inputs.dims.get(int(row))
+    types = trace.op_inputs.types.get(int(row))
+    if not isinstance(dims, list) or not isinstance(types, list) or len(dims) <= 1:
+        return _bytes_of(trace, row)
+    total = 0.0
+    for d, t in zip(dims, types):
+        size = _DTYPE_BYTES.get(str(t).lower())
+        if size is None or not isinstance(d, list) or not all(isinstance(x, int) and x >= 0 for x in d):
+            return None
+        total += float(int(np.prod(d, dtype=np.int64)) * size)
+    return total
+
+
+def _numels(value) -> set:
+    """Element counts of the tensors in a recorded 'Input Dims' value (nested for TensorList)."""
+    if isinstance(value, list) and value and all(isinstance(x, int) for x in value):
+        return {int(np.prod(value, dtype=np.int64))}
+    out: set = set()
+    if isinstance(value, list):
+        for v in value:
+            out |= _numels(v)
+    return out
+
+
+def _list_reduce_scatter(op: str) -> bool:
+    """c10d::reduce_scatter_ (a list of inputs): gloo runs one all_reduce per chunk. The
+    tensor forms (_reduce_scatter_base_, reduce_scatter_tensor...) run one of the full input."""
+    return not any(w in op for w in ("base", "tensor"))
+
+
+def c10d_op_of(trace: TraceData, rows: np.ndarray, kinds: List[str], n: Optional[int]) -> np.ndarray:
+    """For each gloo: span (``rows`` in start order, ``kinds`` theirs): the cpu row of the c10d
+    op (``c10d::allreduce_``, ``c10d::_reduce_scatter_base_``, ...) that enqueued it, else -1.
+
+    gloo runs a process group's work first in, first out on its worker threads, and the op
+    (dispatcher level, on the calling thread) starts before the work it enqueues: each span
+    takes the earliest op started no later than itself that can produce its kind (its own, or
+    all_reduce for a reduce-scatter) and has not had its span yet. ``c10d::reduce_scatter_``
+    (list form) enqueues n all_reduces (one per chunk), every other op one span. Where the
+    trace kept the op's input shapes, the span's input must be one of the op's tensors."""
+    from .distributed import _host_span_mask, collective_kind
+
+    out = np.full(len(rows), -1, np.int64)
+    c, strings = trace.cpu, trace.strings
+    ids = trace.string_ids(lambda s: s.startswith(C10D_PREFIXES))
+    ops = np.flatnonzero(np.isin(c.name, ids) & _host_span_mask(trace)) if len(ids) else np.empty(0, np.int64)
+    if not len(ops) or not len(rows):
+        return out
+    ops = ops[np.argsort(c.ts[ops], kind="stable")]
+    op_ts = c.ts[ops].tolist()
+    op_names = [strings[i] for i in c.name[ops].tolist()]
+    op_kinds = [collective_kind(nm) for nm in op_names]
+    pending: List[list] = []  # [op index, spans still expected]
+    j = 0
+    for i, (row, ts) in enumerate(zip(rows.tolist(), c.ts[rows].tolist())):
+        while j < len(ops) and op_ts[j] <= ts:
+            if op_kinds[j] != "other":
+                listed = op_kinds[j] == "reduce_scatter" and _list_reduce_scatter(op_names[j])
+                pending.append([j, (n or 1) if listed else 1])
+                if len(pending) > _MAX_PENDING:
+                    pending.pop(0)
+            j += 1
+        dims = trace.op_inputs.dims.get(int(row))
+        mine = _numels(dims[:1]) if isinstance(dims, list) else set()
+        for p in pending:
+            k = op_kinds[p[0]]
+            if kinds[i] != k and kinds[i] not in _ALSO_RUNS.get(k, ()):
+                continue
+            theirs = _numels(trace.op_inputs.dims.get(int(ops[p[0]])))
+            if mine and theirs and not mine & theirs:
+                continue
+            out[i] = ops[p[0]]
+            p[1] -= 1
+            if p[1] <= 0:
+                pending.remove(p)
+            break
+    return out
+
+
+def _group_size(trace: TraceData):
+    """(n, process group name) of spans that do not say theirs: the one group of pg_config, the
+    size all its groups share, else world_size when no pg_config."""
+    info = trace.meta.distributed_info if isinstance(trace.meta.distributed_info, dict) else {}
+    pgs = [p for p in info.get("pg_config") or [] if isinstance(p, dict)] if isinstance(info.get("pg_config"), list) \
+        else []
+    sizes = {p.get("pg_size") for p in pgs}
+    n = None
+    if len(sizes) == 1 and isinstance(next(iter(sizes)), int):
+        n = next(iter(sizes))
+    elif not pgs and isinstance(info.get("world_size"), int):
+        n = info["world_size"]
+    pg = str(pgs[0].get("pg_name")) if len(pgs) == 1 else "unknown"
+    return (n if n is None or n > 0 else None), pg
+
+
+def gloo_spans(trace: TraceData) -> np.ndarray:
+    """Rows of trace.cpu that are gloo: collective spans (distributed._collective_spans)."""
+    from .distributed import _collective_spans
+
+    rows = _collective_spans(trace)
+    ids = trace.string_ids(lambda s: s.startswith(GLOO_PREFIX))
+    return rows[np.isin(trace.cpu.name[rows], ids)] if len(rows) and len(ids) else np.empty(0, np.int64)
+
+
+def cpu_call_table(trace: TraceData, steps) -> Optional[dict]:
+    """``call_table`` from the gloo: CPU spans starting in an included step (module docstring),
+    with the columns of ``call_table`` plus op (the enqueuing c10d op's name or None) and
+    implemented_as (what gloo ran, where it differs from kind). None without any."""
+    from .distributed import _host_compute, _host_span_mask, _is_comm_cpu_name, collective_kind
+
+    if steps is None or steps.count == 0:
+        return None
+    rows = gloo_spans(trace)
+    c, strings = trace.cpu, trace.strings
+    lo, hi = steps.inc_start, steps.inc_end
+    if len(rows):
+        rows = rows[np.argsort(c.ts[rows], kind="stable")]
+        st = np.searchsorted(lo, c.ts[rows], side="right") - 1
+        inside = (st >= 0) & (c.ts[rows] < hi[np.maximum(st, 0)])
+        rows, st = rows[inside], st[inside]
+    if not len(rows):
+        return None
+    n, pg = _group_size(trace)
+    ran = [collective_kind(strings[i]) for i in c.name[rows].tolist()]
+    op_rows = c10d_op_of(trace, rows, ran, n)
+    kind, ops, implemented, source = [], [], [], []
+    byts = np.full(len(rows), np.nan)
+    for j, (r, k, o) in enumerate(zip(rows.tolist(), ran, op_rows.tolist())):
+        op = strings[c.name[o]] if o >= 0 else None
+        asked = collective_kind(op) if op is not None else k
+        if asked != k and not (asked == "reduce_scatter" and not _list_reduce_scatter(op)):
+            asked = k  # the list form's per-chunk all_reduces are the all_reduces they are
+        kind.append(asked)
+        ops.append(op)
+        implemented.append(k if asked != k else None)
+        b = _input_bytes(trace, r) if asked not in ("barrier", "other") else None
+        src = "cpu_input" if b is not None else None
+        if b is not None and asked in _TIMES_N:
+            b, src = (b * n, "cpu_input_x_group_size") if n else (None, None)
+        if b is not None:
+            byts[j] = b
+        source.append(src)
+    factor = np.array([np.nan if (f := busbw_factor(k, n)) is None else f for k in kind], dtype=np.float64)
+    # exposed: each call's time not covered by host compute (§12: compute spans on other
+    # threads, and the calling thread's compute outside its own communication spans)
+    host = _host_span_mask(trace)
+    is_comm = np.isin(c.name, trace.string_ids(_is_comm_cpu_name)) & host
+    is_comp = host & ~is_comm & ~np.isin(c.name, trace.string_ids(lambda s: s.startswith("ProfilerStep#")))
+    comp = _host_compute(c, is_comp, is_comm)
+    a, b = c.ts[rows].astype(np.float64), (c.ts + c.dur)[rows].astype(np.float64)
+    exposed = np.maximum((b - a) - iv.covered_in(comp, a, b), 0.0)
+    cu = iv.merge(a, b)
+    both = iv.intersect(cu, comp)
+    comm_union = float((cu[1] - cu[0]).sum())
+    exposed_union = comm_union - float((both[1] - both[0]).sum())
+    return {"kind": np.array(kind, dtype=object), "pg": np.array([pg] * len(rows), dtype=object),
+            "seq": np.full(len(rows), -1, np.int64), "step": steps.inc_numbers[st].astype(np.int64) if steps.found
+            else np.full(len(rows), -1, np.int64), "bytes": byts, "dur_us": c.dur[rows].astype(np.float64),
+            "group_size": np.full(len(rows), n if n else -1, np.int64), "factor": factor, "exposed_us": exposed,
+            "bytes_source": source, "spans_nodes": [None] * len(rows), "comm_union_us": comm_union,
+            "exposed_union_us": max(exposed_union, 0.0), "op": ops, "implemented_as": implemented,
+            "source": "cpu_spans"}
+
+
+def gloo_link() -> dict:
+    """The ``link`` of a gloo section: no peak (TCP or shared memory), the shape of link_peak's."""
+    out = link_peak(None, None, env="")
+    out.update(link="gloo (TCP/shared memory)", source=GLOO_NO_LINK, backend="gloo",
+               convention="nccl-tests' busbw; gloo has no link peak to compare it with")
+    return out
+
+
+def _cpu_notes(t: dict) -> List[str]:
+    """The conventions a cpu_spans section states (CPU_NOTES), and how reduce-scatters were read."""
+    from .distributed import collective_kind
+
+    notes = list(CPU_NOTES)
+    if any(i == "all_reduce" for i, k in zip(t["implemented_as"], t["kind"]) if k == "reduce_scatter"):
+        notes.append(RS_AS_AR)
+    ops = [o for o, k in zip(t["op"], t["kind"]) if k == "all_reduce"]
+    if any(o is None for o in ops):
+        notes.append(AR_KEPT)
+    if any(o is not None and collective_kind(o) == "reduce_scatter" for o in ops):
+        notes.append(RS_LIST)
+    return notes
+
+
 def _group_rows(t: dict, keys: List[tuple]) -> Dict[tuple, dict]:
     """Additive sums per key (one key per call)."""
     out: Dict[tuple, dict] = {}
@@ -366,10 +604,14 @@ def collectives_section(trace: TraceData, steps, not_available: Optional[Dict[st
     if not_available is None:
         not_available = {}
     t = call_table(trace, steps, span=span)
+    cpu = t is None
+    if cpu:
+        t = cpu_call_table(trace, steps)
     if t is None:
-        not_available["collectives"] = NO_COMM if len(trace.gpu) else "no GPU activity in the trace"
+        not_available["collectives"] = NO_GLOO_IN_STEPS if len(gloo_spans(trace)) else (
+            NO_COMM if len(trace.gpu) else "no GPU activity in the trace")
         return None
-    link = _link_for(trace, t)
+    link = gloo_link() if cpu else _link_for(trace, t)
     peak = link["gbps"]
     n = len(t["dur_us"])
     buckets = [size_bucket(b if b == b else None) for b in t["bytes"].tolist()]
@@ -381,13 +623,17 @@ def collectives_section(trace: TraceData, steps, not_available: Optional[Dict[st
     steps_rows = _group_rows(t, [(int(s),) for s in t["step"].tolist()])
     known = int(np.isfinite(t["bytes"]).sum())
     if not known:
-        not_available["collectives.bytes"] = NO_BYTES
-    if peak is None:
+        not_available["collectives.bytes"] = NO_CPU_BYTES if cpu else NO_BYTES
+    if cpu:
+        not_available["collectives.link_pct"] = GLOO_NO_LINK
+    elif peak is None:
         not_available["collectives.link_pct"] = (f"no link peak known for GPU {link['device']!r}: "
                                                  f"set {ENV_LINK} (GB/s per direction)")
     keep = min(n, MAX_CALL_ROWS)
     sec = {
-        "calls": n, "calls_with_bytes": known, "time_includes_wait": True, "time_source": TIME_WORDS,
+        "source": "cpu_spans" if cpu else "kernels",
+        "calls": n, "calls_with_bytes": known, "time_includes_wait": True,
+        "time_source": CPU_TIME_WORDS if cpu else TIME_WORDS,
         "link": link,
         "groups": [dict({"kind": k, "size_bucket": b, "process_group": p}, **_finish_row(s, peak))
                    for (k, b, p), s in groups.items()],
@@ -407,6 +653,16 @@ def collectives_section(trace: TraceData, steps, not_available: Optional[Dict[st
         "call_rows_truncated": n > keep,
         "bytes_sources": sorted({s for s in t["bytes_source"] if s}),
     }
+    if cpu:
+        # what gloo ran where the kind says otherwise (reduce_scatter -> all_reduce), per call and per row
+        sec["call_rows"].update(op=t["op"][:keep], implemented_as=t["implemented_as"][:keep])
+        ran = {k: i for k, i in zip(kinds, t["implemented_as"]) if i}
+        for key in ("groups", "kinds"):
+            for r in sec[key]:
+                if r["kind"] in ran:
+                    r["implemented_as"] = ran[r["kind"]]
+        sec["implemented_as"] = ran
+        sec["notes"] = _cpu_notes(t)
     for key in ("groups", "kinds", "process_groups"):
         sec[key].sort(key=lambda r: -r["time_us"])
     return sec
@@ -442,7 +698,8 @@ def _partial(report: dict) -> dict:
         return {}
 
     def keyed(rows, fields):
-        return {"|".join(str(r.get(f)) for f in fields): dict({f"first:{f}": r.get(f) for f in fields}, **_sums(r))
+        return {"|".join(str(r.get(f)) for f in fields): dict({f"first:{f}": r.get(f) for f in fields + _EXTRA
+                                                               if f in fields or f in r}, **_sums(r))
                 for r in rows or [] if isinstance(r, dict)}
 
     return {"keyed:groups": keyed(sec.get("groups"), ("kind", "size_bucket", "process_group")),
@@ -451,11 +708,15 @@ def _partial(report: dict) -> dict:
             "sum:calls": sec.get("calls") or 0, "sum:calls_with_bytes": sec.get("calls_with_bytes") or 0,
             "sum:comm_us": sec.get("comm_us") or 0.0, "sum:exposed_us": sec.get("exposed_us") or 0.0,
             "first:link": sec.get("link"), "first:time_source": sec.get("time_source"),
+            "first:source": sec.get("source"), "first:notes": sec.get("notes"),
+            "keyed:implemented_as": {k: {"first:v": v} for k, v in (sec.get("implemented_as") or {}).items()},
             "rows:per_step": [dict(r, span=report.get("span"), worker=report.get("worker"))
                               for r in sec.get("per_step") or [] if isinstance(r, dict)]}
 
 
 _STEP_FIELDS = ("calls", "bytes", "time_us", "exposed_us", "algbw_gbps", "busbw_gbps", "link_pct")
+# row fields kept in a summary where a span's row has them (the cpu_spans path)
+_EXTRA = ("implemented_as",)
 
 
 def _finish(m: dict) -> Optional[dict]:
@@ -465,19 +726,26 @@ def _finish(m: dict) -> Optional[dict]:
     peak = link.get("gbps")
 
     def rows(key, fields):
-        out = [dict({f: g.get(f"first:{f}") for f in fields}, **_finish_row(_unsums(g), peak))
+        out = [dict({f: g.get(f"first:{f}") for f in fields + _EXTRA if f in fields or f"first:{f}" in g},
+                    **_finish_row(_unsums(g), peak))
                for g in (m.get(key) or {}).values()]
         return sorted(out, key=lambda r: -r["time_us"])
 
-    return {"calls": int(m["sum:calls"] or 0), "calls_with_bytes": int(m["sum:calls_with_bytes"] or 0),
-            "time_includes_wait": True, "time_source": m.get("first:time_source") or TIME_WORDS, "link": link,
-            "groups": rows("keyed:groups", ("kind", "size_bucket", "process_group")),
-            "kinds": rows("keyed:kinds", ("kind",)),
-            "process_groups": rows("keyed:process_groups", ("process_group",)),
-            "comm_us": m.get("sum:comm_us"), "exposed_us": m.get("sum:exposed_us"),
-            # one row per step number: means over the spans (ranks) that have it
-            "per_step": per_step_across_spans(m.get("rows:per_step") or [], _STEP_FIELDS, "exposed_us"),
-            "call_rows": None, "call_rows_truncated": False, "bytes_sources": []}
+    out = {"calls": int(m["sum:calls"] or 0), "calls_with_bytes": int(m["sum:calls_with_bytes"] or 0),
+           "time_includes_wait": True, "time_source": m.get("first:time_source") or TIME_WORDS, "link": link,
+           "groups": rows("keyed:groups", ("kind", "size_bucket", "process_group")),
+           "kinds": rows("keyed:kinds", ("kind",)),
+           "process_groups": rows("keyed:process_groups", ("process_group",)),
+           "comm_us": m.get("sum:comm_us"), "exposed_us": m.get("sum:exposed_us"),
+           # one row per step number: means over the spans (ranks) that have it
+           "per_step": per_step_across_spans(m.get("rows:per_step") or [], _STEP_FIELDS, "exposed_us"),
+           "call_rows": None, "call_rows_truncated": False, "bytes_sources": []}
+    if m.get("first:source"):
+        out["source"] = m["first:source"]
+    if m.get("first:source") == "cpu_spans":
+        out["implemented_as"] = {k: v.get("first:v") for k, v in (m.get("keyed:implemented_as") or {}).items()}
+        out["notes"] = m.get("first:notes") or list(CPU_NOTES)
+    return out
 
 
 UNIT = Unit("collectives", _compute, _partial, _finish, requires=("steps",))
