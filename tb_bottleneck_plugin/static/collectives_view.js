@@ -31,7 +31,8 @@ export function linkWords(link) {
 export function collectivesTable(rowsIn, {steps = null, time = "time_us", exposed = true} = {}) {
   const per = (v) => (isNum(v) && isNum(steps) && steps > 0 ? v / steps : null);
   const cols = [
-    {key: "kind", label: "Collective", text: true, get: (r) => String(r.kind ?? "")},
+    {key: "kind", label: "Collective", text: true,
+      get: (r) => `${r.kind ?? ""}${r.implemented_as ? ` (run as ${r.implemented_as})` : ""}`},
     {key: "process_group", label: "Group", text: true, get: (r) => `${r.process_group ?? "?"}${isNum(r.group_size) ? ` (${r.group_size} ranks)` : ""}`},
     {key: "size_bucket", label: "Size", text: true, get: (r) => String(r.size_bucket ?? "")},
     {key: "calls_per_step", label: "Calls/step", get: (r) => per(r.calls), fmt: (v) => (isNum(v) ? fmtNum(v, 1) : "n/a")},
@@ -102,7 +103,9 @@ export function renderCollectives(container, report) {
     note(`${fmtCount(c.calls)} calls in ${fmtCount(steps)} steps · communication ${fmtUs(c.comm_us)}, exposed ${fmtUs(c.exposed_us)}`
       + `${Array.isArray(c.bytes_sources) && c.bytes_sources.length ? ` · bytes from ${c.bytes_sources.join(", ")}` : ""}`),
     bytesWhy ? note(`Bytes n/a: ${bytesWhy}`, "na") : null,
-    linkWhy ? note(`% of link n/a: ${linkWhy}`, "na") : null);
+    linkWhy ? note(`% of link ${/^n\/a\b/.test(linkWhy) ? linkWhy : `n/a: ${linkWhy}`}`, "na") : null,
+    // CPU runs (source "cpu_spans": gloo spans, not kernels): the conventions the server states
+    ...(c.source === "cpu_spans" && Array.isArray(c.notes) ? c.notes.map((t) => note(String(t), "coll-note")) : []));
   return container;
 }
 
