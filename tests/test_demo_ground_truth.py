@@ -25,12 +25,13 @@ Limits found here (the tests pin today's behaviour, so a change in the analysis 
   calls, and a CPU ``.item()`` waits for nothing. The ``.item()`` line is still named in
   ``source_attribution.lines`` (its ``aten::item`` ops). With CUDA the run's ``.item()``
   is a real sync (test_stack_sync_line_on_cuda, skipped without a GPU).
-- ``report.collectives`` (§18) reads communication *kernels*: null on gloo CPU traces
-  ("no GPU activity in the trace"). The rank partial (§12) reads the ``gloo:`` CPU spans
-  with record_shapes: an all-gather's bytes are its recorded input (the local shard: 1/n of
-  nccl-tests' size), and gloo runs ``reduce_scatter_tensor`` as an all-reduce of the full
-  input (``gloo:all_reduce``), so it shows as kind ``all_reduce`` with the full input's
-  bytes (= nccl-tests' reduce-scatter size). No busbw for gloo (no kernels).
+- ``report.collectives`` (§18) reads the ``gloo:`` CPU spans of a trace without
+  communication kernels (source "cpu_spans"): each call named by the op that enqueued it
+  (``reduce_scatter_tensor`` runs as ``gloo:all_reduce`` and is named reduce_scatter), bytes
+  in nccl-tests' size, busbw from the span's duration (waiting included), no link peak.
+  The rank partial (§12) reads the same spans: an all-gather's bytes there are its recorded
+  input (the local shard: 1/n of nccl-tests' size), and the reduce-scatter shows as kind
+  ``all_reduce`` with the full input's bytes (= nccl-tests' reduce-scatter size).
 """
 from __future__ import annotations
 
@@ -255,9 +256,14 @@ def test_gloo_collective_bytes(logdir):
         calls = truth["calls_per_step"]
         assert calls == gt.expected_calls(truth["world_size"])
         n = truth["world_size"]
-        # §18 is a GPU-kernel analysis: nothing on a gloo CPU trace, and it says why
-        assert res["report"]["collectives"] is None
-        assert "GPU" in res["report"]["not_available"]["collectives"]
+        # §18 on a gloo CPU trace reads the gloo: spans: each call named by the op that
+        # enqueued it (reduce_scatter_tensor runs as gloo:all_reduce), bytes in nccl-tests' size
+        sec = res["report"]["collectives"]
+        assert sec["source"] == "cpu_spans" and "collectives" not in res["report"]["not_available"]
+        assert sec["call_rows"]["kind"] == [("all_gather" if c["op"] == "all_gather_into_tensor" else "reduce_scatter")
+                                            for c in calls] * truth["recorded_steps"]
+        assert sec["call_rows"]["bytes"] == [float(c["nccl_tests_bytes"]) for c in calls] * truth["recorded_steps"]
+        assert sec["link"]["gbps"] is None  # gloo: no link peak
         # §12's rank partial reads the gloo: CPU spans (record_shapes)
         part = res["distributed"]
         assert part["comm_source"] == "cpu_spans"
