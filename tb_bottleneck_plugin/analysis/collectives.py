@@ -60,7 +60,7 @@ TIME_WORDS = "kernel duration on this rank: includes waiting for the slowest pee
 # ---- the CPU path (gloo)
 GLOO_PREFIX = "gloo:"
 NO_GLOO_IN_STEPS = "no communication kernel and no gloo: collective span in the included steps"
-GLOO_NO_LINK = "n/a: gloo over TCP/shared memory, no link peak"
+GLOO_NO_LINK = "gloo over TCP/shared memory: no link peak"
 CPU_TIME_WORDS = ("duration of the gloo: span on this rank (gloo's worker thread): includes waiting for the "
                   "slowest peer (bandwidth is a lower bound)")
 NO_CPU_BYTES = ("no gloo: span recorded its input (profile with record_shapes=True), or the group size that "

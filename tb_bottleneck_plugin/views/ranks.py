@@ -418,6 +418,11 @@ def _device_words(key: str) -> str:
 # ---------------------------------------------------------------------------- text
 
 
+def gbps(value: float) -> str:
+    """A bandwidth with 3 significant digits: gloo's 0.0033 GB/s and NVLink's 412 GB/s alike."""
+    return f"{value:.3g}" if value < 100 else f"{value:.0f}"
+
+
 def format_ranks_text(view: dict, indent: str = "") -> str:
     """The rank view for a terminal: recommendation, one line per rank (at most 40, the
     slowest first beyond that), the per-collective table."""
@@ -468,7 +473,7 @@ def format_ranks_text(view: dict, indent: str = "") -> str:
         pct = f" = {g['link_pct']:.0f}% of {link.get('link')} {link.get('gbps'):g} GB/s" \
             if g.get("link_pct") is not None else ""
         lines.append(f"{indent}  busbw {g['kind']} {g['size_bucket']} pg {g['process_group']}: "
-                     f"{g['busbw_gbps']:.1f} GB/s{pct} ({g['matched_calls']} calls, shortest rank's time)")
+                     f"{gbps(g['busbw_gbps'])} GB/s{pct} ({g['matched_calls']} calls, shortest rank's time)")
     for key, why in (view.get("not_available") or {}).items():
         lines.append(f"{indent}  n/a {key}: {why}")
     return "\n".join(lines)

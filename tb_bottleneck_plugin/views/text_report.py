@@ -226,6 +226,8 @@ def _compilation_lines(rep: dict) -> List[str]:
 
 def _collective_lines(rep: dict) -> List[str]:
     """Bandwidth per collective kind against the link (METRICS §18)."""
+    from .ranks import gbps
+
     c = rep.get("collectives") or {}
     link = c.get("link") or {}
     out = []
@@ -236,7 +238,7 @@ def _collective_lines(rep: dict) -> List[str]:
         if k.get("bytes_per_call") is not None:
             text += f", {size(k['bytes_per_call'])} per call"
         if k.get("busbw_gbps") is not None:
-            text += f", busbw {k['busbw_gbps']:.1f} GB/s"
+            text += f", busbw {gbps(k['busbw_gbps'])} GB/s"
             if k.get("link_pct") is not None and link.get("gbps"):
                 text += f" ({k['link_pct']:.1f}% of {link.get('link')} {link['gbps']:g} GB/s"
                 text += (", link assumed" if link.get("scope_assumed") else "") + ")"
@@ -244,7 +246,8 @@ def _collective_lines(rep: dict) -> List[str]:
             text += f", exposed {duration(k['exposed_us'])}"
         out.append("collective " + text)
     if out and c.get("time_includes_wait"):
-        out.append("  (one rank's kernel durations include waiting for its peers: bandwidths are lower bounds)")
+        what = "gloo: span durations" if c.get("source") == "cpu_spans" else "kernel durations"
+        out.append(f"  (one rank's {what} include waiting for its peers: bandwidths are lower bounds)")
     return out
 
 
