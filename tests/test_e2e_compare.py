@@ -300,3 +300,42 @@ def test_compare_button_needs_two_comparable_things(tmp_path, tensorboard_server
     page.locator(".cmp-card").first.wait_for(timeout=120_000)
     assert "compare=1" in page.url
     w.check_clean()
+
+
+def test_compile_panel_shows_the_server_compilation_part(tmp_path, tensorboard_server, browser_page):
+    """The shared H100 GPT-2 pair, eager vs torch.compile: the compare view's torch.compile panel
+    shows the route's kernel families (coloured by its verdicts), the launches per step and the
+    Triton kernels with the eager ops they fused, names as text."""
+    from conftest import TRACES
+
+    logs = tmp_path / "logs"
+    for run in ("gpt2_bf16_eager", "gpt2_bf16_compiled"):
+        (logs / run).mkdir(parents=True)
+        for f in (TRACES / "h100" / run).glob("*.pt.trace.json.gz"):
+            (logs / run / f.name).symlink_to(f)
+    base = tensorboard_server(logs)
+    cmp = _compare(base, "gpt2_bf16_eager", "gpt2_bf16_compiled")
+    part = cmp["compilation"]
+    assert part["base_compiled"] is False and part["cand_compiled"] is True
+    w = browser_page(base, viewport=(1280, 900))
+    page = w.page
+    page.goto(f"{base}/data/plugin_entry.html?name=bottlenecks#compare=1&base=gpt2_bf16_eager&cand=gpt2_bf16_compiled",
+              wait_until="domcontentloaded")
+    page.wait_for_function("() => document.querySelector('#bn-cmp-compilation table.cmp-fused')", timeout=120_000)
+    sides = page.evaluate("() => document.querySelector('#bn-cmp-compilation .cmp-compile-sides').textContent")
+    assert sides == "Baseline eager, candidate compiled."
+    launch = page.evaluate("() => document.querySelector('#bn-cmp-compilation .cmp-compile-launch').textContent")
+    assert launch.startswith(f"Kernels per step {part['launch']['base_kernels_per_step']:,.0f} → "
+                             f"{part['launch']['cand_kernels_per_step']:,.0f}")
+    fams = page.evaluate("""() => [...document.querySelectorAll('#bn-cmp-compilation table.cmp-families tbody tr')]
+        .map((tr) => [tr.dataset.family, tr.children[3].dataset.verdict || null, [...tr.children[3].classList]])""")
+    assert [f[0] for f in fams] == [f["family"] for f in part["families"]]
+    for (family, verdict, cls), f in zip(fams, part["families"]):
+        assert verdict == f["verdict"] and VERDICT_CLASS.get(f["verdict"], "muted") in cls, (family, cls, f)
+    rows = page.evaluate("""() => [...document.querySelectorAll('#bn-cmp-compilation table.cmp-fused tbody tr')]
+        .map((tr) => [tr.children[0].title, tr.children[1].textContent])""")
+    want = part["fused"]["rows"][:len(rows)]
+    assert rows and [r[0] for r in rows] == [r["name"] for r in want]
+    assert [r[1] for r in rows] == [", ".join(o["op"] for o in r["ops"]) for r in want]
+    assert not w.errors and not w.dialogs, (w.errors, w.dialogs)
+    assert all(u.startswith(base) for u in w.requests), [u for u in w.requests if not u.startswith(base)]

@@ -269,7 +269,66 @@ export function compareView(cmp) {
     recommendationsPanel(cmp.recommendations || []),
     diffPanel("Kernel diff", "kernels", cmp.kernels, na.kernels),
     diffPanel("CPU operator diff", "ops", cmp.ops, na.ops),
+    compilationPanel(cmp.compilation, na),
     notAvailablePanel(cmp.metrics, na));
+}
+
+// torch.compile part (views/compare.py `_compilation_part`, METRICS.md §16): launches per step,
+// kernel time per family (server verdicts), and which eager ops each Triton kernel fused.
+const FUSED_ROWS = 20;
+
+function compilationPanel(c, na) {
+  const id = "bn-cmp-compilation";
+  const title = "torch.compile";
+  if (!c || typeof c !== "object") {
+    return panel(title, {id}, h("p", {class: "note"}, `n/a: ${na.compilation || "not available"}`));
+  }
+  const side = (b) => (b ? "compiled" : "eager");
+  const parts = [h("p", {class: "cmp-compile-sides"},
+    `Baseline ${side(c.base_compiled)}, candidate ${side(c.cand_compiled)}.`)];
+  const la = c.launch;
+  if (la && typeof la === "object") {
+    parts.push(h("p", {class: "cmp-compile-launch"},
+      `Kernels per step ${fmtNum(la.base_kernels_per_step)} → ${fmtNum(la.cand_kernels_per_step)}`,
+      isNum(la.rel_pct) ? ` (${la.rel_pct > 0 ? "+" : ""}${fmtPct(la.rel_pct, 1)})` : "",
+      `; launch calls ${fmtUs(la.base_launch_us_per_step)} → ${fmtUs(la.cand_launch_us_per_step)} per step.`));
+  }
+  const fams = Array.isArray(c.families) ? c.families.filter((f) => f && typeof f === "object") : [];
+  if (fams.length) {
+    parts.push(h("table", {class: "grid-table compact cmp-families"},
+      h("thead", {}, h("tr", {}, ["Kernel family", "Baseline /step", "Candidate /step", "Change /step", "Kernels /step"]
+        .map((t, i) => h("th", {class: i ? "num" : null}, t)))),
+      h("tbody", {}, fams.map((f) => h("tr", {"data-family": f.family},
+        h("td", {}, String(f.label ?? f.family)),
+        h("td", {class: "num"}, fmtUs(f.base_us_per_step)), h("td", {class: "num"}, fmtUs(f.cand_us_per_step)),
+        h("td", {class: ["num", VERDICT_CLASS[f.verdict]], "data-verdict": f.verdict || null},
+          fmtDelta(f.delta_us_per_step, "us") || "±0"),
+        h("td", {class: "num"}, `${fmtNum(f.base_kernels_per_step)} → ${fmtNum(f.cand_kernels_per_step)}`))))));
+  } else if (na["compilation.families"]) {
+    parts.push(h("p", {class: "note muted"}, `Kernel families: n/a: ${na["compilation.families"]}`));
+  }
+  const fused = c.fused && typeof c.fused === "object" ? c.fused : null;
+  if (fused && Array.isArray(fused.rows) && fused.rows.length) {
+    const eagerSide = fused.compiled_side === "cand" ? "baseline" : "candidate";
+    parts.push(h("h3", {class: "sub-h"}, `Triton kernels and the ${eagerSide}'s ops they fused`));
+    parts.push(h("table", {class: "grid-table compact cmp-fused"},
+      h("thead", {}, h("tr", {}, ["Triton kernel", "Fused ops", `Those ops in the ${eagerSide} /step`]
+        .map((t, i) => h("th", {class: i === 2 ? "num" : null}, t)))),
+      h("tbody", {}, fused.rows.slice(0, FUSED_ROWS).map((r) => {
+        const ops = Array.isArray(r.ops) ? r.ops : [];
+        const eager = ops.reduce((a, o) => a + (o && o.counted && isNum(o.eager_us_per_step) ? o.eager_us_per_step : 0), 0);
+        return h("tr", {},
+          h("td", {class: "kname", title: String(r.name ?? "")}, shortenKernelName(String(r.name ?? ""))),
+          h("td", {}, ops.map((o) => String(o && o.op)).join(", ")),
+          h("td", {class: "num"}, fmtUs(eager)));
+      }))));
+    if (fused.rows.length > FUSED_ROWS) {
+      parts.push(h("p", {class: "note muted"}, `${fused.rows.length - FUSED_ROWS} more Triton kernels in the route's JSON.`));
+    }
+  } else if (na["compilation.fused"]) {
+    parts.push(h("p", {class: "note muted"}, `Fused ops: n/a: ${na["compilation.fused"]}`));
+  }
+  return panel(title, {id, subtitle: "launches, kernel time by family and what the compiled side fused (METRICS.md §16)"}, ...parts);
 }
 
 function summary(cmp) {
