@@ -312,8 +312,8 @@ function compilationPanel(c, na) {
     const eagerSide = fused.compiled_side === "cand" ? "baseline" : "candidate";
     parts.push(h("h3", {class: "sub-h"}, `Triton kernels and the ${eagerSide}'s ops they fused`));
     parts.push(h("table", {class: "grid-table compact cmp-fused"},
-      h("thead", {}, h("tr", {}, ["Triton kernel", "Fused ops", `Those ops in the ${eagerSide} /step`]
-        .map((t, i) => h("th", {class: i === 2 ? "num" : null}, t)))),
+      h("thead", {}, h("tr", {}, h("th", {}, "Triton kernel"), h("th", {}, "Fused ops"),
+        h("th", {class: "num"}, `Those ops in the ${eagerSide} /step`))),
       h("tbody", {}, fused.rows.slice(0, FUSED_ROWS).map((r) => {
         const ops = Array.isArray(r.ops) ? r.ops : [];
         const eager = ops.reduce((a, o) => a + (o && o.counted && isNum(o.eager_us_per_step) ? o.eager_us_per_step : 0), 0);
