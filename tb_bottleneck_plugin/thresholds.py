@@ -116,6 +116,22 @@ WARMUP_CALL_RUNTIME_PCT = 50.0
 # the steps are not the steady state; profile after warm-up instead of tuning launches.
 WARMUP_CALL_STEP_PCT = 20.0
 
+# --- too little data to judge (issue 20): a trace this small says nothing steady -------
+# Below this many trace events (every event of the file, as the trace section counts them)
+# no card is judged (severity "none", "not judged: too little data ...") and no
+# recommendation fires: a 75-event synthetic trace gets no confident advice. (The smallest
+# real traces of ../shared/traces hold 220 and 246 events, and are judged.)
+MIN_EVENTS_TO_JUDGE = 150
+# Below this many GPU kernels the kernel-statistics rules (small_kernels, host_bound,
+# tensor_cores_unused, low_mfu, communication) do not fire and their cards (GPU utilization,
+# occupancy, short kernels, Tensor Cores, MFU, communication) are not judged: a handful of
+# kernels (one 1.8 µs kernel read as "launch-bound") is no evidence. (The smallest real
+# GPU traces hold 12 and 14 kernels.)
+MIN_KERNELS_TO_JUDGE = 10
+# Per-step comparisons (a straggler or load imbalance between ranks, which step is slow)
+# need at least this many steps: with one step every rank is "the straggler" of 1 of 1.
+MIN_STEPS_TO_COMPARE = 2
+
 # --- torch.compile and CUDA graphs (analysis/compilation.py, METRICS.md §16) -----------------
 # The Compilation card. Graph breaks per profiled step at or above this colour it "medium"
 # (each break splits the frame: the rest runs as a nested resume frame, with eager code

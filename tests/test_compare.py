@@ -107,7 +107,13 @@ def assert_adds_up(cmp):
 # ---------------------------------------------------------------------------- hand-built pair
 
 
-def test_hand_built_pair_every_delta_known(tmp_path):
+def test_hand_built_pair_every_delta_known(tmp_path, monkeypatch):
+    from tb_bottleneck_plugin import thresholds as T
+
+    # a few dozen events a side: the too-little-data guard (tests/test_contradictions.py) set
+    # aside, so the pair's recommendations are compared
+    monkeypatch.setattr(T, "MIN_EVENTS_TO_JUDGE", 0)
+    monkeypatch.setattr(T, "MIN_KERNELS_TO_JUDGE", 0)
     base_path, cand_path = hand_pair(tmp_path)
     base, cand = result_of(base_path), result_of(cand_path)
     cmp = compare.compare(base, cand)

@@ -211,7 +211,11 @@ def test_sync_while_gpu_busy_is_not_a_bottleneck(tmp_path):
     assert "synchronization" not in rules(rep)
 
 
-def test_sync_while_gpu_idles_is_high(tmp_path):
+def test_sync_while_gpu_idles_is_high(tmp_path, monkeypatch):
+    from tb_bottleneck_plugin import thresholds as T
+
+    # 12 events: the too-little-data guard (tests/test_contradictions.py) set aside to test the rule
+    monkeypatch.setattr(T, "MIN_EVENTS_TO_JUDGE", 0)
     rep = analyse(sync_trace(kernel_us=150).load(tmp_path))  # kernel 50..200: busy 100 of the 500 µs sync
     sync = rep["sync"]
     assert sync["gpu_busy_during_sync_pct"] == pytest.approx(20.0)

@@ -56,7 +56,7 @@ def _small_kernel_reasons(r):
     occ = r.get("occupancy") or {}
     short = occ.get("short_kernels") or {}
     reasons = set()
-    if short.get("count") and (short.get("time_pct") or 0) >= T.SHORT_KERNEL_TIME_PCT:
+    if short.get("count") and (short.get("time_pct") or 0) >= T.SHORT_KERNEL_TIME_PCT and not _capture_only(r):
         reasons.add("short")
     if occ.get("est_achieved_occupancy_pct") is not None and occ["est_achieved_occupancy_pct"] < T.LOW_OCCUPANCY_PCT:
         # only kernel time the roofline does not judge compute-efficient counts (METRICS §6)
@@ -71,7 +71,7 @@ def _small_kernel_reasons(r):
             reasons.add("occupancy")
     utils = [g["utilization_pct"] for g in (r.get("gpu") or {}).values() if g.get("utilization_pct") is not None]
     if utils and sum(utils) / len(utils) < T.LOW_GPU_UTILIZATION_PCT and not _capture_only(r) \
-            and not _compiler_idle(r) \
+            and not _compiler_idle(r) and isinstance(short.get("time_pct"), (int, float)) \
             and ((r.get("input") or {}).get("input_bound_pct") or 0) < T.INPUT_BOUND_MODERATE_PCT:
         reasons.add("gpu")
     severity = "medium" if len(reasons) > 1 or "gpu" in reasons else "low"
@@ -90,8 +90,25 @@ def _compiler_idle(r) -> bool:
     return util < T.LOW_GPU_UTILIZATION_PCT and idle - c["compile_pct"] < T.LOW_GPU_UTILIZATION_PCT / 10
 
 
+# Cards that read kernel statistics: not judged below MIN_KERNELS_TO_JUDGE kernels (issue 20)
+KERNEL_CARDS = {"gpu_utilization", "occupancy", "short_kernels", "tensor_cores", "mfu", "communication"}
+
+
+def _too_little_data(card, r) -> bool:
+    """Issue 20's guard: too few trace events for any card, too few kernels for the
+    kernel-statistics cards (thresholds MIN_EVENTS_TO_JUDGE, MIN_KERNELS_TO_JUDGE)."""
+    t = r.get("trace") or {}
+    events, kernels = t.get("events"), t.get("kernels")
+    if not events:
+        return False
+    return events < T.MIN_EVENTS_TO_JUDGE or (card in KERNEL_CARDS and kernels is not None
+                                               and kernels < T.MIN_KERNELS_TO_JUDGE)
+
+
 def expected(card, r, v):
     value = v["value"]
+    if _too_little_data(card, r):
+        return "none"
     reasons, sk_severity = _small_kernel_reasons(r)
     if card == "input_bound":
         return _level(value, T.INPUT_BOUND_MODERATE_PCT, T.INPUT_BOUND_HIGH_PCT)
@@ -99,13 +116,14 @@ def expected(card, r, v):
         if "gpu" in reasons:
             return sk_severity
         # not read by any rule here: uncoloured ("none"), never a green "ok"
-        not_judged = _warmup(r) or _capture_only(r) or _compiler_idle(r) or \
+        no_stats = not isinstance(((r.get("occupancy") or {}).get("short_kernels") or {}).get("time_pct"), (int, float))
+        not_judged = _warmup(r) or _capture_only(r) or _compiler_idle(r) or (no_stats and value < T.LOW_GPU_UTILIZATION_PCT) or \
             ((r.get("input") or {}).get("input_bound_pct") or 0) >= T.INPUT_BOUND_MODERATE_PCT
         return "none" if not_judged else "ok"
     if card == "occupancy":
         return sk_severity if "occupancy" in reasons else "none" if _warmup(r) else "ok"
     if card == "short_kernels":
-        return sk_severity if "short" in reasons else "none" if _warmup(r) else "ok"
+        return sk_severity if "short" in reasons else "none" if _warmup(r) or _capture_only(r) else "ok"
     if card == "tensor_cores":
         return _level(r["tensor_cores"]["eligible_not_using_pct"] or 0, T.TC_ELIGIBLE_NOT_USING_PCT,
                       T.TC_ELIGIBLE_NOT_USING_HIGH_PCT)

@@ -347,7 +347,19 @@ def _no_shapes(trace: TraceData, steps, na: Dict[str, str], user_peak=None) -> d
                       "mfu_pct": None} for n, d in zip(steps.inc_numbers, durations)],
     }
     na["flops.flops"] = na["flops.mfu_pct"] = NA_NO_SHAPES
-    return derive(section, na)
+    return flops_unknown(derive(section, na))
+
+
+def flops_unknown(sec: dict) -> dict:
+    """A section whose FLOPs could not be counted (no recorded shapes): its FLOP numbers are
+    unknown (null, with `not_available["flops.flops"]`), never 0 FLOPs (issue 20: n/a beside
+    a number is a contradiction). The partial still adds 0 for it, so a summary's FLOPs are
+    those of the spans that recorded shapes."""
+    for key in ("flops", "flops_per_step", "tflops", "gflops_per_s", "achieved_tflops"):
+        sec[key] = None
+    for row in sec.get("per_step") or []:
+        row["flops"] = row["tflops"] = None
+    return sec
 
 
 def _ancestors_marked(parent: np.ndarray, seeds: np.ndarray) -> np.ndarray:
@@ -653,7 +665,8 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
     }
     if not has_shape.any():
         na["flops.flops"] = NA_NO_SHAPES
-    elif uncounted:
+        return flops_unknown(derive(section, na))
+    if uncounted:
         na["flops.uncounted_calls"] = ("calls with a FLOP formula whose recorded shapes do not fit it (e.g. a "
                                        "convolution forward with no backward to learn its output size) are not "
                                        "counted: " + ", ".join(f"{k} ×{v}" for k, v in list(uncounted.items())[:4]))
@@ -795,12 +808,14 @@ def _unit_partial(report: dict) -> dict:
     sec = report.get("flops") or {}
     span, worker = report.get("span"), report.get("worker")
     return {
-        "sum:flops": sec.get("flops"), "sum:bytes": sec.get("bytes"), "sum:step_us": sec.get("step_us"),
+        # unknown FLOPs (no recorded shapes, null in the report) add nothing
+        "sum:flops": sec.get("flops") if sec.get("record_shapes") else 0.0,
+        "sum:bytes": sec.get("bytes"), "sum:step_us": sec.get("step_us"),
         "sum:steps": sec.get("steps"), "sum:flop_kernel_us": sec.get("flop_kernel_us"),
         "sum:gpu_busy_us": sec.get("gpu_busy_us") if sec.get("gpu_busy_us") is not None else 0.0,
         "sum:ideal_us": sec.get("ideal_us"), "max:devices": sec.get("devices") or 0,
         "sum:counted_calls": sec.get("counted_calls") or 0, "first:peak": sec.get("peak"),
-        "all:record_shapes": bool(sec.get("record_shapes")),
+        "all:record_shapes": bool(sec.get("record_shapes")), "any:record_shapes": bool(sec.get("record_shapes")),
         "keyed:uncounted_calls": {k: {"sum:n": v} for k, v in (sec.get("uncounted_calls") or {}).items()},
         "keyed:by_precision": {p: {"sum:flops": v.get("flops"), "sum:kernel_us": v.get("kernel_us"),
                                    "sum:ideal_us": v.get("ideal_us")}
@@ -814,7 +829,8 @@ def _unit_partial(report: dict) -> dict:
         "keyed:kernels": {k["name"]: {"first:class": k.get("class"), "sum:flops": k.get("flops"),
                                       "sum:bytes": k.get("bytes"), "sum:kernel_us": k.get("kernel_us"),
                                       "sum:count": k.get("count")} for k in (sec.get("kernels") or [])},
-        "rows:per_step": [{"step": r.get("step"), "flops": r.get("flops"), "step_us": r.get("step_us"),
+        "rows:per_step": [{"step": r.get("step"), "flops": r.get("flops") if sec.get("record_shapes") else 0.0,
+                           "step_us": r.get("step_us"),
                            "ideal_us": r.get("ideal_us"), "mfu_pct": r.get("mfu_pct"), "span": span,
                            "worker": worker} for r in (sec.get("per_step") or [])],
     }
@@ -847,6 +863,8 @@ def _unit_finish(m: dict):
                     for n, v in m["keyed:kernels"].items()],
         "per_step": per_step,
     }
+    if not m.get("any:record_shapes", True):
+        return flops_unknown(derive(sec))  # no span recorded shapes: the FLOPs are unknown
     return derive(sec)
 
 

@@ -25,7 +25,7 @@ from ..trace.model import CPU_OP, GPU_KERNEL, GPU_MEMCPY, TraceData
 from . import intervals as iv
 from .breakdown import comm_kernel_mask
 from .linking import gpu_runtime_index, innermost_enclosing
-from .steps import Steps
+from .steps import NA_NO_STEPS_FOUND, Steps
 
 # Always-blocking synchronisation calls (CUDA and HIP twins).
 SYNC_CALLS = frozenset({
@@ -193,9 +193,13 @@ def launch_signal(trace: TraceData, steps: Steps, not_available: Optional[Dict[s
                                             if out["longest_runtime_call"] and total > 0 else None)
     if not steps.found:
         # One window over the whole trace is not a step: a count "per step" would be
-        # the trace's kernel count under another name.
+        # the trace's kernel count under another name. It is n/a with the steps' own
+        # reason, and the window's count is given as what it is (METRICS.md §1, §8).
         out["kernels_per_step"] = None
-        not_available["launch.kernels_per_step"] = "no steps found (no ProfilerStep#N)"
+        not_available["launch.kernels_per_step"] = NA_NO_STEPS_FOUND
+        lo, hi = steps.window
+        k = trace.gpu.kind == GPU_KERNEL
+        out["kernels_per_window"] = int((k & (trace.gpu.ts >= lo) & (trace.gpu.ts <= hi)).sum())
     return out
 
 

@@ -59,6 +59,11 @@ class Steps:
     found: bool = True
     stretched: bool = False
     gpu_step: Optional[np.ndarray] = None
+    # The ProfilerStep annotation's own end, before clipping to the recorded activity
+    # (equal to host_end where nothing was clipped; None: as host_end), and the recorded
+    # activity window (first, last) of the trace (METRICS.md §1; NaN when empty).
+    annotation_end: Optional[np.ndarray] = None
+    activity: Tuple[float, float] = (float("nan"), float("nan"))
 
     # --- views on the included steps -------------------------------------------
     @property
@@ -98,10 +103,36 @@ class Steps:
             return float("nan"), float("nan")
         return float(self.inc_start.min()), float(self.inc_end.max())
 
+    @property
+    def clipped(self) -> List[Dict]:
+        """Steps whose annotation outlasted the recorded activity (METRICS.md §1):
+        [{number, annotation_us, recorded_us, clipped_us}], included or not."""
+        if self.annotation_end is None:
+            return []
+        cut = self.annotation_end - self.host_end
+        return [{"number": int(self.numbers[i]),
+                 "annotation_us": float(self.annotation_end[i] - self.host_start[i]),
+                 "recorded_us": float(self.host_end[i] - self.host_start[i]),
+                 "clipped_us": float(cut[i])} for i in np.flatnonzero(cut > 0)]
+
+    @property
+    def clipped_us(self) -> float:
+        """Annotation time past the recorded activity, cut off the steps (all steps)."""
+        if self.annotation_end is None:
+            return 0.0
+        return float(np.maximum(self.annotation_end - self.host_end, 0.0).sum())
+
+    @property
+    def activity_us(self) -> Optional[float]:
+        """Length of the recorded activity window (None when the trace recorded none)."""
+        lo, hi = self.activity
+        return float(hi - lo) if np.isfinite(lo) and np.isfinite(hi) and hi >= lo else None
+
     def to_report(self) -> dict:
         """The report's ``steps`` object."""
         return {"count": self.count, "numbers": [int(n) for n in self.inc_numbers],
-                "excluded": list(self.excluded), "found": bool(self.found)}
+                "excluded": list(self.excluded), "found": bool(self.found),
+                "clipped_us": self.clipped_us, "clipped": self.clipped, "activity_us": self.activity_us}
 
 
 def step_rows(trace: TraceData) -> Tuple[np.ndarray, np.ndarray]:
@@ -131,6 +162,67 @@ def trace_extent(trace: TraceData) -> Tuple[float, float]:
     return float(lo), float(hi)
 
 
+def recorded_activity(trace: TraceData, step_rows: np.ndarray) -> Tuple[float, float]:
+    """(first, last) time of the activity the profiler recorded, when the file has the
+    profiler's own span (the `Trace` event "PyTorch Profiler (0)", in every Kineto trace):
+    that span, widened to every CPU op and other host event but the `ProfilerStep#N`
+    annotations (``step_rows``), runtime calls, GPU activity and memory events
+    (gpu_user_annotation labels do not count: they copy the steps). Without the profiler's
+    span (hand-made or converted files) nothing tells a step's end from host time after its
+    last recorded op: the window is then the whole trace (steps included), so no step is
+    clipped. (NaN, NaN) when nothing was recorded."""
+    p_lo, p_hi = trace.meta.profiler_start_ts, trace.meta.profiler_end_ts
+    if not (np.isfinite(p_lo) and np.isfinite(p_hi)):
+        lo, hi = trace_extent(trace)
+        return (float(lo), float(hi)) if np.isfinite(lo) and np.isfinite(hi) else (float("nan"), float("nan"))
+    lo, hi = [float(p_lo)], [float(p_hi)]
+    cpu = trace.cpu
+    if len(cpu):
+        keep = np.ones(len(cpu), bool)
+        keep[step_rows] = False
+        if keep.any():
+            lo.append(float(cpu.ts[keep].min()))
+            hi.append(float((cpu.ts[keep] + cpu.dur[keep]).max()))
+    for table in (trace.runtime, trace.gpu):
+        if len(table):
+            lo.append(float(table.ts.min()))
+            hi.append(float((table.ts + table.dur).max()))
+    if len(trace.memory):
+        lo.append(float(trace.memory.ts.min()))
+        hi.append(float(trace.memory.ts.max()))
+    return min(lo), max(hi)
+
+
+def clip_to_recorded(trace: TraceData, step_rows: np.ndarray, host_start: np.ndarray,
+                     host_end: np.ndarray, activity_end: float) -> np.ndarray:
+    """Host ends of the steps (sorted by host start) clipped to the recorded activity
+    (METRICS.md §1): a step whose annotation ends after the recorded activity window
+    (``activity_end``) ends at the end of the last CPU event or runtime call that starts
+    inside it (never past the annotation), or, with none, at the window's end (never
+    before its start). Other steps keep their annotation end, so traces whose steps lie
+    inside the profiler's span are unchanged."""
+    if not np.isfinite(activity_end):
+        return host_end
+    outlasts = host_end > activity_end
+    if not outlasts.any():
+        return host_end
+    cpu, rt = trace.cpu, trace.runtime
+    keep = np.ones(len(cpu), bool)
+    keep[step_rows] = False
+    ts = np.concatenate([cpu.ts[keep], rt.ts]).astype(np.float64)
+    end = np.concatenate([(cpu.ts + cpu.dur)[keep], rt.ts + rt.dur]).astype(np.float64)
+    last = np.full(len(host_start), -np.inf)
+    if len(ts):
+        j = np.searchsorted(host_start, ts, side="right") - 1
+        jj = np.maximum(j, 0)
+        inside = (j >= 0) & (ts < host_end[jj])
+        np.maximum.at(last, j[inside], np.minimum(end[inside], host_end[j[inside]]))
+    target = np.where(np.isfinite(last), last, activity_end)
+    out = host_end.copy()
+    out[outlasts] = np.maximum(host_start[outlasts], np.minimum(host_end[outlasts], target[outlasts]))
+    return out
+
+
 def runtime_step_index(trace: TraceData, host_start: np.ndarray, host_end: np.ndarray) -> np.ndarray:
     """For each runtime row, the index of the step (in host_start order, which must be
     sorted) whose host span wholly contains the call (any thread), else -1."""
@@ -149,7 +241,10 @@ def runtime_step_index(trace: TraceData, host_start: np.ndarray, host_end: np.nd
 def find_steps(trace: TraceData, gpu_runtime: Optional[np.ndarray] = None) -> Steps:
     """Steps of one trace file, following metrics.md §1 exactly.
 
-    - Steps are CPU `ProfilerStep#N` spans only.
+    - Steps are CPU `ProfilerStep#N` spans only, clipped to the recorded activity: an
+      annotation that ends after the recorded activity window (every other event and the
+      profiler's own `Trace` span) ends at the end of the last CPU event or runtime call
+      that starts inside it (``clip_to_recorded``; ``Steps.clipped`` says how much).
     - When some GPU activity is linked to some step (through a runtime/driver call
       wholly inside the host span, correlation to the GPU row), every step is
       stretched: start = max(previous end, host start), end = max(host end, end of the
@@ -166,6 +261,7 @@ def find_steps(trace: TraceData, gpu_runtime: Optional[np.ndarray] = None) -> St
     """
     rows, numbers = step_rows(trace)
     n_gpu = len(trace.gpu)
+    activity = recorded_activity(trace, rows)
     if len(rows) == 0:
         lo, hi = trace_extent(trace)
         if not np.isfinite(lo):
@@ -175,12 +271,14 @@ def find_steps(trace: TraceData, gpu_runtime: Optional[np.ndarray] = None) -> St
                      start=one(lo), end=one(hi), gpu_count=np.zeros(1, np.int64),
                      gpu_end=one(np.nan), included=np.ones(1, bool), cpu_rows=np.array([-1]),
                      excluded=[], found=False, stretched=False,
-                     gpu_step=np.full(n_gpu, -1, np.int64))
+                     gpu_step=np.full(n_gpu, -1, np.int64), activity=activity)
 
     order = np.lexsort((trace.cpu.dur[rows], trace.cpu.ts[rows]))
     rows, numbers = rows[order], numbers[order]
     host_start = trace.cpu.ts[rows].astype(np.float64)
-    host_end = host_start + trace.cpu.dur[rows]
+    annotation_end = host_start + trace.cpu.dur[rows]
+    # An annotation that outlasts the recorded activity ends with the activity it holds.
+    host_end = clip_to_recorded(trace, rows, host_start, annotation_end, activity[1])
     n = len(rows)
 
     # GPU activity -> runtime call -> step whose host span holds the call.
@@ -233,12 +331,29 @@ def find_steps(trace: TraceData, gpu_runtime: Optional[np.ndarray] = None) -> St
 
     return Steps(numbers=numbers, host_start=host_start, host_end=host_end, start=start, end=end,
                  gpu_count=gpu_count, gpu_end=gpu_end, included=included, cpu_rows=rows,
-                 excluded=excluded, found=True, stretched=stretched, gpu_step=gpu_step)
+                 excluded=excluded, found=True, stretched=stretched, gpu_step=gpu_step,
+                 annotation_end=annotation_end, activity=activity)
 
 
 # ---------------------------------------------------------------- metric unit (analysis/units.py)
 
 NA_NO_STEPS_FOUND = "no steps found (no ProfilerStep#N): the whole trace is analysed as one window"
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1e6:.1f} s" if us >= 1e6 else f"{us / 1e3:.1f} ms" if us >= 1e3 else f"{us:.0f} µs"
+
+
+def clipped_note(clipped: List[Dict]) -> Optional[str]:
+    """The words that tell the user a step was clipped to the recorded activity (§1)."""
+    if not clipped:
+        return None
+    parts = [f"ProfilerStep#{c['number']} lasts {_ms(c['annotation_us'])}, but the profiler recorded activity "
+             f"in only its first {_ms(c['recorded_us'])}" for c in clipped[:3]]
+    more = f" (and {len(clipped) - 3} more)" if len(clipped) > 3 else ""
+    total = sum(c["clipped_us"] for c in clipped)
+    return ("; ".join(parts) + more + f": {_ms(total)} of annotation past the recorded activity is left out "
+            "of the steps (steps.clipped_us), so step time, utilization and idle are measured on what was recorded")
 
 
 def _unit_compute(span) -> dict:
@@ -250,6 +365,10 @@ def _unit_compute(span) -> dict:
     out["window_us"] = (hi - lo) if found.count else None
     if not found.found:
         span.not_available["steps"] = NA_NO_STEPS_FOUND
+    note = clipped_note(out["clipped"])
+    facts = span.report.get("trace")
+    if note and isinstance(facts, dict):  # shown with the trace's own warnings (the tab's ⚠ notes)
+        facts.setdefault("warnings", []).append(note)
     span.found = found
     return out
 
@@ -258,7 +377,9 @@ def _unit_partial(report: dict) -> dict:
     st = report.get("steps") or {}
     return {"sum:count": st.get("count") or 0, "rows:numbers": list(st.get("numbers") or []),
             "rows:excluded": list(st.get("excluded") or []), "any:found": bool(st.get("found")),
-            "sum:window_us": st.get("window_us") or 0}
+            "sum:window_us": st.get("window_us") or 0,
+            "sum:clipped_us": st.get("clipped_us") or 0, "rows:clipped": list(st.get("clipped") or []),
+            "sum:activity_us": st.get("activity_us") or 0}
 
 
 def _unit_finish(m: dict) -> dict:
@@ -274,7 +395,9 @@ def _unit_finish(m: dict) -> dict:
             else:
                 excluded[key] = dict(e, spans=1)
     return {"count": int(m["sum:count"] or 0), "numbers": numbers, "excluded": list(excluded.values()),
-            "found": bool(m["any:found"]), "window_us": m["sum:window_us"]}
+            "found": bool(m["any:found"]), "window_us": m["sum:window_us"],
+            "clipped_us": m.get("sum:clipped_us") or 0.0, "clipped": list(m.get("rows:clipped") or []),
+            "activity_us": m.get("sum:activity_us") or None}
 
 
 def _unit():

@@ -16,7 +16,8 @@ from ..analysis import compilation, registry
 from ..analysis.flops import mfu_severity, roofline_efficient
 from ..analysis.input_bound import verdict_for
 from . import verdicts as V
-from .recommendations import gpu_utilization_not_judged, reserved_of_capacity_pct
+from .recommendations import (CAPTURE_ONLY_WORDS, KERNEL_EVIDENCE_CARDS, capture_only, gpu_utilization_not_judged,
+                              reserved_of_capacity_pct, steps_words, too_little_data)
 
 CardFunction = Callable[[dict], dict]
 
@@ -54,13 +55,14 @@ def _card_gpu_utilization(report: dict) -> dict:
     out = V.card(report, value, "pct", rule, "gpu_utilization_pct",
                  ("LOW_GPU_UTILIZATION_PCT", "INPUT_BOUND_MODERATE_PCT"), ("utilization_pct", "gpu"))
     why = gpu_utilization_not_judged(report) if value is not None and out["severity"] in ("ok", "none") else None
+    over = steps_words(report)  # "the steps", or the one window of a trace without ProfilerStep
     if why:  # uncoloured: the rules do not read this number here (never a green "ok")
         out["severity"] = "none"
-        out["verdict"] = f"GPU busy {V.pct_words(value)} of the steps, not judged: {why}"
+        out["verdict"] = f"GPU busy {V.pct_words(value)} of {over}, not judged: {why}"
     elif value is not None and out["severity"] == "ok":
-        out["verdict"] = f"GPU busy {V.pct_words(value)} of the steps"
+        out["verdict"] = f"GPU busy {V.pct_words(value)} of {over}"
     elif value is not None:
-        out["verdict"] = f"GPU idle {V.pct_words(100 - value)} of the steps, and not because of input"
+        out["verdict"] = f"GPU idle {V.pct_words(100 - value)} of {over}, and not because of input"
     n = len([g for g in (report.get("gpu") or {}).values() if isinstance(g, dict)])
     out["devices"] = n
     return out
@@ -142,7 +144,11 @@ def _card_short_kernels(report: dict) -> dict:
     value = V.num(short.get("time_pct"))
     out = V.card(report, value, "pct", "small_kernels", "short_kernel_time_pct",
                  ("SHORT_KERNEL_US", "SHORT_KERNEL_TIME_PCT"), ("short_kernels", "occupancy"))
-    if value is not None and out["severity"] != "none":  # "none": verdicts.card's "not judged" words
+    if value is not None and out["severity"] in ("ok", "none") and capture_only(report):
+        # rule small_kernels does not judge launch cost where the graphs' replays did not run
+        out["severity"] = "none"
+        out["verdict"] = f"short kernels {V.pct_words(value)} of kernel time, not judged: {CAPTURE_ONLY_WORDS}"
+    elif value is not None and out["severity"] != "none":  # "none": verdicts.card's "not judged" words
         graphs = bool((report.get("context") or {}).get("cuda_graphs"))
         # CUDA graph replays have no per-kernel launch: small kernels there are latency-bound
         # (the words of rule small_kernels for such runs)
@@ -263,6 +269,24 @@ def _card_compilation(report: dict) -> dict:
 CARDS: Tuple[str, ...] = ()
 
 
+def not_judged_for_data(report: dict, card_id: str, verdict: dict) -> dict:
+    """A card with a value on a report that holds too little data to judge it (too few
+    events for any card, too few kernels for KERNEL_EVIDENCE_CARDS; thresholds.py
+    MIN_EVENTS_TO_JUDGE, MIN_KERNELS_TO_JUDGE): uncoloured ("none"), its words say why, as
+    the warm-up guard does. Other cards are returned as they are."""
+    if verdict.get("value") is None or verdict.get("severity") == "na":
+        return verdict
+    if not verdict.get("rule") and not verdict.get("thresholds"):
+        return verdict  # information only: no rule or threshold judges it anyway
+    why = too_little_data(report, kernel_evidence=card_id in KERNEL_EVIDENCE_CARDS)
+    if not why:
+        return verdict
+    names = ("MIN_EVENTS_TO_JUDGE", "MIN_KERNELS_TO_JUDGE") if card_id in KERNEL_EVIDENCE_CARDS \
+        else ("MIN_EVENTS_TO_JUDGE",)
+    return dict(verdict, severity="none", verdict=f"not judged: {why}",
+                thresholds={**(verdict.get("thresholds") or {}), **{n: getattr(T, n) for n in names}})
+
+
 def card_verdicts(report: dict) -> Dict[str, dict]:
     """Every card's verdict (the cards above, then those of the registered metric units);
     a card whose inputs are malformed is n/a, never an exception."""
@@ -270,7 +294,7 @@ def card_verdicts(report: dict) -> Dict[str, dict]:
     for card_id in CARDS + tuple(c for u in registry.UNITS for c in u.cards):
         try:
             # looked up per call (not bound at import) so a test may register a toy card
-            out[card_id] = CARD_FUNCTIONS[card_id](report)
+            out[card_id] = not_judged_for_data(report, card_id, CARD_FUNCTIONS[card_id](report))
         except Exception as exc:  # noqa: BLE001 - one card's bad input must not cost the report
             out[card_id] = {"value": None, "unit": "pct", "severity": "na",
                             "verdict": f"internal error in verdict {card_id}: {type(exc).__name__}: {exc}",

@@ -27,14 +27,86 @@ from ..analysis.input_bound import verdict_for
 _SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2}
 
 
+# Rules whose evidence is kernel statistics, and the cards that read such statistics: below
+# T.MIN_KERNELS_TO_JUDGE kernels the rules stay silent and the cards are not judged
+# (``too_little_data``; a handful of kernels is no evidence of launch- or latency-bound work).
+KERNEL_EVIDENCE_RULES = ("small_kernels", "host_bound", "tensor_cores_unused", "low_mfu", "communication")
+KERNEL_EVIDENCE_CARDS = ("gpu_utilization", "occupancy", "short_kernels", "tensor_cores", "mfu", "communication")
+
+
 def recommend(report: dict) -> List[dict]:
+    if too_little_data(report):
+        return []  # too few events for any confident advice (thresholds.MIN_EVENTS_TO_JUDGE)
+    few_kernels = too_little_data(report, kernel_evidence=True)
     fired = []
     for rule in RULES:
         rec = rule(report)
-        if rec:
+        if rec and not (few_kernels and rec.get("rule") in KERNEL_EVIDENCE_RULES):
             fired.append(rec)
     # sorted() is stable: equal gains and severities keep the order of RULES
     return sorted(fired, key=sort_key)
+
+
+def _trace_count(report, key: str) -> Optional[int]:
+    value = (report.get("trace") or {}).get(key) if isinstance(report.get("trace"), dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return int(value)
+
+
+def too_little_data(report, kernel_evidence: bool = False) -> Optional[str]:
+    """Why the report holds too little data to judge, in words for a card ("not judged:
+    ..."); None when there is enough, or the counts are unknown (a report made by hand: no
+    trace section, or 0 events).
+    Fewer than T.MIN_EVENTS_TO_JUDGE trace events: nothing is judged. With
+    ``kernel_evidence`` (the rules and cards of KERNEL_EVIDENCE_RULES/_CARDS), also fewer
+    than T.MIN_KERNELS_TO_JUDGE GPU kernels on a trace that ran any."""
+    events = _trace_count(report, "events")
+    if events is None or events <= 0:
+        return None  # counts unknown: a report made by hand, or a summary of such reports
+    if events < T.MIN_EVENTS_TO_JUDGE:
+        return f"too little data ({events} trace events, fewer than {T.MIN_EVENTS_TO_JUDGE})"
+    if kernel_evidence:
+        kernels = _trace_count(report, "kernels")
+        if kernels is not None and kernels < T.MIN_KERNELS_TO_JUDGE:
+            return (f"too little data ({kernels} GPU kernel{'' if kernels == 1 else 's'}, "
+                    f"fewer than {T.MIN_KERNELS_TO_JUDGE})")
+    return None
+
+
+# ---- the one window of a trace without ProfilerStep (METRICS.md §1) -----------------------
+NO_STEPS_WINDOW = "the one window (the whole trace: no ProfilerStep#N)"
+
+
+def steps_found(report) -> bool:
+    """False only when the report says no ProfilerStep was found (one window)."""
+    st = report.get("steps")
+    return not (isinstance(st, dict) and st.get("found") is False)
+
+
+def steps_words(report) -> str:
+    """What the numbers are measured over, in words: "the steps", or the one window."""
+    return "the steps" if steps_found(report) else NO_STEPS_WINDOW
+
+
+def step_label(report, number) -> str:
+    """A step named in words: "step 5", or the one window (never "step 0")."""
+    return f"step {number}" if steps_found(report) else NO_STEPS_WINDOW
+
+
+def step_noun(report) -> str:
+    """The unit of time the shares are of: "step", or "window" without ProfilerStep."""
+    return "step" if steps_found(report) else "window"
+
+
+def capture_only(report) -> bool:
+    """CUDA graphs captured but never replayed in this trace: its launches run nothing, so
+    neither its idle GPU nor its launch cost says anything about the workload."""
+    ctx = _context(report)
+    return bool(ctx.get("cuda_graph_capture")) and not (ctx.get("evidence") or {}).get("graph_kernels")
+
+
+CAPTURE_ONLY_WORDS = "CUDA graphs captured, not replayed, in this trace"
 
 
 def sort_key(rec: dict):
@@ -144,7 +216,7 @@ def rule_input_bound(report) -> Optional[dict]:
     if iters:
         evidence.append("DataLoader iterator: " + ", ".join(iters))
     for s in (ev.get("slowest_steps") or [])[:3]:
-        evidence.append(f"step {s['step']}: {s['dataloader_us'] / 1000:.1f} ms waiting for data "
+        evidence.append(f"{step_label(report, s['step'])}: {s['dataloader_us'] / 1000:.1f} ms waiting for data "
                         f"of {s['step_us'] / 1000:.1f} ms")
     pageable = ev.get("pageable_h2d_copies") or 0
     if pageable:
@@ -281,7 +353,7 @@ def rule_tensor_cores(report) -> Optional[dict]:
         gain, assumption = from_peaks
     else:
         assumption = (f"eligible-not-using kernel time ({pct:.0f} % of the {_kernel_share(report):.0f} % of the "
-                      f"step in kernels) x (1 - 1/{speedup:g}): {speedup:g}x faster on "
+                      f"{step_noun(report)} in kernels) x (1 - 1/{speedup:g}): {speedup:g}x faster on "
                       + ("matrix cores" if _is_amd(report) else "Tensor Cores")
                       + (" (AMD: the conservative speedup)" if _is_amd(report)
                          else " (GPU generation unknown: the conservative speedup)" if major is None
@@ -354,11 +426,10 @@ def gpu_utilization_not_judged(report) -> Optional[str]:
         return "a first-call warm-up outlier holds the profiled steps"
     if ((report.get("input") or {}).get("input_bound_pct") or 0) >= T.INPUT_BOUND_MODERATE_PCT:
         return "the GPU waits for input (see Input-bound)"
-    ctx = _context(report)
     # A trace that captures CUDA graphs without replaying them launches work that never
     # runs on the GPU: its idle GPU says nothing about the workload.
-    if bool(ctx.get("cuda_graph_capture")) and not (ctx.get("evidence") or {}).get("graph_kernels"):
-        return "CUDA graphs captured, not replayed, in this trace"
+    if capture_only(report):
+        return CAPTURE_ONLY_WORDS
     # rule host_bound takes the time spent compiling off the idle GPU (recompiles in the
     # steps): when that leaves too little to judge, the idle GPU is the compiler's
     util, idle = _mean_gpu(report, "utilization_pct"), gpu_idle_share(report)
@@ -366,6 +437,12 @@ def gpu_utilization_not_judged(report) -> Optional[str]:
     if compiling and util is not None and util < T.LOW_GPU_UTILIZATION_PCT and idle is not None \
             and idle - compiling < T.LOW_GPU_UTILIZATION_PCT / 10:
         return f"the host compiles {compiling:.0f} % of the steps (see Compilation)"
+    # rule host_bound needs the kernel statistics to tell host-bound from launch-bound: without
+    # them (occupancy n/a or failed) a low utilization is not judged, never shown green
+    short = (report.get("occupancy") or {}).get("short_kernels") if isinstance(report.get("occupancy"), dict) else None
+    if util is not None and util < T.LOW_GPU_UTILIZATION_PCT \
+            and not isinstance((short or {}).get("time_pct"), (int, float)):
+        return "no kernel statistics (see Occupancy) to tell why the GPU idles"
     return None
 
 
@@ -379,7 +456,7 @@ def rule_warmup_outlier(report) -> Optional[dict]:
         return None
     launch = report.get("launch") or {}
     share, of_step = launch["longest_runtime_call_pct"], launch["longest_runtime_call_step_pct"]
-    where = f" in step {call['step']}" if call.get("step") is not None else ""
+    where = f" in {step_label(report, call['step'])}" if call.get("step") is not None else ""
     n = (report.get("steps") or {}).get("count")
     evidence = [f"{call.get('name')}: {call['us'] / 1000:.1f} ms{where}, {share:.0f} % of the "
                 f"{(launch.get('runtime_us') or 0) / 1000:.1f} ms of runtime calls in the profiled steps"]
@@ -416,7 +493,9 @@ def rule_small_kernels(report) -> Optional[dict]:
     gpu_util = _mean_gpu(report, "utilization_pct")
     launch = report.get("launch") or {}
     reasons, numbers = [], {}
-    if short.get("count") and short_pct >= T.SHORT_KERNEL_TIME_PCT:
+    # On a capture-only trace the launches of the steady state are replays that did not run
+    # here: the short kernels' launch cost is not judged (nor called launch-bound).
+    if short.get("count") and short_pct >= T.SHORT_KERNEL_TIME_PCT and not capture_only(report):
         reasons.append(f"{short['count']} kernels shorter than {short.get('threshold_us', T.SHORT_KERNEL_US)} µs take "
                        f"{short_pct:.0f} % of kernel time")
         numbers["short_kernel_time_pct"] = round(short_pct, 2)
@@ -425,7 +504,7 @@ def rule_small_kernels(report) -> Optional[dict]:
         reasons.append(low_occ[0])
         numbers.update(low_occ[1])
     if gpu_util is not None and gpu_util < T.LOW_GPU_UTILIZATION_PCT and gpu_utilization_not_judged(report) is None:
-        reasons.append(f"GPU busy only {gpu_util:.0f} % of the steps, and not because of input")
+        reasons.append(f"GPU busy only {gpu_util:.0f} % of {steps_words(report)}, and not because of input")
         numbers["gpu_utilization_pct"] = round(gpu_util, 2)
     if launch.get("kernels_per_step"):
         numbers["kernels_per_step"] = launch["kernels_per_step"]
@@ -441,12 +520,15 @@ def rule_small_kernels(report) -> Optional[dict]:
         if not isinstance(short.get("time_pct"), (int, float)):
             return None
         rule = "host_bound"
-        title = (f"The GPU is idle {100 - gpu_util:.0f} % of the steps, and not because of input: "
+        title = (f"The GPU is idle {100 - gpu_util:.0f} % of {steps_words(report)}, and not because of input: "
                  "the host does not keep it busy")
         action = _host_bound_action(report)
     elif _context(report).get("cuda_graphs"):
         # CUDA graphs already replay the launches: the kernels are small, not launch-bound.
         title = "Many small or low-occupancy kernels inside CUDA graphs: the GPU is latency-bound, not launch-bound"
+        action = _small_kernels_action(report)
+    elif capture_only(report):  # only low occupancy can have fired: latency, not launches
+        title = f"Low-occupancy kernels: the GPU is latency-bound ({CAPTURE_ONLY_WORDS})"
         action = _small_kernels_action(report)
     else:
         title = "Many small or low-occupancy kernels: the GPU is launch- or latency-bound"
@@ -722,7 +804,8 @@ def rule_memory_growth(report) -> Optional[dict]:
                 "numbers": {"first_bytes": steps[0]["allocated_bytes"] if steps else None,
                             "last_bytes": steps[-1]["allocated_bytes"] if steps else None},
                 # (a summary's step row is a mean over spans: unknown when one span's is)
-                "evidence": [f"step {s['step']}: {s['allocated_bytes'] / (1 << 20):.0f} MiB" for s in steps[:8]
+                "evidence": [f"{step_label(report, s['step'])}: {s['allocated_bytes'] / (1 << 20):.0f} MiB"
+                             for s in steps[:8]
                              if isinstance(s.get("allocated_bytes"), (int, float))]
                 or [f"{dev}: allocated memory rose at {growth.get('rises', 'every')} step boundaries in a row"],
                 "estimated_gain_pct": 0.0,

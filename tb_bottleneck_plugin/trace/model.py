@@ -207,6 +207,10 @@ class TraceMeta:
     # Time span of all complete events except `Trace`, plus memory events.
     first_ts: float = float("nan")
     last_ts: float = float("nan")
+    # The profiler's own span (the `Trace` event "PyTorch Profiler (0)"): the window the
+    # profiler recorded; NaN when the file has none (METRICS.md §1: steps are clipped to it).
+    profiler_start_ts: float = float("nan")
+    profiler_end_ts: float = float("nan")
     warnings: List[str] = field(default_factory=list)
 
 
