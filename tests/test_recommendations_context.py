@@ -360,3 +360,28 @@ def test_tensor_core_rule_ignores_malformed_property_entries():
     rep = tc_report(V100)
     rep["device_properties"] = ["not a dict", {"computeMajor": True}, V100]
     assert 'torch.amp.GradScaler("cuda")' in R.rule_tensor_cores(rep)["action"]
+
+
+def test_launch_and_host_advice_names_the_profiler_options_of_the_trace():
+    """METRICS.md §9 "The profiler's own cost": the small_kernels action of the H100 launch-bound
+    demo run names the options its trace metadata says were on (read here from the raw JSON);
+    a run that replays CUDA graphs gets no such note (no launches to inflate)."""
+    import gzip
+    import json
+
+    from conftest import DEMO_LOGS
+    from tb_bottleneck_plugin import report
+    from tb_bottleneck_plugin.trace.loader import load_trace
+
+    path = sorted((DEMO_LOGS / "h100_many_small_kernels").glob("*.pt.trace.json.gz"))[0]
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        raw = json.load(f)
+    on = [o for o in ("record_shapes", "profile_memory", "with_stack") if raw.get(o)]
+    rep = report.analyze_trace(load_trace(str(path)))["report"]
+    assert rep["trace"]["profiler_options"] == on and on
+    rec = next(r for r in rep["recommendations"] if r["rule"] == "small_kernels")
+    assert "The profiler itself adds host time" in rec["action"]
+    assert all(f"`{o}=True`" in rec["action"] for o in on)
+    graphs = sorted((DEMO_LOGS / "h100_compiled_cuda_graphs").glob("*.pt.trace.json.gz"))[0]
+    rep = report.analyze_trace(load_trace(str(graphs)))["report"]
+    assert all("profiler itself" not in r["action"] for r in rep["recommendations"])

@@ -7,6 +7,7 @@ from .occupancy import device_properties
 from .units import ALWAYS, Unit
 
 FIELDS = {"device_names": {}, "device_properties": [], "trace": None}
+PROFILER_OPTIONS = ("record_shapes", "profile_memory", "with_stack")
 COUNTS = ("events", "kernels", "memcpys", "memsets", "runtime_calls", "cpu_events", "memory_events", "duration_us")
 
 
@@ -28,6 +29,8 @@ def trace_facts(trace: model.TraceData) -> dict:
         "memory_events": len(trace.memory),
         "gpu_devices": trace.devices,
         "warnings": list(m.warnings),
+        # the profiler's options Kineto wrote into the file: each adds host time per op
+        "profiler_options": [o for o in PROFILER_OPTIONS if getattr(m, o)],
     }
 
 
@@ -45,7 +48,8 @@ def _partial(report: dict) -> dict:
     out.update({"rows:device_names": list((report.get("device_names") or {}).items()),
                 "rows:device_properties": [report["device_properties"]] if report.get("device_properties") else [],
                 "rows:gpu_devices": list(facts.get("gpu_devices") or []),
-                "rows:warnings": list(facts.get("warnings") or [])})
+                "rows:warnings": list(facts.get("warnings") or []),
+                "rows:profiler_options": list(facts.get("profiler_options") or [])})
     return out
 
 
@@ -54,7 +58,8 @@ def _finish(m: dict) -> dict:
             "device_properties": m["rows:device_properties"][0] if m["rows:device_properties"] else [],
             "trace": {**{k: m[f"sum:{k}"] for k in COUNTS},
                       "gpu_devices": sorted(set(m["rows:gpu_devices"]), key=str),
-                      "warnings": m["rows:warnings"]}}
+                      "warnings": m["rows:warnings"],
+                      "profiler_options": [o for o in PROFILER_OPTIONS if o in m["rows:profiler_options"]]}}
 
 
 UNIT = Unit("trace", _compute, _partial, _finish, fields=FIELDS, group=ALWAYS)
