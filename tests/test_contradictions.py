@@ -381,6 +381,12 @@ def test_stretched_step_is_clipped_to_the_recorded_activity(tmp_path, monkeypatc
         assert not LAUNCH_BOUND.search(v["verdict"]), (card, v)
     assert "too little data (7 trace events" in rep["verdicts"]["gpu_utilization"]["verdict"]
     assert contradictions(rep) == []
+    # the CLI text says it too, once
+    from tb_bottleneck_plugin.views.text_report import format_report
+
+    text = format_report(rep)
+    warned = [line for line in text.splitlines() if line.strip().startswith("warning: ProfilerStep#7 lasts 13.3 s")]
+    assert len(warned) == 1, text
 
     # Before the fix the same trace read: an average step of 13.3 s (longer than the
     # profiler's 355 ms span), GPU idle ~100 %, "launch-bound" from the one kernel.

@@ -111,6 +111,8 @@ def format_report(rep: dict, indent: str = "", heading: Optional[str] = None) ->
                 f"{d}" + (f" ({names[str(d)]})" if str(d) in names else "") for d in devices))
         else:
             add(f"{indent}CPU-only trace: no GPU activity")
+        for w in dict.fromkeys(t.get("warnings") or []):  # e.g. a step clipped to the recorded activity
+            add(f"{indent}warning: {w}")
     st = rep.get("steps")
     if st:
         if st.get("found"):
