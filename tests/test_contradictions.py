@@ -694,3 +694,38 @@ def test_no_demo_run_contradicts_itself(demo_results):
     assert len(runs) == len([d for d in DEMO_LOGS.iterdir() if d.is_dir()]), runs
     problems = [f"{where}: {c}" for where, rep, view in demo_results for c in contradictions(rep, view)]
     assert problems == [], "\n".join(problems)
+
+
+def test_one_step_of_two_ranks_gets_no_straggler_banner(tmp_path):
+    """Issue 20 item 4: two ranks of one step. A late rank in the only step is no pattern: the
+    rank view names neither a straggler nor an imbalance (it says why), and the checker is
+    clean; with three such steps the same construction is flagged."""
+    from tb_bottleneck_plugin.trace.loader import load_trace
+    from tb_bottleneck_plugin.views import ranks as ranks_mod
+
+    def rank_results(n_steps):
+        out = {}
+        for rank, late in ((0, 0.0), (1, 4000.0)):
+            b = TraceBuilder(props=(H100,), distributed_info={"backend": "nccl", "rank": rank, "world_size": 2})
+            for i in range(n_steps):
+                t = T0 + i * 20_000
+                b.step(i + 1, t, 15_000)
+                for k in range(12):  # enough kernels to be judged
+                    c = b.runtime("cudaLaunchKernel", t + 100 + k * 50 + late, 5)
+                    b.kernel("gemm_kernel", t + 200 + k * 50 + late, 40, correlation=c)
+                c = b.runtime("cudaLaunchKernel", t + 1000 + late, 5)
+                # the collective ends at the same time on both ranks: the early rank waits
+                b.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", t + 1100 + late, 9000 - late, correlation=c)
+            path = tmp_path / f"r{n_steps}" / f"rank{rank}.1.pt.trace.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            b.write(path)
+            out[f"rank{rank}"] = [report_mod.analyze_trace(load_trace(str(path)))]
+        return ranks_mod.rank_view(out)
+
+    one = rank_results(1)
+    assert not one["flagged"] and one["recommendation"] is None
+    assert "too little data" in one["not_available"]["ranks.recommendation"]
+    assert check_banner_few_steps(one) == []
+    three = rank_results(3)
+    assert three["flagged"] and three["recommendation"] is not None
+    assert check_banner_few_steps(three) == []

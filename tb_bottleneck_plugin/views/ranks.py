@@ -221,9 +221,16 @@ def rank_view(results_by_worker: Dict[str, List[dict]]) -> dict:
     view.update(available=True, ranks=rows, steps=common_steps, collectives=collectives,
                 imbalance_pct=imbalance, straggler=straggler)
     view["collective_bandwidth"] = _collective_bandwidth(workers, rank_of, results_by_worker, na)
-    straggler_fires = (straggler is not None and straggler["share_pct"] >= T.STRAGGLER_STEP_SHARE_PCT
+    # one common step is no pattern: neither "holds the others back in 1 of 1 steps" nor an
+    # imbalance banner is said from it (METRICS.md §9, MIN_STEPS_TO_COMPARE)
+    fewest = min([len(common_steps)] + [r["steps"] for r in rows])
+    enough = fewest >= T.MIN_STEPS_TO_COMPARE
+    if not enough and (straggler is not None or imbalance is not None):
+        na["ranks.recommendation"] = (f"too little data: a rank has {fewest} included step(s), "
+                                      f"fewer than {T.MIN_STEPS_TO_COMPARE}")
+    straggler_fires = (enough and straggler is not None and straggler["share_pct"] >= T.STRAGGLER_STEP_SHARE_PCT
                        and (straggler["wait_caused_pct"] or 0.0) >= T.STRAGGLER_MIN_WAIT_PCT)
-    imbalance_fires = imbalance is not None and imbalance >= T.LOAD_IMBALANCE_PCT
+    imbalance_fires = enough and imbalance is not None and imbalance >= T.LOAD_IMBALANCE_PCT
     if straggler_fires or imbalance_fires:
         if straggler_fires:
             worker = straggler["worker"]
