@@ -22,6 +22,7 @@ from conftest import TRACES, TraceBuilder, link_demo_run, wait_route
 EVIL_LABEL = '<img src=x onerror="alert(1)">'
 EVIL_TRITON = "triton_poi_fused_add_<b>bold</b>_0"
 GPT2 = TRACES / "h100" / "gpt2_bf16_eager" / "worker0.1795701567436882984.pt.trace.json.gz"
+NO_STEPS = TRACES / "tracelens" / "torch_compile_triton" / "trace.json.gz"
 
 
 def _logdir(tmp_path):
@@ -30,6 +31,8 @@ def _logdir(tmp_path):
         link_demo_run(logs, run, run)
     (logs / "gpt2_stacks").mkdir()
     os.symlink(GPT2, logs / "gpt2_stacks" / GPT2.name)
+    (logs / "no_profiler_step").mkdir()  # MI300X torch.compile trace: no ProfilerStep#N at all
+    os.symlink(NO_STEPS, logs / "no_profiler_step" / "worker0.1700000000001.pt.trace.json.gz")
     b = TraceBuilder()
     for n, off in ((1, 0), (2, 1000)):
         b.step(n, off, 1000)
@@ -156,6 +159,17 @@ def test_new_panels(tmp_path, tensorboard_server, browser_page):
                            ".map((tr) => [tr.dataset.depth, tr.dataset.path])")
     assert tree[0][0] == "0" and tree[0][1].startswith(truth["slow_module"]["parent_class"])
     assert tree[1][0] == "1" and tree[1][1].split("/")[-1].startswith(truth["slow_module"]["class"] + "_")
+
+    # ---- no ProfilerStep (issue 20 item 8): the header says one window, not "1 step (0)", and
+    # the launch row counts the window's kernels (launch.kernels_per_window)
+    rep = _open(w, frame, iframe, "no_profiler_step", ".summary-line")
+    assert rep["steps"]["found"] is False
+    bar = iframe.evaluate("() => document.querySelector('.summary-line').textContent")
+    assert "one window (no ProfilerStep)" in bar and " step" not in bar.replace("ProfilerStep", ""), bar
+    launch_row = iframe.evaluate("() => [...document.querySelectorAll('table.kv th')].find((d) => d.textContent === 'Kernel launch')"
+                                 "?.nextElementSibling?.textContent")
+    assert f"{rep['launch']['kernels_per_window']:,} kernels in the one window" in launch_row, launch_row
+    assert "of the window" in launch_row and "per step" not in launch_row
 
     # ---- no stacks (h100_fp32_matmul): one n/a line with the with_stack hint; labels still listed
     _open(w, frame, iframe, "h100_fp32_matmul", "#bn-panel-source .src-na")

@@ -87,7 +87,9 @@ function summaryBar(report, ctx) {
   if (!bits.length) {
     for (const [id, n] of Object.entries(report.device_names || {})) bits.push(`GPU ${id}: ${n}`);
   }
-  if (isNum(steps.count)) {
+  if (steps.found === false) {
+    bits.push("one window (no ProfilerStep)");
+  } else if (isNum(steps.count)) {
     let range = "";
     if (nums.length) {
       const rs = stepRanges(nums);
@@ -95,7 +97,7 @@ function summaryBar(report, ctx) {
     }
     bits.push(`${steps.count} step${steps.count === 1 ? "" : "s"}${range}`);
   }
-  if (isNum(report.avg_step_us)) bits.push(`avg step ${fmtUs(report.avg_step_us)}`);
+  if (isNum(report.avg_step_us)) bits.push(`${steps.found === false ? "window" : "avg step"} ${fmtUs(report.avg_step_us)}`);
   const tr = report.trace || {};
   if (tr.era) bits.push(`format ${tr.era}`);
   if (isNum(tr.events)) bits.push(`${fmtCount(tr.events)} events`);
@@ -289,8 +291,11 @@ function otherSignalsPanel(report, cpuOnly) {
     const stepsFound = !(report.steps && report.steps.found === false);
     const perStep = stepsFound && isNum(launch.kernels_per_step) && launch.kernels_per_step > 0
       ? `${fmtCount(Math.round(launch.kernels_per_step))} kernels per step`
-      : `kernels per step: n/a${stepsFound ? "" : " (no profiler steps)"}`;
-    rows.push(["Kernel launch", `${fmtUs(launch.launch_us)} CPU${isNum(launch.launch_pct) ? ` (${fmtPct(launch.launch_pct)} of step time)` : ""}`
+      : !stepsFound && isNum(launch.kernels_per_window)
+        ? `${fmtCount(Math.round(launch.kernels_per_window))} kernels in the one window`
+        : `kernels per step: n/a${stepsFound ? "" : " (no ProfilerStep)"}`;
+    const of = stepsFound ? "of step time" : "of the window";
+    rows.push(["Kernel launch", `${fmtUs(launch.launch_us)} CPU${isNum(launch.launch_pct) ? ` (${fmtPct(launch.launch_pct)} ${of})` : ""}`
       + ` · ${perStep}`, DEFS.launch]);
   }
   if (!cpuOnly) {
