@@ -54,6 +54,9 @@ WAIT, WARMUP, ACTIVE = 1, 1, 2
 
 # with_stack run: the slow module's construction.
 STACK_DIM, STACK_BATCH, STACK_IN, STACK_CLASSES = 512, 512, 64, 10
+# On a GPU the step's kernels must outlast its launches for the .item() to wait on them (a
+# real sync, METRICS §8): 32x the rows make SlowMixer's matmuls ~0.3 ms each on an H100.
+STACK_BATCH_CUDA = 16384
 SLOW_REPS = 8  # dim x dim matmuls (each followed by tanh) in SlowMixer.forward
 SLOW_MODULE = "SlowMixer"
 
@@ -180,8 +183,9 @@ def run_stack(torch, outdir: str, device: str = "cpu") -> str:
     torch.manual_seed(0)
     model = _make_stack_model(torch, SLOW_REPS).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.randn(STACK_BATCH, STACK_IN, device=device)
-    y = torch.randint(0, STACK_CLASSES, (STACK_BATCH,), device=device)
+    batch = STACK_BATCH_CUDA if device == "cuda" else STACK_BATCH
+    x = torch.randn(batch, STACK_IN, device=device)
+    y = torch.randint(0, STACK_CLASSES, (batch,), device=device)
     losses: List[float] = []
 
     def step(_i: int) -> None:
@@ -198,7 +202,7 @@ def run_stack(torch, outdir: str, device: str = "cpu") -> str:
         "sync": dict(site, op="aten::item", calls_per_step=1),
         "slow_module": {
             "class": SLOW_MODULE, "parent_class": "MixerNet", "matmuls_per_call": SLOW_REPS,
-            "matmul_flops_per_call": 2 * SLOW_REPS * STACK_BATCH * STACK_DIM * STACK_DIM,
+            "matmul_flops_per_call": 2 * SLOW_REPS * batch * STACK_DIM * STACK_DIM,
             "sibling_ops": siblings,
             # Each SlowMixer matmul does at least the work of any sibling op (the largest, the
             # embed Linear, is STACK_DIM / STACK_IN times smaller), so SlowMixer holds at least
@@ -206,7 +210,7 @@ def run_stack(torch, outdir: str, device: str = "cpu") -> str:
             "min_share_of_children": SLOW_REPS / (SLOW_REPS + len(siblings)),
         },
     }
-    settings = dict(story=STACK_RUN, device=device, dim=STACK_DIM, batch=STACK_BATCH, slow_reps=SLOW_REPS,
+    settings = dict(story=STACK_RUN, device=device, dim=STACK_DIM, batch=batch, slow_reps=SLOW_REPS,
                     with_stack=True, record_shapes=True, torch_threads=torch.get_num_threads())
     run_dir = _prepare(outdir, STACK_RUN, f"{WORKER_NAME}.*.pt.trace.json*")
     started = time.perf_counter()

@@ -185,10 +185,10 @@ def _rows_equal(df, rows, drop=("run",)):
 
 
 def test_source_modules_labels_flops_df_are_the_cli_tables():
-    """On the H100 with_stack demo run (source lines, modules, labels) and the H100 FP32
+    """On the H200 with_stack demo run (source lines, modules, labels) and the H100 FP32
     matmul run (FLOPs per op class): each DataFrame holds the CLI JSON's rows, and a trace
     without stacks gives empty source frames (its not_available says why)."""
-    stack = next((DEMO_LOGS / "h100_stack_item_slow_module").glob("*.pt.trace.json.gz"))
+    stack = next((DEMO_LOGS / "h200_stack_item_slow_module").glob("*.pt.trace.json.gz"))
     cli = _cli_json("report", str(stack), "--json")
     rep = tbb.analyze(str(stack))
     sa = cli["source_attribution"]

@@ -55,9 +55,11 @@ REPO = Path(__file__).resolve().parents[1]
 MAX_TRACE_BYTES = 300 * 1024
 # Inductor on CUDA records its compile and autotuning spans: the broken run's trace is larger
 MAX_H100_TRACE_BYTES = 700 * 1024
-# The same runs made on an H100 (``--ground-truth --device cuda``: the with_stack run and
-# the compiled pair with Inductor; demo_logs/README.md), committed as h100_<run>.
-H100_RUNS = (gt.STACK_RUN,) + gt.COMPILE_PAIR
+# The same runs made on a GPU (``--ground-truth --device cuda``: the with_stack run on an
+# H200, the compiled pair with Inductor on an H100; demo_logs/README.md).
+GPU_RUN_DIRS = {gt.STACK_RUN: "h200_stack_item_slow_module", gt.COMPILE_PAIR[0]: "h100_compile_graph_break",
+                gt.COMPILE_PAIR[1]: "h100_compile_static_fixed"}
+H100_RUNS = tuple(GPU_RUN_DIRS)
 _COMMITTED = set()
 
 
@@ -72,7 +74,7 @@ def logdir(request, tmp_path_factory):
         # a logdir that names the H100 runs as the generator does
         out = tmp_path_factory.mktemp("h100")
         for run in H100_RUNS:
-            (out / run).symlink_to(REPO / "demo_logs" / f"h100_{run}", target_is_directory=True)
+            (out / run).symlink_to(REPO / "demo_logs" / GPU_RUN_DIRS[run], target_is_directory=True)
         _COMMITTED.add(out)
         return out
     _COMMITTED.add(REPO / "demo_logs")

@@ -27,7 +27,7 @@ NO_STEPS = TRACES / "tracelens" / "torch_compile_triton" / "trace.json.gz"
 
 def _logdir(tmp_path):
     logs = tmp_path / "logs"
-    for run in ("h100_fp32_matmul", "resnet50_v100_nw0", "ddp_straggler_2rank", "h100_stack_item_slow_module"):
+    for run in ("h100_fp32_matmul", "resnet50_v100_nw0", "ddp_straggler_2rank", "h200_stack_item_slow_module"):
         link_demo_run(logs, run, run)
     (logs / "gpt2_stacks").mkdir()
     os.symlink(GPT2, logs / "gpt2_stacks" / GPT2.name)
@@ -141,17 +141,17 @@ def test_new_panels(tmp_path, tensorboard_server, browser_page):
     assert posted == [{"filename": "record_h100.py", "line": 165}]
     assert not any(u for u in w.requests if "record_h100" in u)  # a line is no link the tab opens
 
-    # ---- the demo's with_stack run on an H100 (ground truth in the trace, demo_truth): the
+    # ---- the demo's with_stack run on an H200 (ground truth in the trace, demo_truth): the
     # .item() sync names the line PyTorch's inspect gave, the slow module leads the tree by GPU time
     import gzip
     import json
 
     from conftest import DEMO_LOGS
 
-    (raw_path,) = (DEMO_LOGS / "h100_stack_item_slow_module").glob("*.pt.trace.json.gz")
+    (raw_path,) = (DEMO_LOGS / "h200_stack_item_slow_module").glob("*.pt.trace.json.gz")
     with gzip.open(raw_path, "rt", encoding="utf-8") as f:
         truth = json.load(f)["demo_truth"]
-    rep = _open(w, frame, iframe, "h100_stack_item_slow_module", "#bn-panel-source table.module-tree")
+    rep = _open(w, frame, iframe, "h200_stack_item_slow_module", "#bn-panel-source table.module-tree")
     assert rep["source_attribution"]["bottlenecks"]["sync"][0]["frame"] == truth["sync"]["frame"]
     first_sync = iframe.evaluate("() => document.querySelector('#bn-panel-source table.src-sync tbody tr td').textContent")
     assert first_sync == truth["sync"]["frame"]

@@ -4,7 +4,7 @@ The demo generator's models are rebuilt here from the settings each trace carrie
 (`demo_settings`) and one training step runs under `torch.utils.flop_counter.FlopCounterMode`
 on the meta device (shapes only, no arithmetic: the count does not depend on the device or
 the dtype). The report counts the same step from the recorded shapes of the trace made on an
-H100. Tolerance: exact — both count 2·M·N·K per matmul (and its two backward matmuls) and
+H100 or H200. Tolerance: exact — both count 2·M·N·K per matmul (and its two backward matmuls) and
 nothing else in these models (LayerNorm, GELU, tanh, the loss and the optimizer are not
 FLOP ops in either count)."""
 from __future__ import annotations
@@ -60,7 +60,7 @@ def test_precision_pair_flops_per_step_equal_flopcountermode(run):
 
 
 def test_with_stack_run_flops_per_step_equal_flopcountermode():
-    raw, reports = _runs("h100_stack_item_slow_module")
+    raw, reports = _runs("h200_stack_item_slow_module")
     s = raw["demo_settings"]
     model = gt._make_stack_model(torch, s["slow_reps"]).to("meta")
     x = torch.randn(s["batch"], gt.STACK_IN, device="meta")

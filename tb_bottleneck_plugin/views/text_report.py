@@ -147,7 +147,9 @@ def format_report(rep: dict, indent: str = "", heading: Optional[str] = None) ->
                if launch.get("launch_pct") is not None else ""))
     sync = rep.get("sync") or {}
     if sync.get("sync_pct"):
-        add(f"{indent}host waits on the GPU (sync calls): {pct(sync['sync_pct'], 1)} of step time")
+        busy = sync.get("gpu_busy_during_sync_pct")
+        add(f"{indent}host waits on the GPU (sync calls): {pct(sync['sync_pct'], 1)} of step time"
+            + (f", the GPU busy {pct(busy, 0)} of that wait" if busy is not None else ""))
     for line in _sync_and_input_lines(rep):
         add(f"{indent}{line}")
     for line in _flops_lines(rep) + _compilation_lines(rep) + _collective_lines(rep):
