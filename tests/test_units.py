@@ -21,9 +21,9 @@ RESNET0 = TRACES / "kineto-tb-samples/resnet50_num_workers_0"
 
 def test_merge_conventions():
     a = {"sum:x": 1.0, "max:p": 5, "any:f": False, "all:k": True, "rows:r": [1], "first:v": "a",
-         "wmean:m": units.wpair(10.0, 1.0), "keyed:d": {"g0": {"sum:us": 2.0}}}
+         "wmean:m": units.weighted_pair(10.0, 1.0), "keyed:d": {"g0": {"sum:us": 2.0}}}
     b = {"sum:x": 2.5, "max:p": 7, "any:f": True, "all:k": False, "rows:r": [2, 3], "first:v": "b",
-         "wmean:m": units.wpair(40.0, 3.0), "keyed:d": {"g0": {"sum:us": 1.0}, "g1": {"sum:us": 4.0}}}
+         "wmean:m": units.weighted_pair(40.0, 3.0), "keyed:d": {"g0": {"sum:us": 1.0}, "g1": {"sum:us": 4.0}}}
     m = units.merge([a, b])
     assert m["sum:x"] == 3.5 and m["max:p"] == 7 and m["any:f"] is True and m["all:k"] is False
     assert m["rows:r"] == [1, 2, 3] and m["first:v"] == "a"
@@ -33,7 +33,7 @@ def test_merge_conventions():
     # an unknown makes a sum or a maximum unknown, not zero; a weight of 0 or an unknown value weighs nothing
     assert units.merge([{"sum:x": 1.0}, {"sum:x": None}])["sum:x"] is None
     assert units.merge([{"max:x": 1.0}, {"max:x": None}])["max:x"] is None
-    assert units.wpair(None, 5.0) == [0.0, 0.0] and units.wpair(3.0, 0) == [0.0, 0.0]
+    assert units.weighted_pair(None, 5.0) == [0.0, 0.0] and units.weighted_pair(3.0, 0) == [0.0, 0.0]
     assert units.wmean(units.merge([{"wmean:m": [0.0, 0.0]}])["wmean:m"]) is None
 
 

@@ -218,17 +218,17 @@ def _unit_compute(span) -> dict:
 
 
 def _unit_partial(report: dict) -> dict:
-    from .units import wpair
+    from .units import weighted_pair
 
     window = (report.get("steps") or {}).get("window_us") or 0
     devices = {}
     for dev, e in (report.get("gpu") or {}).items():
         if not isinstance(e, dict):
             continue
-        d = {"wmean:utilization_pct": wpair(e.get("utilization_pct"), window),
-             "wmean:est_sm_efficiency_pct": wpair(e.get("est_sm_efficiency_pct"), window),
+        d = {"wmean:utilization_pct": weighted_pair(e.get("utilization_pct"), window),
+             "wmean:est_sm_efficiency_pct": weighted_pair(e.get("est_sm_efficiency_pct"), window),
              # occupancy is weighted by clipped kernel time (kernel_us approximates the weight's union)
-             "wmean:est_achieved_occupancy_pct": wpair(e.get("est_achieved_occupancy_pct"), e.get("kernel_us")),
+             "wmean:est_achieved_occupancy_pct": weighted_pair(e.get("est_achieved_occupancy_pct"), e.get("kernel_us")),
              "sum:kernel_us": e.get("kernel_us") or 0.0}
         idle = e.get("idle")
         if isinstance(idle, dict):

@@ -117,7 +117,7 @@ def _unit_compute(span) -> dict:
 
 
 def _unit_partial(report: dict) -> dict:
-    from .units import total, wpair
+    from .units import total, weighted_pair
 
     inp = report.get("input") or {}
     span, worker = report.get("span"), report.get("worker")
@@ -126,7 +126,7 @@ def _unit_partial(report: dict) -> dict:
     ev = inp.get("evidence") or {}
     return {"rows:per_step": per_step, "sum:step_us": step_us,
             "sum:dataloader_us": total(s.get("dataloader_us") for s in per_step),
-            "wmean:input_transfer_pct": wpair(inp.get("input_transfer_pct"), step_us),
+            "wmean:input_transfer_pct": weighted_pair(inp.get("input_transfer_pct"), step_us),
             "rows:slowest_steps": [dict(s, span=span, worker=worker) for s in (ev.get("slowest_steps") or [])
                                    if isinstance(s, dict)],
             "rows:dataloader_iterators": [str(i) for i in (ev.get("dataloader_iterators") or [])],

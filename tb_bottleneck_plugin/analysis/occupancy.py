@@ -604,14 +604,14 @@ def _unit_compute(span) -> dict:
 
 
 def _unit_partial(report: dict) -> dict:
-    from .units import num, total, wpair
+    from .units import num, total, weighted_pair
 
     occ = report.get("occupancy") or {}
     w = num(occ.get("weighted_kernel_us")) or 0.0
     out = {"sum:weighted_kernel_us": w,
-           "wmean:est_achieved_occupancy_pct": wpair(occ.get("est_achieved_occupancy_pct"), w),
-           "wmean:grid_too_small_pct": wpair(occ.get("grid_too_small_pct"), w),
-           "keyed:per_device": {str(d): {"wmean:pct": wpair(v, w)} for d, v in (occ.get("per_device") or {}).items()},
+           "wmean:est_achieved_occupancy_pct": weighted_pair(occ.get("est_achieved_occupancy_pct"), w),
+           "wmean:grid_too_small_pct": weighted_pair(occ.get("grid_too_small_pct"), w),
+           "keyed:per_device": {str(d): {"wmean:pct": weighted_pair(v, w)} for d, v in (occ.get("per_device") or {}).items()},
            "keyed:histogram": {}}
     for b in occ.get("histogram") or []:
         if isinstance(b, dict):
@@ -621,8 +621,8 @@ def _unit_partial(report: dict) -> dict:
     short = occ.get("short_kernels")
     if isinstance(short, dict):
         out.update({"first:short.threshold_us": short.get("threshold_us"), "sum:short.count": short.get("count") or 0,
-                    "wmean:short.time_pct": wpair(short.get("time_pct"), w),
-                    "wmean:short.mean_gap_us": wpair(short.get("mean_gap_us"), short.get("gap_count")),
+                    "wmean:short.time_pct": weighted_pair(short.get("time_pct"), w),
+                    "wmean:short.mean_gap_us": weighted_pair(short.get("mean_gap_us"), short.get("gap_count")),
                     "sum:short.gap_count": short.get("gap_count") or 0})
     return out
 

@@ -246,7 +246,7 @@ def _sync_compute(span) -> dict:
 
 
 def _sync_partial(report: dict) -> dict:
-    from .units import num, wpair
+    from .units import num, weighted_pair
 
     sync = report.get("sync") or {}
     ops, calls = {}, {}
@@ -259,7 +259,7 @@ def _sync_partial(report: dict) -> dict:
             calls[str(c.get("name"))] = {"first:name": c.get("name"), "sum:us": c.get("us"),
                                          "sum:count": int(num(c.get("count")) or 0)}
     return {"sum:sync_us": sync.get("sync_us") or 0.0, "sum:sync_gpu_idle_us": sync.get("sync_gpu_idle_us") or 0.0,
-            "wmean:gpu_busy_during_sync_pct": wpair(sync.get("gpu_busy_during_sync_pct"), sync.get("sync_us")),
+            "wmean:gpu_busy_during_sync_pct": weighted_pair(sync.get("gpu_busy_during_sync_pct"), sync.get("sync_us")),
             "keyed:top_ops": ops, "keyed:calls": calls, "sum:steps_us": _steps_us(report)}
 
 
@@ -285,13 +285,13 @@ def _comm_compute(span) -> dict:
 
 
 def _comm_partial(report: dict) -> dict:
-    from .units import num, wpair
+    from .units import num, weighted_pair
 
     c = report.get("communication") or {}
     union = c.get("kernel_union_us")
     if union is None and num(c.get("comm_pct_of_kernel_time")):  # a report from before kernel_union_us
         union = (num(c.get("comm_us")) or 0.0) * 100.0 / c["comm_pct_of_kernel_time"]
-    return {"sum:comm_us": c.get("comm_us") or 0.0, "wmean:overlap_pct": wpair(c.get("overlap_pct"), c.get("comm_us")),
+    return {"sum:comm_us": c.get("comm_us") or 0.0, "wmean:overlap_pct": weighted_pair(c.get("overlap_pct"), c.get("comm_us")),
             "sum:kernel_union_us": union or 0.0}
 
 
@@ -310,11 +310,11 @@ def _launch_compute(span) -> dict:
 
 
 def _launch_partial(report: dict) -> dict:
-    from .units import wpair
+    from .units import weighted_pair
 
     launch = report.get("launch") or {}
     return {"sum:launch_us": launch.get("launch_us") or 0.0,
-            "wmean:kernels_per_step": wpair(launch.get("kernels_per_step"), (report.get("steps") or {}).get("count")),
+            "wmean:kernels_per_step": weighted_pair(launch.get("kernels_per_step"), (report.get("steps") or {}).get("count")),
             "sum:steps_us": _steps_us(report),
             "sum:runtime_us": launch.get("runtime_us") or 0.0,
             "rows:longest_runtime_call": [dict(launch["longest_runtime_call"], span=report.get("span"),

@@ -399,7 +399,7 @@ def _unit_compute(span) -> dict:
 
 
 def _unit_partial(report: dict) -> dict:
-    from .units import num, wpair
+    from .units import num, weighted_pair
 
     tc = report.get("tensor_cores") or {}
     kernel_us = tc.get("kernel_us", 0.0)
@@ -413,9 +413,9 @@ def _unit_partial(report: dict) -> dict:
             out["keyed:ops"][str(op.get("op"))] = {"first:row": op, "sum:kernel_us": op.get("kernel_us") or 0.0,
                                                    "sum:calls": int(num(op.get("calls")) or 0)}
     for key, v in (tc.get("precision_split_pct") or {}).items():
-        out["keyed:precision_split_pct"][key] = {"wmean:pct": wpair(v, kernel_us)}
+        out["keyed:precision_split_pct"][key] = {"wmean:pct": weighted_pair(v, kernel_us)}
     for dev, v in (tc.get("per_device") or {}).items():
-        out["keyed:per_device"][str(dev)] = {"wmean:pct": wpair(v, kernel_us)}
+        out["keyed:per_device"][str(dev)] = {"wmean:pct": weighted_pair(v, kernel_us)}
     return out
 
 

@@ -77,7 +77,7 @@ def pct(part, whole) -> Optional[float]:
     return 100.0 * part / whole if part is not None and whole else None
 
 
-def wpair(value, weight) -> List[float]:
+def weighted_pair(value, weight) -> List[float]:
     """A ``wmean:`` field of one span: [value·weight, weight], or [0, 0] when either is unknown/0."""
     v, w = num(value), num(weight)
     if v is None or not w or not math.isfinite(v * w):
