@@ -82,17 +82,18 @@ def _imports(path: Path, module_level_only: bool):
     return out
 
 
-def _graph(modules):
-    """module -> set of package modules it imports at module level (with the parents a
-    submodule import runs: importing a.b.c runs a/__init__ and a/b/__init__ first)."""
+def _graph(modules, module_level_only: bool = True):
+    """module -> set of package modules it imports (at module level, or with
+    module_level_only=False inside functions too), with the parents a submodule import runs:
+    importing a.b.c runs a/__init__ and a/b/__init__ first. A module's own package is no edge."""
     graph = {}
     for name, path in modules.items():
         edges = set()
-        for imported, _ in _imports(path, module_level_only=True):
+        for imported, _ in _imports(path, module_level_only=module_level_only):
             parts = imported.split(".")
             for i in range(1, len(parts) + 1):
                 target = ".".join(parts[:i])
-                if target in modules and target != name:
+                if target in modules and target != name and not name.startswith(target + "."):
                     edges.add(target)
         graph[name] = edges
     return graph
@@ -161,25 +162,9 @@ def _stage(module: str) -> int:
     raise AssertionError(f"{module} is in no stage of docs/ARCHITECTURE.md")
 
 
-def _full_graph(modules):
-    """module -> package modules it imports, inside functions too (parents of a submodule
-    counted as for _graph; a module's own package is no edge)."""
-    graph = {}
-    for name, path in modules.items():
-        edges = set()
-        for imported, _ in _imports(path, module_level_only=False):
-            parts = imported.split(".")
-            for i in range(1, len(parts) + 1):
-                target = ".".join(parts[:i])
-                if target in modules and target != name and not name.startswith(target + "."):
-                    edges.add(target)
-        graph[name] = edges
-    return graph
-
-
 def test_no_import_of_a_later_stage_and_no_cycle_counting_lazy_imports():
     modules = _modules(PKG)
-    graph = _full_graph(modules)
+    graph = _graph(modules, module_level_only=False)
     back = []
     for name, edges in graph.items():
         if name == "tb_bottleneck_plugin":
