@@ -79,7 +79,7 @@ def fmt_count(n):
 
 EXPECTED_COLS = [("rank", str), ("worker", str), ("steps", fmt_count), ("avg_step_us", fmt_us),
                  ("bar_compute_pct", fmt_pct), ("bar_overlapped_pct", fmt_pct), ("bar_exposed_comm_pct", fmt_pct),
-                 ("bar_input_wait_pct", fmt_pct), ("bar_other_pct", fmt_pct), ("gpu_utilization_pct", fmt_pct),
+                 ("bar_input_wait_pct", fmt_pct), ("bar_other_pct", fmt_pct), ("gpu_utilization_pct", fmt_pct), ("mfu_pct", fmt_pct),
                  ("straggler_steps", fmt_count), ("wait_us", fmt_us), ("transfer_us", fmt_us)]
 
 
@@ -245,7 +245,8 @@ def test_straggler_pair_in_the_ranks_panel(tensorboard, browser_page):
     assert f"Counted step by step, rank 1 waited least in 5 of 6 steps" in got["top"]["text"], got["top"]["text"]
     assert (f"Summed over all steps it waited {fmt_us(b1['wait_us'])} in total, more than rank 0 "
             f"({fmt_us(b0['wait_us'])})") in got["top"]["text"], got["top"]["text"]
-    assert [row[11] for row in got["rows"]] == [fmt_us(b0["wait_us"]), fmt_us(b1["wait_us"])]
+    wait_col = [k for k, _ in EXPECTED_COLS].index("wait_us")
+    assert [row[wait_col] for row in got["rows"]] == [fmt_us(b0["wait_us"]), fmt_us(b1["wait_us"])]
     assert got["waitHead"].startswith("Wait (total)"), got["waitHead"]
     assert len(got["rows"]) == 2
     assert iframe.evaluate("() => document.querySelectorAll('#bn-ranks tr.rank-row.straggler').length") == 0
