@@ -582,6 +582,7 @@ def test_resnet50_run_pair_verdicts_by_hand():
     want = {
         "avg_step_us": "better",  # 166252 -> 141938 µs: -14.6 %
         "input_bound_pct": "better",  # DataLoader 28.5 % -> 0.5 %: -28.0 pp, lower is better
+        "input_wait_us_per_step": "better",  # ~47.4 -> ~0.7 ms per step (the categories below)
         "input_transfer_pct": "worse",  # 1.10 % -> 2.13 %: +1.03 pp, lower is better
         "gpu_utilization_pct": "better",  # 59.3 % -> 69.8 %: up, higher is better
         "est_sm_efficiency_pct": "better",  # 58.4 % -> 68.8 %
@@ -737,3 +738,30 @@ def test_two_eager_runs_have_no_compilation_part(tmp_path):
     base, cand = hand_pair(tmp_path)
     cmp = compare.compare(result_of(base), result_of(cand))
     assert cmp["compilation"] is None and "compilation" in cmp["not_available"]
+
+
+
+def test_input_wait_per_step_beside_the_share():
+    """Issue 20 item 5: demo ddp_balanced_2rank -> ddp_straggler_2rank. The input-bound share
+    can fall while the absolute DataLoader wait per step grows (the step grew more); the
+    absolute row says worse, its value is the per-step rows' mean dataloader_us."""
+    from conftest import DEMO_LOGS
+    from tb_bottleneck_plugin.trace import discovery
+
+    def run_result(name):
+        scanned = discovery.scan_logdir(str(DEMO_LOGS))
+        run = next(r for r in scanned.runs if r.name == name)
+        results = [report.analyze_span(str(DEMO_LOGS), run, s) for w in run.workers for s in w.spans]
+        return report.combine_results(results, run=name)
+
+    base, cand = run_result("ddp_balanced_2rank"), run_result("ddp_straggler_2rank")
+    cmp = compare.compare(base, cand)
+    wait = metric(cmp, "input_wait_us_per_step")
+
+    def mean_wait(res):
+        rows = res["report"]["input"]["per_step"]
+        return sum(r["dataloader_us"] for r in rows) / len(rows)
+
+    assert wait["base"] == pytest.approx(mean_wait(base)) and wait["cand"] == pytest.approx(mean_wait(cand))
+    assert wait["cand"] > wait["base"] and wait["verdict"] == "worse", wait
+    assert metric(cmp, "avg_step_us")["verdict"] == "worse"

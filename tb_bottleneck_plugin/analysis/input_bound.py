@@ -165,6 +165,15 @@ def _unit_finish(m: dict) -> dict:
     }
 
 
+def input_wait_per_step(report: dict):
+    """Mean DataLoader wait per included step (µs): the per-step rows' ``dataloader_us``
+    (a summary's rows are per step number across its spans); None without steps."""
+    rows = [r.get("dataloader_us") for r in ((report.get("input") or {}).get("per_step") or [])]
+    if not rows or any(not isinstance(v, (int, float)) for v in rows):
+        return None
+    return float(sum(rows) / len(rows))
+
+
 def _unit():
     from .units import LOWER, Card, Metric, Unit, path
 
@@ -173,6 +182,10 @@ def _unit():
                card=Card("input_bound", "Input-bound", "Share of step time spent only waiting for the DataLoader.",
                          field=("input", "input_bound_pct"), order=10),
                text=False, order=20),
+        # the absolute wait beside the share: a share can fall while the wait grows (the step
+        # grew more), e.g. a straggler run against a balanced one
+        Metric("input_wait_us_per_step", "Input wait per step", "us", LOWER, input_wait_per_step,
+               ("steps", "input"), text=False, order=25),
         Metric("input_transfer_pct", "Input transfer (H2D)", "%", LOWER, path("input", "input_transfer_pct"),
                ("steps", "input"), text=False, order=30),
     )
