@@ -113,6 +113,10 @@ def test_gpu_demo_runs_show_every_number_and_draw_every_chart(tensorboard, brows
     # Words, not keys, in the "Not available" list; CPU reserved memory never shown as 0 B.
     na_text = iframe.evaluate("() => (document.querySelector('.na-list') || {}).textContent || ''")
     assert "memory.cpu." not in na_text and "_pct" not in na_text, na_text
+    # one line per cause (issue 20 item 10): as many items as distinct reasons in the report
+    causes = iframe.evaluate("() => [...document.querySelectorAll('.na-list > li')].map((li) => li.dataset.keys.split(' '))")
+    assert sorted(k for keys in causes for k in keys) == sorted(report["not_available"]), causes
+    assert len(causes) == len(set(report["not_available"].values())), causes
     assert "peak reserved 0 B" not in iframe.evaluate("() => document.body.textContent")
     page.close()
     w.check_clean()

@@ -326,8 +326,16 @@ function notAvailablePanel(report) {
   const na = report.not_available && typeof report.not_available === "object" ? Object.entries(report.not_available) : [];
   if (!na.length) return null;
   const labels = report.not_available_labels && typeof report.not_available_labels === "object" ? report.not_available_labels : {};
+  // one line per cause: a CPU-only trace has a dozen n/a numbers and a few causes
+  const byCause = new Map();
+  for (const [k, v] of na) {
+    const why = String(v);
+    if (!byCause.has(why)) byCause.set(why, []);
+    byCause.get(why).push(k);
+  }
+  const label = (k) => (typeof labels[k] === "string" && labels[k] ? labels[k] : readableKey(k));
   return panel("Not available", {info: "Metrics that could not be computed from this trace, with the reason. They are never reported as 0."},
-    h("ul", {class: "na-list"}, na.map(([k, v]) => h("li", {title: k},
-      h("span", {class: "na-what"}, typeof labels[k] === "string" && labels[k] ? labels[k] : readableKey(k)),
-      h("span", {class: "muted"}, " — "), String(v)))));
+    h("ul", {class: "na-list"}, [...byCause].map(([why, keys]) => h("li", {title: keys.join(", "), "data-keys": keys.join(" ")},
+      h("span", {class: "na-what"}, keys.map(label).join("; ")),
+      h("span", {class: "muted"}, " — "), why))));
 }

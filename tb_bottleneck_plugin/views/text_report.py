@@ -175,8 +175,12 @@ def format_report(rep: dict, indent: str = "", heading: Optional[str] = None) ->
             + (f" (could give back up to {gain:.0f}% of the step)" if isinstance(gain, (int, float)) and gain >= 1 else ""))
         add(f"{indent}    -> {rec.get('action')}")
     labels = rep.get("not_available_labels") or {}
+    # one line per cause, not per metric: a CPU-only trace has a dozen n/a numbers and few causes
+    by_cause: dict = {}
     for key, why in (rep.get("not_available") or {}).items():
-        add(f"{indent}n/a {labels.get(key) or not_available_label(key)}: {why}")
+        by_cause.setdefault(str(why), []).append(labels.get(key) or not_available_label(key))
+    for why, what in by_cause.items():
+        add(f"{indent}n/a {'; '.join(what)}: {why}")
     return "\n".join(lines)
 
 
