@@ -432,11 +432,9 @@ def gpu_utilization_not_judged(report) -> Optional[str]:
         return CAPTURE_ONLY_WORDS
     # rule host_bound takes the time spent compiling off the idle GPU (recompiles in the
     # steps): when that leaves too little to judge, the idle GPU is the compiler's
-    util, idle = _mean_gpu(report, "utilization_pct"), gpu_idle_share(report)
-    compiling = compile_share(report)
-    if compiling and util is not None and util < T.LOW_GPU_UTILIZATION_PCT and idle is not None \
-            and idle - compiling < T.LOW_GPU_UTILIZATION_PCT / 10:
-        return f"the host compiles {compiling:.0f} % of the steps (see Compilation)"
+    util = _mean_gpu(report, "utilization_pct")
+    if util is not None and util < T.LOW_GPU_UTILIZATION_PCT and compiler_idle(report):
+        return f"the host compiles {compile_share(report):.0f} % of the steps (see Compilation)"
     # rule host_bound needs the kernel statistics to tell host-bound from launch-bound: without
     # them (occupancy n/a or failed) a low utilization is not judged, never shown green
     short = (report.get("occupancy") or {}).get("short_kernels") if isinstance(report.get("occupancy"), dict) else None
@@ -534,13 +532,10 @@ def rule_small_kernels(report) -> Optional[dict]:
         title = "Many small or low-occupancy kernels: the GPU is launch- or latency-bound"
         action = _small_kernels_action(report)
     idle = gpu_idle_share(report)
-    compiling = compile_share(report) if rule == "host_bound" else 0.0
-    if idle is not None and compiling:
-        # The host was compiling (recompiles inside the steps, rule torch_compile): that
-        # part of the idle GPU is not host work between kernels.
-        idle = max(0.0, idle - compiling)
-        if idle < T.LOW_GPU_UTILIZATION_PCT / 10:
+    if rule == "host_bound" and compile_share(report):
+        if compiler_idle(report):
             return None
+        idle = host_idle_share(report)
     if idle is not None:
         gain, assumption = idle, ("the GPU idle share of the step (not waiting for input): "
                                   + ("less host work between kernels" if rule == "host_bound" else
@@ -583,6 +578,22 @@ def _low_occupancy_reason(report, occ, achieved):
             f"{T.ROOFLINE_EFFICIENT_PCT:g} % of their roofline ({100 - eff['pct']:.0f} % of kernel time)",
             {"est_achieved_occupancy_pct": round(achieved, 2), "occupancy_not_roofline_efficient_pct": round(rest, 2),
              "roofline_efficient_kernel_time_pct": round(eff["pct"], 2)})
+
+
+def host_idle_share(report) -> Optional[float]:
+    """The GPU idle share (gpu_idle_share) less the share of the step the host spent
+    compiling (recompiles in the steps, rule torch_compile): that part is not host work
+    between kernels. None without a utilization."""
+    idle = gpu_idle_share(report)
+    return None if idle is None else max(0.0, idle - compile_share(report))
+
+
+def compiler_idle(report) -> bool:
+    """Whether compiling explains the idle GPU: the host compiled in the steps and what is
+    left idle is under a tenth of LOW_GPU_UTILIZATION_PCT (host_bound then stays silent and
+    the GPU card is not judged)."""
+    left = host_idle_share(report)
+    return bool(compile_share(report)) and left is not None and left < T.LOW_GPU_UTILIZATION_PCT / 10
 
 
 def compile_share(report) -> float:
