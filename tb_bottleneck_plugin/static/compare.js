@@ -8,8 +8,8 @@
 // it holds no numeric threshold and never reads a change's sign to judge it. Names from a trace (kernels, operators,
 // runs) are inserted as text through dom.js.
 //
-// State lives in the URL hash: #compare=1&base=RUN&cand=RUN[&base_worker=&base_span=&cand_worker=&cand_span=]
-// (index.js hands the view to renderCompare while the hash has compare=1).
+// The selection lives in the URL hash (router.js route "compare"); index.js owns it and hands
+// the view to renderCompare while the route is compare, with onSelect(next) to change it.
 
 import {h, s, mount} from "./dom.js";
 import {getCompare, getReport} from "./model.js";
@@ -31,38 +31,7 @@ const DIRECTION_TEXT = {lower_is_better: "lower is better", higher_is_better: "h
 const VERDICT_TEXT = {unchanged: "unchanged (within noise)"};
 const REC_STATUS_CLASS = {resolved: "sev-ok", better: "sev-ok", new: "sev-high", worse: "sev-high", unchanged: "sev-low"};
 
-// ------------------------------------------------------------ hash state
-
-/** True when the hash (window.location.hash by default) selects compare mode. */
-export function isCompareHash(hash = window.location.hash) {
-  return new URLSearchParams(String(hash || "").replace(/^#/, "")).get("compare") === "1";
-}
-
-export function readCompareHash(hash = window.location.hash) {
-  const p = new URLSearchParams(String(hash || "").replace(/^#/, ""));
-  const side = (k) => ({run: p.get(k), worker: p.get(`${k}_worker`), span: p.get(`${k}_span`)});
-  return {base: side("base"), cand: side("cand")};
-}
-
-export function compareHash(sel) {
-  const p = new URLSearchParams();
-  p.set("compare", "1");
-  for (const k of SIDES) {
-    const x = sel[k] || {};
-    if (x.run) p.set(k, x.run);
-    if (x.worker && x.worker !== ALL) p.set(`${k}_worker`, x.worker);
-    if (x.span && x.span !== ALL) p.set(`${k}_span`, x.span);
-  }
-  return `#${p.toString()}`;
-}
-
-/** The hash that opens compare mode from a single-run view: that run against another one. */
-export function startCompareHash(runsPayload, currentRun) {
-  const names = runNames(runsPayload);
-  const base = names.includes(currentRun) ? currentRun : names[0] || null;
-  const cand = names.find((n) => n !== base) || base;
-  return compareHash({base: {run: base}, cand: {run: cand}});
-}
+// ------------------------------------------------------------ availability
 
 /**
  * Whether the top bar's Compare button can open compare mode: it needs two comparable things,
@@ -83,33 +52,18 @@ export function compareAvailability(runsPayload) {
     : "Compare needs two runs: this logdir has none yet"};
 }
 
-function runNames(runsPayload) {
-  const runs = runsPayload && Array.isArray(runsPayload.runs) ? runsPayload.runs : [];
-  return runs.map((r) => r.run).filter((r) => typeof r === "string");
-}
-
 // ------------------------------------------------------------ the mode
 
 const cur = {key: null, ac: null};
 
 /**
- * Renders compare mode into container. ctx: {runs: runs payload, viewUrl(hash) -> absolute URL,
- * share: the "open in new tab" <a> (its href follows the hash), onExit()}.
+ * Renders compare mode into container. ctx: {runs: runs payload, sel: {base, cand} (normaliseCompare's),
+ * onSelect(next sel): index.js stores it in the route and calls renderCompare again, onExit()}.
  * Called on every run-list refresh: it re-renders only when the selection or the runs changed.
  */
 export function renderCompare(container, ctx, {force = false} = {}) {
   const runs = ctx.runs && Array.isArray(ctx.runs.runs) ? ctx.runs.runs : [];
-  const sel = normalise(readCompareHash(), runs);
-  const hash = compareHash(sel);
-  const url = ctx.viewUrl(hash);
-  if (window.location.hash !== hash) {
-    try {
-      history.replaceState(null, "", url);
-    } catch (e) {
-      window.location.hash = hash;
-    }
-  }
-  if (ctx.share) ctx.share.setAttribute("href", url);
+  const sel = ctx.sel;
   const runState = SIDES.map((k) => {
     const r = runs.find((x) => x.run === sel[k].run);
     return r ? [r.state, r.error || null, JSON.stringify(r.workers || [])] : null;
@@ -121,24 +75,11 @@ export function renderCompare(container, ctx, {force = false} = {}) {
   const ac = new AbortController();
   cur.ac = ac;
 
-  const pick = (side, change) => {
-    const next = {...sel, [side]: {...sel[side], ...change}};
-    try {
-      history.replaceState(null, "", ctx.viewUrl(compareHash(next)));
-    } catch (e) {
-      window.location.hash = compareHash(next);
-    }
-    renderCompare(container, ctx);
-  };
+  const pick = (side, change) => ctx.onSelect({...sel, [side]: {...sel[side], ...change}});
   const controls = h("div", {class: "cmp-controls table-tools", style: {"flex-wrap": "wrap", gap: "14px", margin: "0 0 10px"}},
     sidePicker("base", sel.base, runs, pick),
     h("button", {type: "button", class: "btn", id: "bn-cmp-swap", title: "Swap baseline and candidate",
-      onclick: () => {
-        try {
-          history.replaceState(null, "", ctx.viewUrl(compareHash({base: sel.cand, cand: sel.base})));
-        } catch (e) { /* keep */ }
-        renderCompare(container, ctx);
-      }}, "⇄ Swap"),
+      onclick: () => ctx.onSelect({base: sel.cand, cand: sel.base})}, "⇄ Swap"),
     sidePicker("cand", sel.cand, runs, pick),
     h("button", {type: "button", class: "btn", id: "bn-cmp-exit", onclick: () => ctx.onExit && ctx.onExit()}, "Back to single run"));
   const body = h("div", {class: "cmp-body"});
@@ -150,7 +91,8 @@ export function renderCompare(container, ctx, {force = false} = {}) {
   loadCompare(body, sel, ac.signal, () => renderCompare(container, ctx, {force: true}));
 }
 
-function normalise(sel, runs) {
+/** The compare selection made valid for the runs (runs that exist, their workers and spans). */
+export function normaliseCompare(sel, runs) {
   const names = runs.map((r) => r.run);
   const out = {};
   for (const k of SIDES) {

@@ -23,7 +23,8 @@ import {setCards} from "./static/cards.js";
 import {renderLoading, renderError, renderEmpty, TRACE_HOWTO} from "./static/states.js";
 import {mountRanks} from "./static/ranks.js";
 import {fmtTimestamp, fmtPct, spanLabel} from "./static/format.js";
-import {isCompareHash, startCompareHash, renderCompare, compareAvailability} from "./static/compare.js";
+import {renderCompare, compareAvailability, normaliseCompare} from "./static/compare.js";
+import {parseRoute, setRoute, onRouteChange, startCompareRoute, pageOrigin} from "./static/router.js";
 import {registeredPanels} from "./static/panels.js";
 
 // ---- registered panels: each module below calls registerPanel() (static/panels.js) when
@@ -45,7 +46,9 @@ const NAME_CHARS = 40; // run/worker names longer than this are shortened in the
 const state = {
   runs: null, // last good `runs` payload
   runsError: null,
-  sel: {run: null, worker: null, span: null},
+  sel: {run: null, worker: null, span: null}, // the report view's selection
+  comparing: false, // compare mode (router.js route "compare") owns the view
+  compareSel: null, // compare mode's {base, cand}
   viewKey: null,
   viewAbort: null,
   pollTimer: 0,
@@ -60,8 +63,8 @@ export async function render() {
   ensureStylesheet();
   setupTheme();
   buildShell();
-  state.sel = readHash();
-  window.addEventListener("hashchange", onHashChange);
+  takeRoute(parseRoute());
+  onRouteChange(onRouteChange_);
   connectTensorBoardReload(() => refreshRuns({forceView: true}));
   await refreshRuns({forceView: true});
 }
@@ -84,7 +87,7 @@ function buildShell() {
   ui.refresh = h("button", {type: "button", class: "btn", title: "Re-read the run list and this report",
     onclick: () => refreshRuns({forceView: true})}, "Refresh");
   ui.compare = h("button", {type: "button", class: "btn", id: "bn-compare-toggle", disabled: true,
-    title: "Compare needs two runs: the run list is loading", onclick: () => { history.replaceState(null, "", viewUrl(isCompareHash() ? "" : startCompareHash(state.runs, state.sel.run))); applySelection({forceView: true}); }}, "Compare");
+    title: "Compare needs two runs: the run list is loading", onclick: toggleCompare}, "Compare");
   ui.banners = h("div", {class: "banners"});
   ui.view = h("main", {class: "view", id: "bn-view"});
   document.body.appendChild(h("header", {class: "topbar"},
@@ -151,49 +154,37 @@ function connectTensorBoardReload(onReload) {
       channel.port1.postMessage(JSON.stringify({type: msg.type, id: msg.id, payload: null, error: null, isReply: true}));
       if (msg.type === "experimental.DataReloaded") onReload();
     };
-    window.parent.postMessage("experimental.bootstrap", window.location.origin || "*", [channel.port2]);
+    window.parent.postMessage("experimental.bootstrap", pageOrigin(), [channel.port2]);
   } catch (e) {
     // not inside TensorBoard: polling alone keeps the run list fresh
   }
 }
 
-// ------------------------------------------------------------ URL hash
+// ------------------------------------------------------------ route (router.js)
 
-function readHash() {
-  const p = new URLSearchParams(window.location.hash.replace(/^#/, ""));
-  return {run: p.get("run"), worker: p.get("worker"), span: p.get("span")};
+function takeRoute(route) {
+  state.comparing = route.view === "compare";
+  if (state.comparing) state.compareSel = route.compare;
+  else state.sel = route.sel;
 }
 
-function writeHash() {
-  const p = new URLSearchParams();
-  for (const k of ["run", "worker", "span"]) if (state.sel[k]) p.set(k, state.sel[k]);
-  const hash = `#${p.toString()}`;
-  // An absolute URL: a bare "#..." would resolve against <base href="plugin/bottlenecks/">
-  // (data/plugin/bottlenecks/#..., a 404), both in replaceState and in the link.
-  const url = viewUrl(hash);
-  if (window.location.hash !== hash) {
-    try {
-      history.replaceState(null, "", url);
-    } catch (e) {
-      window.location.hash = hash;
-    }
+function onRouteChange_(route) {
+  if (route.view === "compare" || state.comparing) {
+    takeRoute(route);
+    applySelection({forceView: true});
+    return;
   }
-  ui.share.setAttribute("href", url);
-}
-
-/** This document's own absolute URL (the plugin's entry page) with the given hash. */
-export function viewUrl(hash, href = window.location.href) {
-  const u = new URL(href);
-  u.hash = hash;
-  return u.href;
-}
-
-function onHashChange() {
-  if (isCompareHash() || state.comparing) { applySelection({forceView: true}); return; }
-  const want = readHash();
+  const want = route.sel;
   if (want.run === state.sel.run && want.worker === state.sel.worker && want.span === state.sel.span) return;
   state.sel = want;
   applySelection({forceView: false});
+}
+
+/** The top bar's Compare button: into compare mode (this run against another), or back. */
+function toggleCompare() {
+  if (state.comparing) state.comparing = false;
+  else takeRoute(startCompareRoute(state.runs, state.sel.run));
+  applySelection({forceView: true});
 }
 
 // ------------------------------------------------------------ runs
@@ -379,8 +370,7 @@ function applySelection({forceView}) {
     }
     return;
   }
-  // Compare mode (compare.js) owns the view and the hash while the hash has compare=1.
-  state.comparing = isCompareHash();
+  // Compare mode (compare.js) owns the view while the route is "compare".
   for (const el of [ui.run, ui.worker, ui.span]) el.parentElement.style.display = state.comparing ? "none" : "";
   ui.compare.textContent = state.comparing ? "Single run" : "Compare";
   // fewer than 2 comparable things: disabled, the title says why (compare mode can always be left)
@@ -391,13 +381,17 @@ function applySelection({forceView}) {
     abortView();
     state.viewKey = null;
     renderScanInfo();
-    renderCompare(ui.view, {runs: state.runs, viewUrl, share: ui.share, onExit: () => ui.compare.click()}, {force: forceView});
+    const runs = Array.isArray(state.runs.runs) ? state.runs.runs : [];
+    state.compareSel = normaliseCompare(state.compareSel || {}, runs);
+    ui.share.setAttribute("href", setRoute({view: "compare", compare: state.compareSel}));
+    renderCompare(ui.view, {runs: state.runs, sel: state.compareSel, onExit: () => ui.compare.click(),
+      onSelect: (next) => { state.compareSel = next; applySelection({forceView: false}); }}, {force: forceView});
     return;
   }
   const run = normalizeSelection();
   renderSelectors(run);
   renderScanInfo();
-  writeHash();
+  ui.share.setAttribute("href", setRoute({view: "report", sel: state.sel}));
   const key = viewKeyFor(run);
   if (!forceView && key === state.viewKey) return;
   state.viewKey = key;
