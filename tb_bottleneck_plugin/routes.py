@@ -355,6 +355,11 @@ def _serve_compare(ctx: RouteContext, request):
         results[side] = res
     if progress:
         raise _loading(round(min(progress), 3))
+    for side, sel in picks.items():
+        if sel.worker is None and sel.span is None:  # a whole run: its rank view for the rank-spread rows
+            spans = _span_states(analyzer, sel)
+            if len({w.name for w, _, _ in spans}) >= 2:
+                results[side] = dict(results[side], ranks=ranks_view.run_rank_view(sel.run, spans, analyzer.relative))
     body = compare_view.compare(results["base"], results["cand"], base_batch_size=batch.get("base"),
                                 cand_batch_size=batch.get("cand"))
     for side in ("base", "cand"):

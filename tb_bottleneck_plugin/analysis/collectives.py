@@ -802,7 +802,7 @@ def run_table(call_rows: List[Optional[dict]], ranks: Optional[List[int]] = None
     out = {"available": False, "time_source": "shortest duration among the ranks for the same call "
            "(matched by process group + Seq, else by order in the step)", "link": link, "calls": 0,
            "matched_calls": 0, "unmatched_calls": 0, "incomplete_calls": 0, "match_by": None,
-           "groups": [], "ranks": [], "not_available": {}}
+           "groups": [], "kinds": [], "ranks": [], "not_available": {}}
     kinds: List[np.ndarray] = []
     pgs: List[np.ndarray] = []
     kind_table: Dict[str, int] = {}
@@ -903,6 +903,26 @@ def run_table(call_rows: List[Optional[dict]], ranks: Optional[List[int]] = None
                        "link_pct": _pct(bus, peak)})
     groups.sort(key=lambda x: -x["transfer_us"])
     out["groups"] = groups
+    # per kind (every size bucket and process group): the same sums, by the call's kind
+    # (compare/diff/check's busbw rows, views/compare.py)
+    nkind = len(kind_names)
+
+    def ks(w, m):
+        return np.bincount(call_kind, weights=np.where(m, w, 0.0), minlength=nkind)
+
+    k_calls = np.bincount(call_kind, minlength=nkind)
+    k_m, k_bc = ks(np.ones(len(cs)), matched), ks(np.ones(len(cs)), with_b)
+    k_b, k_tb = ks(np.maximum(call_bytes, 0.0), with_b), ks(transfer, with_b)
+    k_bus, k_tf = ks(np.maximum(call_bytes, 0.0) * np.nan_to_num(call_factor), with_f), ks(transfer, with_f)
+    k_all = ks(transfer, matched)
+    out["kinds"] = sorted(({"kind": str(kind_names[k]), "calls": int(k_calls[k]), "matched_calls": int(k_m[k]),
+                            "bytes_calls": int(k_bc[k]), "bytes": float(k_b[k]) if k_bc[k] else None,
+                            "bytes_per_call": float(k_b[k] / k_bc[k]) if k_bc[k] else None,
+                            "transfer_us": float(k_all[k]),
+                            "algbw_gbps": gbps(k_b[k], k_tb[k]) if k_bc[k] else None,
+                            "busbw_gbps": gbps(k_bus[k], k_tf[k]) if k_tf[k] else None,
+                            "link_pct": _pct(gbps(k_bus[k], k_tf[k]) if k_tf[k] else None, peak)}
+                           for k in range(nkind) if k_calls[k]), key=lambda x: -x["transfer_us"])
     # per rank: its own kernel time (waiting included) -> the bandwidth it saw
     rb = ~np.isnan(byts) & ~np.isnan(factor)
     n_r = len(call_rows)

@@ -131,6 +131,158 @@ def _metric_rows(base_rep, cand_rep, batch_sizes) -> Tuple[List[dict], Dict[str,
     return rows, not_available
 
 
+# ---------------------------------------------------------------------------- ranks, collectives
+# Run-level rows (METRICS.md §11, "Ranks and collectives"): from a side's rank view
+# (views/ranks.rank_view of its workers, which the caller puts under ``result["ranks"]``: the
+# compare route, diff and check do so for a run of several workers) and its report's
+# collectives section. Declared once, in views/ranks.py: RUN_METRICS (straggler gap, load
+# imbalance), RANK_METRICS (one row per rank number), KIND_METRICS (one row per collective kind).
+# A run of more ranks than this gets, per RANK_METRICS, one row for its largest value instead.
+MAX_RANK_ROWS = 8
+SINGLE_SIDE = "not a run of several ranks (one worker, or a worker or span was picked)"
+
+
+def _rank_view(result: dict) -> Optional[dict]:
+    view = result.get("ranks") if isinstance(result, dict) else None
+    return view if isinstance(view, dict) and view.get("available") and (view.get("rank_count") or 0) >= 2 else None
+
+
+def _view_na(view: dict, metric) -> str:
+    na = view.get("not_available") or {}
+    return next((na[k] for k in metric.na_keys if k in na), metric.na_default)
+
+
+def _collective_kinds(result: dict) -> Tuple[Dict[str, dict], Dict[str, dict]]:
+    """({kind: run-level row (shortest rank's time)}, {kind: the report's row (own time)})."""
+    view = _rank_view(result)
+    cb = (view or {}).get("collective_bandwidth") or {}
+    run = {k["kind"]: k for k in cb.get("kinds") or [] if cb.get("available") and k.get("matched_calls")}
+    sec = (result.get("report") or {}).get("collectives")
+    own = {k["kind"]: k for k in (sec or {}).get("kinds") or [] if isinstance(k, dict)} if isinstance(sec, dict) else {}
+    return run, own
+
+
+def side_values(result: dict, pair: Optional[dict] = None) -> Dict[str, dict]:
+    """Every run-level row of one side: {key: {label, unit, better, value, why (n/a), group,
+    source}}. ``pair``: the other side's result (compare): a collective kind is read at the
+    shortest rank's time only where both sides have it so, else at each rank's own time on
+    both; rows of ranks or kinds that only the other side has are n/a here."""
+    from .ranks import KIND_METRICS, RANK_METRICS, RUN_METRICS
+
+    out: Dict[str, dict] = {}
+    view, other = _rank_view(result), (_rank_view(pair) if pair is not None else None)
+    if view is not None or other is not None:
+        for m in RUN_METRICS:
+            v = m.get(view) if view is not None else None
+            out[m.key] = {"label": m.label, "unit": m.unit, "better": m.direction, "group": "ranks",
+                          "value": _number(v), "why": None if view is None else _view_na(view, m)}
+        mine = {r["rank"]: r for r in (view or {}).get("ranks") or []}
+        theirs = {r["rank"]: r for r in (other or {}).get("ranks") or []}
+        numbers = sorted(set(mine) | set(theirs))
+        for m in RANK_METRICS:
+            if len(numbers) <= MAX_RANK_ROWS:
+                for n in numbers:
+                    v = m.get(mine[n]) if n in mine else None
+                    out[f"{m.key}.rank{n}"] = {"label": f"{m.label}, rank {n}", "unit": m.unit, "better": m.direction,
+                                               "group": "ranks", "value": _number(v),
+                                               "why": m.na_default if n in mine else (f"no rank {n} in this run"
+                                                                                      if view is not None else None)}
+            else:
+                values = [_number(m.get(r)) for r in mine.values()]
+                known = [v for v in values if v is not None]
+                out[f"{m.key}.max"] = {"label": f"{m.label}, largest over ranks", "unit": m.unit,
+                                       "better": m.direction, "group": "ranks", "value": max(known) if known else None,
+                                       "why": m.na_default if view is not None else None}
+    run, own = _collective_kinds(result)
+    run_o, own_o = _collective_kinds(pair) if pair is not None else (run, own)
+    rep = result.get("report") or {}
+    for kind in sorted(set(own) | set(own_o) | set(run) | set(run_o)):
+        # the shortest rank's time where every side that ran the kind has it (else own time on both)
+        shortest = kind in run and (kind in run_o or kind not in own_o)
+        row = run.get(kind) if shortest else own.get(kind)
+        for m in KIND_METRICS:
+            if row is not None:
+                why = (rep.get("not_available") or {}).get("collectives.bytes") or m.na_default
+            elif not isinstance(rep.get("collectives"), dict):
+                why = (rep.get("not_available") or {}).get("collectives") or "no collective in the included steps"
+            else:
+                why = f"no {kind} call in the included steps"
+            out[f"{m.key}.{kind}"] = {
+                "label": f"{m.label} {kind}", "unit": m.unit, "better": m.direction, "group": "collectives",
+                "value": _number(m.get(row)) if row is not None else None, "why": why,
+                "source": "shortest_rank" if shortest else "own_time_includes_wait"}
+    return out
+
+
+def _number(v) -> Optional[float]:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _run_rows(base: dict, cand: dict) -> Tuple[List[dict], Dict[str, str]]:
+    """compare's rows of the rank spread and the collectives' bus bandwidth (the same row
+    shape as the headline rows, with ``group`` "ranks" / "collectives")."""
+    b_rows, c_rows = side_values(base, cand), side_values(cand, base)
+    rows, na = [], {}
+    for key in list(b_rows) + [k for k in c_rows if k not in b_rows]:
+        b_row, c_row = b_rows.get(key), c_rows.get(key)
+        info = b_row or c_row
+        b, c = (b_row or {}).get("value"), (c_row or {}).get("value")
+        delta = c - b if b is not None and c is not None else None
+        band = noise_band(info["unit"], b) if delta is not None else None
+        row = {"key": key, "label": info["label"], "unit": info["unit"], "better": info["better"],
+               "direction": DIRECTION_WORDS[info["better"]], "group": info["group"], "base": b, "cand": c,
+               "delta": delta, "rel_pct": 100.0 * delta / abs(b) if delta is not None and b else None,
+               "noise_band": band, "verdict": _verdict(info["better"], delta, band)}
+        if "source" in info:
+            row["source"] = info["source"]
+        for side, r, v in (("base", b_row, b), ("cand", c_row, c)):
+            if v is None:
+                na[f"metrics.{key}.{side}"] = (r or {}).get("why") or SINGLE_SIDE
+        rows.append(row)
+    return rows, na
+
+
+def run_metric_names() -> Tuple[str, ...]:
+    """The patterns of the run-level row keys (the gate's help and its name check)."""
+    from .ranks import KIND_METRICS, RANK_METRICS, RUN_METRICS
+
+    return (tuple(m.key for m in RUN_METRICS) + tuple(f"{m.key}.rank<N>" for m in RANK_METRICS)
+            + tuple(f"{m.key}.max" for m in RANK_METRICS) + tuple(f"{m.key}.<kind>" for m in KIND_METRICS))
+
+
+def run_metric(name: str):
+    """The declaration of a run-level row key (None: not one)."""
+    from .ranks import KIND_METRICS, RANK_METRICS, RUN_METRICS
+
+    for m in RUN_METRICS:
+        if name == m.key:
+            return m
+    for m in RANK_METRICS:
+        if re.fullmatch(re.escape(m.key) + r"\.(rank\d+|max)", name):
+            return m
+    for m in KIND_METRICS:
+        if re.fullmatch(re.escape(m.key) + r"\.[A-Za-z0-9_]+", name):
+            return m
+    return None
+
+
+def run_value(result: dict, name: str) -> Tuple[Optional[float], str]:
+    """(value, why n/a) of a run-level row of one result (the gate)."""
+    row = side_values(result).get(name)
+    if row is not None:
+        return row["value"], row["why"] or SINGLE_SIDE
+    from .ranks import KIND_METRICS
+
+    if run_metric(name) in KIND_METRICS:
+        rep = result.get("report") or {}
+        if not isinstance(rep.get("collectives"), dict):
+            return None, (rep.get("not_available") or {}).get("collectives") or "no collective in the included steps"
+        return None, f"no {name.split('.', 1)[1]} call in the included steps"
+    if _rank_view(result) is None:
+        return None, SINGLE_SIDE
+    return None, f"no rank {name.rsplit('.rank', 1)[-1]} in this run" if ".rank" in name else "not available"
+
+
 # ---------------------------------------------------------------------------- step time
 
 
@@ -577,6 +729,9 @@ def compare(base_result: dict, cand_result: dict, *, base_batch_size: Optional[f
     """The comparison of a baseline and a candidate result (METRICS.md §11). Pure."""
     base_rep, cand_rep = base_result["report"], cand_result["report"]
     metrics, not_available = _metric_rows(base_rep, cand_rep, (base_batch_size, cand_batch_size))
+    rows, why = _run_rows(base_result, cand_result)
+    metrics += rows
+    not_available.update(why)
     step_time, why = _step_time(base_rep, cand_rep)
     if why:
         not_available["step_time"] = why
@@ -614,6 +769,8 @@ def _fmt(value, unit) -> str:
         return f"{value:.1f}/s"
     if unit == "TFLOP/s":
         return f"{value:.3g} TFLOP/s"
+    if unit == "GB/s":
+        return f"{value:.3g} GB/s"
     return f"{value:.1f}"
 
 
@@ -680,13 +837,14 @@ def format_text(cmp: dict, top: int = 10) -> str:
             lines.extend(["", heading] + body)
 
     body = []
+    width = max([28] + [len(m["label"]) for m in cmp["metrics"] if m["base"] is not None or m["cand"] is not None])
     for m in cmp["metrics"]:
         if m["base"] is None and m["cand"] is None:
             continue
         rel = f" ({m['rel_pct']:+.1f}%)" if m.get("rel_pct") is not None and m["unit"] != "%" else ""
         verdict = m["verdict"] if m["verdict"] != "n/a" else "n/a on one side"
         delta = _fmt_delta(m["delta"], m["unit"])
-        body.append(f"  {m['label']:<28} {_fmt(m['base'], m['unit']):>12} -> {_fmt(m['cand'], m['unit']):>12}"
+        body.append(f"  {m['label']:<{width}} {_fmt(m['base'], m['unit']):>12} -> {_fmt(m['cand'], m['unit']):>12}"
                     f"  {delta + rel + '  ' if delta else ''}{verdict}")
     section("headline", body)
     st = cmp.get("step_time")

@@ -28,12 +28,19 @@ ALIASES = {"avg_step_ms": ("avg_step_us", 1e-3)}  # name -> (metric, factor appl
 
 def gate_metrics() -> Tuple[str, ...]:
     """The names `check` takes: every headline number (views/headline.py, from the metric
-    units), then the aliases."""
-    return tuple(m.key for m in headline.metrics()) + tuple(ALIASES)
+    units), then the aliases, then the run-level rows' patterns (compare.run_metric_names:
+    ``straggler_gap_us``, ``busbw_gbps.<kind>``, ``input_wait_us_per_step.rank<N>``, ...)."""
+    return tuple(m.key for m in headline.metrics()) + tuple(ALIASES) + cmp_mod.run_metric_names()
+
+
+def _known(name: str) -> bool:
+    return name in gate_metrics() or cmp_mod.run_metric(name) is not None
 
 
 def _direction(metric: str) -> Optional[str]:
-    return next((m.direction for m in headline.metrics() if m.key == metric), None)
+    found = next((m.direction for m in headline.metrics() if m.key == metric), None)
+    run = cmp_mod.run_metric(metric)
+    return run.direction if found is None and run is not None else found
 
 
 GATE_METRICS = gate_metrics()  # at import; parse_bound asks gate_metrics() at call time
@@ -65,13 +72,20 @@ def load_result(path: str) -> dict:
         raise InputError(f"{path}: holds {len(runs)} runs ({names}); name one run directory or trace file")
     run = runs[0]
     results = []
+    by_worker = {}
     for worker in run.workers:
         for span in worker.spans:
             try:
                 results.append(report.analyze_span(logdir.url, run, span))
             except BottleneckError as exc:
                 raise InputError(str(exc)) from exc
-    return report.combine_results(results, run=run.name)
+            by_worker.setdefault(worker.name, []).append(results[-1])
+    combined = dict(report.combine_results(results, run=run.name))
+    if len(by_worker) >= 2:  # compare's rank-spread rows read the run's rank view (views/ranks.py)
+        from .ranks import rank_view
+
+        combined["ranks"] = rank_view(by_worker)
+    return combined
 
 
 # ---------------------------------------------------------------------------- argparse
@@ -83,6 +97,10 @@ def _metric_help() -> str:
         key, better, unit = m.key, m.direction or "neither", m.unit
         lines.append(f"  {key:<28} {unit:<10} {better}")
     lines.append(f"  {'avg_step_ms':<28} {'ms':<10} lower (avg_step_us / 1000)")
+    lines.append("run-level (a run directory of several ranks; busbw also for one rank, waiting included):")
+    for name in cmp_mod.run_metric_names():
+        m = cmp_mod.run_metric(name.replace("<N>", "0").replace("<kind>", "all_reduce"))
+        lines.append(f"  {name:<28} {m.unit:<10} {m.direction or 'neither'}")
     return "\n".join(lines)
 
 
@@ -197,7 +215,7 @@ def parse_bound(text: str, option: str, allow_relative: bool = False) -> Tuple[s
     if not sep or not name or not value:
         raise InputError(f"{option} {text!r}: expected METRIC=VALUE")
     known = gate_metrics()
-    if name not in known:
+    if not _known(name):
         raise InputError(f"{option} {text!r}: unknown metric {name!r}; known metrics: " + ", ".join(known))
     relative = value.endswith("%") and allow_relative
     try:
@@ -211,12 +229,16 @@ def parse_bound(text: str, option: str, allow_relative: bool = False) -> Tuple[s
 
 
 def metric_value(result: dict, name: str, batch_size=None) -> Optional[float]:
+    if cmp_mod.run_metric(name) is not None:
+        return cmp_mod.run_value(result, name)[0]
     metric, factor = ALIASES.get(name, (name, 1.0))
     value = cmp_mod.headline_value(result, metric, batch_size)
     return None if value is None else value * factor
 
 
 def _na_reason(result: dict, name: str, batch_size) -> str:
+    if cmp_mod.run_metric(name) is not None:
+        return cmp_mod.run_value(result, name)[1]
     return cmp_mod.headline_na_reason(result, ALIASES.get(name, (name, 1.0))[0], batch_size)
 
 

@@ -20,12 +20,55 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from .. import thresholds as T
+from ..analysis.devices import label as device_label
+from ..analysis.units import HIGHER, LOWER, Metric, path
 
 SPLIT = ("compute_only_us", "overlapped_us", "exposed_comm_us", "other_us")
 SINGLE_WORKER = "single worker: no ranks to compare"
 NO_COMMUNICATION = "no communication in any rank's steps"
 NO_STEPS = "no included step"
 NO_PARTIAL = "span results carry no distributed part (analysed by an older version; re-analyse)"
+
+
+def _per_step(key: str):
+    """A rank row's total ``key`` per included step (None when unknown or no step)."""
+    def get(row):
+        v, n = row.get(key), row.get("steps")
+        return v / n if isinstance(v, (int, float)) and n else None
+    return get
+
+
+def _enough(get):
+    """``get`` where every rank has MIN_STEPS_TO_COMPARE included steps (else None: the
+    view's ``ranks.recommendation`` not_available says "too little data")."""
+    return lambda view: get(view) if (view.get("fewest_steps") or 0) >= T.MIN_STEPS_TO_COMPARE else None
+
+
+# The run-level numbers of a run of several ranks, declared once (the ``Metric`` type of the
+# headline numbers, METRICS.md §11-12): compare's rows, ``diff``, the ``check`` gate. RUN_METRICS
+# read the rank view (``rank_view``'s object); RANK_METRICS read one rank's row of it and make
+# one compare row per rank number (key ``<key>.rank<N>``). ``na_keys``: the view's not_available.
+RUN_METRICS = (
+    Metric("straggler_gap_us", "Straggler gap per step", "us", LOWER, path("straggler_gap", "mean_us"),
+           na_keys=("ranks", "ranks.straggler_gap"), text=False),
+    Metric("load_imbalance_pct", "Load imbalance", "%", LOWER, _enough(path("imbalance_pct")),
+           na_keys=("ranks", "ranks.imbalance_pct", "ranks.recommendation"), text=False),
+)
+RANK_METRICS = (
+    Metric("input_wait_us_per_step", "Input wait per step", "us", LOWER, _per_step("input_wait_us"),
+           na_default="no DataLoader wait known for this rank", text=False),
+    Metric("exposed_comm_us_per_step", "Exposed communication per step", "us", LOWER, _per_step("exposed_comm_us"),
+           na_default="no included step on this rank", text=False),
+)
+
+
+# One row per collective kind (key ``busbw_gbps.<kind>``), read from a kind's row: the run's
+# ``collective_bandwidth.kinds`` (shortest rank's time) or the report's ``collectives.kinds``
+# (each rank's own time, waiting included), the same on both sides of a comparison.
+KIND_METRICS = (
+    Metric("busbw_gbps", "Bus bandwidth", "GB/s", HIGHER, path("busbw_gbps"),
+           na_default="no message size known for these calls", text=False),
+)
 
 
 def _natural_key(name: str):
@@ -43,7 +86,8 @@ def rank_view(results_by_worker: Dict[str, List[dict]]) -> dict:
     na: Dict[str, str] = {}
     view: dict = {"available": False, "rank_count": len(workers), "world_size": None, "backend": None,
                   "ranks": [], "steps": [], "collectives": [], "imbalance_pct": None, "straggler": None,
-                  "flagged": False, "recommendation": None, "collective_bandwidth": None, "not_available": na}
+                  "flagged": False, "recommendation": None, "collective_bandwidth": None, "fewest_steps": 0,
+                  "straggler_gap": None, "not_available": na}
     if len(workers) < 2:
         na["ranks"] = SINGLE_WORKER
         return view
@@ -225,6 +269,8 @@ def rank_view(results_by_worker: Dict[str, List[dict]]) -> dict:
     # imbalance banner is said from it (METRICS.md §9, MIN_STEPS_TO_COMPARE)
     fewest = min([len(common_steps)] + [r["steps"] for r in rows])
     enough = fewest >= T.MIN_STEPS_TO_COMPARE
+    view["fewest_steps"] = fewest
+    view["straggler_gap"] = straggler_gap(rows, na, enough)
     if not enough and (straggler is not None or imbalance is not None):
         na["ranks.recommendation"] = (f"too little data: a rank has {fewest} included step(s), "
                                       f"fewer than {T.MIN_STEPS_TO_COMPARE}")
@@ -244,6 +290,39 @@ def rank_view(results_by_worker: Dict[str, List[dict]]) -> dict:
     # Plain JSON already: partials hold finite Python floats (span_partial), sums and
     # ratios of them are guarded against zero denominators.
     return view
+
+
+def straggler_gap(rows: List[dict], na: Dict[str, str], enough: bool = True) -> dict:
+    """The straggler gap (METRICS.md §12): per step seen by two ranks or more, the slowest
+    rank's *busy* time (its step time minus the time it waited in collectives for its peers,
+    ``per_step.wait_us``; the step time itself where no collective was matched) minus the
+    median busy time of the other ranks. Collectives synchronise the ranks, so their step
+    times agree; the busy time is how long each needed on its own, and the gap is how much
+    later than a typical rank the straggler arrived. ``mean_us``: the mean over those
+    steps; None (n/a) with fewer than MIN_STEPS_TO_COMPARE steps (``enough``)."""
+    busy: Dict[int, List[Tuple[float, int]]] = {}
+    for r in rows:
+        ps = r["per_step"]
+        for step, st, wait in zip(ps["steps"], ps["step_us"], ps["wait_us"]):
+            busy.setdefault(int(step), []).append((st - (wait or 0.0), r["rank"]))
+    per_step = []
+    for step in sorted(busy):
+        values = busy[step]
+        if len(values) < 2:
+            continue
+        slow = max(values, key=lambda v: (v[0], -v[1]))
+        others = [v[0] for v in values if v is not slow]
+        per_step.append({"step": step, "rank": slow[1], "busy_us": slow[0],
+                         "median_others_us": float(np.median(others)), "gap_us": slow[0] - float(np.median(others))})
+    out = {"per_step": per_step, "mean_us": None}
+    if not per_step:
+        na["ranks.straggler_gap"] = "no step seen by two ranks or more"
+    elif not enough:
+        na["ranks.straggler_gap"] = (f"too little data: a rank has fewer than {T.MIN_STEPS_TO_COMPARE} "
+                                     "included steps")
+    else:
+        out["mean_us"] = float(np.mean([p["gap_us"] for p in per_step]))
+    return out
 
 
 def _collective_bandwidth(workers: List[str], rank_of: Dict[str, int], results_by_worker: Dict[str, List[dict]],
@@ -385,7 +464,7 @@ def _recommendation(row: dict, straggler: Optional[dict], imbalance: Optional[fl
     if top_kernel:
         facts.append(f"top kernel {top_kernel.get('name')} ({(top_kernel.get('time_pct') or 0):.1f}% of kernel time)")
     if peak:
-        facts.append(f"peak memory {_bytes_words(peak[1])} on {_device_words(peak[0])}")
+        facts.append(f"peak memory {_bytes_words(peak[1])} on {device_label(peak[0], rep)}")
     if own:
         first = own[0]
         action = (f"Fix rank {row['rank']} first: its own report's top finding is \"{first.get('title')}\" "
@@ -412,14 +491,6 @@ def _bytes_words(b: float) -> str:
             x = a / f
             return f"{b / f:.{min(2, max(0, 2 - int(math.floor(math.log10(x)))))}f} {unit}"
     return f"{b:g} B"
-
-
-def _device_words(key: str) -> str:
-    """A memory device as the cards name it ('CPU', 'GPU 0'), not the report key ('cpu', 'cuda:0')."""
-    if key == "cpu":
-        return "CPU"
-    kind, _, num = str(key).partition(":")
-    return f"GPU {num}" if kind == "cuda" and num else str(key)
 
 
 # ---------------------------------------------------------------------------- text
