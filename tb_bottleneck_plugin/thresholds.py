@@ -64,6 +64,16 @@ SYNC_GPU_BUSY_OK_PCT = 80.0
 COMM_SHARE_PCT = 15.0
 COMM_OVERLAP_OK_PCT = 70.0
 COMM_EXPOSED_HIGH_PCT = 30.0
+# Bucket and prefetch advice (rules ddp_buckets, fsdp_prefetch; METRICS.md §9, issue 24),
+# from the collectives section (§18: calls, bytes per call, exposed µs per kind). Exposed
+# time of the kinds concerned, % of the step, at or above which the advice is given
+# (its estimated gain); COMM_EXPOSED_HIGH_PCT of the step makes it "high".
+COMM_ADVICE_EXPOSED_PCT = 5.0
+# DDP's gradient all-reduces are "many small" when at least this many run per step ...
+DDP_SMALL_ALLREDUCES_PER_STEP = 8
+# ... with a mean message at or below this many bytes (DDP's default bucket_cap_mb=25 fills
+# 25 MiB buckets; a bucket of 4 MiB or less means small buckets or per-parameter all-reduces).
+DDP_SMALL_ALLREDUCE_BYTES = 4 << 20
 # Gain estimate of tensor_cores_unused (estimated_gain_pct = eligible-not-using share of the
 # step x (1 - 1/speedup)): how much faster an fp32 matmul/conv kernel runs on Tensor Cores
 # (bf16/fp16), per NVIDIA compute capability major. About half the dense 16-bit Tensor Core

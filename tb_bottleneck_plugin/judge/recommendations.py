@@ -906,6 +906,99 @@ def rule_communication(report) -> Optional[dict]:
     }
 
 
+def _exposed_kinds(report, kinds) -> Optional[tuple]:
+    """(exposed µs per step, calls per step, mean bytes per call or None, {kind: row}) of the
+    collective kinds ``kinds`` (collectives section §18: exposed = not overlapped with compute
+    on the same device); None without such calls or steps."""
+    sec = report.get("collectives")
+    steps = _get(report, "steps", "count")
+    if not isinstance(sec, dict) or not steps:
+        return None
+    rows = {r["kind"]: r for r in sec.get("kinds") or [] if isinstance(r, dict) and r.get("kind") in kinds}
+    if not rows:
+        return None
+    calls = sum(r.get("calls") or 0 for r in rows.values())
+    b_calls = sum(r.get("bytes_calls") or 0 for r in rows.values())
+    mean_bytes = sum(r.get("bytes") or 0.0 for r in rows.values()) / b_calls if b_calls else None
+    return sum(r.get("exposed_us") or 0.0 for r in rows.values()) / steps, calls / steps, mean_bytes, rows
+
+
+def _exposed_pct(report, exposed_us_per_step) -> Optional[float]:
+    step = report.get("avg_step_us")
+    return 100.0 * exposed_us_per_step / step if isinstance(step, (int, float)) and step > 0 else None
+
+
+def _mib(b) -> str:
+    return f"{b / 2**20:.2f} MiB" if b >= 2**20 else f"{b / 2**10:.0f} KiB"
+
+
+def rule_ddp_buckets(report) -> Optional[dict]:
+    """Many small all-reduces per step (DDP gradient buckets too small, or per-parameter
+    all-reduces) whose time is exposed: larger buckets, fewer calls (METRICS.md §9)."""
+    if _context(report).get("distributed") is False or _is_inference(report):
+        return None
+    found = _exposed_kinds(report, ("all_reduce",))
+    if found is None:
+        return None
+    exposed, per_step, mean_bytes, _ = found
+    pct = _exposed_pct(report, exposed)
+    if (per_step < T.DDP_SMALL_ALLREDUCES_PER_STEP or mean_bytes is None or mean_bytes > T.DDP_SMALL_ALLREDUCE_BYTES
+            or pct is None or pct < T.COMM_ADVICE_EXPOSED_PCT):
+        return None
+    noun = step_noun(report)
+    return {
+        "rule": "ddp_buckets", "severity": "high" if pct >= T.COMM_EXPOSED_HIGH_PCT else "medium",
+        "title": f"{per_step:.0f} small all-reduces per {noun} ({_mib(mean_bytes)} each on average), "
+                 f"{exposed / 1000:.1f} ms per {noun} not overlapped with compute",
+        "action": ("Send fewer, larger gradient buckets: DistributedDataParallel(model, bucket_cap_mb=...) above "
+                   "the default 25 (e.g. 50-100) with gradient_as_bucket_view=True; do not all-reduce parameters "
+                   "one by one by hand; with gradient accumulation, skip the all-reduce of inner steps with "
+                   "model.no_sync()."),
+        "numbers": {"all_reduce_per_step": round(per_step, 2), "mean_bytes_per_call": round(mean_bytes),
+                    "exposed_us_per_step": round(exposed, 1), "exposed_pct": round(pct, 2)},
+        "evidence": [f"all_reduce: {per_step:.1f} calls per {noun}, {_mib(mean_bytes)} per call "
+                     f"(at most {_mib(T.DDP_SMALL_ALLREDUCE_BYTES)} counts as small), {exposed / 1000:.2f} ms "
+                     f"per {noun} exposed ({pct:.1f} % of the {noun})"],
+        "estimated_gain_pct": round(pct, 2),
+        "gain_assumption": "the exposed all-reduce share of the step: larger buckets start earlier in the "
+                           "backward pass and overlap with it (an upper bound)",
+    }
+
+
+def rule_fsdp_prefetch(report) -> Optional[dict]:
+    """All-gathers / reduce-scatters (FSDP, ZeRO) whose time is exposed: prefetch the next
+    unit's all-gather so that it overlaps with compute (METRICS.md §9)."""
+    if _context(report).get("distributed") is False:
+        return None
+    found = _exposed_kinds(report, ("all_gather", "reduce_scatter"))
+    if found is None:
+        return None
+    exposed, per_step, _, rows = found
+    pct = _exposed_pct(report, exposed)
+    if pct is None or pct < T.COMM_ADVICE_EXPOSED_PCT:
+        return None
+    noun = step_noun(report)
+    steps = _get(report, "steps", "count")
+    split = ", ".join(f"{k} {(r.get('exposed_us') or 0.0) / steps / 1000:.2f} ms" for k, r in sorted(rows.items()))
+    return {
+        "rule": "fsdp_prefetch", "severity": "high" if pct >= T.COMM_EXPOSED_HIGH_PCT else "medium",
+        "title": f"Sharded-parameter communication is exposed: {exposed / 1000:.1f} ms per {noun} "
+                 f"({pct:.0f} % of the {noun}) of all-gather/reduce-scatter not overlapped with compute",
+        "action": ("Prefetch the next unit's all-gather so it runs under compute. FSDP2: fully_shard each block, "
+                   "then block.set_modules_to_forward_prefetch([next_block]) and "
+                   "set_modules_to_backward_prefetch([previous_block]); keep the last blocks gathered with "
+                   "fully_shard(block, reshard_after_forward=False) if memory allows. FSDP1: "
+                   "FullyShardedDataParallel(model, forward_prefetch=True, "
+                   "backward_prefetch=BackwardPrefetch.BACKWARD_PRE)."),
+        "numbers": {"exposed_us_per_step": round(exposed, 1), "exposed_pct": round(pct, 2),
+                    "calls_per_step": round(per_step, 2)},
+        "evidence": [f"exposed per {noun}: {split}; {per_step:.1f} calls per {noun}"],
+        "estimated_gain_pct": round(pct, 2),
+        "gain_assumption": "the exposed all-gather/reduce-scatter share of the step: prefetching overlaps it "
+                           "with the previous unit's compute (an upper bound)",
+    }
+
+
 def _mean_gpu(report, key) -> Optional[float]:
     values = [g.get(key) for g in (report.get("gpu") or {}).values() if g.get(key) is not None]
     return sum(values) / len(values) if values else None
@@ -914,5 +1007,5 @@ def _mean_gpu(report, key) -> Optional[float]:
 RULES: List[Callable[[dict], Optional[dict]]] = [
     rule_input_bound, rule_pageable_copies, rule_tensor_cores, rule_warmup_outlier, rule_torch_compile, rule_low_mfu,
     rule_small_kernels,
-    rule_allocator_slack, rule_memory_growth, rule_sync, rule_communication,
+    rule_allocator_slack, rule_memory_growth, rule_sync, rule_communication, rule_ddp_buckets, rule_fsdp_prefetch,
 ]
