@@ -173,6 +173,7 @@ export function fmtValue(v, unit) {
   if (unit === "bytes") return fmtBytes(v);
   if (unit === "samples/s") return `${fmtNum(v, 1)}/s`;
   if (unit === "TFLOP/s") return `${fmtNum(Number(v.toPrecision(3)), 4)} TFLOP/s`;
+  if (unit === "GB/s") return `${Number(v.toPrecision(3))} GB/s`;  // compare's busbw rows
   return fmtNum(v, 2);
 }
 
