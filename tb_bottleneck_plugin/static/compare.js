@@ -16,7 +16,7 @@ import {getCompare, getReport} from "./model.js";
 import {responsive, withTooltip, niceTicks} from "./charts.js";
 import {isNum, fmtPct, fmtUs, fmtUsTick, fmtBytes, fmtNum, shortenKernelName} from "./format.js";
 import {CATEGORIES, CAT_NAMES} from "./defs.js";
-import {renderLoading, renderError} from "./states.js";
+import {load, renderError} from "./states.js";
 import {panel} from "./common.js";
 import {renderCards} from "./cards.js";
 
@@ -130,37 +130,28 @@ function sidePicker(side, sel, runs, pick) {
     h("strong", {}, SIDE_NAMES[side]), runSel, workerSel, spanSel);
 }
 
-async function loadCompare(body, sel, signal, retry) {
-  const loader = renderLoading(body, {title: "Comparing…", detail: "Each side is analysed once and cached; large traces take a while the first time."});
+function loadCompare(body, sel, signal, retry) {
   // Each side's own report (cached on the server) for the verdict cards (cards.js, the single-run cards).
   const reports = SIDES.map((k) => getReport(sel[k], {signal}));
-  const r = await getCompare(sel, {signal, onProgress: (p, msg) => loader.set(p, msg)});
-  if (signal.aborted || r.kind === "aborted") return;
-  if (r.kind === "error") {
-    renderError(body, {title: r.status === 404 ? "Not found" : "Could not compare", message: r.message, file: r.file,
-      status: r.status, errors: r.errors, onRetry: retry});
-    return;
-  }
-  if (!r.data || typeof r.data !== "object" || !Array.isArray(r.data.metrics)) {
-    renderError(body, {title: "Unexpected answer from the compare route", message: JSON.stringify(r.data).slice(0, 500), onRetry: retry});
-    return;
-  }
-  try {
-    mount(body, compareView(r.data));
-    const slot = body.querySelector("#bn-cmp-cards .panel-body");
-    Promise.all(reports).then((rs) => {
-      if (signal.aborted || !slot) return;
-      if (rs.every((x) => x.kind === "ok" && x.data && typeof x.data === "object")) {
-        renderCards(slot, rs.map((x) => x.data), {labels: SIDES.map((k) => `${SIDE_NAMES[k]}: ${sideText(r.data[k])}`)});
-      } else if (!rs.some((x) => x.kind === "aborted")) {
-        const bad = rs.find((x) => x.kind !== "ok");
-        mount(slot, h("p", {class: "note"}, `n/a: ${(bad && bad.message) || "a side's report could not be loaded"}`));
-      }
-    });
-  } catch (err) {
-    console.error(err); // eslint-disable-line no-console
-    renderError(body, {title: "Could not display this comparison", message: String(err && err.stack ? err.stack : err)});
-  }
+  return load(body, (opts) => getCompare(sel, {signal, ...opts}), {
+    title: "Comparing…", detail: "Each side is analysed once and cached; large traces take a while the first time.",
+    route: "compare", what: "this comparison", isCurrent: () => !signal.aborted, onRetry: retry,
+    errorTitle: (r) => (r.status === 404 ? "Not found" : "Could not compare"),
+    valid: (d) => Boolean(d && typeof d === "object" && Array.isArray(d.metrics)),
+    onData: (cmp) => {
+      mount(body, compareView(cmp));
+      const slot = body.querySelector("#bn-cmp-cards .panel-body");
+      Promise.all(reports).then((rs) => {
+        if (signal.aborted || !slot) return;
+        if (rs.every((x) => x.kind === "ok" && x.data && typeof x.data === "object")) {
+          renderCards(slot, rs.map((x) => x.data), {labels: SIDES.map((k) => `${SIDE_NAMES[k]}: ${sideText(cmp[k])}`)});
+        } else if (!rs.some((x) => x.kind === "aborted")) {
+          const bad = rs.find((x) => x.kind !== "ok");
+          mount(slot, h("p", {class: "note"}, `n/a: ${(bad && bad.message) || "a side's report could not be loaded"}`));
+        }
+      });
+    },
+  });
 }
 
 // ------------------------------------------------------------ formatting

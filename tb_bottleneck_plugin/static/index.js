@@ -20,7 +20,7 @@ import {h, mount, clear} from "./static/dom.js";
 import * as model from "./static/model.js";
 import {renderReport} from "./static/views.js";
 import {setCards} from "./static/cards.js";
-import {renderLoading, renderError, renderEmpty, TRACE_HOWTO} from "./static/states.js";
+import {renderLoading, renderError, renderEmpty, load, TRACE_HOWTO} from "./static/states.js";
 import {mountRanks} from "./static/ranks.js";
 import {fmtTimestamp, fmtPct, spanLabel} from "./static/format.js";
 import {renderCompare, compareAvailability, normaliseCompare} from "./static/compare.js";
@@ -453,42 +453,27 @@ async function loadView(run) {
   }
 
   const sel = {...state.sel};
-  const title = run.state === "loading" ? `Analysing "${run.run}"…` : "Loading report…";
-  const loader = renderLoading(ui.view, {title, progress: run.state === "loading" ? run.progress : null,
-    detail: "Large traces take a while the first time; the result is cached."});
   const data = model.selectionData(sel, {signal: ac.signal});
-  const r = await data.report({onProgress: (pr, msg) => loader.set(pr, msg)});
-  if (ac.signal.aborted || r.kind === "aborted") return;
-  if (r.kind === "error") {
-    const spanFile = spansOf(run, sel.worker).find((x) => x.span === sel.span);
-    renderError(ui.view, {
-      title: r.status === 404 ? "Not found" : "Could not analyse this trace",
-      message: r.message, file: r.file || (spanFile ? spanFile.file : null), status: r.status, errors: r.errors,
-      onRetry: () => { state.viewKey = null; applySelection({forceView: true}); },
-    });
-    return;
-  }
-  if (!r.data || typeof r.data !== "object") {
-    renderError(ui.view, {title: "Unexpected answer from the report route", message: JSON.stringify(r.data).slice(0, 500)});
-    return;
-  }
-  try {
-    renderReport(ui.view, r.data, {
-      sel,
-      spans: spansOf(run, sel.worker),
-      signal: ac.signal,
-      data,
-      onPickSpan: (span) => select({span}),
-    });
-  } catch (err) {
-    console.error(err); // eslint-disable-line no-console
-    renderError(ui.view, {title: "Could not display this report", message: String(err && err.stack ? err.stack : err)});
-    return;
-  }
-  renderRegisteredPanels(ui.view, r.data, data, sel, ac.signal);
+  const spanFile = spansOf(run, sel.worker).find((x) => x.span === sel.span);
+  let report = null;
+  await load(ui.view, data.report, {
+    title: run.state === "loading" ? `Analysing "${run.run}"…` : "Loading report…",
+    progress: run.state === "loading" ? run.progress : null,
+    detail: "Large traces take a while the first time; the result is cached.",
+    route: "report", what: "this report", isCurrent: () => !ac.signal.aborted,
+    errorTitle: (r) => (r.status === 404 ? "Not found" : "Could not analyse this trace"),
+    errorFile: () => (spanFile ? spanFile.file : null),
+    onRetry: () => { state.viewKey = null; applySelection({forceView: true}); },
+    onData: (rep) => {
+      renderReport(ui.view, rep, {sel, spans: spansOf(run, sel.worker), signal: ac.signal, data, onPickSpan: (span) => select({span})});
+      report = rep;
+    },
+  });
+  if (!report || ac.signal.aborted) return;
+  renderRegisteredPanels(ui.view, report, data, sel, ac.signal);
   // Distributed runs: the Ranks panel (ranks.js) above the report, from the ranks route (model.js).
   if (workersOf(run).length > 1) {
-    mountRanks(ui.view, {load: (onProgress) => data.ranks({onProgress}), worker: sel.worker, signal: ac.signal,
+    mountRanks(ui.view, {request: data.ranks, worker: sel.worker, signal: ac.signal,
       loadReports: (workers) => Promise.all(workers.map((worker) => model.getReport({run: sel.run, worker, span: null}, {signal: ac.signal}))),
       onPick: (worker) => select({worker, span: null})});
   }
@@ -504,7 +489,7 @@ function renderRegisteredPanels(container, report, data, sel, signal) {
     run: p.run, worker: p.worker, span: p.span, isSummary: p.span === null, report, data, signal,
     get: (route, params, opts = {}) => model.get(route, params, {signal, ...opts}),
     select: (change) => select(change),
-    states: {renderLoading, renderError},
+    states: {load, renderLoading, renderError},
   });
   for (const panel of registeredPanels()) {
     try {

@@ -5,7 +5,7 @@ import {h, clear, mount} from "./dom.js";
 import {isNum, fmtPct, fmtUs, fmtBytes, fmtCount, fmtNum, shortenKernelName} from "./format.js";
 import {KERNEL_COL_DEFS} from "./defs.js";
 import {panel, note, naReason, sortableHead, sortRows, matchCount} from "./common.js";
-import {renderLoading, renderError} from "./states.js";
+import {load} from "./states.js";
 
 /** Launch dimensions, or null when the trace has none (null, or ROCm's -1). */
 function validDims(a) {
@@ -37,19 +37,16 @@ export function kernelPanel(report, ctx, cpuOnly) {
     kernelTable(body, fallback, report, null);
     return p;
   }
-  const loader = renderLoading(body, {title: "Loading kernels…"});
-  ctx.data.kernels({onProgress: (pr) => loader.set(pr)})
-    .then((r) => {
-      if (r.kind === "aborted") return;
-      if (r.kind === "ok" && r.data && Array.isArray(r.data.kernels)) {
-        kernelTable(body, r.data.kernels, report, null);
-      } else if (fallback.length) {
-        kernelTable(body, fallback, report,
-          `The kernels route failed (${r.kind === "error" ? r.message : "unexpected answer"}); showing the report's top kernels.`);
-      } else {
-        renderError(body, {title: "Could not load kernels", message: r.message || "unexpected answer", file: r.file, status: r.status});
-      }
-    });
+  load(body, ctx.data.kernels, {title: "Loading kernels…", errorTitle: "Could not load kernels", route: "kernels", what: "the kernel table",
+    valid: (d) => Boolean(d && Array.isArray(d.kernels)),
+    // the route failed: the report's top kernels, with a warning (nothing else shown when it has none)
+    onError: (r) => {
+      if (!fallback.length) return false;
+      kernelTable(body, fallback, report,
+        `The kernels route failed (${r.kind === "error" ? r.message : "unexpected answer"}); showing the report's top kernels.`);
+      return true;
+    },
+    onData: (d) => kernelTable(body, d.kernels, report, null)});
   return p;
 }
 

@@ -6,7 +6,7 @@ import {responsive, lineChart} from "./charts.js";
 import {isNum, fmtPct, fmtMs, fmtBytes, spanLabel, BINARY_UNITS} from "./format.js";
 import {DEFS} from "./defs.js";
 import {panel, note, naReason, memoryDevices, reservedKnown, memDeviceLabel} from "./common.js";
-import {renderLoading, renderError} from "./states.js";
+import {load} from "./states.js";
 
 /** Allocated / reserved memory over time of one span (ctx.data.memory()); summaries offer the spans. */
 export function memoryPanel(report, ctx) {
@@ -26,16 +26,8 @@ export function memoryPanel(report, ctx) {
     mount(body, note(naReason(report, "memory")));
     return p;
   }
-  const loader = renderLoading(body, {title: "Loading memory timeline…"});
-  ctx.data.memory({onProgress: (pr) => loader.set(pr)})
-    .then((r) => {
-      if (r.kind === "aborted") return;
-      if (r.kind === "error") {
-        renderError(body, {title: "Could not load the memory timeline", message: r.message, file: r.file, status: r.status});
-        return;
-      }
-      renderMemoryCharts(body, r.data || {}, report);
-    });
+  load(body, ctx.data.memory, {title: "Loading memory timeline…", errorTitle: "Could not load the memory timeline",
+    route: "memory", what: "the memory timeline", valid: () => true, onData: (data) => renderMemoryCharts(body, data || {}, report)});
   return p;
 }
 

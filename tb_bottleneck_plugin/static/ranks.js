@@ -16,6 +16,7 @@ import {isNum, fmtPct, fmtUs, fmtUsTick, fmtBytes, fmtCount} from "./format.js";
 import {responsive, stackedBarChart, showTooltip, hideTooltip} from "./charts.js";
 import {renderCards} from "./cards.js";
 import {severityClass} from "./common.js";
+import {load} from "./states.js";
 import {rankCollectivesSection} from "./collectives_view.js";
 
 // The bar's five parts (ranks.py BAR_KEYS, row.bar_us): the four-way split of metrics §12 with
@@ -49,30 +50,15 @@ const CARD_RANKS = 8; // "Cards per rank": the flagged rank first, then the tabl
 const RAMP = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
 
 /**
- * Shows the panel at the top of container (above the report). load(onProgress) is the
- * data module's fetch of ranks?run=RUN (model.js; this file never fetches).
- * Loading (202) shows a progress line; an error shows a short note, never replacing the report.
+ * Shows the panel at the top of container (above the report). request is the data module's
+ * ranks?run=RUN (model.js; this file never fetches), loaded through states.js load in its
+ * "line" look: a progress line, and an error as a short note that never replaces the report.
  */
-export async function mountRanks(container, {load, loadReports = null, worker, signal, onPick}) {
+export function mountRanks(container, {request, loadReports = null, worker, signal, onPick}) {
   const slot = h("div", {class: "ranks-slot", id: "bn-ranks-slot"});
   container.insertBefore(slot, container.firstChild);
-  const status = h("p", {class: "note muted"}, "Ranks: loading…");
-  mount(slot, status);
-  const r = await load((p) => {
-    status.textContent = `Ranks: analysing${isNum(p) ? ` ${fmtPct(100 * p, 0)}` : ""}…`;
-  });
-  if ((signal && signal.aborted) || r.kind === "aborted") return;
-  if (r.kind === "error" || !r.data || typeof r.data !== "object") {
-    mount(slot, h("div", {class: "banner banner-warn", role: "status"},
-      "Could not load the Ranks view: ", r.message || "unexpected answer from the ranks route"));
-    return;
-  }
-  try {
-    mount(slot, renderRanksPanel(r.data, {selectedWorker: worker, onPick, loadReports}));
-  } catch (err) {
-    console.error(err); // eslint-disable-line no-console
-    mount(slot, h("div", {class: "banner banner-warn", role: "status"}, "Could not display the Ranks view: ", String(err)));
-  }
+  return load(slot, request, {look: "line", label: "Ranks", route: "ranks", isCurrent: () => !(signal && signal.aborted),
+    onData: (view) => mount(slot, renderRanksPanel(view, {selectedWorker: worker, onPick, loadReports}))});
 }
 
 function panel(title, subtitle, ...children) {

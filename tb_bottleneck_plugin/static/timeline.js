@@ -12,7 +12,7 @@
 import {h, mount} from "./dom.js";
 import {fmtPct, fmtUs, fmtUsTick, isNum, spanLabel} from "./format.js";
 import {registerPanel} from "./panels.js";
-import {renderLoading, renderError, renderEmpty} from "./states.js";
+import {load as loadRoute, renderEmpty} from "./states.js";
 
 const LANE_H = 18;
 const IDLE_H = 22;
@@ -104,35 +104,34 @@ export function renderTimeline(container, ctx) {
 
   function load(first) {
     const mine = ++st.seq;
-    let loader = null;
-    if (first) loader = renderLoading(body, {title: "Loading the step timeline…"});
-    ctx.data.get("timeline", params(), {onProgress: (p) => loader && loader.set(p)}).then((r) => {
-      if (mine !== st.seq || r.kind === "aborted") return;
-      if (r.kind === "error" && r.status === 422) {
+    loadRoute(body, (opts) => ctx.data.get("timeline", params(), opts), {
+      look: first ? "state" : "quiet", title: "Loading the step timeline…", errorTitle: "Could not load the step timeline",
+      route: "timeline", what: "the step timeline", isCurrent: () => mine === st.seq, valid: (d) => Boolean(d && Array.isArray(d.lanes)),
+      onError: (r) => {
+        if (r.kind !== "error" || r.status !== 422) return false;
         // the span has nothing to draw (the route's reason): n/a, not a failure
         renderEmpty(body, {title: "No step timeline for this span", body: [h("p", {class: "note"}, String(r.message || "no step"))]});
-        return;
-      }
-      if (r.kind !== "ok" || !r.data || !Array.isArray(r.data.lanes)) {
-        renderError(body, {title: "Could not load the step timeline", message: (r && r.message) || "unexpected answer",
-          file: r && r.file, status: r && r.status, errors: r && r.errors});
-        return;
-      }
-      st.data = r.data;
-      // the spans to pick from: the panel's selection's (the first answer); an answer for one
-      // picked span lists only that span's worker, and the picker must keep the others
-      if (!st.spans && Array.isArray(r.data.spans)) st.spans = r.data.spans;
-      st.worker = r.data.worker;
-      st.span = r.data.span;
-      st.step = r.data.step;
-      if (!st.view) st.view = [r.data.t0, r.data.t1];
-      if (first || !stage.isConnected) {
-        mount(body, stage);
-        drawControls();
-        drawLegend();
-      }
-      draw();
+        return true;
+      },
+      onData: (data) => show(data, first),
     });
+  }
+
+  function show(data, first) {
+    st.data = data;
+    // the spans to pick from: the panel's selection's (the first answer); an answer for one
+    // picked span lists only that span's worker, and the picker must keep the others
+    if (!st.spans && Array.isArray(data.spans)) st.spans = data.spans;
+    st.worker = data.worker;
+    st.span = data.span;
+    st.step = data.step;
+    if (!st.view) st.view = [data.t0, data.t1];
+    if (first || !stage.isConnected) {
+      mount(body, stage);
+      drawControls();
+      drawLegend();
+    }
+    draw();
   }
 
   function schedule() {
