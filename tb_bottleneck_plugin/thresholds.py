@@ -52,13 +52,11 @@ SLACK_MIN_RESERVED_BYTES = 1 << 30
 # device capacity (deviceProperties totalGlobalMem). Below it the slack costs nothing (the
 # H100 demo pairs reserve 7-12 GiB of 79 GiB); with the capacity unknown the rule is silent.
 MEMORY_PRESSURE_PCT = 85.0
-# Host blocked in synchronisation calls, % of step time.
+# GPU idle caused by host-device synchronisation (during the wait, and after it until the
+# host launches again; sync_cost_pct, §8), % of step time. A host that waits on a busy GPU
+# and refills its queue at once costs nothing.
 SYNC_PCT = 5.0
 SYNC_HIGH_PCT = 15.0
-# A sync during which the GPU stayed busy at least this share of the time does not
-# starve it: the synchronization rule then does not fire (the rule's percentages above
-# are of GPU idle time during sync, §8).
-SYNC_GPU_BUSY_OK_PCT = 80.0
 # Communication kernels, % of kernel time; overlapped share considered fine; exposed
 # communication (share x not overlapped) that makes it "high".
 COMM_SHARE_PCT = 15.0

@@ -159,6 +159,12 @@ def test_new_panels(tmp_path, tensorboard_server, browser_page):
                            ".map((tr) => [tr.dataset.depth, tr.dataset.path])")
     assert tree[0][0] == "0" and tree[0][1].startswith(truth["slow_module"]["parent_class"])
     assert tree[1][0] == "1" and tree[1][1].split("/")[-1].startswith(truth["slow_module"]["class"] + "_")
+    # the sync recommendation (the GPU idles after each .item() until the host launches
+    # again, §8) names that line first in its evidence
+    rec = iframe.evaluate("() => { const li = [...document.querySelectorAll('li.rec')].find((e) =>"
+                          " e.querySelector('.rec-rule')?.textContent === 'synchronization');"
+                          " return li ? [...li.querySelectorAll('ul.evidence li')].map((e) => e.textContent) : null; }")
+    assert rec and rec[0].startswith(truth["sync"]["frame"]), rec
 
     # ---- no ProfilerStep (issue 20 item 8): the header says one window, not "1 step (0)", and
     # the launch row counts the window's kernels (launch.kernels_per_window)

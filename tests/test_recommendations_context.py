@@ -221,17 +221,49 @@ def test_sync_while_gpu_idles_is_high(tmp_path, monkeypatch):
     assert sync["gpu_busy_during_sync_pct"] == pytest.approx(20.0)
     assert sync["sync_gpu_idle_us"] == pytest.approx(800.0)  # 400 µs per step
     assert sync["sync_gpu_idle_pct"] == pytest.approx(40.0)
+    # after each sync (ends at 600) the GPU idles until the next step's kernel (1050), but
+    # the host lost only the 100 µs the GPU was busy in the wait: 100 µs per step
+    assert sync["sync_refill_idle_us"] == pytest.approx(200.0)
+    # together exactly the wait: removing it would shorten each 1000 µs step by 500 µs
+    assert sync["sync_cost_pct"] == pytest.approx(50.0)
     rec = rules(rep)["synchronization"]
-    assert rec["severity"] == "high" and rec["numbers"]["sync_gpu_idle_pct"] == pytest.approx(40.0)
+    assert rec["severity"] == "high" and rec["estimated_gain_pct"] == pytest.approx(50.0)
+    assert rec["numbers"]["sync_gpu_idle_pct"] == pytest.approx(40.0)
     assert "aten::item" in rec["evidence"][0]
 
 
-def test_sync_rule_threshold_on_gpu_busy_share():
+def test_a_sync_that_drains_a_busy_gpu_costs_the_refill(tmp_path, monkeypatch):
+    """The GPU is busy through the whole wait (no idle during it), but the host, blocked,
+    launches the next step's kernel only 300 µs after the sync returns: that gap is the
+    sync's cost, not 0."""
     from tb_bottleneck_plugin import thresholds as T
 
-    base = {"sync_pct": 40.0, "sync_gpu_idle_pct": 8.0, "top_ops": []}
-    assert R.rule_sync({"sync": dict(base, gpu_busy_during_sync_pct=T.SYNC_GPU_BUSY_OK_PCT)}) is None
-    assert R.rule_sync({"sync": dict(base, gpu_busy_during_sync_pct=T.SYNC_GPU_BUSY_OK_PCT - 1)})["severity"] == "medium"
+    monkeypatch.setattr(T, "MIN_EVENTS_TO_JUDGE", 0)
+    b = TraceBuilder([H100])
+    for n, t0 in ((1, 0), (2, 1000)):
+        b.step(n, t0, 1000)
+        # the kernel runs 50..600 (the sync 100..600 waits for it), the next launch at 900
+        b.launch("void big_gemm_kernel<float>", t0 + 10, t0 + 50, 550, **occupancy_args(50, 2.0))
+        b.cpu("aten::item", t0 + 90, 520)
+        b.runtime("cudaStreamSynchronize", t0 + 100, 500)
+    sync = analyse(b.load(tmp_path))["sync"]
+    assert sync["gpu_busy_during_sync_pct"] == pytest.approx(100.0)
+    assert sync["sync_gpu_idle_us"] == pytest.approx(0.0)
+    # step 1: 600 → the next kernel at 1050 (450, under the 500 µs lost lead); step 2: 1600
+    # → the end of the steps at 2000 (400)
+    assert sync["sync_refill_idle_us"] == pytest.approx(850.0)
+    assert sync["sync_cost_pct"] == pytest.approx(42.5)
+
+
+def test_sync_rule_threshold_on_the_gpu_idle_it_causes():
+    from tb_bottleneck_plugin import thresholds as T
+
+    base = {"sync_pct": 40.0, "gpu_busy_during_sync_pct": 99.0, "top_ops": []}
+    assert R.rule_sync({"sync": dict(base, sync_cost_pct=T.SYNC_PCT - 0.1)}) is None
+    assert R.rule_sync({"sync": dict(base, sync_cost_pct=T.SYNC_PCT)})["severity"] == "medium"
+    assert R.rule_sync({"sync": dict(base, sync_cost_pct=T.SYNC_HIGH_PCT)})["severity"] == "high"
+    # a report from before sync_cost_pct: the idle during the wait
+    assert R.rule_sync({"sync": dict(base, sync_gpu_idle_pct=T.SYNC_PCT)})["estimated_gain_pct"] == T.SYNC_PCT
 
 
 # ------------------------------------------------------------------ occupancy on Hopper / Blackwell

@@ -142,10 +142,10 @@ def expected(card, r, v):
         # under the reserve floor, capacity unknown or memory to spare: not judged (uncoloured)
         return "none"
     if card == "sync":
-        busy = (r.get("sync") or {}).get("gpu_busy_during_sync_pct")
-        if busy is not None and busy >= T.SYNC_GPU_BUSY_OK_PCT:
-            return "ok"
-        return _level(value, T.SYNC_PCT, T.SYNC_HIGH_PCT)
+        # the GPU idle the syncs cause: during the wait plus after it (§8)
+        s = r.get("sync") or {}
+        cost = (s.get("sync_gpu_idle_pct") or 0) + (s.get("sync_refill_idle_pct") or 0)
+        return _level(cost, T.SYNC_PCT, T.SYNC_HIGH_PCT)
     if card == "communication":
         overlap = r["communication"].get("overlap_pct")
         if value < T.COMM_SHARE_PCT or (overlap is not None and overlap >= T.COMM_OVERLAP_OK_PCT) \

@@ -115,10 +115,14 @@ def sync_signal(trace: TraceData, steps: Steps, gpu_runtime: Optional[np.ndarray
             # a GPU-only export (runtime calls, no CPU operators): nothing to attribute to
             not_available["sync.top_ops"] = NO_CPU_OPS
     idle_us, busy_pct = _sync_gpu_idle(trace, rows, steps)
+    refill_us = _sync_refill_idle(trace, rows, steps)
     return {"sync_us": sync_us, "sync_pct": 100.0 * sync_us / total_steps if total_steps > 0 else None,
             "sync_gpu_idle_us": idle_us,
             "sync_gpu_idle_pct": 100.0 * idle_us / total_steps if total_steps > 0 else None,
             "gpu_busy_during_sync_pct": busy_pct,
+            "sync_refill_idle_us": refill_us,
+            "sync_refill_idle_pct": 100.0 * refill_us / total_steps if total_steps > 0 else None,
+            "sync_cost_pct": 100.0 * (idle_us + refill_us) / total_steps if total_steps > 0 else None,
             "top_ops": top[:TOP_N], "calls": calls}
 
 
@@ -140,6 +144,43 @@ def _sync_gpu_idle(trace: TraceData, rows: np.ndarray, steps: Steps):
     idle = iv.subtract(sync_set, busy)
     idle_us = float((idle[1] - idle[0]).sum())
     return idle_us, 100.0 * (sync_len - idle_us) / sync_len
+
+
+def _sync_refill_idle(trace: TraceData, rows: np.ndarray, steps: Steps) -> float:
+    """GPU idle after synchronisation (§8): a sync returns when the GPU has drained its
+    queue, so the GPU then idles until the host launches again. For each sync call that
+    ends while no GPU activity runs, the interval from its end to the next GPU activity
+    (any device of the file), no longer than the GPU-busy part of the call, clipped to the
+    included (stretched) steps; their union in µs. Without the sync the host would have queued that
+    work while the GPU was still busy."""
+    rt, g = trace.runtime, trace.gpu
+    if len(rows) == 0 or steps.count == 0:
+        return 0.0
+    busy_s, busy_e = iv.merge(g.ts, g.ts + g.dur)
+    order = np.argsort(rt.ts[rows] + rt.dur[rows], kind="stable")
+    starts, ends = rt.ts[rows][order], (rt.ts[rows] + rt.dur[rows])[order]
+    # the host's lost lead: the part of the wait the GPU was busy (the idle part of the
+    # wait is already sync_gpu_idle_us; together no more than the wait itself)
+    lead = iv.covered_in((busy_s, busy_e), starts, ends)
+    if len(busy_s):
+        # the last busy interval that starts at or before each sync end still runs: no refill gap
+        k = np.searchsorted(busy_s, ends, side="right") - 1
+        running = (k >= 0) & (busy_e[np.maximum(k, 0)] > ends)
+        nxt = np.searchsorted(busy_s, ends, side="left")
+        nxt_start = np.where(nxt < len(busy_s), busy_s[np.minimum(nxt, len(busy_s) - 1)], np.inf)
+    else:
+        running = np.zeros(len(ends), dtype=bool)
+        nxt_start = np.full(len(ends), np.inf)
+    window = iv.merge(steps.inc_start, steps.inc_end)
+    # without the wait the host would have been at most its lost lead ahead: a longer gap
+    # (a host-bound run's) is not the sync's
+    gap_s = ends[~running]
+    gap_e = np.minimum(np.minimum(nxt_start[~running], gap_s + lead[~running]), float(steps.inc_end.max()))
+    keep = gap_e > gap_s
+    if not keep.any():
+        return 0.0
+    gaps = iv.intersect(iv.merge(gap_s[keep], gap_e[keep]), window)
+    return float((gaps[1] - gaps[0]).sum())
 
 
 def communication_signal(trace: TraceData, steps: Steps) -> dict:
@@ -246,6 +287,8 @@ def _sync_compute(span) -> dict:
 
 
 def _sync_partial(report: dict) -> dict:
+    import math
+
     from .units import num, weighted_pair
 
     sync = report.get("sync") or {}
@@ -258,7 +301,10 @@ def _sync_partial(report: dict) -> dict:
         if isinstance(c, dict):
             calls[str(c.get("name"))] = {"first:name": c.get("name"), "sum:us": c.get("us"),
                                          "sum:count": int(num(c.get("count")) or 0)}
+    refill = sync.get("sync_refill_idle_us")
     return {"sum:sync_us": sync.get("sync_us") or 0.0, "sum:sync_gpu_idle_us": sync.get("sync_gpu_idle_us") or 0.0,
+            # a cached report from before the field: unknown, not 0
+            "sum:sync_refill_idle_us": refill if refill is not None else math.nan,
             "wmean:gpu_busy_during_sync_pct": weighted_pair(sync.get("gpu_busy_during_sync_pct"), sync.get("sync_us")),
             "keyed:top_ops": ops, "keyed:calls": calls, "sum:steps_us": _steps_us(report)}
 
@@ -266,9 +312,10 @@ def _sync_partial(report: dict) -> dict:
 def _sync_finish(m: dict) -> dict:
     import math
 
-    from .units import pct, wmean
+    from .units import num, pct, wmean
 
     steps_us = m["sum:steps_us"]
+    refill = num(m["sum:sync_refill_idle_us"])
     ops = [{"op": o["first:op"], "sync_us": o["sum:sync_us"], "count": int(o["sum:count"] or 0)}
            for o in m["keyed:top_ops"].values()]
     calls = [{"name": c["first:name"], "us": c["sum:us"], "count": int(c["sum:count"] or 0)}
@@ -276,6 +323,9 @@ def _sync_finish(m: dict) -> dict:
     return {"sync_us": m["sum:sync_us"], "sync_pct": pct(m["sum:sync_us"], steps_us),
             "sync_gpu_idle_us": m["sum:sync_gpu_idle_us"], "sync_gpu_idle_pct": pct(m["sum:sync_gpu_idle_us"], steps_us),
             "gpu_busy_during_sync_pct": wmean(m["wmean:gpu_busy_during_sync_pct"]),
+            "sync_refill_idle_us": refill,
+            "sync_refill_idle_pct": pct(refill, steps_us),
+            "sync_cost_pct": pct(m["sum:sync_gpu_idle_us"] + refill if refill is not None else None, steps_us),
             "top_ops": sorted(ops, key=lambda o: -(o["sync_us"] or math.inf))[:TOP_N],
             "calls": sorted(calls, key=lambda c: -(c["us"] or math.inf))}
 
@@ -340,8 +390,9 @@ def _units():
 
     sync = (Metric("sync_pct", "Synchronisation", "%", LOWER, path("sync", "sync_pct"), ("steps",),
                    card=Card("sync", "Synchronisation",
-                             "GPU idle while the host waits in synchronisation calls, share of step time.",
-                             field=("sync", "sync_gpu_idle_pct"), order=80),
+                             "GPU idle caused by synchronisation calls (while the host waits, and after "
+                             "until it launches again), share of step time.",
+                             field=("sync", "sync_cost_pct"), order=80),
                    text=False, order=180),)
     communication = (Metric("comm_pct_of_kernel_time", "Communication share", "%", LOWER,
                             path("communication", "comm_pct_of_kernel_time"), (),

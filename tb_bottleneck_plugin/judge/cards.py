@@ -17,7 +17,7 @@ from ..analysis.flops import mfu_severity, roofline_efficient
 from ..analysis.input_bound import verdict_for
 from . import verdicts as V
 from .recommendations import (CAPTURE_ONLY_WORDS, KERNEL_EVIDENCE_CARDS, capture_only, gpu_utilization_not_judged,
-                              reserved_of_capacity_pct, steps_words, too_little_data)
+                              reserved_of_capacity_pct, steps_words, sync_cost_pct, too_little_data)
 
 CardFunction = Callable[[dict], dict]
 
@@ -226,13 +226,13 @@ def _card_allocator_slack(report: dict) -> dict:
 @register("sync")
 def _card_sync(report: dict) -> dict:
     sync = report.get("sync") or {}
-    value = V.num(sync.get("sync_gpu_idle_pct")) if "sync_gpu_idle_pct" in sync else V.num(sync.get("sync_pct"))
+    value = V.num(sync_cost_pct(sync))
     if V.cpu_only(report):
         value = None  # no GPU in the trace: "does the host starve the GPU" has no answer (n/a, the gpu reason)
     out = V.card(report, value, "pct", "synchronization", None,
-                 ("SYNC_PCT", "SYNC_HIGH_PCT", "SYNC_GPU_BUSY_OK_PCT"), ("sync_pct", "sync", "gpu"))
+                 ("SYNC_PCT", "SYNC_HIGH_PCT"), ("sync_pct", "sync", "gpu"))
     if value is not None:
-        out["verdict"] = ("the GPU idles while the host waits on it" if out["severity"] != "ok"
+        out["verdict"] = ("the GPU idles during or after the host's waits on it" if out["severity"] != "ok"
                           else "host waits do not starve the GPU")
     return out
 

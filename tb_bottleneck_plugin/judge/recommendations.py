@@ -844,30 +844,45 @@ def rule_memory_growth(report) -> Optional[dict]:
 
 
 def rule_sync(report) -> Optional[dict]:
-    """Fires on the GPU idle time during synchronisation (§8), not on the sync time: a
-    host that waits while the GPU is busy costs nothing."""
+    """Fires on the GPU idle time synchronisation causes (§8): during the wait, and after it
+    until the host launches again; not on the sync time: a host that waits on a busy GPU
+    and refills its queue at once costs nothing."""
     sync = report.get("sync") or {}
-    busy = sync.get("gpu_busy_during_sync_pct")
-    if busy is not None and busy >= T.SYNC_GPU_BUSY_OK_PCT:
-        return None
-    pct = sync.get("sync_gpu_idle_pct") if "sync_gpu_idle_pct" in sync else sync.get("sync_pct")
+    pct = sync_cost_pct(sync)
     if pct is None or pct < T.SYNC_PCT:
         return None
+    busy = sync.get("gpu_busy_during_sync_pct")
     ops = sync.get("top_ops") or []
+    refill = sync.get("sync_refill_idle_pct")
     return {
         "rule": "synchronization", "severity": "high" if pct >= T.SYNC_HIGH_PCT else "medium",
-        "title": f"The host waits on the GPU while the GPU idles for {pct:.0f} % of the step time",
+        "title": (f"Host-device synchronisation leaves the GPU idle {pct:.0f} % of the step"
+                  + (" (it drains the GPU's queue: the GPU waits for the host after each sync)"
+                     if refill and refill >= (sync.get("sync_gpu_idle_pct") or 0) else "")),
         "action": ("Remove host-device synchronisation from the step: avoid .item(), .cpu(), .numpy(), "
                    "print(tensor) and data-dependent shapes (torch.nonzero, boolean masks) in the loop; log "
-                   "metrics every N steps; use non_blocking=True copies."),
-        "numbers": {"sync_gpu_idle_pct": round(pct, 2), "sync_pct": sync.get("sync_pct"),
+                   "metrics every N steps (keep the loss as a tensor and call .item() on a running sum); "
+                   "use non_blocking=True copies."),
+        "numbers": {"sync_cost_pct": round(pct, 2), "sync_gpu_idle_pct": sync.get("sync_gpu_idle_pct"),
+                    "sync_refill_idle_pct": refill, "sync_pct": sync.get("sync_pct"),
                     "gpu_busy_during_sync_pct": busy, "sync_us": sync.get("sync_us")},
         "evidence": (source_lines(report, "sync") + [f"{o['op']}: {o['sync_us'] / 1000:.1f} ms" for o in ops[:5]])
         or [f"synchronisation calls: {(sync.get('sync_us') or 0) / 1000:.1f} ms, the GPU idle {pct:.1f} % "
-            "of the step during them"],
+            "of the step during and after them"],
         "estimated_gain_pct": round(pct, 2),
-        "gain_assumption": "the share of the step the GPU idles while the host waits in synchronisation calls",
+        "gain_assumption": ("the share of the step the GPU idles while the host waits in synchronisation calls "
+                            "and after them until the host launches again (at most the wait)"),
     }
+
+
+def sync_cost_pct(sync: dict) -> Optional[float]:
+    """The GPU idle the syncs cause, % of step time (§8); older reports: the idle during the
+    wait, or the sync time itself."""
+    for key in ("sync_cost_pct", "sync_gpu_idle_pct", "sync_pct"):
+        if key in sync:
+            value = sync.get(key)
+            return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    return None
 
 
 def rule_communication(report) -> Optional[dict]:

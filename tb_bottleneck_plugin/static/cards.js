@@ -203,6 +203,8 @@ const EXTRAS = {
       return [
         isNum(sync.sync_us) ? `host in sync calls ${fmtUs(sync.sync_us)}${isNum(sync.sync_pct) ? ` (${fmtPct(sync.sync_pct)} of step time)` : ""}` : null,
         ops.length ? `from ${ops.map((o) => String(o.op ?? "")).join(", ")}` : null,
+        isNum(sync.sync_refill_idle_pct) && sync.sync_refill_idle_pct > 0
+          ? `GPU idle after the waits until the next launch ${fmtPct(sync.sync_refill_idle_pct)} of step time` : null,
       ];
     },
   },

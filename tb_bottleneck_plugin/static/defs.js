@@ -50,7 +50,8 @@ export const DEFS = {
     + "which needs a CUDA memory snapshot. Time-weighted slack = ∫(reserved − allocated) dt / ∫ reserved dt.",
   histogram: "Share of kernel time (weighted by duration clipped to the steps window) per bucket of Kineto's estimated achieved occupancy.",
   sync: "Host time in cudaDeviceSynchronize / cudaStreamSynchronize / cudaEventSynchronize (and hip twins) and synchronous DtoH copies, "
-    + "clipped to the host spans of the included steps, with the CPU ops that caused them.",
+    + "clipped to the host spans of the included steps, with the CPU ops that caused them. The card's value is the GPU idle they cause: "
+    + "during the waits, and after each until the host launches again (no longer than the wait).",
   launch: "CPU time in cudaLaunchKernel / cuLaunchKernel / hipLaunchKernel, and the number of kernels per step.",
   comm: "Communication kernel time and the share of it overlapped by compute kernels (HTA's comm/comp overlap).",
   idle: "HTA's idle breakdown over the span from the first to the last GPU activity on the device: host wait (the next kernel's launch "

@@ -148,8 +148,10 @@ def format_report(rep: dict, indent: str = "", heading: Optional[str] = None) ->
     sync = rep.get("sync") or {}
     if sync.get("sync_pct"):
         busy = sync.get("gpu_busy_during_sync_pct")
+        refill = sync.get("sync_refill_idle_pct")
         add(f"{indent}host waits on the GPU (sync calls): {pct(sync['sync_pct'], 1)} of step time"
-            + (f", the GPU busy {pct(busy, 0)} of that wait" if busy is not None else ""))
+            + (f", the GPU busy {pct(busy, 0)} of that wait" if busy is not None else "")
+            + (f", then idle {pct(refill, 1)} of step time until the host launches again" if refill else ""))
     for line in _sync_and_input_lines(rep):
         add(f"{indent}{line}")
     for line in _flops_lines(rep) + _compilation_lines(rep) + _collective_lines(rep):
