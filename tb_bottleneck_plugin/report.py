@@ -20,7 +20,7 @@ import numpy as np
 
 from .trace import discovery, loader, model, storage
 from .judge import cards, recommendations
-from .analysis import memory, occupancy, operators, registry, units
+from .analysis import devices, memory, occupancy, operators, registry, units
 from .analysis import distributed  # metrics §12: the rank view's per-span part
 from .errors import BottleneckError
 
@@ -150,7 +150,7 @@ def analyze_trace(trace: model.TraceData, *, run=None, worker=None, span=None, s
 
         store = _Sections({}, source=trace.meta.source).run("timeline", _timeline.build_store, trace, span=ctx)
     rep["errors"] = sec.errors
-    rep["not_available_labels"] = not_available_labels(not_available)
+    rep["not_available_labels"] = not_available_labels(not_available, rep)
     out_report = _clean(rep)
     out = {} if not timeline else {"timeline_store": store}
     return {**out, "report": out_report, "memory": _clean(curves), "kernels": _clean(kernels),
@@ -243,20 +243,7 @@ def _words(key: str) -> str:
     return " ".join(text.replace("_", " ").replace(".", " ").split()) or "value"
 
 
-def _device_label(section: str, dev: str) -> str:
-    if section == "memory":
-        if dev == "cpu":
-            return "CPU memory"
-        kind, _, num = dev.partition(":")
-        if kind == "cuda" and num:
-            return f"GPU {_words(num)} memory"
-        if kind.startswith("type") and num:
-            return f"Device type {_words(kind[4:])} id {_words(num)} memory"
-        return f"{_words(dev)} memory"
-    return f"GPU {_words(dev)}"
-
-
-def not_available_label(key: str) -> str:
+def not_available_label(key: str, report: Optional[dict] = None) -> str:
     """Plain words for a `not_available` key, e.g. 'memory.cpu.slack_fragmentation_time_weighted_pct'
     -> 'CPU memory: allocator slack (time-weighted)'. Unknown keys still read as words
     (no underscores, no dots)."""
@@ -267,7 +254,7 @@ def not_available_label(key: str) -> str:
     section, rest = parts[0], parts[1:]
     head = _SECTION_LABELS.get(section) or _words(section).capitalize()
     if section in ("gpu", "memory") and len(rest) >= 2:
-        head = _device_label(section, rest[0])
+        head = devices.label(rest[0], report) + (" memory" if section == "memory" else "")
         rest = rest[1:]
     if not rest:
         return head
@@ -276,8 +263,9 @@ def not_available_label(key: str) -> str:
     return f"{head}: {words}"
 
 
-def not_available_labels(not_available: Dict[str, str]) -> Dict[str, str]:
-    return {key: not_available_label(key) for key in not_available}
+def not_available_labels(not_available: Dict[str, str], report: Optional[dict] = None) -> Dict[str, str]:
+    """``report``: its ``device_labels`` name the devices (analysis/devices.py)."""
+    return {key: not_available_label(key, report) for key in not_available}
 
 
 # ---------------------------------------------------------------------------- summaries
@@ -329,7 +317,7 @@ def combine_results(results: List[dict], *, run=None, worker=None, views: bool =
     extra = _combine_views(results, sec) if views else {}
     out["errors"] = [dict(e, span=r.get("span")) for r in reports for e in (r.get("errors") or [])
                      if isinstance(e, dict)] + sec.errors
-    out["not_available_labels"] = not_available_labels(not_available)
+    out["not_available_labels"] = not_available_labels(not_available, out)
     return {"report": _clean(out), "memory": curves, "kernels": _clean(kernels), **extra}
 
 

@@ -12,7 +12,7 @@ and HTA's MI250 ROCm trace.
   that share, the route's ``occupancy.calculator_kernel_time_pct``, instead of claiming that
   Kineto computed every value.
 - Recommendation chips carry units (the allocator-slack advice on HTA's V100 memory trace).
-- Memory devices are named as the header names them ("GPU 0 (NVIDIA H100 ...)", "CPU").
+- Memory devices are named as the header names them ("GPU 0: NVIDIA H100 ...", "CPU").
 - A run whose every span failed shows the selected span's own error (a truncated .gz and a
   trace with no events in one run).
 """
@@ -154,7 +154,7 @@ def test_a_broken_span_shows_its_own_error(span, seen, not_seen, broken_base, br
 
 
 def test_memory_devices_are_named_as_the_header_names_them(trust_base, browser_page):
-    """'GPU 0 (NVIDIA H100 80GB HBM3)' in the Peak memory card, the Fragmentation card and the
+    """'GPU 0: NVIDIA H100 80GB HBM3' in the Peak memory card, the Fragmentation card and the
     Memory panel, as in the header ('GPU 0: NVIDIA H100 ...'); not the report's key 'cuda:0'."""
     rep = wait_route(trust_base, "report", run="h100_bert")
     name = rep["device_names"]["0"]
@@ -162,12 +162,12 @@ def test_memory_devices_are_named_as_the_header_names_them(trust_base, browser_p
     w = browser_page(trust_base)
     frame, iframe = w.open_run("h100_bert", ready='.card[data-card="tensor_cores"]')
     peak = frame.locator('.card[data-card="peak_memory"] .card-sublabel').inner_text().strip()
-    assert peak == f"GPU 0 ({name})", peak
+    assert peak == f"GPU 0: {name}", peak
     slack = frame.locator('.card[data-card="allocator_slack"] .card-sublabel').inner_text()
     assert "GPU 0" in slack and "cuda:" not in slack, slack
     head = frame.locator(".mem-device .mem-head strong").first
     head.wait_for(timeout=120_000)
-    assert head.inner_text().strip() == f"GPU 0 ({name})"
+    assert head.inner_text().strip() == f"GPU 0: {name}"
     host = frame.locator("details.mem-more summary").first.inner_text().strip()
     assert host == f"CPU (host) memory \u00b7 peak {rep['memory']['cpu']['peak_allocated_bytes']} B", host  # 16 B
     assert "cuda:" not in frame.locator(".cards").inner_text()

@@ -60,12 +60,14 @@ def test_peaks_capacity_and_slack(tmp_path):
     assert mem.memory_usage(tr) == r  # without a dict to fill, the same section
 
 
-def test_hip_device_is_cuda_key_without_capacity(tmp_path):
+def test_hip_device_is_cuda_key_with_its_capacity(tmp_path):
+    """HIP's Device Id is PyTorch's index, the ordinal deviceProperties enumerates (issue 20
+    item 2: a graph capture's peak is judged against it); only the kernels' ids differ on ROCm."""
     tr = write(tmp_path, [_m(0, 6, 0, 512, 512, 2048), _span(0, 10)], [{"id": 0, "totalGlobalMem": 64 * GIB}])
     na = {}
     r = mem.memory_usage(tr, not_available=na)
     assert list(r) == ["cuda:0"]
-    assert r["cuda:0"]["capacity_bytes"] is None and "ROCm" in na["memory.cuda:0.capacity_bytes"]
+    assert r["cuda:0"]["capacity_bytes"] == 64 * GIB and "memory.cuda:0.capacity_bytes" not in na
     assert r["cuda:0"]["slack_fragmentation_pct"] == pytest.approx(75.0)
 
 

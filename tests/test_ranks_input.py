@@ -19,6 +19,7 @@ import pytest
 from tb_bottleneck_plugin.trace import discovery
 from tb_bottleneck_plugin.views import ranks
 from tb_bottleneck_plugin import report
+from tb_bottleneck_plugin.analysis.devices import label as device_label
 
 from conftest import DEMO_LOGS, write_trace  # noqa: E402
 
@@ -170,7 +171,7 @@ def test_bytes_like_the_cards(b, words):
 
 @pytest.mark.parametrize("key, words", [("cpu", "CPU"), ("cuda:0", "GPU 0"), ("cuda:7", "GPU 7"), ("xpu:1", "xpu:1")])
 def test_device_words_like_the_cards(key, words):
-    assert ranks._device_words(key) == words
+    assert device_label(key) == words  # one formatter (analysis/devices.py), as the cards
 
 
 def _kernel(name, ts, dur):

@@ -23,7 +23,7 @@ RESNET0 = TRACES / "kineto-tb-samples/resnet50_num_workers_0"
 BREAKDOWN_FIELDS = ("avg_step_us", "breakdown_us", "breakdown_pct", "breakdown_per_step")
 # section -> (module, attribute) to break, and the report fields that section owns
 SECTIONS = {
-    "trace": (units_trace, "trace_facts", ("trace", "device_names", "device_properties")),
+    "trace": (units_trace, "trace_facts", ("trace", "device_names", "device_labels", "device_properties")),
     "breakdown": (breakdown, "step_breakdown", BREAKDOWN_FIELDS),
     "input": (input_bound, "input_bound", ("input",)),
     "gpu": (gpu, "gpu_metrics", ("gpu",)),

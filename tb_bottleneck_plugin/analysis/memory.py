@@ -28,9 +28,10 @@ Definitions:
 - Slack fragmentation (GPU only: Device Type 1 or 6) = 100 * (peak reserved - peak
   allocated) / peak reserved, and 100 * ∫(reserved - allocated) dt / ∫reserved dt. It is
   the caching allocator's unused reservation, *not* XProf's fragmentation.
-- Capacity = ``deviceProperties[id].totalGlobalMem`` for CUDA devices only. HIP memory
-  events are not joined to ``deviceProperties`` (ROCm device numbering differs between
-  kineto's GPU rows and PyTorch's device index; metrics.md "Per device").
+- Capacity = ``deviceProperties[Device Id].totalGlobalMem`` for GPU devices: ``Device Id`` is
+  PyTorch's index, the ordinal ``deviceProperties`` enumerates on CUDA and ROCm alike (it is
+  the kernels' device ids that ROCm numbers differently; metrics.md "Per device"); on ROCm an
+  id without an entry takes the capacity every entry shares (``devices.memory_properties``).
 
 ``UNIT``: the metric unit (analysis/units.py). Its span result also fills the memory
 curves (``span.extras["memory"]``, the memory route) and applies a CUDA memory snapshot
@@ -45,9 +46,9 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .. import thresholds as T
-from ..trace.model import DEVICE_TYPE_CPU, DEVICE_TYPE_CUDA, DEVICE_TYPE_HIP, TraceData
-from . import factorize
-from .occupancy import device_properties, prop_int
+from ..trace.model import DEVICE_TYPE_CUDA, DEVICE_TYPE_HIP, TraceData
+from . import devices, factorize
+from .occupancy import prop_int
 
 GPU_DEVICE_TYPES = (DEVICE_TYPE_CUDA, DEVICE_TYPE_HIP)
 
@@ -91,12 +92,7 @@ def _int_list(values: np.ndarray) -> List[Optional[int]]:
     return [int(v) if k else None for v, k in zip(values.tolist(), ok.tolist())]
 
 
-def device_key(device_type: int, device_id: int) -> str:
-    if device_type == DEVICE_TYPE_CPU:
-        return "cpu"
-    if device_type in GPU_DEVICE_TYPES:
-        return f"cuda:{int(device_id)}"
-    return f"type{int(device_type)}:{int(device_id)}"
+device_key = devices.memory_key  # "cpu", "cuda:N" (CUDA and HIP), "type<T>:<N>"
 
 
 def slack_pct(peak_reserved, peak_allocated) -> Optional[float]:
@@ -194,7 +190,6 @@ def memory_usage(trace: TraceData, step_boundaries: Optional[Iterable[Tuple[int,
         return out
     steps = list(step_boundaries) if step_boundaries is not None else []
     end_ts = trace.meta.last_ts
-    props = device_properties(trace)
     dev_pairs = np.stack([mem.device_type.astype(np.int64), mem.device_id.astype(np.int64)], axis=1)
     uniq, inv = factorize.unique_rows(dev_pairs)
     for j, (dtype, did) in enumerate(uniq.tolist()):
@@ -239,15 +234,14 @@ def memory_usage(trace: TraceData, step_boundaries: Optional[Iterable[Tuple[int,
         if bad_res is not None:
             na[p + "peak_reserved_bytes"] = bad_res
         capacity = None
-        total_mem = prop_int(props.get(did), "totalGlobalMem")
-        if dtype == DEVICE_TYPE_CUDA and total_mem:
-            capacity = total_mem
-        elif dtype == DEVICE_TYPE_HIP:
-            na[p + "capacity_bytes"] = ("HIP device ids are not joined to deviceProperties (ROCm device numbering "
-                                    "differs)")
-        elif is_gpu:
-            na[p + "capacity_bytes"] = ("no deviceProperties entry for this device" if did not in props
-                                    else "deviceProperties 'totalGlobalMem' of this device is not a valid size")
+        if is_gpu:
+            # Device Id is PyTorch's index, the ordinal deviceProperties enumerates (CUDA and
+            # HIP alike; analysis/devices.py), whatever id the kernels carry
+            entry, why = devices.memory_properties(trace, dtype, did)
+            capacity = prop_int(entry, "totalGlobalMem") if entry is not None else None
+            if capacity is None:
+                na[p + "capacity_bytes"] = (why if entry is None
+                                        else "deviceProperties 'totalGlobalMem' of this device is not a valid size")
         else:
             na[p + "capacity_bytes"] = "traces do not record the host's memory size"
         slack = slack_tw = None

@@ -310,6 +310,9 @@ def _is_rocm(trace: TraceData) -> bool:
                                         or "AMD" in str(p.get("name", ""))) for p in props or [])
 
 
+is_rocm = _is_rocm  # public: analysis/devices.py names ROCm devices by it
+
+
 def _not_available_reason(trace: TraceData, has_kernels: bool, calc_reasons: Optional[Dict[int, str]] = None) -> str:
     if not has_kernels:
         return "no GPU kernels in the trace (CPU-only)"

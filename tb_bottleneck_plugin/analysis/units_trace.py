@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from ..trace import model
-from .occupancy import device_properties
+from . import devices
+from .occupancy import device_properties, is_rocm
 from .units import ALWAYS, Unit
 
-FIELDS = {"device_names": {}, "device_properties": [], "trace": None}
+FIELDS = {"device_names": {}, "device_labels": {}, "device_properties": [], "trace": None}
 PROFILER_OPTIONS = ("record_shapes", "profile_memory", "with_stack")
 COUNTS = ("events", "kernels", "memcpys", "memsets", "runtime_calls", "cpu_events", "memory_events", "duration_us")
 
@@ -36,8 +37,14 @@ def trace_facts(trace: model.TraceData) -> dict:
 
 def _compute(span) -> dict:
     trace = span.trace
-    # keyed by device id as every other unit looks a device up (occupancy.device_properties)
-    return {"device_names": {str(d): p.get("name") or "unknown GPU" for d, p in device_properties(trace).items()},
+    # keyed by the trace's device id, as the gpu section: the deviceProperties ids (CUDA; on
+    # ROCm they are not the kernels' ids) and every device that ran GPU activity, named one
+    # way (analysis/devices.py)
+    labels = devices.device_labels(trace)
+    names = {} if is_rocm(trace) else {str(d): devices.UNKNOWN_GPU if not str(p.get("name") or "").strip()
+                                       else str(p["name"]).strip() for d, p in device_properties(trace).items()}
+    names.update({str(d): labels[str(d)]["name"] for d in trace.devices})
+    return {"device_names": names, "device_labels": labels,
             "device_properties": trace.meta.device_properties,
             "trace": trace_facts(trace)}
 
@@ -46,6 +53,7 @@ def _partial(report: dict) -> dict:
     facts = report.get("trace") or {}
     out = {f"sum:{k}": facts.get(k) or 0 for k in COUNTS}
     out.update({"rows:device_names": list((report.get("device_names") or {}).items()),
+                "rows:device_labels": list((report.get("device_labels") or {}).items()),
                 "rows:device_properties": [report["device_properties"]] if report.get("device_properties") else [],
                 "rows:gpu_devices": list(facts.get("gpu_devices") or []),
                 "rows:warnings": list(facts.get("warnings") or []),
@@ -54,7 +62,7 @@ def _partial(report: dict) -> dict:
 
 
 def _finish(m: dict) -> dict:
-    return {"device_names": dict(m["rows:device_names"]),
+    return {"device_names": dict(m["rows:device_names"]), "device_labels": dict(m["rows:device_labels"]),
             "device_properties": m["rows:device_properties"][0] if m["rows:device_properties"] else [],
             "trace": {**{k: m[f"sum:{k}"] for k in COUNTS},
                       "gpu_devices": sorted(set(m["rows:gpu_devices"]), key=str),

@@ -165,15 +165,24 @@ def _card_peak_memory(report: dict) -> dict:
     m = (report.get("memory") or {}).get(dev) or {} if dev else {}
     value = V.num(m.get("peak_allocated_bytes"))
     out = V.card(report, value, "bytes", "memory_growth", None,
-                 ("MEMORY_LEAK_MIN_RISES", "MEMORY_LEAK_MIN_GROWTH_BYTES"),
+                 ("MEMORY_LEAK_MIN_RISES", "MEMORY_LEAK_MIN_GROWTH_BYTES", "MEMORY_PRESSURE_PCT"),
                  (f"memory.{dev}.peak_allocated_bytes", "memory") if dev else ("memory",))
     out["device"] = dev
     if value is not None:
+        # judged against the device's own capacity (deviceProperties totalGlobalMem of the
+        # memory device, analysis/devices.py): also the peak of a CUDA-graph capture
         cap = V.num(m.get("capacity_bytes"))
+        used = reserved_of_capacity_pct(m)
+        near = (f"; peak reserved {used:.0f} % of capacity: near full" if used is not None
+                and used >= T.MEMORY_PRESSURE_PCT else "")
+        capture = " during CUDA-graph capture" if capture_only(report) else ""
         if out["severity"] != "ok":
             out["verdict"] = "allocated memory rises every step: possible leak"
         elif cap:
-            out["verdict"] = f"{100.0 * value / cap:.1f} % of capacity"
+            out["verdict"] = f"{100.0 * value / cap:.1f} % of capacity{capture}{near}"
+        elif dev and str(dev).startswith("cuda:"):
+            why = (report.get("not_available") or {}).get(f"memory.{dev}.capacity_bytes")
+            out["verdict"] = f"capacity unknown{': ' + why if why else ''}: not compared with the device's memory"
         else:
             out["verdict"] = "no steady growth across steps"
     return out

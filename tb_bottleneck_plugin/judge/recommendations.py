@@ -23,6 +23,7 @@ from typing import Callable, List, Optional
 
 from .. import thresholds as T
 from ..analysis.input_bound import verdict_for
+from ..analysis.devices import label as device_label
 
 _SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2}
 
@@ -145,14 +146,6 @@ def _is_amd(report) -> bool:
                 or "gcnArchName" in p or "maxSharedMemoryPerMultiProcessor" in p:
             return True
     return False
-
-
-def _device_words(key: str) -> str:
-    """A memory device key as the tab and the CLI name it: 'cuda:1' -> 'GPU 1', 'cpu' -> 'CPU'."""
-    kind, _, num = str(key).partition(":")
-    if kind == "cuda" and num:
-        return f"GPU {num}"
-    return "CPU" if key == "cpu" else str(key)
 
 
 def _kernel_share(report) -> float:
@@ -789,7 +782,7 @@ def rule_allocator_slack(report) -> Optional[dict]:
     if worst is None or worst[1] < T.SLACK_FRAGMENTATION_PCT:
         return None
     key, slack, mem = worst
-    dev = _device_words(key)
+    dev = device_label(key, report)
     gib = 1 << 30
     used = reserved_of_capacity_pct(mem)
     return {
@@ -820,7 +813,7 @@ def rule_memory_growth(report) -> Optional[dict]:
     for key, mem in (report.get("memory") or {}).items():
         growth = mem.get("growth") or {}
         if growth.get("possible_leak"):
-            dev = _device_words(key)
+            dev = device_label(key, report)
             steps = growth.get("per_step") or []
             return {
                 "rule": "memory_growth", "severity": "medium",

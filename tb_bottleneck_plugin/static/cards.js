@@ -29,7 +29,7 @@
 import {h, mount} from "./dom.js";
 import {isNum, fmtPct, fmtUs, fmtBytes, fmtCount, fmtNum, readableKey} from "./format.js";
 import {DEFS} from "./defs.js";
-import {gpuEntries, deviceName, memoryDevices, reservedKnown, memDeviceLabel, naReason, severityClass} from "./common.js";
+import {gpuEntries, deviceLabel, memoryDevices, reservedKnown, memDeviceLabel, naReason, severityClass} from "./common.js";
 
 /** Formats a verdict's value by its unit (docs/route-schema.json `verdict.unit`). */
 export function fmtVerdictValue(value, unit) {
@@ -100,11 +100,10 @@ const EXTRAS = {
       const devs = gpuEntries(report);
       if (devs.length === 1) {
         const [id, g] = devs[0];
-        const n = deviceName(report, id);
-        return [n ? `GPU ${id}: ${n}` : null,
+        return [deviceLabel(report, id, true),
           g && isNum(g.est_sm_efficiency_pct) ? `est. SM efficiency ${fmtPct(g.est_sm_efficiency_pct)}` : null];
       }
-      return devs.length ? [devs.map(([id, g]) => `GPU ${id}: ${fmtPct(g && g.utilization_pct)}`).join(" · ")] : [];
+      return devs.length ? [devs.map(([id, g]) => `${deviceLabel(report, id)}: ${fmtPct(g && g.utilization_pct)}`).join(" · ")] : [];
     },
   },
   tensor_cores: {
@@ -173,7 +172,7 @@ const EXTRAS = {
         out.push(`reserved: not recorded${why ? ` (${why})` : ""}`);
       }
       if (m.allocated_is_relative) out.push("growth since profiling start (old trace: rebuilt from Bytes)");
-      if (gpuKeys.length > 1) out.push(gpuKeys.map((k) => `${k.replace("cuda:", "GPU ")}: ${fmtBytes(mem[k] && mem[k].peak_allocated_bytes)}`).join(" · "));
+      if (gpuKeys.length > 1) out.push(gpuKeys.map((k) => `${deviceLabel(report, k)}: ${fmtBytes(mem[k] && mem[k].peak_allocated_bytes)}`).join(" · "));
       return out;
     },
   },
@@ -181,7 +180,7 @@ const EXTRAS = {
     def: DEFS.slack,
     sublabel: (report, v) => {
       const [key] = memoryOf(report, v);
-      return key && memoryDevices(report.memory || {}).length > 1 ? `allocator slack (${key.replace("cuda:", "GPU ")}), not XProf's fragmentation`
+      return key && memoryDevices(report.memory || {}).length > 1 ? `allocator slack (${deviceLabel(report, key)}), not XProf's fragmentation`
         : "allocator slack, not XProf's fragmentation";
     },
     details(report, v) {

@@ -66,12 +66,28 @@ export function reservedKnown(key, value) {
 }
 
 export function memDeviceLabel(report, key) {
-  // Named as the header and the GPU card name devices ("GPU 0: NVIDIA H100 ..."), not by the
-  // report's key ("cuda:0"), which also says "cuda" on ROCm.
-  const m = /^cuda:(\d+)$/.exec(key);
-  if (!m) return key === "cpu" ? "CPU" : key;
-  const name = deviceName(report, m[1]);
-  return name ? `GPU ${m[1]} (${name})` : `GPU ${m[1]}`;
+  return deviceLabel(report, key, true);
+}
+
+/**
+ * The one name of a device, from the server's `device_labels` (analysis/devices.py): the
+ * trace's device id ("GPU 2"), the same for the GPU section's key "2" and the memory key
+ * "cuda:0" of that device; `named` adds the model ("GPU 2: NVIDIA A100", "GPU 2: unknown GPU").
+ */
+export function deviceLabel(report, key, named = false) {
+  const entry = ((report && report.device_labels) || {})[String(key)];
+  let text;
+  let name = null;
+  if (entry && typeof entry === "object" && entry.label) {
+    text = String(entry.label);
+    name = entry.name || null;
+  } else {  // an older cached report: the key itself
+    const m = /^cuda:(\d+)$/.exec(String(key));
+    const id = m ? m[1] : String(key);
+    text = key === "cpu" ? "CPU" : (m || /^-?\d+$/.test(id) ? `GPU ${id}` : String(key));
+    if (text.startsWith("GPU ")) name = deviceName(report, id) || "unknown GPU";
+  }
+  return named && name ? `${text}: ${name}` : text;
 }
 
 export function panel(title, {info, subtitle, cls, id} = {}, ...children) {

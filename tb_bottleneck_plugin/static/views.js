@@ -9,7 +9,7 @@ import {responsive, stackedBarChart, histogram, withTooltip} from "./charts.js";
 import {isNum, fmtPct, fmtUs, fmtUsTick, fmtCount, fmtNum, readableKey} from "./format.js";
 import {CATEGORIES, CAT_NAMES, CAT_COLORS, CAT_DEFS, BREAKDOWN_DEF, DEFS} from "./defs.js";
 import {
-  panel, kv, note, naReason, gpuEntries, isCpuOnly, cpuOnlyReason, deviceName, memoryDevices, verdictSeverity,
+  panel, kv, note, naReason, gpuEntries, isCpuOnly, cpuOnlyReason, deviceLabel, memoryDevices, verdictSeverity,
 } from "./common.js";
 import {renderCards, coresWord} from "./cards.js";
 import {recommendationsPanel} from "./recommendations.js";
@@ -80,12 +80,9 @@ function summaryBar(report, ctx) {
   const steps = report.steps || {};
   const nums = Array.isArray(steps.numbers) ? steps.numbers : [];
   const bits = [];
-  for (const [id] of gpuEntries(report)) {
-    const n = deviceName(report, id);
-    bits.push(`GPU ${id}${n ? `: ${n}` : ""}`);
-  }
+  for (const [id] of gpuEntries(report)) bits.push(deviceLabel(report, id, true));
   if (!bits.length) {
-    for (const [id, n] of Object.entries(report.device_names || {})) bits.push(`GPU ${id}: ${n}`);
+    for (const id of Object.keys(report.device_names || {})) bits.push(deviceLabel(report, id, true));
   }
   if (steps.found === false) {
     bits.push("one window (no ProfilerStep)");
@@ -237,7 +234,7 @@ function tensorCorePanel(report, cpuOnly) {
   const per = tc.per_device && typeof tc.per_device === "object" ? Object.entries(tc.per_device) : [];
   const rows = [
     [`${word === "Tensor Cores" ? "Tensor Core" : "Matrix-core"} kernel time`, fmtPct(tc.tensor_core_pct), DEFS.tc],
-    per.length > 1 ? ["Per device", per.map(([d, v]) => `GPU ${d}: ${fmtPct(v)}`).join(" · ")] : null,
+    per.length > 1 ? ["Per device", per.map(([d, v]) => `${deviceLabel(report, d)}: ${fmtPct(v)}`).join(" · ")] : null,
     ["Eligible but not using", isNum(tc.eligible_not_using_pct)
       ? h("span", {class: `sev-text-${verdictSeverity(report, "tensor_cores")}`},
         `${fmtPct(tc.eligible_not_using_pct)} of kernel time`)
@@ -307,9 +304,9 @@ function otherSignalsPanel(report, cpuOnly) {
   for (const [id, g] of gpuEntries(report)) {
     const idle = g && g.idle;
     if (!idle || !isNum(idle.idle_us)) continue;
-    rows.push([`GPU ${id} idle (HTA)`, `${fmtPct(idle.idle_pct)} of its active span: host wait ${fmtUs(idle.host_wait_us)}`
+    rows.push([`${deviceLabel(report, id)} idle (HTA)`, `${fmtPct(idle.idle_pct)} of its active span: host wait ${fmtUs(idle.host_wait_us)}`
       + ` · kernel wait ${fmtUs(idle.kernel_wait_us)} · other ${fmtUs(idle.other_us)}`, DEFS.idle]);
-    if (isNum(g.est_sm_efficiency_pct)) rows.push([`GPU ${id} est. SM efficiency`, fmtPct(g.est_sm_efficiency_pct), DEFS.sm]);
+    if (isNum(g.est_sm_efficiency_pct)) rows.push([`${deviceLabel(report, id)} est. SM efficiency`, fmtPct(g.est_sm_efficiency_pct), DEFS.sm]);
   }
   const memGrowth = [];
   for (const key of memoryDevices(report.memory || {})) {

@@ -9,6 +9,7 @@ from __future__ import annotations
 import posixpath
 from typing import Dict, Iterable, List, Optional
 
+from ..analysis.devices import label as device_label
 from ..judge.recommendations import _is_amd
 from ..report import not_available_label
 
@@ -55,13 +56,6 @@ def pct(value, digits: int = 2) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}%"
 
 
-def _memory_device(key: str) -> str:
-    if key == "cpu":
-        return "CPU"
-    kind, _, num = key.partition(":")
-    return f"GPU {num}" if kind == "cuda" else key
-
-
 def headline_text(value, unit: str) -> str:
     """A headline number (analysis/units.py ``Metric``) in its unit: '12.34%', '2.60 GiB', '12.3 ms'."""
     if value is None:
@@ -104,11 +98,9 @@ def format_report(rep: dict, indent: str = "", heading: Optional[str] = None) ->
                             plural(t.get("cpu_events"), "CPU event"), plural(t.get("memory_events"), "memory event")])
         dur = t.get("duration_us")
         add(f"{indent}{plural(t.get('events'), 'event')}: {counts}" + (f"; {duration(dur)} of trace" if dur else ""))
-        devices = t.get("gpu_devices") or []
-        names = rep.get("device_names") or {}
-        if devices:
-            add(f"{indent}GPU devices: " + ", ".join(
-                f"{d}" + (f" ({names[str(d)]})" if str(d) in names else "") for d in devices))
+        gpus = t.get("gpu_devices") or []
+        if gpus:  # named as everywhere else: "GPU 2: NVIDIA A100", "GPU 0: unknown GPU"
+            add(f"{indent}devices: " + ", ".join(device_label(d, rep, named=True) for d in gpus))
         else:
             add(f"{indent}CPU-only trace: no GPU activity")
         for w in dict.fromkeys(t.get("warnings") or []):  # e.g. a step clipped to the recorded activity
@@ -137,7 +129,7 @@ def format_report(rep: dict, indent: str = "", heading: Optional[str] = None) ->
             ("utilization_pct", "utilization"), ("est_sm_efficiency_pct", "estimated SM efficiency"),
             ("est_achieved_occupancy_pct", "estimated occupancy"), ("tensor_core_pct", cores))
             if g.get(key) is not None]
-        add(f"{indent}GPU {dev}: " + (", ".join(parts) if parts else "n/a"))
+        add(f"{indent}{device_label(dev, rep)}: " + (", ".join(parts) if parts else "n/a"))
     launch = rep.get("launch") or {}
     if st and st.get("found") and launch.get("kernels_per_step") is not None and (t.get("kernels") or not t):
         kps = launch["kernels_per_step"]
@@ -157,7 +149,7 @@ def format_report(rep: dict, indent: str = "", heading: Optional[str] = None) ->
     for line in _flops_lines(rep) + _compilation_lines(rep) + _collective_lines(rep):
         add(f"{indent}{line}")
     for key, m in (rep.get("memory") or {}).items():
-        text = f"{indent}memory {_memory_device(key)}: peak allocated {size(m.get('peak_allocated_bytes'))}"
+        text = f"{indent}memory {device_label(key, rep)}: peak allocated {size(m.get('peak_allocated_bytes'))}"
         if m.get("allocated_is_relative"):
             text += " (relative to the start of the trace)"
         reserved = m.get("peak_reserved_bytes")
