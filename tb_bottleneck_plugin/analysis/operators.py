@@ -23,15 +23,18 @@ def _unique_rows(key) -> tuple:
     return factorize.unique_rows(key)
 
 
-def _nesting(pid, tid, ts, end):
+def _nesting(pid, tid, ts, end, container: Optional[np.ndarray] = None):
     """Depth (0 = not inside another op of the set on its thread) and direct parent
     (index, -1 for none) of each interval. Intervals on one thread are assumed to nest
     (as the profiler writes them); an interval starting exactly when another ends is
-    not inside it. Zero-length intervals get a depth but are nobody's parent."""
+    not inside it. Zero-length intervals get a depth but are nobody's parent.
+    ``container`` (an int64 array of n, filled in place): for each zero-length interval,
+    the innermost positive-length one whose [start, end) holds its time (-1 for none),
+    meaningful when the set nests (``_laminar``)."""
     n = len(ts)
     depth = np.zeros(n, np.int64)
     parent = np.full(n, -1, np.int64)
-    threads = _unique_rows(np.stack([pid, tid], 1))[1]
+    threads = _thread_codes(pid, tid)
     for t in range(int(threads.max()) + 1 if n else 0):
         idx = np.flatnonzero(threads == t)
         pos_mask = end[idx] > ts[idx]
@@ -39,35 +42,93 @@ def _nesting(pid, tid, ts, end):
         zero = idx[~pos_mask]
         # Positive-length ops in (start, longest first) order: each op's ancestors are
         # the earlier ones still open at its start.
-        o = full[np.lexsort((-end[full], ts[full]))]
+        o = full[_start_order(ts[full], end[full])]
+        starts_sorted = ts[o]
         ends_sorted = np.sort(end[o])
-        d_full = np.arange(len(o)) - np.searchsorted(ends_sorted, ts[o], side="right")
+        d_full = np.arange(len(o)) - np.searchsorted(ends_sorted, starts_sorted, side="right")
         depth[o] = d_full
         if len(zero):
-            starts_sorted = np.sort(ts[o])
             depth[zero] = (np.searchsorted(starts_sorted, ts[zero], side="right")
                            - np.searchsorted(ends_sorted, ts[zero], side="right"))
-        # Parent: the nearest earlier op one level up (sort by (depth, position)).
-        pos = np.arange(len(o))
-        key_order = np.lexsort((pos, d_full))
-        kd, kp = d_full[key_order], pos[key_order]
-        has = d_full > 0
-        if has.any():
-            want = d_full[has] - 1
-            j = _last_before(kd, kp, want, pos[has], np.searchsorted(kd, want, side="left"))
-            ok = j >= 0
-            parent[o[has][ok]] = o[kp[j[ok]]]
+        # Parent: the nearest earlier op one level up. Entries in (depth, position) order
+        # ask for (depth - 1, position): sorted queries into the same sorted codes.
+        key_order = np.argsort(d_full, kind="stable")
+        kd = d_full[key_order]
+        big = len(o) + 1
+        code = kd * big + key_order
+        q = np.flatnonzero(kd > 0)
+        if len(q):
+            j = np.searchsorted(code, code[q] - big, side="left") - 1
+            ok = (j >= 0) & (kd[np.maximum(j, 0)] == kd[q] - 1)
+            parent[o[key_order[q[ok]]]] = o[key_order[j[ok]]]
+        if container is not None and len(zero) and len(o):
+            # the last positive interval starting at or before the point, then up while closed
+            j = np.searchsorted(starts_sorted, ts[zero], side="right") - 1
+            cand = np.where(j >= 0, o[np.maximum(j, 0)], -1)
+            while True:
+                closed = cand >= 0
+                closed[closed] = end[cand[closed]] <= ts[zero[closed]]
+                if not closed.any():
+                    break
+                cand[closed] = parent[cand[closed]]
+            container[zero] = cand
     return depth, parent
 
 
-def _last_before(kd, kp, want_depth, want_pos, depth_start) -> np.ndarray:
-    """Index into (kd, kp) of the entry with depth ``want_depth`` and the largest
-    position below ``want_pos``; -1 if none. Entries are sorted by (depth, position),
-    so one search over depth * big + position finds it; ``depth_start`` is where each
-    wanted depth's run begins."""
-    big = int(kp.max()) + 1 if len(kp) else 1
-    j = np.searchsorted(kd * big + kp, want_depth * big + want_pos, side="left") - 1
-    return np.where(j >= depth_start, j, -1)
+def _thread_codes(pid, tid) -> np.ndarray:
+    """A dense id per distinct (pid, tid) (in order of first appearance): rows come in runs
+    of one thread, so only the runs' keys are hashed."""
+    n = len(pid)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    starts = np.concatenate([[0], np.flatnonzero((pid[1:] != pid[:-1]) | (tid[1:] != tid[:-1])) + 1])
+    codes: Dict[tuple, int] = {}
+    run_code = np.fromiter((codes.setdefault(k, len(codes)) for k in zip(pid[starts].tolist(), tid[starts].tolist())),
+                           np.int64, len(starts))
+    return np.repeat(run_code, np.diff(np.append(starts, n)))
+
+
+def _start_order(ts, end) -> np.ndarray:
+    """``np.lexsort((-end, ts))``: by start, then longest first, then position. A stable sort
+    of the starts (nearly sorted in a trace); only runs of equal starts are sorted again."""
+    o = np.argsort(ts, kind="stable")
+    ts_s = ts[o]
+    tie = np.flatnonzero(ts_s[1:] == ts_s[:-1])
+    if len(tie):
+        m = np.zeros(len(o), bool)
+        m[tie] = True
+        m[tie + 1] = True
+        i = np.flatnonzero(m)
+        o[i] = o[i[np.lexsort((i, -end[o[i]], ts_s[i]))]]
+    return o
+
+
+def _nearest(parent: np.ndarray, prop: np.ndarray) -> np.ndarray:
+    """For each node, the nearest ancestor-or-self with ``prop`` (-1 when none), by
+    pointer doubling: O(n log depth), no per-node loop."""
+    n = len(parent)
+    jump = np.where(prop, np.arange(n), parent)
+    while True:
+        ok = jump >= 0
+        go = ok.copy()
+        go[ok] = ~prop[jump[ok]]
+        if not go.any():
+            return jump
+        jump[go] = jump[jump[go]]
+
+
+def _strict(parent: np.ndarray, nearest: np.ndarray) -> np.ndarray:
+    """Nearest strict ancestor from the ancestor-or-self ``nearest``."""
+    return np.where(parent >= 0, nearest[np.maximum(parent, 0)], -1)
+
+
+def _laminar(ts, end, depth, parent) -> bool:
+    """Whether the positive-length intervals of a ``_nesting`` result nest exactly (any two
+    on a thread disjoint or one inside the other): each one inside some other is inside its
+    parent. Then every subset's ``_nesting`` is this one's restricted to the subset."""
+    chk = (end > ts) & (depth > 0)
+    par = parent[chk]
+    return bool((par >= 0).all() and (end[chk] <= end[np.maximum(par, 0)]).all())
 
 
 # --------------------------------------------------------------------------- operator view
@@ -87,26 +148,103 @@ VIEW_FIELDS = ("calls", "total_us", "self_us", "gpu_us", "gpu_self_us", "tc_us",
 _COUNT_FIELDS = ("calls", "top_calls")
 
 
-def op_nesting(trace: TraceData) -> Dict[str, np.ndarray]:
+def host_nesting(trace: TraceData) -> Dict[str, np.ndarray]:
+    """The nesting of every host event of one trace per thread: trace.cpu rows (every kind,
+    ProfilerStep#N included), then trace.runtime rows. ``pid``, ``tid``, ``ts``, ``dur``
+    (NaN/negative as 0), ``end``, ``depth``, ``parent`` (see ``_nesting``), ``container``
+    (zero-length events: the innermost positive-length event holding their time) and
+    ``laminar`` (``_laminar``). Source attribution walks it; ``op_nesting`` is derived from it
+    when it nests exactly, so one nesting is computed per trace. Read-only."""
+    cpu, rt = trace.cpu, trace.runtime
+    pid = np.concatenate([cpu.pid, rt.pid])
+    tid = np.concatenate([cpu.tid, rt.tid])
+    ts = np.concatenate([cpu.ts, rt.ts])
+    dur = np.maximum(np.nan_to_num(np.concatenate([cpu.dur, rt.dur]), nan=0.0), 0.0)
+    end = ts + dur
+    n = len(ts)
+    container = np.full(n, -1, np.int64)
+    if n:
+        depth, parent = _nesting(pid, tid, ts, end, container)
+    else:
+        depth, parent = np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return {"pid": pid, "tid": tid, "ts": ts, "dur": dur, "end": end, "depth": depth, "parent": parent,
+            "container": container, "laminar": _laminar(ts, end, depth, parent)}
+
+
+def span_host_nesting(span) -> Dict[str, np.ndarray]:
+    """``host_nesting(span.trace)`` once per span (analysis/units.SpanContext)."""
+    return span.once("host_nesting", lambda: host_nesting(span.trace))
+
+
+def _op_rows(trace: TraceData) -> np.ndarray:
+    cpu = trace.cpu
+    step_ids = trace.string_ids(lambda s: s.startswith("ProfilerStep#"))
+    return np.flatnonzero(((cpu.kind == CPU_OP) | (cpu.kind == CPU_USER_ANNOTATION))
+                          & ~np.isin(cpu.name, step_ids))
+
+
+def _subset_nesting(host: Dict[str, np.ndarray], rows: np.ndarray):
+    """``_nesting`` of the host events ``rows`` (ascending) from an exactly nesting host
+    nesting: the parent is the nearest strict ancestor among ``rows``, the depth the number of
+    such ancestors (a zero-length event: of its container and the container's ancestors)."""
+    h_par = host["parent"]
+    n = len(rows)
+    local = np.full(len(h_par), -1, np.int64)
+    local[rows] = np.arange(n)
+
+    def up_to_member(node):  # nearest ancestor-or-self among rows (host index), walking up
+        node = node.copy()
+        go = np.flatnonzero(node >= 0)
+        go = go[local[node[go]] < 0]
+        while len(go):
+            node[go] = h_par[node[go]]
+            go = go[node[go] >= 0]
+            go = go[local[node[go]] < 0]
+        return node
+
+    up = up_to_member(h_par[rows])
+    parent = np.where(up >= 0, local[np.maximum(up, 0)], -1)
+    # depth: list ranking along the member parents (log2(depth) rounds)
+    depth = (parent >= 0).astype(np.int64)
+    nxt = parent.copy()
+    go = np.flatnonzero(nxt >= 0)
+    while len(go):
+        depth[go] += depth[nxt[go]]
+        nxt[go] = nxt[nxt[go]]
+        go = go[nxt[go] >= 0]
+    zero = np.flatnonzero(host["end"][rows] <= host["ts"][rows])
+    if len(zero):
+        a = up_to_member(host["container"][rows[zero]])
+        depth[zero] = np.where(a >= 0, depth[local[np.maximum(a, 0)]] + 1, 0)
+    return depth, parent
+
+
+def op_nesting(trace: TraceData, host: Optional[Dict[str, np.ndarray]] = None) -> Dict[str, np.ndarray]:
     """The CPU op nesting of one trace, the one computation of it (the Operator view and
     the step timeline's lanes use it): every CPU op / user annotation except
     ProfilerStep#N, ``rows`` (into trace.cpu), ``ts``, ``dur`` (NaN/negative as 0),
     ``end``, ``depth`` (0 = inside no other op of the set on its thread) and ``parent``
-    (index into ``rows`` of the direct parent, -1 for none); see ``_nesting``. Read-only."""
+    (index into ``rows`` of the direct parent, -1 for none); see ``_nesting``. Read-only.
+    ``host``: ``host_nesting(trace)``, from which it is derived when that nests exactly
+    (the same arrays as nesting the ops alone)."""
     cpu = trace.cpu
-    step_ids = trace.string_ids(lambda s: s.startswith("ProfilerStep#"))
-    rows = np.flatnonzero(((cpu.kind == CPU_OP) | (cpu.kind == CPU_USER_ANNOTATION))
-                          & ~np.isin(cpu.name, step_ids))
+    rows = _op_rows(trace)
     ts = cpu.ts[rows]
     dur = np.maximum(np.nan_to_num(cpu.dur[rows], nan=0.0), 0.0)
     end = ts + dur
-    depth, parent = _nesting(cpu.pid[rows], cpu.tid[rows], ts, end) if len(rows) else (np.zeros(0, np.int64),) * 2
+    if not len(rows):
+        depth, parent = (np.zeros(0, np.int64),) * 2
+    elif host is not None and host["laminar"]:
+        depth, parent = _subset_nesting(host, rows)
+    else:
+        depth, parent = _nesting(cpu.pid[rows], cpu.tid[rows], ts, end)
     return {"rows": rows, "ts": ts, "dur": dur, "end": end, "depth": depth, "parent": parent}
 
 
 def span_op_nesting(span) -> Dict[str, np.ndarray]:
-    """``op_nesting(span.trace)`` once per span (analysis/units.SpanContext)."""
-    return span.once("op_nesting", lambda: op_nesting(span.trace))
+    """``op_nesting`` once per span (analysis/units.SpanContext), from the span's host
+    nesting (``span_host_nesting``, which source attribution uses too)."""
+    return span.once("op_nesting", lambda: op_nesting(span.trace, span_host_nesting(span)))
 
 
 def _op_instances(trace: TraceData, nesting: Optional[Dict[str, np.ndarray]] = None,

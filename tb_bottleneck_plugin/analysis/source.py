@@ -2,7 +2,7 @@
 
 - ``source_view(trace, steps, gpu_runtime=None, not_available=None) -> section``: the span
   maths, vectorised over one nesting of every host event (Python frames, CPU ops, user
-  annotations, runtime calls) per thread (operators._nesting).
+  annotations, runtime calls) per thread (operators.host_nesting, shared with the Operator view).
 - The **user frame** of a host event: walking up its stack (enclosing ``python_function``
   frames on the same pid/tid, or the old per-op ``Call stack`` arg), the first frame whose
   file is not inside the Python installation, site-/dist-packages or torch (``is_library_file``).
@@ -27,7 +27,7 @@ import numpy as np
 from ..trace.model import CPU_OP, CPU_PYTHON, CPU_USER_ANNOTATION, TraceData
 from . import intervals as iv
 from .breakdown import dataloader_mask
-from .operators import _nesting, _unique_rows
+from .operators import _nearest, _strict, _unique_rows, host_nesting, span_host_nesting
 from .units import Unit, NONE_FAILED, pct
 
 NAME = "source_attribution"  # report["source"] is already the trace path
@@ -100,25 +100,6 @@ def is_user_frame(name: str) -> bool:
     return parsed is not None and not is_library_file(parsed[0])
 
 
-def _nearest(parent: np.ndarray, prop: np.ndarray) -> np.ndarray:
-    """For each node, the nearest ancestor-or-self with ``prop`` (-1 when none), by
-    pointer doubling: O(n log depth), no per-node loop."""
-    n = len(parent)
-    jump = np.where(prop, np.arange(n), parent)
-    while True:
-        ok = jump >= 0
-        go = ok.copy()
-        go[ok] = ~prop[jump[ok]]
-        if not go.any():
-            return jump
-        jump[go] = jump[jump[go]]
-
-
-def _strict(parent: np.ndarray, nearest: np.ndarray) -> np.ndarray:
-    """Nearest strict ancestor from the ancestor-or-self ``nearest``."""
-    return np.where(parent >= 0, nearest[np.maximum(parent, 0)], -1)
-
-
 def _stack_entries(text: str) -> List[str]:
     try:
         value = json.loads(text)
@@ -177,8 +158,9 @@ def _line_fields(key: str) -> dict:
 
 
 def source_view(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = None,
-                not_available: Optional[Dict[str, str]] = None) -> dict:
-    """The span's ``source`` section (module docstring; METRICS.md §17)."""
+                not_available: Optional[Dict[str, str]] = None, host=None) -> dict:
+    """The span's ``source`` section (module docstring; METRICS.md §17). ``host``:
+    operators.host_nesting(trace) when the caller has it."""
     na = not_available if not_available is not None else {}
     cpu, rt, gpu, S = trace.cpu, trace.runtime, trace.gpu, trace.strings
     nc, nr = len(cpu), len(rt)
@@ -186,13 +168,11 @@ def source_view(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = Non
         from .linking import gpu_runtime_index
         gpu_runtime = gpu_runtime_index(trace)
     # --- one nesting of every host event (cpu rows, then runtime rows) --------------------
-    pid = np.concatenate([cpu.pid, rt.pid])
-    tid = np.concatenate([cpu.tid, rt.tid])
-    ts = np.concatenate([cpu.ts, rt.ts])
-    dur = np.maximum(np.nan_to_num(np.concatenate([cpu.dur, rt.dur]), nan=0.0), 0.0)
-    end = ts + dur
+    if host is None:
+        host = host_nesting(trace)
+    pid, tid, ts, dur, end = host["pid"], host["tid"], host["ts"], host["dur"], host["end"]
+    parent = host["parent"]
     n = nc + nr
-    _, parent = _nesting(pid, tid, ts, end) if n else (None, np.zeros(0, np.int64))
     kind = np.concatenate([cpu.kind, np.full(nr, -1, np.int8)])
     name = np.concatenate([cpu.name, np.full(nr, -1, np.int32)])
     is_py = kind == CPU_PYTHON
@@ -535,7 +515,7 @@ def _compute(span) -> dict:
     from .linking import span_gpu_runtime
 
     return source_view(span.trace, span.found, gpu_runtime=span_gpu_runtime(span),
-                       not_available=span.not_available)
+                       not_available=span.not_available, host=span_host_nesting(span))
 
 
 _LINE_SUMS = ("cpu_us", "calls", "gpu_us", "kernels", "sync_us", "dataloader_us")
