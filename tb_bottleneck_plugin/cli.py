@@ -36,7 +36,7 @@ from .views import gate
 
 
 EXIT_PIPE_CLOSED = 141  # 128 + SIGPIPE: what a shell reports for a tool its pipe reader left
-# The analysis children's log (section tracebacks) is silenced unless --debug (service._child_entry).
+# The analysis children's log (section tracebacks) is silenced unless --debug (children._child_entry).
 CHILD_TRACEBACKS_ENV = "TB_BOTTLENECKS_CHILD_TRACEBACKS"
 
 
@@ -239,15 +239,15 @@ def _analyze_all(logdir, spans, *, debug: bool, jobs: Optional[int], memory_budg
         finally:
             backend.close()
     else:
-        from .serving import service
+        from .serving import children
 
         jobs = jobs or scheduler.default_slots()
-        if jobs > 1 and len(spans) > 1 and service.processes_supported():
+        if jobs > 1 and len(spans) > 1 and children.processes_supported():
             # the children (started on demand) log a failed section's traceback: only with
             # --debug; without it each failure is one line here
             saved_env = os.environ.get(CHILD_TRACEBACKS_ENV)
             os.environ[CHILD_TRACEBACKS_ENV] = "1" if debug else "0"
-            pool = service.ChildPool(max_idle=jobs, nice=0)  # the foreground work here
+            pool = children.ChildPool(max_idle=jobs, nice=0)  # the foreground work here
             try:
                 budget = memory_budget if memory_budget is not None else scheduler.default_memory_budget()
                 done = scheduler.run_all(

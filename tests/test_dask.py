@@ -84,7 +84,7 @@ def finished_analysis_tasks(cluster) -> int:
 
 
 def analysis_children(process) -> list:
-    """Live analysis children (service._child_entry) under ``process``. A child that has
+    """Live analysis children (children._child_entry) under ``process``. A child that has
     exited but is not reaped yet (a zombie: torch-tb-profiler's TensorBoard plugin, also
     installed by the test extra, starts loader processes of its own) has no command line
     to read; it is skipped, and the scheduler's task count says where the analysis ran."""

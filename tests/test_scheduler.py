@@ -205,16 +205,16 @@ def test_cli_jobs_in_child_processes_equal_one_in_process(tmp_path, capsys, monk
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, dst)
     (root / "run1" / "broken.1.pt.trace.json").write_text('{"traceEvents": [')
-    from tb_bottleneck_plugin.serving import service
+    from tb_bottleneck_plugin.serving import children
 
     started = []
-    real = service.ChildPool.analyze
+    real = children.ChildPool.analyze
 
     def counted(self, *args, **kwargs):
         started.append(threading.get_ident())
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(service.ChildPool, "analyze", counted)
+    monkeypatch.setattr(children.ChildPool, "analyze", counted)
     code, serial, err1 = cli.main(["report", str(root), "--json", "--jobs", "1"]), *capsys.readouterr()
     assert code == 1 and not started
     code, parallel, err2 = cli.main(["report", str(root), "--json", "--jobs", "2"]), *capsys.readouterr()

@@ -17,7 +17,7 @@ from tensorboard.plugins import base_plugin
 from werkzeug import test as wtest
 from werkzeug import wrappers
 
-from tb_bottleneck_plugin.serving import cache, service
+from tb_bottleneck_plugin.serving import cache, children
 from tb_bottleneck_plugin import report
 from tb_bottleneck_plugin.plugin import BottlenecksPlugin
 from tb_bottleneck_plugin.serving.service import Analyzer, DiskCache
@@ -320,7 +320,7 @@ def test_a_killed_child_is_an_error_then_retried(tmp_path, monkeypatch):
     link(root / "cpu" / CPU_NW0.name, CPU_NW0)
     a = Analyzer(str(root), rescan_seconds=60, processes=True)
     try:
-        original = service._Child.__init__
+        original = children._Child.__init__
         pids = []
 
         def spawn_and_kill(self):
@@ -328,14 +328,14 @@ def test_a_killed_child_is_an_error_then_retried(tmp_path, monkeypatch):
             pids.append(self.pid)
             os.kill(self.pid, signal.SIGKILL)  # dies before it could answer
 
-        monkeypatch.setattr(service._Child, "__init__", spawn_and_kill)
+        monkeypatch.setattr(children._Child, "__init__", spawn_and_kill)
         a.start()
         until(lambda: a.runs_view()["runs"] and a.runs_view()["runs"][0]["state"] == "error", what="error")
         span = a.runs_view()["runs"][0]["workers"][0]["spans"][0]
         assert span["retry"] is True
         assert "analysis process was killed by SIGKILL" in span["error"] and "tried again" in span["error"]
         assert span["error"].startswith("cpu/" + CPU_NW0.name)
-        monkeypatch.setattr(service._Child, "__init__", original)
+        monkeypatch.setattr(children._Child, "__init__", original)
         assert a.wait_scan(30)  # the retry
         until(lambda: a.runs_view()["runs"][0]["state"] == "ready", what="the retried span")
         assert a.result("cpu")["state"] == "ready"

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from tb_bottleneck_plugin import report
-from tb_bottleneck_plugin.serving import service
+from tb_bottleneck_plugin.serving import children, service
 from tb_bottleneck_plugin.serving.service import Analyzer
 
 from conftest import DEMO_LOGS
@@ -155,14 +155,14 @@ def test_a_broken_file_that_is_there_is_not_retried(tmp_path, monkeypatch):
         a.stop()
 
 
-@pytest.mark.skipif(not service.processes_supported(), reason="analysis children need POSIX")
+@pytest.mark.skipif(not children.processes_supported(), reason="analysis children need POSIX")
 def test_vanished_file_with_real_analysis_children(logdir, monkeypatch):
     """The same with the default analysis child processes: the child reports the missing
     file as an error, the parent sees the file is gone and retries it after the back-off."""
     monkeypatch.setattr(service, "MISSING_FILE_BACKOFF_S", 0.5)
     target = sorted((logdir / "run").iterdir())[0]
     aside = target.with_name(target.name + ".rotating")
-    original = service.ChildPool.analyze
+    original = children.ChildPool.analyze
     seen = []
 
     @functools.wraps(original)
@@ -176,7 +176,7 @@ def test_vanished_file_with_real_analysis_children(logdir, monkeypatch):
                 threading.Timer(0.1, os.rename, args=(aside, target)).start()
         return original(self, logdir_, run, span, progress)
 
-    monkeypatch.setattr(service.ChildPool, "analyze", analyze)
+    monkeypatch.setattr(children.ChildPool, "analyze", analyze)
     a = Analyzer(str(logdir), rescan_seconds=3600.0, processes=True)
     try:
         assert a.processes and a.wait_idle(180)

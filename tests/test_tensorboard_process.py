@@ -280,7 +280,7 @@ def _ours(tb_pid: int) -> Dict[int, Tuple[int, int, str]]:
     starts multiprocessing workers of its own, which outlive a SIGKILLed TensorBoard."""
     out: Dict[int, Tuple[int, int, str]] = {}
     for pid, info in _descendants(tb_pid).items():
-        if info[0] == tb_pid and "tb_bottleneck_plugin.serving.service import _child_entry" in _cmdline(pid):
+        if info[0] == tb_pid and "tb_bottleneck_plugin.serving.children import _child_entry" in _cmdline(pid):
             out[pid] = info
             out.update(_descendants(pid))
     return out

@@ -5,7 +5,7 @@ the trace itself through the same storage layer as here (a local path the worker
 see, or ``gs://...`` with the worker's own credentials) and returns only the span's
 result (the report, memory curves and kernel table: KBs), which the service caches
 like a local one. Errors come back as the same outcome tuples as from an analysis child
-(`service.ChildPool.analyze`): ("ok", result) | ("truncated" | "error" | "internal" |
+(`children.ChildPool.analyze`): ("ok", result) | ("truncated" | "error" | "internal" |
 "died", message). A worker that dies mid-task (out of memory, preempted) is the
 scheduler's business: it reruns the task on another worker, up to its
 ``distributed.scheduler.allowed-failures`` (default 3); after that the span is
