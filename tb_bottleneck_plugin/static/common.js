@@ -1,5 +1,6 @@
 // Small helpers shared by the view modules: reading a report (devices, not-available
-// reasons) and the building blocks of a panel. No fetching, no thresholds.
+// reasons) and the building blocks of a panel's body (a panel itself: panels.js mountPanel).
+// No fetching, no thresholds.
 
 import {h, mount} from "./dom.js";
 import {isNum} from "./format.js";
@@ -88,15 +89,6 @@ export function deviceLabel(report, key, named = false) {
     if (text.startsWith("GPU ")) name = deviceName(report, id) || "unknown GPU";
   }
   return named && name ? `${text}: ${name}` : text;
-}
-
-export function panel(title, {info, subtitle, cls, id} = {}, ...children) {
-  return h("section", {class: ["panel", cls], id},
-    h("header", {class: "panel-head"},
-      h("h2", {}, title),
-      info ? h("span", {class: "info", title: info, tabindex: "0", "aria-label": info}, "?") : null,
-      subtitle ? h("span", {class: "panel-sub"}, subtitle) : null),
-    h("div", {class: "panel-body"}, ...children));
 }
 
 export function kv(rows) {

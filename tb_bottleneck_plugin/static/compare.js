@@ -17,7 +17,7 @@ import {responsive, withTooltip, niceTicks} from "./charts.js";
 import {isNum, fmtPct, fmtUs, fmtUsTick, fmtBytes, fmtNum, shortenKernelName} from "./format.js";
 import {CATEGORIES, CAT_NAMES} from "./defs.js";
 import {load, renderError} from "./states.js";
-import {panel} from "./common.js";
+import {mountPanel} from "./panels.js";
 import {renderCards} from "./cards.js";
 
 const ALL = "all";
@@ -195,9 +195,9 @@ export function compareView(cmp) {
   const na = cmp.not_available && typeof cmp.not_available === "object" ? cmp.not_available : {};
   return h("div", {class: "cmp-view"},
     summary(cmp),
-    panel("Headline numbers", {id: "bn-cmp-metrics", subtitle: "baseline → candidate; the colour says whether the change is an improvement for that metric"},
+    mountPanel(null, {title: "Headline numbers", id: "bn-cmp-metrics", subtitle: "baseline → candidate; the colour says whether the change is an improvement for that metric"},
       metricCards(cmp.metrics)),
-    panel("Bottleneck cards", {id: "bn-cmp-cards", subtitle: "each side's own cards: the single-run view's verdicts, side by side"},
+    mountPanel(null, {title: "Bottleneck cards", id: "bn-cmp-cards", subtitle: "each side's own cards: the single-run view's verdicts, side by side"},
       h("p", {class: "note muted"}, "Loading both reports…")),
     stepTimePanel(cmp.step_time, na.step_time),
     recommendationsPanel(cmp.recommendations || []),
@@ -215,7 +215,7 @@ function compilationPanel(c, na) {
   const id = "bn-cmp-compilation";
   const title = "torch.compile";
   if (!c || typeof c !== "object") {
-    return panel(title, {id}, h("p", {class: "note"}, `n/a: ${na.compilation || "not available"}`));
+    return mountPanel(null, {title, id}, h("p", {class: "note"}, `n/a: ${na.compilation || "not available"}`));
   }
   const side = (b) => (b ? "compiled" : "eager");
   const parts = [h("p", {class: "cmp-compile-sides"},
@@ -262,7 +262,7 @@ function compilationPanel(c, na) {
   } else if (na["compilation.fused"]) {
     parts.push(h("p", {class: "note muted"}, `Fused ops: n/a: ${na["compilation.fused"]}`));
   }
-  return panel(title, {id, subtitle: "launches, kernel time by family and what the compiled side fused (METRICS.md §16)"}, ...parts);
+  return mountPanel(null, {title, id, subtitle: "launches, kernel time by family and what the compiled side fused (METRICS.md §16)"}, ...parts);
 }
 
 function summary(cmp) {
@@ -280,7 +280,7 @@ function summary(cmp) {
         `${fmtDelta(st.delta_us, "us")} (${fmtRel(st.rel_pct)})`),
       largest ? ` — largest change: ${CAT_NAMES[largest.category] || largest.category} ${fmtDelta(largest.delta_us, "us")} per step` : ""));
   }
-  return h("section", {class: "panel cmp-summary"}, h("div", {class: "panel-body"}, lines));
+  return mountPanel(null, {title: null, cls: "cmp-summary"}, lines);
 }
 
 /** The server's warning when the two runs differ in GPU, mode or world size (compare.py
@@ -328,7 +328,7 @@ function metricCards(metrics) {
 // ------------------------------------------------------------ step time waterfall
 
 function stepTimePanel(st, why) {
-  if (!st) return panel("Step-time change by category", {id: "bn-cmp-steptime"}, h("p", {class: "note"}, `n/a: ${why || "not available"}`));
+  if (!st) return mountPanel(null, {title: "Step-time change by category", id: "bn-cmp-steptime"}, h("p", {class: "note"}, `n/a: ${why || "not available"}`));
   const cats = (st.categories || []).filter((c) => c && isNum(c.delta_us));
   const chart = h("div", {class: "chart-box cmp-waterfall"});
   responsive(chart, (w) => waterfall(w, st, cats));
@@ -342,7 +342,7 @@ function stepTimePanel(st, why) {
       h("td", {class: ["num", "cmp-cat-delta", VERDICT_CLASS[c.verdict]], "data-verdict": c.verdict || null}, fmtDelta(c.delta_us, "us") || "±0"),
       h("td", {class: "num"}, isNum(c.share_of_change_pct) ? fmtPct(c.share_of_change_pct, 1) : "n/a")))));
   const residual = isNum(st.residual_us) && st.residual_us !== 0 ? h("p", {class: "note"}, `Rounding residual: ${fmtUs(st.residual_us)}`) : null;
-  return panel("Step-time change by category", {id: "bn-cmp-steptime",
+  return mountPanel(null, {title: "Step-time change by category", id: "bn-cmp-steptime",
     subtitle: "average step time of the baseline, each category's change per step, the candidate's average step time"},
   chart, table, residual);
 }
@@ -413,7 +413,7 @@ function recommendationsPanel(recs) {
       " ", h("strong", {}, String(r.title ?? r.rule)),
       h("span", {class: "muted"}, ` · severity ${r.base_severity || "—"} → ${r.cand_severity || "—"}`)),
     r.status !== "resolved" && r.action ? h("div", {class: "rec-action"}, String(r.action)) : null);
-  return panel("Recommendations", {id: "bn-cmp-recs", subtitle: "resolved, new and changed between baseline and candidate"},
+  return mountPanel(null, {title: "Recommendations", id: "bn-cmp-recs", subtitle: "resolved, new and changed between baseline and candidate"},
     moved.length ? moved.map(item) : h("p", {class: "note"}, recs.length ? "No recommendation appeared, disappeared or changed severity." : "Neither side has a recommendation."),
     same.length ? h("details", {}, h("summary", {}, `${same.length} unchanged`), same.map(item)) : null);
 }
@@ -447,13 +447,13 @@ const DEFAULT_SORT = {kernels: "delta_total_us_per_step", ops: "delta_self_us_pe
 
 function diffPanel(title, kind, table, why) {
   const id = `bn-cmp-${kind}`;
-  if (!table) return panel(title, {id}, h("p", {class: "note"}, `n/a: ${why || "not available"}`));
+  if (!table) return mountPanel(null, {title, id}, h("p", {class: "note"}, `n/a: ${why || "not available"}`));
   const rows = Array.isArray(table.rows) ? table.rows.filter((r) => r && typeof r === "object") : [];
   const sub = `${fmtNum(table.new)} new · ${fmtNum(table.vanished)} vanished · ${fmtNum(table.changed)} changed`
     + (table.unknown ? ` · ${fmtNum(table.unknown)} unknown (a side's table was truncated)` : "")
     + (table.rows_left_out ? ` · ${fmtNum(table.rows_left_out)} smaller changes not listed` : "");
   if (!rows.length) {
-    return panel(title, {id, subtitle: sub}, h("p", {class: "note"},
+    return mountPanel(null, {title, id, subtitle: sub}, h("p", {class: "note"},
       kind === "kernels" ? "Neither side ran a GPU kernel (CPU-only traces)." : "Neither side has CPU operators."));
   }
   const cols = DIFF_COLS[kind];
@@ -525,7 +525,7 @@ function diffPanel(title, kind, table, why) {
   filterBox.addEventListener("input", () => { state.filter = filterBox.value; drawBody(); });
   drawHead();
   drawBody();
-  return panel(title, {id, subtitle: sub},
+  return mountPanel(null, {title, id, subtitle: sub},
     h("div", {class: "table-tools"}, filterBox, count),
     h("div", {class: "table-scroll"}, tableEl));
 }
@@ -545,7 +545,7 @@ function notAvailablePanel(metrics, na) {
     }
   }
   if (!items.length) return null;
-  return panel("Not available", {id: "bn-cmp-na"},
+  return mountPanel(null, {title: "Not available", id: "bn-cmp-na"},
     h("ul", {class: "na-list"}, items.map(([label, why]) => h("li", {}, h("strong", {}, label), ": ", why))));
 }
 

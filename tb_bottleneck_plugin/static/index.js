@@ -25,7 +25,7 @@ import {mountRanks} from "./static/ranks.js";
 import {fmtTimestamp, fmtPct, spanLabel} from "./static/format.js";
 import {renderCompare, compareAvailability, normaliseCompare} from "./static/compare.js";
 import {parseRoute, setRoute, onRouteChange, startCompareRoute, pageOrigin} from "./static/router.js";
-import {registeredPanels} from "./static/panels.js";
+import {mountRegisteredPanels} from "./static/panels.js";
 
 // ---- registered panels: each module below calls registerPanel() (static/panels.js) when
 // imported; index.js renders them under the report. Add a panel with ONE import line here.
@@ -479,42 +479,13 @@ async function loadView(run) {
   }
 }
 
-/**
- * The panels registered through panels.js, in order, each in its own section under the report.
- * One panel's failure (an exception in render) is shown in that panel and stops nothing else.
- */
+/** The panels registered through panels.js, under the report, with the ctx of panels.js's header. */
 function renderRegisteredPanels(container, report, data, sel, signal) {
   const p = data.params;
-  const ctx = Object.freeze({
+  mountRegisteredPanels(container, Object.freeze({
     run: p.run, worker: p.worker, span: p.span, isSummary: p.span === null, report, data, signal,
     get: (route, params, opts = {}) => model.get(route, params, {signal, ...opts}),
     select: (change) => select(change),
-    states: {load, renderLoading, renderError},
-  });
-  for (const panel of registeredPanels()) {
-    try {
-      if (panel.when && !panel.when(ctx)) continue;
-    } catch (err) {
-      console.error(err); // eslint-disable-line no-console
-      continue;
-    }
-    const body = h("div", {class: "panel-body"});
-    container.appendChild(h("section", {class: ["panel", "bn-registered"], id: `bn-panel-${panel.id}`, "data-panel": panel.id},
-      h("header", {class: "panel-head"}, h("h2", {}, panel.label),
-        panel.info ? h("span", {class: "info", title: panel.info, tabindex: "0", "aria-label": panel.info}, "?") : null),
-      body));
-    try {
-      const done = panel.render(body, ctx);
-      if (done && typeof done.catch === "function") {
-        done.catch((err) => {
-          if (signal.aborted) return;
-          console.error(err); // eslint-disable-line no-console
-          renderError(body, {title: `Could not display ${panel.label}`, message: String(err && err.stack ? err.stack : err)});
-        });
-      }
-    } catch (err) {
-      console.error(err); // eslint-disable-line no-console
-      renderError(body, {title: `Could not display ${panel.label}`, message: String(err && err.stack ? err.stack : err)});
-    }
-  }
+    states: {load, renderError},
+  }));
 }

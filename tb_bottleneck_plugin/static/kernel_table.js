@@ -4,8 +4,9 @@
 import {h, clear, mount} from "./dom.js";
 import {isNum, fmtPct, fmtUs, fmtBytes, fmtCount, fmtNum, shortenKernelName} from "./format.js";
 import {KERNEL_COL_DEFS} from "./defs.js";
-import {panel, note, naReason, sortableHead, sortRows, matchCount} from "./common.js";
+import {note, naReason, sortableHead, sortRows, matchCount} from "./common.js";
 import {load} from "./states.js";
+import {mountPanel} from "./panels.js";
 
 /** Launch dimensions, or null when the trace has none (null, or ROCm's -1). */
 function validDims(a) {
@@ -27,7 +28,7 @@ function product(a) {
 /** The kernel table (kernels route via ctx.data.kernels(); the report's top kernels if it fails). */
 export function kernelPanel(report, ctx, cpuOnly) {
   const body = h("div", {class: "kernel-body"});
-  const p = panel("Kernels", {info: "Per-kernel launch statistics grouped by name and launch configuration. Click a column header to sort."}, body);
+  const p = mountPanel(null, {title: "Kernels", info: "Per-kernel launch statistics grouped by name and launch configuration. Click a column header to sort."}, body);
   if (cpuOnly) {
     mount(body, note("CPU-only trace: no GPU metrics."));
     return p;

@@ -5,13 +5,14 @@ import {h, clear, mount} from "./dom.js";
 import {responsive, lineChart} from "./charts.js";
 import {isNum, fmtPct, fmtMs, fmtBytes, spanLabel, BINARY_UNITS} from "./format.js";
 import {DEFS} from "./defs.js";
-import {panel, note, naReason, memoryDevices, reservedKnown, memDeviceLabel} from "./common.js";
+import {note, naReason, memoryDevices, reservedKnown, memDeviceLabel} from "./common.js";
 import {load} from "./states.js";
+import {mountPanel} from "./panels.js";
 
 /** Allocated / reserved memory over time of one span (ctx.data.memory()); summaries offer the spans. */
 export function memoryPanel(report, ctx) {
   const body = h("div", {class: "memory-body"});
-  const p = panel("Memory over time", {info: `${DEFS.memory}\n\nSlack % = 100 × (reserved − allocated) / reserved at each instant (right axis).`}, body);
+  const p = mountPanel(null, {title: "Memory over time", info: `${DEFS.memory}\n\nSlack % = 100 × (reserved − allocated) / reserved at each instant (right axis).`}, body);
   const sel = (ctx && ctx.sel) || {};
   if (!sel.span || sel.span === "all") {
     const spans = (ctx && ctx.spans) || [];

@@ -1,4 +1,7 @@
-// The panel registry of the single-run view: how a new view joins the Bottlenecks tab.
+// Panels: the ONE way a panel enters the page (mountPanel), and the registry of the
+// single-run view's panels (registerPanel): how a new view joins the Bottlenecks tab.
+// Every panel, of the report (views.js, memory, kernels, recommendations), of compare mode,
+// the Ranks panel and the registered ones, is a mountPanel section (tests/test_frontend_architecture.py).
 //
 // ADDING A PANEL (2 lines outside your own module):
 //   1. In your module (static/<yours>.js):
@@ -23,16 +26,77 @@
 //                                     ctx.data.get(route, extraParams, opts)  -> any other route
 //                                     ctx.data.url(route, extraParams)        -> a relative URL (links)
 //                                   each returns a promise of {kind: "ok"|"error"|"aborted", ...}
-//                                   (model.js header); 202 answers are polled for you
-//                                   (opts.onProgress(progress, message) reports them).
+//                                   (model.js header); 202 answers are polled for you (states.js
+//                                   load shows their progress).
 //   ctx.get(route, params, opts)    model.get: any route with exactly these params (polled, relative URL)
 //   ctx.signal                      an AbortSignal that fires when the selection changes: stop work then
 //   ctx.select({worker, span})      changes the selection (e.g. a click that opens another span)
-//   ctx.states                      {renderLoading, renderError} (states.js) for a uniform look
+//   ctx.states                      {load, renderError} (states.js): load(body, request, opts) is the
+//                                   one loading / progress / error path; use it for every route
 //
 // Rules (docs/DEVELOPMENT.md): a panel fetches only through ctx.data / ctx.get, inserts trace
 // strings as text (dom.js h()), decides no verdict (colours come from the report), and throws
 // nothing out of render: an exception is caught and shown in the panel's body.
+
+import {h} from "./dom.js";
+import {renderError} from "./states.js";
+
+/**
+ * Mounts one panel: <section class="panel [cls]" id> with a header (h2 title, the "?" hover text
+ * info, a subtitle; title null: no header) and a <div class="panel-body">. spec: {title, id?, cls?, info?, infoLabel?
+ * (the "?"'s aria-label; default info), subtitle?, attrs? (more attributes of the section),
+ * render?(body, ctx) (fills the body; an exception, thrown or rejected, is shown in the body
+ * unless ctx.signal has fired), ctx?}. children go into the body first.
+ * container: the section is appended to it; null: returned unattached for the caller to place
+ * (e.g. two panels in a row). Returns the section.
+ */
+export function mountPanel(container, spec, ...children) {
+  const {title, id = null, cls = null, info = null, infoLabel = null, subtitle = null, attrs = {}, render = null, ctx = null} = spec;
+  const body = h("div", {class: "panel-body"}, ...children);
+  const section = h("section", {...attrs, class: ["panel", cls], id},
+    title === null ? null : h("header", {class: "panel-head"},
+      h("h2", {}, title),
+      info ? h("span", {class: "info", title: info, tabindex: "0", "aria-label": infoLabel || info}, "?") : null,
+      subtitle ? h("span", {class: "panel-sub"}, subtitle) : null),
+    body);
+  if (container) container.appendChild(section);
+  if (render) {
+    const failed = (err) => {
+      if (ctx && ctx.signal && ctx.signal.aborted) return;
+      console.error(err); // eslint-disable-line no-console
+      renderError(body, {title: `Could not display ${title}`, message: String(err && err.stack ? err.stack : err)});
+    };
+    try {
+      const done = render(body, ctx);
+      if (done && typeof done.catch === "function") done.catch(failed);
+    } catch (err) {
+      failed(err);
+    }
+  }
+  return section;
+}
+
+/** Mounts a registered panel (section id "bn-panel-<id>", class bn-registered, data-panel). */
+export function mountRegistered(container, panel, ctx, render = panel.render) {
+  return mountPanel(container, {title: panel.label, id: `bn-panel-${panel.id}`, cls: "bn-registered", info: panel.info,
+    attrs: {"data-panel": panel.id}, render, ctx});
+}
+
+/**
+ * The registered panels, in order, each in its own section under the report. One panel's
+ * failure (an exception in when or render) is shown in that panel and stops nothing else.
+ */
+export function mountRegisteredPanels(container, ctx) {
+  for (const panel of registeredPanels()) {
+    try {
+      if (panel.when && !panel.when(ctx)) continue;
+    } catch (err) {
+      console.error(err); // eslint-disable-line no-console
+      continue;
+    }
+    mountRegistered(container, panel, ctx);
+  }
+}
 
 const REGISTRY = [];
 

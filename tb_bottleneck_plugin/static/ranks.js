@@ -17,6 +17,7 @@ import {responsive, stackedBarChart, showTooltip, hideTooltip} from "./charts.js
 import {renderCards} from "./cards.js";
 import {severityClass} from "./common.js";
 import {load} from "./states.js";
+import {mountPanel} from "./panels.js";
 import {rankCollectivesSection} from "./collectives_view.js";
 
 // The bar's five parts (ranks.py BAR_KEYS, row.bar_us): the four-way split of metrics §12 with
@@ -61,17 +62,6 @@ export function mountRanks(container, {request, loadReports = null, worker, sign
     onData: (view) => mount(slot, renderRanksPanel(view, {selectedWorker: worker, onPick, loadReports}))});
 }
 
-function panel(title, subtitle, ...children) {
-  return h("section", {class: ["panel", "ranks-panel"], id: "bn-ranks"},
-    h("header", {class: "panel-head"}, h("h2", {}, title),
-      h("span", {class: "info", tabindex: "0",
-        title: "One row per worker (rank) of this run: where each rank's step time goes, who waits for whom "
-          + "in the collectives, and which rank holds the others back. Click a rank to open its own report.",
-        "aria-label": "About the Ranks view"}, "?"),
-      subtitle ? h("span", {class: "panel-sub"}, subtitle) : null),
-    h("div", {class: "panel-body"}, ...children));
-}
-
 function sub(title, ...children) {
   return h("div", {class: "ranks-sub", style: {margin: "14px 0 4px"}},
     h("h3", {style: {margin: "0 0 6px", "font-size": "13px"}}, title), ...children);
@@ -100,7 +90,10 @@ export function renderRanksPanel(view, {selectedWorker = null, onPick = null, lo
     if (loadReports) children.push(renderRankCards(view, rows, loadReports));
   }
   children.push(renderNotAvailable(view));
-  return panel("Ranks", bits.join(" · "), ...children);
+  return mountPanel(null, {title: "Ranks", id: "bn-ranks", cls: "ranks-panel", subtitle: bits.join(" · "),
+    info: "One row per worker (rank) of this run: where each rank's step time goes, who waits for whom "
+      + "in the collectives, and which rank holds the others back. Click a rank to open its own report.",
+    infoLabel: "About the Ranks view"}, ...children);
 }
 
 /**

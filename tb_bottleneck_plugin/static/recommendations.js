@@ -4,7 +4,8 @@
 
 import {h} from "./dom.js";
 import {fmtByName, humanizeKey} from "./format.js";
-import {panel, note, severityClass} from "./common.js";
+import {note, severityClass} from "./common.js";
+import {mountPanel} from "./panels.js";
 
 const CODE_LIKE = /^(?:[A-Za-z_][\w.]*\s*\(.*\)\s*$|[A-Z_][A-Z0-9_]*=\S|torch\.|model\s*=|with\s|import\s|from\s|python\s)/s;
 
@@ -43,6 +44,6 @@ export function recommendationsPanel(report) {
         ev.length ? h("ul", {class: "evidence"}, ev.map((e) => h("li", {}, typeof e === "string" ? e : JSON.stringify(e)))) : null);
     }))
     : note("No bottleneck rule fired for this selection.");
-  return panel("Recommendations", {subtitle: recs.length ? "most step time first" : null,
+  return mountPanel(null, {title: "Recommendations", subtitle: recs.length ? "most step time first" : null,
     info: "Each recommendation names the rule that fired, the measured numbers behind it and the evidence in the trace."}, body);
 }

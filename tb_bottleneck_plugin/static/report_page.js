@@ -21,6 +21,7 @@ import {compareView} from "./compare.js";
 import {renderCards, setCards} from "./cards.js";
 import {renderError} from "./states.js";
 import {renderRanksPanel} from "./ranks.js";
+import {mountPanel} from "./panels.js";
 
 const NOT_HERE = "not part of this offline report (open the run in TensorBoard's Bottlenecks tab)";
 
@@ -60,11 +61,10 @@ function reportView(container, view) {
   const ctx = {sel, spans: [], signal: new AbortController().signal, data: offlineData(view), report: rep,
     onPickSpan: null, run: sel.run, worker: sel.worker, span: sel.span, isSummary: sel.span === null};
   renderReport(container, rep, ctx);
-  const body = h("div", {class: "panel-body"});
-  container.appendChild(h("section", {class: ["panel", "bn-registered"], id: "bn-panel-operators", "data-panel": "operators"},
-    h("header", {class: "panel-head"}, h("h2", {}, "Operators")), body));
-  if (view.operators) renderOperators(body, ctx);
-  else mount(body, h("p", {class: "note"}, `n/a: ${view.operators_na || "the operator view could not be computed"}`));
+  // the tab's registered Operators panel (no "?": the offline page has no other registered panel)
+  mountPanel(container, {title: "Operators", id: "bn-panel-operators", cls: "bn-registered", attrs: {"data-panel": "operators"}, ctx,
+    render: view.operators ? renderOperators
+      : (body) => mount(body, h("p", {class: "note"}, `n/a: ${view.operators_na || "the operator view could not be computed"}`))});
   if (view.ranks && typeof view.ranks === "object") container.insertBefore(ranksSlot(view), container.firstChild);
 }
 

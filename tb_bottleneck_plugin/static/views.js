@@ -9,9 +9,10 @@ import {responsive, stackedBarChart, histogram, withTooltip} from "./charts.js";
 import {isNum, fmtPct, fmtUs, fmtUsTick, fmtCount, fmtNum, readableKey} from "./format.js";
 import {CATEGORIES, CAT_NAMES, CAT_COLORS, CAT_DEFS, BREAKDOWN_DEF, DEFS} from "./defs.js";
 import {
-  panel, kv, note, naReason, gpuEntries, isCpuOnly, cpuOnlyReason, deviceLabel, memoryDevices, verdictSeverity,
+  kv, note, naReason, gpuEntries, isCpuOnly, cpuOnlyReason, deviceLabel, memoryDevices, verdictSeverity,
 } from "./common.js";
 import {renderCards, coresWord} from "./cards.js";
+import {mountPanel} from "./panels.js";
 import {recommendationsPanel} from "./recommendations.js";
 import {memoryPanel} from "./memory_view.js";
 import {kernelPanel} from "./kernel_table.js";
@@ -133,7 +134,7 @@ function breakdownPanel(report) {
     bars = [{label: "avg", title: "Average step", total: report.avg_step_us, parts: us}];
   }
   if (!bars.length) {
-    return panel("Step-time breakdown", {info: BREAKDOWN_DEF}, note(naReason(report, "breakdown_pct", "breakdown_us") || "No breakdown in this report."));
+    return mountPanel(null, {title: "Step-time breakdown", info: BREAKDOWN_DEF}, note(naReason(report, "breakdown_pct", "breakdown_us") || "No breakdown in this report."));
   }
   const present = CATEGORIES.filter((k) => bars.some((b) => isNum(b.parts[k]) && b.parts[k] > 0));
   const legend = h("div", {class: "legend"}, CATEGORIES.map((k) => h("span", {
@@ -145,7 +146,7 @@ function breakdownPanel(report) {
     width: w, height: 250, bars, keys: CATEGORIES, colors: CAT_COLORS, names: CAT_NAMES,
     fmt: fmtUs, axisFmt: fmtUsTick}));
   const avg = isNum(report.avg_step_us) ? `average step ${fmtUs(report.avg_step_us)}` : null;
-  return panel("Step-time breakdown", {info: BREAKDOWN_DEF, subtitle: avg}, legend, chart,
+  return mountPanel(null, {title: "Step-time breakdown", info: BREAKDOWN_DEF, subtitle: avg}, legend, chart,
     note("Percentages in the legend are shares of the average step. Hover a segment for its time."),
     per.some((p) => isNum(p.spans) && p.spans > 1)
       ? note("Each bar is one step number: the mean over the trace files that ran it; its tooltip names the slowest (open that worker for its own steps).")
@@ -178,7 +179,7 @@ function inputPanel(report) {
     h("tbody", {}, slow.map((sl) => h("tr", {},
       h("td", {}, `#${sl.step}${sl.worker != null ? ` · worker ${sl.worker}` : ""}`), h("td", {class: "num"}, fmtUs(sl.step_us)), h("td", {class: "num"}, fmtUs(sl.dataloader_us)),
       h("td", {class: "num"}, isNum(sl.step_us) && sl.step_us > 0 && isNum(sl.dataloader_us) ? fmtPct(100 * sl.dataloader_us / sl.step_us) : "n/a"))))) : null;
-  return panel("Input pipeline", {info: DEFS.input}, kv(rows), slowTable);
+  return mountPanel(null, {title: "Input pipeline", info: DEFS.input}, kv(rows), slowTable);
 }
 
 // ------------------------------------------------------------ occupancy histogram
@@ -187,10 +188,10 @@ function occupancyPanel(report, cpuOnly) {
   const occ = report.occupancy || {};
   const title = "Occupancy";
   const subtitle = "est., theoretical (occupancy calculator)";
-  if (cpuOnly) return panel(title, {subtitle, info: DEFS.histogram}, note("CPU-only trace: no GPU metrics."));
+  if (cpuOnly) return mountPanel(null, {title, subtitle, info: DEFS.histogram}, note("CPU-only trace: no GPU metrics."));
   const hist = Array.isArray(occ.histogram) ? occ.histogram : [];
   if (!hist.length) {
-    return panel(title, {subtitle, info: DEFS.histogram},
+    return mountPanel(null, {title, subtitle, info: DEFS.histogram},
       note(naReason(report, "histogram", "est_achieved_occupancy_pct", "occupancy") || "No kernel carries an occupancy estimate (for example ROCm traces)."));
   }
   const colors = ["var(--c-occ-0)", "var(--c-occ-1)", "var(--c-occ-2)", "var(--c-occ-3)", "var(--c-occ-4)"];
@@ -200,7 +201,7 @@ function occupancyPanel(report, cpuOnly) {
     width: w, height: 210, bins, fmt: (v) => fmtPct(v, 0), yLabel: "% of kernel time", xLabel: "est. achieved occupancy (%)",
     color: (b, i) => colors[Math.min(colors.length - 1, Math.round((i * (colors.length - 1)) / Math.max(1, bins.length - 1)))]}));
   const sk = occ.short_kernels || null;
-  return panel(title, {subtitle, info: DEFS.histogram},
+  return mountPanel(null, {title, subtitle, info: DEFS.histogram},
     kv([
       ["Est. achieved occupancy", fmtPct(occ.est_achieved_occupancy_pct), DEFS.occupancy],
       isNum(occ.grid_too_small_pct) ? ["Grid too small (blocks/SM < 1)", `${fmtPct(occ.grid_too_small_pct)} of kernel time`, DEFS.gridSmall] : null,
@@ -230,7 +231,7 @@ export function occupancySourceText(occ) {
 function tensorCorePanel(report, cpuOnly) {
   const tc = report.tensor_cores || {};
   const word = coresWord(report); // "Matrix cores" on AMD
-  if (cpuOnly) return panel(word, {info: DEFS.tc}, note("CPU-only trace: no GPU metrics."));
+  if (cpuOnly) return mountPanel(null, {title: word, info: DEFS.tc}, note("CPU-only trace: no GPU metrics."));
   const per = tc.per_device && typeof tc.per_device === "object" ? Object.entries(tc.per_device) : [];
   const rows = [
     [`${word === "Tensor Cores" ? "Tensor Core" : "Matrix-core"} kernel time`, fmtPct(tc.tensor_core_pct), DEFS.tc],
@@ -265,7 +266,7 @@ function tensorCorePanel(report, cpuOnly) {
       h("td", {class: "num"}, fmtPct(o.pct)),
       h("td", {class: "mono"}, Array.isArray(o.input_types) ? o.input_types.join(", ") : ""),
       h("td", {}, o.shapes_multiple_of_8 === true ? "yes" : o.shapes_multiple_of_8 === false ? "no" : "unknown")))))) : null;
-  return panel(word, {info: `${DEFS.tc}\n\n${DEFS.eligible}`}, kv(rows), splitBar, topTable);
+  return mountPanel(null, {title: word, info: `${DEFS.tc}\n\n${DEFS.eligible}`}, kv(rows), splitBar, topTable);
 }
 
 // ------------------------------------------------------------ other signals
@@ -314,7 +315,7 @@ function otherSignalsPanel(report, cpuOnly) {
     if (gr && gr.possible_leak) memGrowth.push(key);
   }
   if (memGrowth.length) rows.push(["Memory growth", h("span", {class: `sev-text-${verdictSeverity(report, "peak_memory")}`}, `allocated memory rises across steps on ${memGrowth.join(", ")}: possible leak`)]);
-  return panel("Other signals", {}, rows.length ? kv(rows) : note("Nothing else to report."));
+  return mountPanel(null, {title: "Other signals"}, rows.length ? kv(rows) : note("Nothing else to report."));
 }
 
 // ------------------------------------------------------------ not available
@@ -331,7 +332,7 @@ function notAvailablePanel(report) {
     byCause.get(why).push(k);
   }
   const label = (k) => (typeof labels[k] === "string" && labels[k] ? labels[k] : readableKey(k));
-  return panel("Not available", {info: "Metrics that could not be computed from this trace, with the reason. They are never reported as 0."},
+  return mountPanel(null, {title: "Not available", info: "Metrics that could not be computed from this trace, with the reason. They are never reported as 0."},
     h("ul", {class: "na-list"}, [...byCause].map(([why, keys]) => h("li", {title: keys.join(", "), "data-keys": keys.join(" ")},
       h("span", {class: "na-what"}, keys.map(label).join("; ")),
       h("span", {class: "muted"}, " — "), why))));
