@@ -68,3 +68,32 @@ def _importers(module):
         if re.search(r'^import[^;]*from\s*"\./(?:static/)?' + re.escape(module) + '";', src, re.M):
             out.append(p.name)
     return sorted(out)
+
+
+def test_every_wait_on_a_route_goes_through_the_one_loader():
+    """states.js load() shows the loading state, the route's progress and its error; nothing
+    else draws a loading state or wires progress, except index.js's run-list states (the run
+    list is re-read on a timer: a list that changes, not a 202 answer to wait for)."""
+    assert _using(r"\brenderLoading\s*\(") == ["index.js", "states.js"]
+    assert _using(r"\bonProgress\b") == ["model.js", "states.js"]
+    loaders = _using(r"\bload(?:Route)?\s*\(\s*[\w.]+\s*,")
+    assert {"index.js", "compare.js", "ranks.js", "memory_view.js", "kernel_table.js", "timeline.js", "operators.js"} <= set(loaders), loaders
+
+
+# The modules that make panels: the report's (views.js and the panels it places), compare mode's,
+# the Ranks panel, the offline page's Operators section and the registered panels.
+PANEL_MAKERS = {"views.js", "memory_view.js", "kernel_table.js", "recommendations.js", "compare.js", "ranks.js",
+                "report_page.js", "index.js", "timeline.js", "roofline.js", "source_view.js", "compilation_view.js",
+                "collectives_view.js", "operators.js"}
+
+
+def test_every_panel_is_mounted_one_way():
+    raw = {p.name: p.read_text(encoding="utf-8") for p in JS}
+    # only panels.js builds a panel's <section> or its header / body element (reading one,
+    # querySelector("#bn-cmp-cards .panel-body"), is fine)
+    hand_made = r'h\(\s*"section"|h\(\s*"(?:div|header)"\s*,\s*\{\s*class:\s*"panel-(?:head|body)"'
+    assert sorted(n for n, src in raw.items() if re.search(hand_made, src)) == ["panels.js"]
+    assert not _using(r"\bfunction\s+panel\s*\(")  # no second panel builder under the old name
+    for name in sorted(PANEL_MAKERS):
+        assert re.search(r"\b(?:mountPanel|mountRegistered|mountRegisteredPanels|registerPanel)\s*\(", CODE[name]), \
+            f"{name} makes a panel without panels.js"

@@ -9,7 +9,7 @@ import {isNum, fmtPct, fmtUs, fmtCount} from "./format.js";
 import {note, sortableHead, sortRows, matchCount} from "./common.js";
 import {registerPanel} from "./panels.js";
 import {isAmd} from "./cards.js";
-import {renderLoading, renderError} from "./states.js";
+import {load as loadRoute} from "./states.js";
 
 const LIMIT = 300; // rows drawn at once; the filter narrows the rest
 
@@ -74,20 +74,16 @@ export function renderOperators(container, ctx) {
 
   function load() {
     const mine = ++seq;
-    const loader = renderLoading(body, {title: "Loading operators…"});
     if (state.count) state.count.textContent = ""; // not the last table's count while this one loads
-    ctx.data.get("operators", {step: state.step, group: state.group}, {onProgress: (pr) => loader.set && loader.set(pr)})
-      .then((r) => {
-        if (mine !== seq || r.kind === "aborted") return;
-        if (r.kind !== "ok" || !r.data || !Array.isArray(r.data.rows)) {
-          renderError(body, {title: "Could not load the operator view", message: (r && r.message) || "unexpected answer",
-            file: r && r.file, status: r && r.status});
-          return;
-        }
-        if (state.steps === null) state.steps = Array.isArray(r.data.steps) ? r.data.steps : [];
+    loadRoute(body, (opts) => ctx.data.get("operators", {step: state.step, group: state.group}, opts), {
+      title: "Loading operators…", errorTitle: "Could not load the operator view", route: "operators", what: "the operator view",
+      isCurrent: () => mine === seq, valid: (d) => Boolean(d && Array.isArray(d.rows)),
+      onData: (data) => {
+        if (state.steps === null) state.steps = Array.isArray(data.steps) ? data.steps : [];
         drawControls();
-        drawTable(r.data);
-      });
+        drawTable(data);
+      },
+    });
   }
 
   function drawControls() {
