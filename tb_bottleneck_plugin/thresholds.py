@@ -57,6 +57,12 @@ MEMORY_PRESSURE_PCT = 85.0
 # and refills its queue at once costs nothing.
 SYNC_PCT = 5.0
 SYNC_HIGH_PCT = 15.0
+# Device-to-device copies (Memcpy DtoD/PtoP, copies.d2d_pct, METRICS.md §8), % of step time:
+# worth a word from this share (the same bar as a host wait that idles the GPU: one step in
+# twenty spent moving bytes that are already on the GPU), "high" from D2D_COPY_HIGH_PCT.
+# Real steps copy far less: every shared trace at most 2.9 % (MI300 ResNet, aten::copy_).
+D2D_COPY_PCT = 5.0
+D2D_COPY_HIGH_PCT = 15.0
 # Communication kernels, % of kernel time; overlapped share considered fine; exposed
 # communication (share x not overlapped) that makes it "high".
 COMM_SHARE_PCT = 15.0

@@ -152,6 +152,8 @@ def expected(card, r, v):
                 or (r.get("context") or {}).get("distributed") is False:
             return "ok"
         return "high" if value * (1 - (overlap or 0) / 100) >= T.COMM_EXPOSED_HIGH_PCT else "medium"
+    if card == "d2d_copies":  # device-to-device copies, % of step time (METRICS.md §8)
+        return _level(value, T.D2D_COPY_PCT, T.D2D_COPY_HIGH_PCT)
     if card == "compilation":  # analysis/compilation.py's own scale (METRICS.md §16)
         c = r["compilation"]
         if not c["has_regions"]:

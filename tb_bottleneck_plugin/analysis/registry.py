@@ -10,6 +10,7 @@ from . import compilation
 from . import flops
 from . import source
 from . import collectives
+from . import copies
 from .units import Unit
 
 UNITS: List[Unit] = [
@@ -23,6 +24,7 @@ UNITS: List[Unit] = [
     occupancy.UNIT,     # occupancy
     memory.UNIT,        # memory (and the memory curves, the snapshot)
     signals.SYNC_UNIT, signals.COMMUNICATION_UNIT, signals.LAUNCH_UNIT,
+    copies.UNIT,        # copies (device-to-device copies: time, exposed, launching ops; METRICS.md §8)
     collectives.UNIT,   # collectives (bytes, algbw/busbw per collective vs the link, exposed; METRICS.md)
     context.UNIT,       # context (training/inference, graphs, compile, distributed)
     compilation.UNIT,   # compilation (torch.compile regions, breaks, recompiles, Triton kernels, CUDA graphs)

@@ -246,6 +246,22 @@ def _card_sync(report: dict) -> dict:
     return out
 
 
+@register("d2d_copies")
+def _card_d2d_copies(report: dict) -> dict:
+    """Device-to-device copies, % of step time (METRICS.md §8): coloured by the d2d_copies
+    rule; its words name the op that launches most of the copy time."""
+    c = report.get("copies") or {}
+    value = V.num(c.get("d2d_pct"))
+    out = V.card(report, value, "pct", "d2d_copies", None, ("D2D_COPY_PCT", "D2D_COPY_HIGH_PCT"),
+                 ("copies.d2d_pct", "copies"))
+    if value is not None and out["severity"] == "ok":
+        top = next(iter(c.get("top_ops") or []), None)
+        out["verdict"] = ("few device-to-device copies" if not c.get("count")
+                          else f"{c['count']} device-to-device copies, small share"
+                          + (f" (most from {top['op']})" if isinstance(top, dict) and top.get("op") else ""))
+    return out
+
+
 @register("communication")
 def _card_communication(report: dict) -> dict:
     comm = report.get("communication") or {}

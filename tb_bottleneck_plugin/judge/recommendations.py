@@ -878,6 +878,44 @@ def sync_cost_pct(sync: dict) -> Optional[float]:
     return None
 
 
+def _finite(v) -> Optional[float]:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v in (float("inf"), float("-inf")):
+        return None
+    return float(v)
+
+
+def rule_d2d_copies(report) -> Optional[dict]:
+    """Device-to-device copies (Memcpy DtoD/PtoP) that hold D2D_COPY_PCT of the step or more
+    (METRICS.md §8): fired on the copy time, ranked by the part no kernel hides (what the step
+    would lose without them), with the ops that launch them as evidence."""
+    c = report.get("copies") or {}
+    share, exposed = (_finite(c.get(k)) for k in ("d2d_pct", "d2d_exposed_pct"))
+    if share is None or share < T.D2D_COPY_PCT:
+        return None
+    ops = [o for o in c.get("top_ops") or [] if isinstance(o, dict)]
+    evidence = [f"{o['op']}: {(o.get('us') or 0) / 1000:.2f} ms in {o.get('count') or 0} copies" for o in ops[:5]]
+    return {
+        "rule": "d2d_copies", "severity": "high" if share >= T.D2D_COPY_HIGH_PCT else "medium",
+        "title": (f"Device-to-device copies take {share:.0f} % of the step"
+                  + (f" ({exposed:.0f} % with no kernel beside them)" if exposed is not None else "")),
+        "action": ("Copy less on the GPU: skip `.contiguous()`, `.clone()` and `.to()` on tensors that are already "
+                   "in the layout, dtype and device needed (check `t.is_contiguous()`; prefer views: `view`, "
+                   "`narrow`, `expand`, indexing with slices); preallocate the result and fill slices instead of "
+                   "growing it with `torch.cat`/`torch.stack` in a loop; use in-place ops and `out=` "
+                   "(`x.add_(y)`, `torch.add(a, b, out=buf)`); keep one memory format end to end "
+                   "(`model.to(memory_format=torch.channels_last)` and inputs in channels_last too, so no layer "
+                   "converts); between GPUs copy with `non_blocking=True` and overlap it with compute; "
+                   "`torch.compile(model)` removes many layout copies by fusing them into the kernels."),
+        "numbers": {"d2d_pct": round(share, 2), "d2d_exposed_pct": exposed, "d2d_us": c.get("d2d_us"),
+                    "count": c.get("count"), "bytes": c.get("bytes")},
+        "evidence": evidence or [f"{c.get('count') or 0} copies 'Memcpy DtoD/PtoP', "
+                                 f"{(c.get('d2d_us') or 0) / 1000:.2f} ms"],
+        "estimated_gain_pct": round(exposed if exposed is not None else share, 2),
+        "gain_assumption": ("the share of the step in device-to-device copies that no kernel overlaps: removing "
+                            "the copies gives back at most that time"),
+    }
+
+
 def rule_communication(report) -> Optional[dict]:
     comm = report.get("communication") or {}
     share = comm.get("comm_pct_of_kernel_time")
@@ -1016,4 +1054,5 @@ RULES: List[Callable[[dict], Optional[dict]]] = [
     rule_input_bound, rule_pageable_copies, rule_tensor_cores, rule_warmup_outlier, rule_torch_compile, rule_low_mfu,
     rule_small_kernels,
     rule_allocator_slack, rule_memory_growth, rule_sync, rule_communication, rule_ddp_buckets, rule_fsdp_prefetch,
+    rule_d2d_copies,
 ]

@@ -207,6 +207,17 @@ const EXTRAS = {
       ];
     },
   },
+  // Device-to-device copies (analysis/copies.py, METRICS.md §8): the ops that launch them.
+  d2d_copies: {
+    details(report) {
+      const c = report.copies || {};
+      const ops = Array.isArray(c.top_ops) ? c.top_ops.slice(0, 2) : [];
+      return [
+        isNum(c.d2d_us) ? `${fmtUs(c.d2d_us)} in ${fmtCount(c.count)} copies${isNum(c.d2d_exposed_pct) ? `, ${fmtPct(c.d2d_exposed_pct)} of step time beside no kernel` : ""}` : null,
+        ops.length ? `from ${ops.map((o) => `${String(o.op ?? "")} (${fmtUs(o.us)})`).join(", ")}` : null,
+      ];
+    },
+  },
   communication: {
     def: DEFS.comm,
     details(report) {
