@@ -39,6 +39,7 @@ from bench_load import DEFAULT_OUT, DEFAULT_SOURCE, DEFAULT_TIMES, build_trace  
 
 from tb_bottleneck_plugin.trace import loader  # noqa: E402
 from tb_bottleneck_plugin.analysis import timeline as tl  # noqa: E402
+from tb_bottleneck_plugin.views import timeline_window as tw  # noqa: E402
 from tb_bottleneck_plugin.routes import json_text  # noqa: E402
 
 TARGET_MS = 100.0
@@ -54,7 +55,7 @@ def request_ms(store, step, t0, t1, px):
     """One request as the route serves it: window, JSON text (routes.json_text), and
     the gzip TensorBoard's http_util.Respond applies (level 3) for a browser."""
     def run():
-        body = tl.window(store, step, t0, t1, px=px, cap=tl.DEFAULT_CAP)
+        body = tw.window(store, step, t0, t1, px=px, cap=tw.DEFAULT_CAP)
         text = json_text(body)
         gzip.compress(text.encode(), compresslevel=3)
         return body, text
@@ -71,19 +72,19 @@ def summary(values):
 def bench_store(store, requests, px, rnd, label):
     out = {}
     nums = [int(n) for n in store["step_number"]]
-    default = tl.window(store)["step"]
+    default = tw.window(store)["step"]
     full = [request_ms(store, None, None, None, px)] + [request_ms(store, n, None, None, px) for n in nums]
     out["full_step"] = full
     zoom = []
     for _ in range(requests):
         n = rnd.choice(nums)
-        i = tl.step_index(store, n)
+        i = tw.step_index(store, n)
         dur = float(store["step_end"][i] - store["step_start"][i])
         width = dur * 10 ** rnd.uniform(-4, 0)
         a = rnd.uniform(0, max(0.0, dur - width))
         zoom.append(request_ms(store, n, a, a + width, px))
     out["zoom"] = zoom
-    doc, export_ms = _timed(lambda: tl.chrome_trace(store, default))
+    doc, export_ms = _timed(lambda: tw.chrome_trace(store, default))
     text, dump_ms = _timed(lambda: json.dumps(doc))
     res = {"label": label, "steps": len(nums), "events": int(len(store["ev_ts"])),
            "store_bytes": int(sum(v.nbytes for v in store.values())), "export_ms": export_ms + dump_ms,

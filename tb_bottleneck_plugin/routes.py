@@ -41,11 +41,11 @@ from tensorboard.backend import http_util, json_util
 from werkzeug import wrappers
 
 from .analysis import operators
-from .analysis import timeline as tl
 from .serving import timeline_store
 from .views import compare as compare_view
 from .views import headline as headline_view
 from .views import ranks as ranks_view
+from .views import timeline_window as tw
 
 if TYPE_CHECKING:
     from .serving.service import Analyzer
@@ -407,7 +407,7 @@ def _timeline_store(analyzer, sel: Selection):
             raise _loading(0.0)
         raise RouteError(422, state="error", error="the step timeline is not available for this span: "
                          + (reason or timeline_store.NO_STORE_RETURNED), errors=[])
-    index = tl.step_index(store, sel.step)
+    index = tw.step_index(store, sel.step)
     if index is None:
         raise RouteError(422, state="error", error="this span has no step", errors=[])
     if sel.step is not None and index < 0:
@@ -447,9 +447,9 @@ def _serve_timeline(ctx: RouteContext, request):
     bad = "t0 and t1 must be numbers (µs from the step start), px a whole number"
     t0, t1 = _number(args, "t0", float, bad), _number(args, "t1", float, bad)
     px = _number(args, "px", int, bad)
-    body = tl.window(store, sel.step, t0, t1, px=px or TIMELINE_PX, cap=tl.DEFAULT_CAP)
+    body = tw.window(store, sel.step, t0, t1, px=px or TIMELINE_PX, cap=tw.DEFAULT_CAP)
     body["worker"], body["span"] = w.name, s.name
-    body["has_gpu"] = bool(np.any(store["row_kind"] == tl.ROW_GPU))
+    body["has_gpu"] = bool(np.any(store["row_kind"] == tw.ROW_GPU))
     body["spans"] = [{"worker": ww.name, "span": ss.name} for ww, ss, _ in _span_states(analyzer, sel)]
     return _json(request, json_text(body))
 
@@ -464,7 +464,7 @@ def _serve_step_trace(ctx: RouteContext, request):
     w, _, store = _timeline_store(analyzer, sel)
     bad = "t0 and t1 must be numbers (µs from the step start)"
     t0, t1 = _number(args, "t0", float, bad), _number(args, "t1", float, bad)
-    doc = tl.chrome_trace(store, sel.step, t0, t1)
+    doc = tw.chrome_trace(store, sel.step, t0, t1)
     other = doc["otherData"]
     what = f"step{other['step']}" if other["steps_found"] else "whole-trace"
     w0, w1 = other["window_us"]

@@ -23,6 +23,7 @@ from tb_bottleneck_plugin.trace import loader
 from tb_bottleneck_plugin import report
 from tb_bottleneck_plugin.analysis import context, distributed, gpu, linking, operators, signals, tensor_cores
 from tb_bottleneck_plugin.analysis import timeline as tl
+from tb_bottleneck_plugin.views import timeline_window as tw
 from tb_bottleneck_plugin.analysis.steps import find_steps
 
 H100 = TRACES / "tracelens/h100/gaunernst_bert-small-uncased__1016001.json.gz"
@@ -127,7 +128,7 @@ def test_timeline_lanes_use_the_operator_nesting(tmp_path):
     name = {trace.strings[trace.cpu.name[r]]: i for i, r in enumerate(nest["rows"])}
     assert nest["depth"][[name["outer"], name["inner"], name["instant"]]].tolist() == [0, 1, 2]
     assert nest["parent"][name["inner"]] == name["outer"]
-    w = tl.window(tl.build_store(trace), 1, px=100000)
+    w = tw.window(tl.build_store(trace), 1, px=100000)
     lanes = {lane["label"]: [(a, z, w["names"][n]) for a, z, n in zip(lane["t0"], lane["t1"], lane["name"])]
              for lane in w["lanes"] if lane["label"].startswith("CPU")}
     assert lanes == {"CPU main thread": [(100, 500, "outer")],

@@ -17,6 +17,7 @@ from tb_bottleneck_plugin import report as report_mod
 from tb_bottleneck_plugin.analysis import memory as mem
 from tb_bottleneck_plugin.analysis import signals
 from tb_bottleneck_plugin.analysis import timeline as tl
+from tb_bottleneck_plugin.views import timeline_window as tw
 from tb_bottleneck_plugin.trace.loader import load_trace
 
 from trace_builder import V100, TraceBuilder, write_trace
@@ -90,9 +91,9 @@ def test_every_section_and_the_timeline_answer(tmp_path, name):
         assert isinstance(rep[section], dict), section
     store = out["timeline_store"]
     assert isinstance(store, dict)
-    body = _strict(tl.window, store, None, None, None, px=1200, cap=tl.DEFAULT_CAP)
+    body = _strict(tw.window, store, None, None, None, px=1200, cap=tw.DEFAULT_CAP)
     assert body["steps_found"] is False and body["step_us"] > 0
-    doc = _strict(tl.chrome_trace, store, None, None, None)
+    doc = _strict(tw.chrome_trace, store, None, None, None)
     assert doc["otherData"]["events_exported"] == doc["otherData"]["events_total"] > 0
     json.dumps(rep, allow_nan=False)
     if known:

@@ -11,6 +11,7 @@ import pytest
 
 from tb_bottleneck_plugin import report
 from tb_bottleneck_plugin.analysis import timeline as tl
+from tb_bottleneck_plugin.views import timeline_window as tw
 from conftest import TraceBuilder
 
 HTML_NAME = "<img src=x onerror=alert(1)>"
@@ -56,7 +57,7 @@ def _events(w, lane):
 
 def test_lanes_of_the_hand_built_step(hand):
     _, store = hand
-    w = tl.window(store, 1, px=100000)  # every event wider than a pixel: no merging
+    w = tw.window(store, 1, px=100000)  # every event wider than a pixel: no merging
     assert w["step"] == 1 and w["step_us"] == 1000 and w["included"]
     assert _events(w, _lane(w, "CPU main thread")) == [
         (320, 400, "aten::copy_"), (400, 600, "aten::conv"), (600, 700, "aten::item")]
@@ -76,7 +77,7 @@ def test_lanes_of_the_hand_built_step(hand):
 
 def test_idle_causes_of_the_hand_built_step(hand):
     trace, store = hand
-    w = tl.window(store, 1, px=100000)
+    w = tw.window(store, 1, px=100000)
     # kernels [420,520] [530,535] [545,550]: idle = [0,420] [520,530] [535,545] [550,1000]
     want = {"h2d_copy": [(345, 395)],                      # the HtoD copy, no kernel under it
             "input_wait": [(10, 310)],                     # DataLoader, nothing else busy
@@ -95,22 +96,22 @@ def test_idle_causes_of_the_hand_built_step(hand):
     rep = report.analyze_trace(trace)["report"]
     per = {p["step"]: p for p in rep["input"]["per_step"]}
     assert w["idle_pct"]["input_wait"] == pytest.approx(per[1]["input_bound_pct"]) == pytest.approx(30.0)
-    w2 = tl.window(store, 2, px=100000)
+    w2 = tw.window(store, 2, px=100000)
     assert w2["idle_us"]["input_wait"] == 100
     assert w2["idle_pct"]["input_wait"] == pytest.approx(per[2]["input_bound_pct"])
 
 
 def test_default_step_is_the_slowest_included(hand):
     _, store = hand
-    assert tl.window(store)["step"] == 1  # 1000 µs vs 800 µs
-    assert [s["step"] for s in tl.window(store)["steps"]] == [1, 2]
+    assert tw.window(store)["step"] == 1  # 1000 µs vs 800 µs
+    assert [s["step"] for s in tw.window(store)["steps"]] == [1, 2]
     with pytest.raises(KeyError):
-        tl.window(store, 99)
+        tw.window(store, 99)
 
 
 def test_lod_merges_subpixel_events_keeping_count_and_busy_time(hand):
     _, store = hand
-    w = tl.window(store, 1, px=10)  # 100 µs per pixel
+    w = tw.window(store, 1, px=10)  # 100 µs per pixel
     gpu = _lane(w, "GPU 0 · stream 7")
     assert sum(gpu["count"]) == 4 and sum(gpu["busy_us"]) == pytest.approx(160)
     # [345,395] is narrower than a pixel and 25 µs from the conv kernel: one block with it?
@@ -119,7 +120,7 @@ def test_lod_merges_subpixel_events_keeping_count_and_busy_time(hand):
     block = [i for i, (a, b) in enumerate(zip(gpu["t0"], gpu["t1"])) if (a, b) == (530, 550)][0]
     assert gpu["count"][block] == 2 and gpu["busy_us"][block] == pytest.approx(10) and gpu["name"][block] is None
     # zoom: the window [500, 600] at 100 px shows both short kernels on their own again
-    z = tl.window(store, 1, t0=500, t1=600, px=100)
+    z = tw.window(store, 1, t0=500, t1=600, px=100)
     gz = _lane(z, "GPU 0 · stream 7")
     assert _events(z, gz) == [(500, 520, "conv_k"), (530, 535, "short1"), (545, 550, "short2")]
     assert sum(gz["busy_us"]) == pytest.approx(30)  # conv_k clipped to the window
@@ -161,7 +162,7 @@ def test_lod_property_random(tmp_path, seed):
         b = rnd.uniform(a, 100500) if rnd.random() < 0.8 else a + rnd.uniform(0, 50)
         px = rnd.choice([10, 100, 800, 1600, 5000])
         cap = rnd.choice([5, 50, 400, 4000])
-        w = tl.window(store, 1, t0=a, t1=b, px=px, cap=cap)
+        w = tw.window(store, 1, t0=a, t1=b, px=px, cap=cap)
         nonempty = sum(1 for lane in w["lanes"] if lane["t0"])
         assert w["rects"] <= max(cap, nonempty)
         if cap < nonempty:
@@ -181,7 +182,7 @@ def test_lod_property_random(tmp_path, seed):
 
 def test_lod_cap_smaller_than_rows_still_bounded(hand):
     _, store = hand
-    w = tl.window(store, 1, px=100000, cap=3)
+    w = tw.window(store, 1, px=100000, cap=3)
     # more non-empty rows than the cap: each row one block at most, busy time kept
     assert all(len(lane["t0"]) <= 1 for lane in w["lanes"])
     assert w["rects"] == sum(1 for lane in w["lanes"] if lane["t0"]) > 3
@@ -190,7 +191,7 @@ def test_lod_cap_smaller_than_rows_still_bounded(hand):
 
 def test_chrome_trace_export_has_only_that_step(hand):
     _, store = hand
-    doc = json.loads(json.dumps(tl.chrome_trace(store, 2)))
+    doc = json.loads(json.dumps(tw.chrome_trace(store, 2)))
     xs = [e for e in doc["traceEvents"] if e["ph"] == "X"]
     assert xs and all(1000 <= e["ts"] and e["ts"] + e["dur"] <= 1800 for e in xs)
     names = {e["name"] for e in xs}
@@ -210,7 +211,7 @@ def test_store_round_trips_through_npz(hand, tmp_path):
     np.savez(path, **store)
     with np.load(path, allow_pickle=False) as z:
         back = {k: z[k] for k in z.files}
-    assert tl.window(back, 1) == tl.window(store, 1)
+    assert tw.window(back, 1) == tw.window(store, 1)
     assert HTML_NAME in tl.store_names(back)
 
 
@@ -232,7 +233,7 @@ def test_store_from_the_report_context_is_the_same_and_computed_once(hand, monke
     per = {p["step"]: p["input_bound_pct"] for p in out["report"]["input"]["per_step"]}
     assert per == pytest.approx({1: 30.0, 2: 12.5})
     for n, want in per.items():
-        assert tl.window(store, n, px=100000)["idle_pct"]["input_wait"] == pytest.approx(want)
+        assert tw.window(store, n, px=100000)["idle_pct"]["input_wait"] == pytest.approx(want)
     assert "timeline_store" not in report.analyze_trace(trace)  # only when asked for
 
 
@@ -240,22 +241,22 @@ def test_export_window_and_cap(hand):
     """step_trace exports the events overlapping the asked window, at most max_events of
     them (the earliest-starting), and says so in otherData."""
     _, store = hand
-    full = tl.chrome_trace(store, 1)
+    full = tw.chrome_trace(store, 1)
     xs = [e for e in full["traceEvents"] if e["ph"] == "X"]
     od = full["otherData"]
     assert od["events_total"] == od["events_exported"] == len(xs) and not od["truncated"] and od["note"] is None
     assert od["window_us"] == [0.0, 1000.0] and od["steps_found"] is True
-    assert tl.window(store, 1)["export"] == {"events": len(xs), "max_events": tl.EXPORT_MAX_EVENTS,
+    assert tw.window(store, 1)["export"] == {"events": len(xs), "max_events": tw.EXPORT_MAX_EVENTS,
                                              "truncated": False, "note": None}
     # window [500, 600] µs of step 1: by hand, every stored event overlapping it
-    z = tl.chrome_trace(store, 1, 500, 600)
+    z = tw.chrome_trace(store, 1, 500, 600)
     zx = [e for e in z["traceEvents"] if e["ph"] == "X"]
     want = sorted((e["name"], e["ts"]) for e in xs if e["ts"] < 600 and e["ts"] + e["dur"] > 500)
     assert sorted((e["name"], e["ts"]) for e in zx) == want
     assert {"aten::conv", "conv_k", "short1", "short2", "launch-bound (short kernels)"} <= {n for n, _ in want}
     assert "aten::item" not in {n for n, _ in want}  # starts at 600
     # the cap: the 5 earliest-starting events, and the note says what was cut
-    c = tl.chrome_trace(store, 1, max_events=5)
+    c = tw.chrome_trace(store, 1, max_events=5)
     cx = [e for e in c["traceEvents"] if e["ph"] == "X"]
     assert len(cx) == 5 == c["otherData"]["events_exported"] and c["otherData"]["truncated"]
     assert sorted(e["ts"] for e in cx) == sorted(e["ts"] for e in xs)[:5]
@@ -269,10 +270,10 @@ def test_trace_without_steps_is_one_window_said_everywhere(tmp_path):
     b.launch("conv_k", 410, 420, 100)
     trace = b.load(tmp_path)
     store = tl.build_store(trace)
-    w = tl.window(store, px=100000)
+    w = tw.window(store, px=100000)
     assert w["steps_found"] is False and len(w["steps"]) == 1
     assert "no ProfilerStep" in w["export"]["note"] and not w["export"]["truncated"]
-    doc = tl.chrome_trace(store)
+    doc = tw.chrome_trace(store)
     assert doc["otherData"]["steps_found"] is False and "no ProfilerStep" in doc["otherData"]["note"]
     assert {"aten::conv", "conv_k", DL} <= {e["name"] for e in doc["traceEvents"] if e["ph"] == "X"}
 
@@ -298,7 +299,7 @@ def _rocm_store(key):
 @pytest.mark.parametrize("key", sorted(ROCM_TRACES))
 def test_runtime_lane_is_named_hip_on_rocm_traces(key):
     store = _rocm_store(key)
-    w = tl.window(store)
+    w = tw.window(store)
     rt = [lane for lane in w["lanes"] if lane["kind"] == "runtime"]
     assert rt and w["runtime_api"] == "HIP"
     assert all(lane["label"].startswith("HIP runtime (thread ") for lane in rt), [lane["label"] for lane in rt]
@@ -306,14 +307,14 @@ def test_runtime_lane_is_named_hip_on_rocm_traces(key):
     # the calls on those lanes are hip* calls (what the label says)
     names = {w["names"][n] for lane in rt for n in lane["name"] if n is not None}
     assert names and all(n.startswith("hip") for n in names), names
-    meta = [e["args"]["name"] for e in tl.chrome_trace(store)["traceEvents"]
+    meta = [e["args"]["name"] for e in tw.chrome_trace(store)["traceEvents"]
             if e["ph"] == "M" and e["name"] == "thread_name"]
     assert any(m.startswith("HIP runtime") for m in meta) and not any(m.startswith("CUDA runtime") for m in meta)
 
 
 def test_runtime_api_from_call_names_props_and_old_stores(hand, tmp_path):
     _, cuda_store = hand
-    assert tl.window(cuda_store, 1)["runtime_api"] == "CUDA"
+    assert tw.window(cuda_store, 1)["runtime_api"] == "CUDA"
     # hip* calls without deviceProperties: HIP by the names
     b = TraceBuilder(props=())
     b.step(1, 0, 1000)
@@ -321,7 +322,7 @@ def test_runtime_api_from_call_names_props_and_old_stores(hand, tmp_path):
     b.launch("Cijk_Ailk_Bljk_SB_MT64x64x16_MI16x16x1", 110, 200, 100, call="hipLaunchKernel")
     b.runtime("hipDeviceSynchronize", 400, 50)
     store = tl.build_store(b.load(tmp_path))
-    w = tl.window(store, 1, px=100000)
+    w = tw.window(store, 1, px=100000)
     assert w["runtime_api"] == "HIP"
     assert _events(w, _lane(w, "HIP runtime (thread 1)")) == [
         (110, 115, "hipLaunchKernel"), (400, 450, "hipDeviceSynchronize")]
@@ -329,12 +330,12 @@ def test_runtime_api_from_call_names_props_and_old_stores(hand, tmp_path):
     b = TraceBuilder(props=({"id": 0, "name": "AMD Instinct MI300X", "warpSize": 64},))
     b.step(1, 0, 1000)
     b.kernel("k", 100, 50)
-    assert tl.window(tl.build_store(b.load(tmp_path, "amd.pt.trace.json")))["runtime_api"] == "HIP"
+    assert tw.window(tl.build_store(b.load(tmp_path, "amd.pt.trace.json")))["runtime_api"] == "HIP"
     # a store written before runtime_api existed: from its runtime events' names
     old = {k: v for k, v in store.items() if k != "runtime_api"}
-    assert tl.window(old, 1, px=100000) == w
+    assert tw.window(old, 1, px=100000) == w
     old_cuda = {k: v for k, v in cuda_store.items() if k != "runtime_api"}
-    assert tl.window(old_cuda, 1)["runtime_api"] == "CUDA"
+    assert tw.window(old_cuda, 1)["runtime_api"] == "CUDA"
 
 
 def _second_thread_busy_in_step_2_only():
@@ -363,20 +364,20 @@ def test_lanes_without_an_event_in_the_step_are_not_sent(tmp_path):
     idle = [f"GPU idle: {tl.IDLE_LABELS[c]}" for c in tl.IDLE_CAUSES]
     assert len(store["row_kind"]) == len(labels2) + len(idle)
 
-    w1 = tl.window(store, 1, px=100000)
+    w1 = tw.window(store, 1, px=100000)
     assert [lane["label"] for lane in w1["lanes"]] == [
         "CPU main thread", "CUDA runtime (thread 1)", "GPU 0 · stream 7"] + idle
     assert w1["hidden_lanes"] == 3  # thread 2 (two depths) and the DataLoader: nothing in step 1
     assert all(lane["t0"] for lane in w1["lanes"] if lane["kind"] != "idle")
 
-    w2 = tl.window(store, 2, px=100000)
+    w2 = tw.window(store, 2, px=100000)
     # step 2 launches nothing: the runtime lane goes, the GPU lane stays (empty, shaded "other")
     assert [lane["label"] for lane in w2["lanes"]] == [
         "CPU main thread", "CPU thread 2", "CPU thread 2 · depth 1", "GPU 0 · stream 7"] + idle
     assert w2["hidden_lanes"] == 2 and not _lane(w2, "GPU 0 · stream 7")["t0"]
     assert w2["idle_us"]["other"] == pytest.approx(1000)
     # zoomed into [0, 300] µs of step 2: thread 2 has nothing there, its lanes stay
-    z = tl.window(store, 2, t0=0, t1=300, px=1000)
+    z = tw.window(store, 2, t0=0, t1=300, px=1000)
     assert [lane["label"] for lane in z["lanes"]] == [lane["label"] for lane in w2["lanes"]]
     assert not _lane(z, "CPU thread 2")["t0"] and _lane(z, "CPU main thread")["t0"]
     assert z["hidden_lanes"] == 2
@@ -385,9 +386,9 @@ def test_lanes_without_an_event_in_the_step_are_not_sent(tmp_path):
 def test_mi300_slowest_step_sends_no_empty_lane():
     """QA: on the MI300 trace the slowest step drew 8 CPU lanes with nothing in them."""
     store = _rocm_store("mi300")
-    w = tl.window(store)
+    w = tw.window(store)
     n_rows = len(store["row_kind"])
-    i = tl.step_index(store, w["step"])
+    i = tw.step_index(store, w["step"])
     # independent of window(): the rows with an event in the step, from the store's offsets
     busy = [r for r in range(n_rows) if store["seg_off"][i * n_rows + r + 1] > store["seg_off"][i * n_rows + r]]
     kinds = store["row_kind"]
@@ -398,7 +399,7 @@ def test_mi300_slowest_step_sends_no_empty_lane():
     assert sum(1 for r in range(n_rows) if kinds[r] == tl.ROW_CPU) >= 8  # the lanes the QA saw
     # the LOD invariants hold on what is sent
     for px, cap in ((50, 10), (1200, 4000)):
-        v = tl.window(store, w["step"], px=px, cap=cap)
+        v = tw.window(store, w["step"], px=px, cap=cap)
         assert v["rects"] == sum(len(lane["t0"]) for lane in v["lanes"]) <= max(cap, len(v["lanes"]))
         for lane in v["lanes"]:
             whole = next(x for x in w["lanes"] if x["row"] == lane["row"])
@@ -422,7 +423,7 @@ def test_export_names_only_the_lanes_that_carry_events(tmp_path):
         assert used <= set(names), "an exported event on an unnamed lane"
         return sorted(names[k] for k in used)
 
-    d1 = tl.chrome_trace(store, 1)
+    d1 = tw.chrome_trace(store, 1)
     # step 1: the main thread (step span, conv), the runtime call, the kernel, and the idle
     # causes of the GPU's 900 µs without a kernel (the step's own interval is its only cause)
     want1 = ["CPU main thread", "CUDA runtime (thread 1)", "GPU 0 · stream 7"]
@@ -431,7 +432,7 @@ def test_export_names_only_the_lanes_that_carry_events(tmp_path):
     assert "CPU thread 2" not in meta(d1, "thread_name") and "DataLoader" not in meta(d1, "thread_name")
     assert meta(d1, "process_name") == ["GPU", "GPU idle causes", "host"]
 
-    d2 = tl.chrome_trace(store, 2)
+    d2 = tw.chrome_trace(store, 2)
     assert [m for m in meta(d2, "thread_name") if not m.startswith("GPU idle")] == \
         ["CPU main thread", "CPU thread 2"]  # no kernel, no runtime call in step 2
     assert meta(d2, "thread_name") == lanes_with_events(d2)
@@ -439,9 +440,9 @@ def test_export_names_only_the_lanes_that_carry_events(tmp_path):
 
     # zoomed into [450, 750] µs of step 2: only thread 2's region (and the idle track) overlap it
     # (the ProfilerStep span is the step itself, not an event of a lane)
-    z = tl.chrome_trace(store, 2, 450, 750)
+    z = tw.chrome_trace(store, 2, 450, 750)
     assert [m for m in meta(z, "thread_name") if not m.startswith("GPU idle")] == ["CPU thread 2"]
     assert meta(z, "thread_name") == lanes_with_events(z)
-    z2 = tl.chrome_trace(store, 2, 800, 900)  # nothing but the GPU's idle time
+    z2 = tw.chrome_trace(store, 2, 800, 900)  # nothing but the GPU's idle time
     assert meta(z2, "thread_name") == lanes_with_events(z2) == ["GPU idle: other"]
     assert meta(z2, "process_name") == ["GPU idle causes"]

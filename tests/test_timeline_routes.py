@@ -104,8 +104,9 @@ def test_trace_without_steps_export_is_capped_and_named(tmp_path, monkeypatch):
     """A trace without ProfilerStep is one window holding every event: the route says so
     (steps_found, export note) and the export stops at the cap."""
     from tb_bottleneck_plugin.analysis import timeline as tl
+    from tb_bottleneck_plugin.views import timeline_window as tw
 
-    monkeypatch.setattr(tl, "EXPORT_MAX_EVENTS", 50)
+    monkeypatch.setattr(tw, "EXPORT_MAX_EVENTS", 50)
     b = TraceBuilder()
     for k in range(40):  # 40 x (op, launch call, kernel) = 120 events + idle gaps
         b.cpu("aten::mm", k * 100, 50)
@@ -167,6 +168,7 @@ def test_store_on_disk_beside_the_cached_report(tmp_path):
 
 def test_store_files_unreadable_old_and_over_budget(tmp_path):
     from tb_bottleneck_plugin.analysis import timeline as tl
+    from tb_bottleneck_plugin.views import timeline_window as tw
     from tb_bottleneck_plugin.serving.timeline_store import TimelineStores
 
     b = TraceBuilder()
@@ -177,7 +179,7 @@ def test_store_files_unreadable_old_and_over_budget(tmp_path):
     stores.put("a", "1", store)
     size = (tmp_path / "c" / "a-1.timeline.npz").stat().st_size
     fresh = TimelineStores(tmp_path / "c", key)
-    assert tl.window(fresh.get("a", "1"), 1) == tl.window(store, 1) and fresh.loads == 1
+    assert tw.window(fresh.get("a", "1"), 1) == tw.window(store, 1) and fresh.loads == 1
     # garbage and an old store version are missing stores, and their files are removed
     (tmp_path / "c" / "g-1.timeline.npz").write_bytes(b"not a zip")
     assert fresh.get("g", "1") is None and not (tmp_path / "c" / "g-1.timeline.npz").exists()

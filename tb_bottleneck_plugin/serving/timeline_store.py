@@ -180,11 +180,11 @@ def span_to_show(ready: list, step: Optional[int], store_of):
         if best is not None and step is not None:
             break
     if best is None and step is not None:  # an excluded step: only the stores know it
-        from ..analysis import timeline as tl
+        from ..views import timeline_window as tw
 
         for w, s, st in ready:
             store = store_of(s, st)
-            index = tl.step_index(store, step) if store is not None else None
+            index = tw.step_index(store, step) if store is not None else None
             if index is not None and index >= 0:  # -1: not in this store; 0 is the first step
                 best = (w, s, st)
                 break
