@@ -6,7 +6,8 @@ and used by the CLI too (`run_all`). Pure bookkeeping, no I/O, no threads of its
 - **Slots**: at most ``slots`` analyses at a time (one child process each; by default
   the machine's cores, plus one slot kept for the other runs, see below).
 - **Memory budget**: an analysis reserves its estimated peak (`estimate_peak_bytes`:
-  the file's uncompressed size x ``PEAK_FACTOR`` + ``PEAK_BASE_BYTES``); a span starts
+  ``PEAK_BASE_BYTES`` + the larger of the file's uncompressed size x ``PEAK_FACTOR`` and
+  its estimated event count x ``PEAK_BYTES_PER_EVENT``); a span starts
   only while the reservations in flight plus its own fit in ``memory_budget`` (default:
   half the machine's memory, `default_memory_budget`; ``--bottlenecks_analysis_memory`` /
   ``TB_BOTTLENECKS_ANALYSIS_MEMORY``), except when nothing is in flight (a span larger
@@ -32,6 +33,13 @@ from ..errors import StorageError
 # msgspec, rounded so the estimate errs high (measurements: benchmarks/README.md).
 PEAK_FACTOR = 0.8
 PEAK_BASE_BYTES = 96 << 20
+# ... and at least this much per trace event: the decoded columns cost per event, not per
+# byte, so a file of tiny events (45 bytes each) peaks at 5-10x its size (measured ~310
+# bytes per event on the 292 MB benchmark trace, ~400 on 1-3M tiny events; benchmarks/README.md).
+PEAK_BYTES_PER_EVENT = 450
+# The event count is estimated from the density of events in the first HEAD_SAMPLE_BYTES
+# of (decompressed) JSON; local files only (a remote file is not read at scheduling time).
+HEAD_SAMPLE_BYTES = 1 << 20
 # gzip ratio assumed when the uncompressed size cannot be read (a gzip trailer holds it
 # modulo 4 GiB); Kineto JSON compresses 15-30x (../shared/traces/INDEX.md), 30 errs high.
 ASSUMED_GZIP_RATIO = 30
@@ -110,8 +118,48 @@ def _local_isize(span) -> Optional[int]:
     return storage.gzip_uncompressed_size(fs, path, url=span.url)
 
 
-def estimate_peak_bytes(span, read_tail=None) -> int:
-    return int(PEAK_BASE_BYTES + PEAK_FACTOR * uncompressed_size(span, read_tail))
+def estimate_peak_bytes(span, read_tail=None, read_head=None) -> int:
+    """Estimated peak memory of one span's analysis process (module docstring).
+    ``read_head(span, n)``: the first ``n`` bytes of the span's JSON, decompressed (by
+    default read for local files only)."""
+    size = uncompressed_size(span, read_tail)
+    events = estimated_events(span, size, read_head)
+    return int(PEAK_BASE_BYTES + max(PEAK_FACTOR * size, PEAK_BYTES_PER_EVENT * (events or 0)))
+
+
+def estimated_events(span, size: int, read_head=None) -> Optional[int]:
+    """Trace events in a span's file of ``size`` JSON bytes, from the count of ``"ph"``
+    keys in its first HEAD_SAMPLE_BYTES (every Chrome trace event has one); None when the
+    head cannot be read or holds none."""
+    try:
+        if read_head is not None:
+            head = read_head(span, HEAD_SAMPLE_BYTES)
+        elif "://" not in str(getattr(span, "url", "")) and getattr(span, "path", None):
+            head = _local_head(span, HEAD_SAMPLE_BYTES)
+        else:
+            return None
+    except (OSError, ValueError, EOFError, StorageError):
+        return None
+    count = head.count(b'"ph"') if head else 0
+    if not count:
+        return None
+    if len(head) >= size:
+        return count
+    return int(count * size / len(head))
+
+
+def _local_head(span, nbytes: int) -> bytes:
+    """The first ``nbytes`` of a local span's JSON (gunzipped for ``.gz``)."""
+    import gzip
+
+    from ..trace import storage  # fsspec: not at import time (the TensorBoard entry point stays light)
+
+    fs, path = storage.get_fs(span.path)
+    with storage.open_binary(fs, path, url=span.url) as raw:
+        if str(span.url).endswith(".gz"):
+            with gzip.GzipFile(fileobj=raw) as f:
+                return f.read(nbytes)
+        return raw.read(nbytes)
 
 
 class Scheduler:
