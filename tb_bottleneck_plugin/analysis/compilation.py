@@ -398,7 +398,8 @@ def compilation(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = Non
         for u, c, s, gk in zip(uniq, counts, sums, graphed):
             kernels[trace.strings[int(u)]] = {"count": int(c), "us": float(s), "graph_count": int(gk)}
 
-    sec = _finish_from(per_step, frames, recompiles, kernels, have_regions, broken)
+    sec = _finish_from(per_step, frames, recompiles, kernels, have_regions, broken,
+                       kernel_sources(trace, sel, g_rt))
     if not have_compiled:
         na[f"{NAME}.compiled_pct"] = NA_NO_COMPILED
     if not have_regions:
@@ -432,8 +433,63 @@ def _per(part, n):
     return part / n if part is not None and n else None
 
 
+def kernel_sources(trace: TraceData, gpu_rows: np.ndarray, gpu_runtime: np.ndarray) -> Dict[str, dict]:
+    """Kernel name -> where its fused ops come from, for the Triton kernels ``gpu_rows`` whose
+    launch call lies inside an Inductor launch op that carries ``kernel_file``/``kernel_hash``/
+    ``kernel_backend`` (the innermost such op on the call's thread, linking.innermost_enclosing):
+    ``{hash, file (basename only), backend, variants, ops, source_nodes, ops_source}``. Of several
+    kernel files under one name (graphs reuse names), the one with most launches; ``variants``
+    counts them. ``ops``/``source_nodes`` from the ``Original ATen`` / ``Source Nodes`` lines of
+    Inductor's generated code when the loader found that file on this machine
+    (``trace.kernel_origins``, ``ops_source`` "kernel_file"), else none here (the name's ops)."""
+    from .linking import innermost_enclosing
+
+    launches = trace.kernel_launches
+    if not launches or not len(gpu_rows):
+        return {}
+    rt_rows = gpu_runtime[gpu_rows] if len(gpu_runtime) else np.full(len(gpu_rows), -1, np.int64)
+    linked = rt_rows >= 0
+    if not linked.any():
+        return {}
+    op_rows = np.fromiter(sorted(launches), np.int64, len(launches))
+    enc = innermost_enclosing(trace, op_rows, rt_rows[linked])
+    tally: Dict[str, Dict[tuple, int]] = {}
+    for g_row, op in zip(gpu_rows[linked][enc >= 0].tolist(), enc[enc >= 0].tolist()):
+        name = trace.strings[int(trace.gpu.name[g_row])]
+        per = tally.setdefault(name, {})
+        launch = launches[op]
+        per[launch] = per.get(launch, 0) + 1
+    out: Dict[str, dict] = {}
+    for name, per in tally.items():
+        launch = max(per.items(), key=lambda kv: (kv[1], kv[0]))[0]
+        base = launch.file.replace("\\", "/").rsplit("/", 1)[-1] or None
+        origin = trace.kernel_origins.get(base) if base else None
+        ops = [a[5:] if a.startswith("aten.") else a for a in origin.aten] if origin and origin.aten else None
+        out[name] = {"hash": launch.hash or None, "file": base, "backend": launch.backend or None,
+                     "variants": len(per), "ops": ops,
+                     "source_nodes": list(origin.source_nodes) if ops else None}
+    return out
+
+
+def _kernel_row_source(name: str, src: Optional[dict]) -> dict:
+    """A kernel row's fused ops and their source (``fused_ops_source``: "kernel_file" when
+    read from Inductor's generated code, "name" from the kernel's name, "unknown" when neither
+    tells), and the launch's kernel hash, file basename and backend (null when the trace's
+    launch op carries none)."""
+    src = src or {}
+    if src.get("ops"):
+        ops, where = list(src["ops"]), "kernel_file"
+    else:
+        ops = fused_ops(name)
+        where = "unknown" if ops == UNKNOWN_OPS else "name"
+    return {"ops": ops, "fused_ops_source": where, "source_nodes": list(src.get("source_nodes") or []),
+            "kernel_hash": src.get("hash"), "kernel_file": src.get("file"), "kernel_backend": src.get("backend"),
+            "kernel_variants": int(src.get("variants") or 0)}
+
+
 def _finish_from(rows: List[dict], frames: Dict[str, dict], recompiles: Dict[str, dict],
-                 kernels: Dict[str, dict], have_regions: bool, broken: Optional[Dict[str, dict]] = None) -> dict:
+                 kernels: Dict[str, dict], have_regions: bool, broken: Optional[Dict[str, dict]] = None,
+                 sources: Optional[Dict[str, dict]] = None) -> dict:
     n = len(rows)
     broken_list = sorted((dict(b, per_step=_per(b["count"], n)) for b in (broken or {}).values()),
                          key=lambda b: (-b["count"], b["id"]))
@@ -450,9 +506,9 @@ def _finish_from(rows: List[dict], frames: Dict[str, dict], recompiles: Dict[str
     triton_us = S["triton_us"] or 0.0
     krows = []
     for name, k in sorted(kernels.items(), key=lambda kv: -kv[1]["us"])[:TOP_KERNELS]:
-        krows.append({"name": name, "kind": kernel_kind(name), "ops": fused_ops(name), "count": k["count"],
-                      "us": k["us"], "us_per_step": _per(k["us"], n), "pct_of_triton": _ratio(k["us"], triton_us),
-                      "graph_count": k.get("graph_count", 0)})
+        krows.append({"name": name, "kind": kernel_kind(name), **_kernel_row_source(name, (sources or {}).get(name)),
+                      "count": k["count"], "us": k["us"], "us_per_step": _per(k["us"], n),
+                      "pct_of_triton": _ratio(k["us"], triton_us), "graph_count": k.get("graph_count", 0)})
     breaks = S["breaks"] if have_regions else None
     return {
         "has_regions": have_regions, "steps": n, "step_us": step_us,
@@ -483,6 +539,8 @@ def _finish_from(rows: List[dict], frames: Dict[str, dict], recompiles: Dict[str
         "kernels": krows,
         # every Triton kernel: name -> [launches, µs, launches from CUDA graphs] (the partial's input)
         "all_kernels": {name: [k["count"], k["us"], k.get("graph_count", 0)] for name, k in kernels.items()},
+        # the Triton kernels linked to an Inductor launch op with kernel args (kernel_sources)
+        "kernel_sources": dict(sources or {}),
         "per_step": [dict(r, compiled_pct=_ratio(r.get("compiled_us"), r.get("step_us")),
                           compiled_gpu_pct=_ratio(r.get("compiled_gpu_us"), r.get("kernel_us")))
                      for r in rows],
@@ -520,6 +578,8 @@ def _unit_partial(report: dict) -> dict:
         # every Triton kernel of the span, not only the shown top (so a group's top is exact)
         "keyed:kernels": {k: {"sum:count": v[0], "sum:us": v[1], "sum:graph_count": v[2]}
                           for k, v in (sec.get("all_kernels") or {}).items()},
+        # where each kernel's ops come from: the first span's (a name keeps its code in one job)
+        "keyed:kernel_sources": {k: {"first:source": v} for k, v in (sec.get("kernel_sources") or {}).items()},
     }
 
 
@@ -543,7 +603,9 @@ def _unit_finish(m: dict) -> Optional[dict]:
                for k, v in (m.get("keyed:kernels") or {}).items()}
     broken = {k: {"id": k, "frame": v.get("first:frame"), "count": int(v.get("sum:count") or 0),
                   "nested": int(v.get("sum:nested") or 0)} for k, v in (m.get("keyed:broken") or {}).items()}
-    sec = _finish_from(rows, frames, recompiles, kernels, bool(m.get("any:has_regions")), broken)
+    sources = {k: v.get("first:source") for k, v in (m.get("keyed:kernel_sources") or {}).items()
+               if isinstance(v.get("first:source"), dict)}
+    sec = _finish_from(rows, frames, recompiles, kernels, bool(m.get("any:has_regions")), broken, sources)
     # one row per step number across spans (the mean over spans; min/max of compiled %)
     steps = per_step_across_spans(rows, PER_STEP_FIELDS, "compiled_pct")
     for r in steps:

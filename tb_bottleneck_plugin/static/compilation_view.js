@@ -41,11 +41,11 @@ function kernelsSection(c) {
   if (!ks.length) return [note("No Inductor (Triton) kernels in the steps.")];
   const total = isNum(c.triton_kernels) ? c.triton_kernels : ks.length;
   return [h("h3", {class: "sub-h"}, `Triton kernels and the ops they fused${total > ks.length ? ` (top ${ks.length} of ${fmtCount(total)})` : ""}`),
-    table("triton-kernels", [["Kernel"], ["Kind"], ["Fused ops", false, "ATen/Inductor ops read from the kernel name (unknown: the name carries none)"],
+    table("triton-kernels", [["Kernel"], ["Kind"], ["Fused ops", false, "ATen/Inductor ops from Inductor's generated code when it is on this machine, else read from the kernel name (unknown: neither tells); hover a cell for its source"],
       ["Launches", true], ["Time / step", true], ["% of Triton", true], ["In CUDA graphs", true]],
     ks.map((k) => h("tr", {"data-kernel": String(k.name ?? "")},
       h("td", {class: "mono"}, String(k.name ?? "")), h("td", {}, String(k.kind ?? "")),
-      h("td", {class: "mono fused-ops"}, Array.isArray(k.ops) ? k.ops.map(String).join(", ") : ""),
+      h("td", {class: "mono fused-ops", title: k.fused_ops_source ? `source: ${String(k.fused_ops_source)}` : null}, Array.isArray(k.ops) ? k.ops.map(String).join(", ") : ""),
       h("td", {class: "num"}, fmtCount(k.count)), h("td", {class: "num"}, fmtUs(k.us_per_step)),
       h("td", {class: "num"}, fmtPct(k.pct_of_triton)), h("td", {class: "num"}, fmtCount(k.graph_count)))))];
 }

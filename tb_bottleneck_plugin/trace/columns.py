@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import sys
 from itertools import chain
+from operator import attrgetter
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -114,6 +115,9 @@ class _Builder:
         self._decoded_cache: Dict[bytes, Any] = {}  # recorded input text -> its value (_decoded)
         # recorded input text -> its string id (_raw_ids)
         self._raw_id_cache: Dict[bytes, int] = seed[1] if seed else {b"": -1}
+        # Inductor kernel launches: CPU row -> model.KernelLaunch, one tuple per distinct launch
+        self.kernel_launches: Dict[int, model.KernelLaunch] = {}
+        self._launch_cache: Dict[tuple, model.KernelLaunch] = {}
 
     def seed(self) -> Tuple[Dict[str, int], Dict[bytes, int]]:
         """What a chunk builder whose result `merge` takes starts from (see __init__): copies,
@@ -423,9 +427,33 @@ class _Builder:
                 self.op_inputs.dims[index] = self._decoded(dims[row])
             if types[row]:
                 self.op_inputs.types[index] = self._decoded(types[row])
+        files = list(map(_KERNEL_FILE, args))  # Inductor launches only (few): one C-level pass
+        if files.count(None) != len(files):
+            self._add_kernel_launches(args, files, keep)
         self.cpu_rows += len(table)
         self._span(table.ts, table.ts + table.dur)
         self.cpu.append(table)
+
+    def _add_kernel_launches(self, args: list, files: list, keep) -> None:
+        """Kernel file/hash/backend of the events (of this block) that carry them, keyed by
+        their row in the trace's CPU table; a non-string value was already made absent."""
+        local = np.cumsum(keep) - 1 if keep is not None else None
+        cache = self._launch_cache
+        for row, f in enumerate(files):
+            if f is None:
+                continue
+            if local is not None:
+                if not keep[row]:
+                    continue
+                at = int(local[row])
+            else:
+                at = row
+            a = args[row]
+            key = (f or "", a.kernel_hash or "", a.kernel_backend or "")
+            launch = cache.get(key)
+            if launch is None:
+                launch = cache[key] = model.KernelLaunch(*key)
+            self.kernel_launches[self.cpu_rows + at] = launch
 
     def _add_memory(self, evs: List[Event]) -> None:
         if not evs:
@@ -528,6 +556,8 @@ class _Builder:
             self.op_inputs.dims[self.cpu_rows + row] = dims
         for row, types in other.op_inputs.types.items():
             self.op_inputs.types[self.cpu_rows + row] = types
+        for row, launch in other.kernel_launches.items():
+            self.kernel_launches[self.cpu_rows + row] = launch
         self.cpu_rows += other.cpu_rows
         for cat, n in other.category_counts.items():
             self.category_counts[cat] = self.category_counts.get(cat, 0) + n
@@ -549,6 +579,7 @@ class _Builder:
         state["_shape_name_cache"] = {}
         state["_decoded_cache"] = {}
         state["_raw_id_cache"] = {b"": -1}
+        state["_launch_cache"] = {}
         return state
 
     def finish(self, meta: model.TraceMeta) -> model.TraceData:
@@ -578,11 +609,12 @@ class _Builder:
             gpu=model.GpuTable.concat(self.gpu), cpu=model.CpuTable.concat(self.cpu),
             runtime=model.RuntimeTable.concat(self.runtime), memory=model.MemoryTable.concat(self.memory),
             gpu_annotations=model.GpuAnnotationTable.concat(self.annotations),
-            op_inputs=self.op_inputs,
+            op_inputs=self.op_inputs, kernel_launches=self.kernel_launches,
         )
 
 
 _NO_DIM = (-1, -1, -1)
+_KERNEL_FILE = attrgetter("kernel_file")
 
 
 def _dims(values: list, bad: Optional[list] = None) -> np.ndarray:

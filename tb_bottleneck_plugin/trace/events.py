@@ -75,6 +75,12 @@ class Args(msgspec.Struct, omit_defaults=True, gc=False):
     # number that ties a backward op to the forward op that made its node.
     call_stack: msgspec.Raw = msgspec.field(default=_EMPTY_RAW, name="Call stack")
     sequence: Num = msgspec.field(default=None, name="Sequence number")
+    # Inductor's kernel launches (cpu_op named after the kernel, torch >= 2.5): the
+    # generated kernel's file, its content hash and the backend ("triton"). Strings only
+    # on those events (METRICS.md §16); a value of another type is absent.
+    kernel_file: Optional[str] = None
+    kernel_hash: Optional[str] = None
+    kernel_backend: Optional[str] = None
 
 
 _NO_ARGS = Args()

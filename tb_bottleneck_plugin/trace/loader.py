@@ -36,7 +36,7 @@ from typing import List, Optional
 
 import msgspec
 
-from . import model
+from . import inductor, model
 from ..errors import NotATraceError, TraceError, TruncatedTraceError  # noqa: F401 - re-exported
 from .columns import SHAPE_OP_MARKERS, _Builder  # noqa: F401 - re-exported
 from .events import (
@@ -353,6 +353,8 @@ def _repair(text: bytes) -> Optional[bytes]:
 
 def _finish(builder: _Builder, meta: model.TraceMeta, source: str) -> model.TraceData:
     trace = builder.finish(meta)
+    if trace.kernel_launches:  # Inductor launches: their fused ops, when this machine has the code
+        trace.kernel_origins = inductor.kernel_origins(trace)
     usable = len(trace.cpu) + len(trace.gpu) + len(trace.runtime) + len(trace.memory)
     if usable == 0:
         if builder.event_count == 0:

@@ -16,7 +16,7 @@ Conventions (see ../shared/docs/trace-format.md for the eras):
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -188,6 +188,27 @@ class OpInputs:
     types: Dict[int, Any] = field(default_factory=dict)
 
 
+class KernelLaunch(NamedTuple):
+    """An Inductor kernel launch's args (the cpu_op named after the kernel, torch >= 2.5):
+    ``file`` as the trace wrote it (a path on the machine that recorded it: never shown,
+    only its basename), ``hash`` (Inductor's content hash, the file's stem), ``backend``
+    ("triton"); "" when absent. One shared tuple per distinct launch (interned)."""
+
+    file: str
+    hash: str
+    backend: str
+
+
+class KernelOrigin(NamedTuple):
+    """What Inductor's generated code says a kernel fused: the ``Original ATen: [...]`` and
+    ``Source Nodes: [...]`` comment lines above its definition in the wrapper (output code)
+    that names the kernel file in its ``# kernel path:`` line, read from the local disk by
+    the loader when that file is there (trace/inductor.py)."""
+
+    aten: Tuple[str, ...]  # as written: "aten.add", "prims.iota", ...
+    source_nodes: Tuple[str, ...]
+
+
 @dataclass
 class TraceMeta:
     source: str
@@ -224,6 +245,11 @@ class TraceData:
     memory: MemoryTable
     gpu_annotations: GpuAnnotationTable
     op_inputs: OpInputs = field(default_factory=OpInputs)
+    # Inductor kernel launches: CPU row -> its KernelLaunch (only rows whose event had
+    # kernel_file/kernel_hash/kernel_backend args); kernel file basename -> KernelOrigin for
+    # the kernel files found on this machine (trace/inductor.py).
+    kernel_launches: Dict[int, KernelLaunch] = field(default_factory=dict)
+    kernel_origins: Dict[str, KernelOrigin] = field(default_factory=dict)
 
     def string_ids(self, predicate) -> np.ndarray:
         """Ids of interned strings for which ``predicate(str)`` is true (vectorised use:

@@ -272,3 +272,43 @@ def file_fingerprint(info: dict) -> str:
         if stamp is not None:
             return f"{size}:{tag}{stamp}"
     return f"{size}:"
+
+
+# ---------------------------------------------------------------------------- local files named in a trace
+
+
+def local_text(path: str, max_bytes: int) -> Optional[str]:
+    """The text (UTF-8, bad bytes replaced) of a regular local file of at most
+    ``max_bytes``; None when it is missing, unreadable, not a regular file or larger.
+    Never raises: for files a trace names (Inductor's generated code, trace/inductor.py),
+    which are there only when this machine recorded the trace."""
+    try:
+        if not os.path.isfile(path):  # before opening: a FIFO would block
+            return None
+        with open(path, "rb") as f:
+            data = f.read(max_bytes + 1)
+    except (OSError, ValueError):
+        return None
+    if len(data) > max_bytes:
+        return None
+    return data.decode("utf-8", "replace")
+
+
+def local_subfolder_files(root: str, max_files: int) -> list:
+    """Sorted paths of the regular files one folder below the local folder ``root``
+    (``root/<sub>/<file>``, Inductor's cache layout), at most ``max_files``; [] when
+    ``root`` cannot be listed. Never raises."""
+    out: list = []
+    try:
+        subs = sorted(e.path for e in os.scandir(root) if e.is_dir(follow_symlinks=False))
+    except OSError:
+        return out
+    for sub in subs:
+        try:
+            names = sorted(e.path for e in os.scandir(sub) if e.is_file(follow_symlinks=False))
+        except OSError:
+            continue
+        out += names[:max_files - len(out)]
+        if len(out) >= max_files:
+            break
+    return out
