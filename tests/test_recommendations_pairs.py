@@ -14,7 +14,7 @@ import pytest
 
 from tb_bottleneck_plugin.judge import recommendations as R
 from tb_bottleneck_plugin import thresholds as T
-from conftest import TRACES, needs_traces, real_report
+from conftest import DEMO_LOGS, TRACES, needs_traces, real_report
 
 H100 = TRACES / "h100"
 
@@ -220,6 +220,59 @@ def test_every_shared_trace_gets_sorted_evidenced_fitting_advice(rel):
 def test_the_shared_traces_are_walked():
     if TRACES.exists():
         assert len(_shared_traces()) >= 30
+
+
+# ---------------------------------------------------------------- every demo run (demo_logs/)
+def _demo_workers() -> list:
+    """(run, worker) of every demo run under demo_logs/, each worker's spans."""
+    if not DEMO_LOGS.exists():
+        return []
+    return sorted({(p.parent.name, p.name.split(".", 1)[0]) for p in DEMO_LOGS.glob("*/*.pt.trace.json*")})
+
+
+def _compiled(rep: dict) -> bool:
+    """The report's compilation section says compiled regions exist (METRICS.md §16)."""
+    sec = rep.get("compilation")
+    return isinstance(sec, dict) and bool(sec.get("has_regions") or (sec.get("regions") or 0) > 0
+                                           or (sec.get("compiled_us") or 0) > 0)
+
+
+def _check_advice(where: str, rep: dict) -> None:
+    got = rep["recommendations"]
+    gains = [r["estimated_gain_pct"] for r in got]
+    assert gains == sorted(gains, reverse=True), (where, [(r["rule"], r["estimated_gain_pct"]) for r in got])
+    assert got == sorted(got, key=R.sort_key), where
+    for r in got:
+        assert isinstance(r["evidence"], list) and r["evidence"], (where, r["rule"])
+        assert all(isinstance(e, str) and e for e in r["evidence"]), (where, r["rule"])
+        if _compiled(rep):
+            assert "model = torch.compile(model)" not in r["action"], (where, r["rule"], r["action"])
+            for args in _COMPILE_CALL.findall(r["action"]):
+                assert any(k in args for k in ('mode="reduce-overhead"', "dynamic=True", "fullgraph=True")), \
+                    (where, r["rule"], r["action"])
+
+
+@pytest.mark.parametrize("run, worker", _demo_workers())
+def test_every_demo_run_gets_sorted_evidenced_advice_and_no_torch_compile_when_compiled(run, worker):
+    """Each span of each worker of every demo run, and the worker's summary of its spans: advice
+    sorted by estimated saving, each with evidence; a compiled run (its compilation section has
+    compiled regions) is never told to use torch.compile."""
+    from tb_bottleneck_plugin import report
+    from tb_bottleneck_plugin.trace.loader import load_trace
+
+    paths = sorted((DEMO_LOGS / run).glob(f"{worker}.*.pt.trace.json*"))
+    results = [report.analyze_trace(load_trace(str(p)), run=run, worker=worker, span=p.name) for p in paths]
+    for p, res in zip(paths, results):
+        _check_advice(f"{run}/{p.name}", res["report"])
+    summary = report.combine_results(results, run=run, worker=worker)["report"]
+    _check_advice(f"{run}/{worker} summary", summary)
+    if run.startswith(("h100_compile", "compile_")):
+        assert all(_compiled(r["report"]) for r in results), run
+
+
+def test_the_demo_runs_are_walked():
+    if DEMO_LOGS.exists():
+        assert len(_demo_workers()) >= 20
 
 
 # ---------------------------------------------------------------- hand-built reports
