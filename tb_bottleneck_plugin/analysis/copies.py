@@ -21,6 +21,7 @@ import numpy as np
 
 from ..trace.model import GPU_MEMCPY, TraceData
 from . import intervals as iv
+from .accelerators import no_gpu_reason
 
 D2D_WORDS = ("DtoD", "PtoP", "DeviceToDevice", "PeerToPeer")
 TOP_N = 5
@@ -61,7 +62,7 @@ def d2d_copies(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = None
     na = {} if not_available is None else not_available
     g = trace.gpu
     if not len(g):
-        na["copies"] = "no GPU activity in the trace (CPU-only)"
+        na["copies"] = no_gpu_reason(trace, "no GPU activity in the trace (CPU-only)")
         return None
     lo, hi = np.asarray(steps.inc_start, float), np.asarray(steps.inc_end, float)
     if not len(lo):

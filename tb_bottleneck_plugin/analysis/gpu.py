@@ -18,8 +18,9 @@ import numpy as np
 from .. import thresholds as T
 from ..trace.model import GPU_KERNEL, TraceData
 from . import intervals as iv
+from .accelerators import no_gpu_reason
 from .linking import gpu_runtime_index
-from .occupancy import clipped_weights, shown_occupancy
+from .occupancy import blocks_per_sm, clipped_weights, shown_occupancy
 from .steps import Steps, step_rows
 
 NA_NO_GPU = "CPU-only trace: no GPU activity"
@@ -151,7 +152,8 @@ def gpu_metrics(trace: TraceData, steps: Steps, hta_compatible: bool = True, kin
     out: Dict[str, dict] = {}
     g = trace.gpu
     if len(g) == 0:
-        not_available["gpu"] = NA_NO_GPU
+        # another accelerator's trace (MTIA, XPU, ...) is named as such, not "CPU-only"
+        not_available["gpu"] = no_gpu_reason(trace, NA_NO_GPU)
         return out
     lo, hi = steps.window
     win = hi - lo if np.isfinite(lo) else 0.0
@@ -162,6 +164,7 @@ def gpu_metrics(trace: TraceData, steps: Steps, hta_compatible: bool = True, kin
     is_k = g.kind == GPU_KERNEL
     if shown is None:
         shown, _, _ = shown_occupancy(trace, kineto_only)
+    bps_all = blocks_per_sm(g)
     for dev in trace.devices:
         key = str(dev)
         on = g.device == dev
@@ -181,7 +184,7 @@ def gpu_metrics(trace: TraceData, steps: Steps, hta_compatible: bool = True, kin
                 # would read "GPU idle" about a window that is not the workload.
                 m["utilization_pct"] = None
                 not_available[f"gpu.{key}.utilization_pct"] = NA_NO_KERNELS_IN_WINDOW
-            b = g.blocks_per_sm[k]
+            b = bps_all[k]  # warps per SM converted where blocks per SM is missing (2021)
             good = np.isfinite(b) & (b > 0)
             if good.any():
                 m["est_sm_efficiency_pct"] = 100.0 * sm_efficiency_integral(s[good], e[good], b[good]) / win

@@ -49,6 +49,7 @@ import numpy as np
 from .. import thresholds as T
 from ..trace.model import GPU_KERNEL, TraceData
 from . import factorize
+from .accelerators import no_gpu_reason
 
 # Max resident blocks per SM (cuda_occupancy.h __occMaxBlocksPerMultiprocessor / the CUDA
 # programming guide's table), by (major, minor); a major alone applies to every minor.
@@ -264,6 +265,13 @@ def shown_occupancy(trace: TraceData, kineto_only: bool = False) -> Tuple[np.nda
     reasons: Dict[int, str] = {}
     if kineto_only:
         return pct, source, reasons
+    # Artefacts (issue 20 item 7; kernel_occupancy names them in not_available): a share above
+    # 100 % is no occupancy, and a 0 % on a kernel without launch parameters (no block size)
+    # is Kineto's default, not a value: both unknown unless the calculator answers below.
+    bad = occupancy_artefacts(trace)
+    has_kin &= ~(bad["over_100"] | bad["zero_no_launch"])
+    pct = np.where(has_kin, kin, np.nan)
+    source = np.where(has_kin, SOURCE_KINETO, SOURCE_NONE).astype(np.int8)
     want = is_k & (~has_kin | (kin == 0))
     if not want.any() or _is_rocm(trace):
         return pct, source, reasons
@@ -280,12 +288,71 @@ def shown_occupancy(trace: TraceData, kineto_only: bool = False) -> Tuple[np.nda
             reasons[int(d)] = reason
             continue
         est = calculator_estimate(props, threads[rows], g.registers_per_thread[rows], g.shared_memory[rows],
-                                  g.blocks_per_sm[rows], grid_blocks[rows])
+                                  blocks_per_sm(g)[rows], grid_blocks[rows])
         kr = kin[rows]
         use = np.isfinite(est) & (~has_kin[rows] | ((kr == 0) & (est >= KINETO_ROUNDS_TO_ZERO_PCT)))
         pct[rows[use]] = est[use]
         source[rows[use]] = SOURCE_CALCULATOR
     return pct, source, reasons
+
+
+LARGE_SHARED_MEMORY_BYTES = 48 * 1024  # the per-block default Kineto's calculator assumes
+
+
+def occupancy_artefacts(trace: TraceData) -> Dict[str, np.ndarray]:
+    """Kernel rows whose Kineto occupancy is an artefact: ``over_100`` (above 100 %),
+    ``zero_no_launch`` (0 % on a kernel without a block size: nothing was computed),
+    ``zero_large_smem`` (0 % on a kernel using more than 48 KiB of shared memory: what
+    Kineto writes for every kernel that opted in to more, metrics.md §6)."""
+    g = trace.gpu
+    kin = g.achieved_occupancy_pct
+    is_k = (g.kind == GPU_KERNEL) & np.isfinite(kin)
+    zero = is_k & (kin == 0)
+    return {"over_100": is_k & (kin > 100.0), "zero_no_launch": zero & (_threads(g) <= 0),
+            "zero_large_smem": zero & (_threads(g) > 0) & (g.shared_memory > LARGE_SHARED_MEMORY_BYTES)}
+
+
+def _artefact_notes(trace: TraceData, source: np.ndarray, calc_reasons: Dict[int, str],
+                    not_available: Dict[str, str]) -> None:
+    """The occupancy artefacts a trace holds, in ``not_available`` (one key each): said, not
+    shown as numbers (METRICS.md §6)."""
+    bad = occupancy_artefacts(trace)
+    n = int(bad["over_100"].sum())
+    if n:
+        not_available["occupancy.kineto_over_100"] = (
+            f"{n:,} kernel launch(es) carry an est. achieved occupancy above 100 % (e.g. "
+            f"{float(trace.gpu.achieved_occupancy_pct[bad['over_100']][0]):g} %), not a share: n/a unless the "
+            "occupancy calculator recomputed them")
+    n = int((bad["zero_no_launch"] & (source != SOURCE_CALCULATOR)).sum())
+    if n:
+        not_available["occupancy.kineto_zero_without_launch"] = (
+            f"{n:,} kernel launch(es) without launch parameters (no block size) carry 0 % occupancy: "
+            "Kineto's default, not a value: n/a, not 0")
+    # kept where the calculator could not run (where it ran and also found ~0, the 0 is real)
+    no_calc = np.isin(trace.gpu.device, np.array(sorted(calc_reasons), dtype=np.int64))
+    kept = bad["zero_large_smem"] & (source == SOURCE_KINETO) & no_calc
+    n = int(kept.sum())
+    if n:
+        why = ("the trace has no deviceProperties" if not device_properties(trace)
+               else "; ".join(sorted(set(calc_reasons.values()))))
+        not_available["occupancy.kineto_zero_large_shared_memory"] = (
+            f"{n:,} kernel launch(es) using more than 48 KiB of shared memory read Kineto's 0 %, which it writes "
+            f"for every kernel that opted in to more; the occupancy calculator cannot check them ({why}), so "
+            "their 0 % is kept")
+
+
+def blocks_per_sm(g) -> np.ndarray:
+    """Kineto's ``blocks per SM`` per GPU row; where it is missing (2021 traces carry only
+    ``warps per SM`` = blocks per SM × threads per block / 32, trace-format §6) it is derived
+    back as warps per SM × 32 / threads per block; NaN where neither is known."""
+    b = np.asarray(g.blocks_per_sm, dtype=np.float64)
+    warps = np.asarray(getattr(g, "warps_per_sm", np.full(len(b), np.nan)), dtype=np.float64)
+    missing = ~np.isfinite(b) & np.isfinite(warps) & (warps > 0)
+    if not missing.any():
+        return b
+    threads = _threads(g).astype(np.float64)
+    derived = np.where(threads > 0, warps * 32.0 / np.where(threads > 0, threads, 1.0), np.nan)
+    return np.where(missing, derived, b)
 
 
 def _threads(g) -> np.ndarray:
@@ -314,12 +381,17 @@ is_rocm = _is_rocm  # public: analysis/devices.py names ROCm devices by it
 
 
 def _not_available_reason(trace: TraceData, has_kernels: bool, calc_reasons: Optional[Dict[int, str]] = None) -> str:
-    if not has_kernels:
-        return "no GPU kernels in the trace (CPU-only)"
+    if not has_kernels:  # another accelerator's trace (MTIA, XPU) is named as such
+        return no_gpu_reason(trace, "no GPU kernels in the trace (CPU-only)")
     if _is_rocm(trace):
         return "trace has no occupancy fields (ROCm kernels carry no registers, shared memory or occupancy)"
-    if not np.isfinite(trace.gpu.blocks_per_sm[trace.gpu.kind == GPU_KERNEL]).any():
+    k = trace.gpu.kind == GPU_KERNEL
+    if not np.isfinite(blocks_per_sm(trace.gpu)[k]).any():
         return "trace has no occupancy fields (kernels have no 'blocks per SM'/'est. achieved occupancy %': 2020 format)"
+    if not np.isfinite(trace.gpu.achieved_occupancy_pct[k]).any():  # 'warps per SM' only (2020/2021)
+        return ("kernels carry no 'est. achieved occupancy %' (2020 format)" + (
+            "; the occupancy calculator cannot run: " + "; ".join(f"device {d}: {r}" for d, r in sorted(calc_reasons.items()))
+            if calc_reasons else ""))
     if calc_reasons:
         return "; ".join(f"device {d}: {r}" for d, r in sorted(calc_reasons.items()))
     return "no kernel with 'est. achieved occupancy %' inside the steps window"
@@ -356,6 +428,8 @@ def kernel_occupancy(trace: TraceData, window: Optional[Tuple[float, float]] = N
     krows, w = krows[sel], w_all[sel]
     out["weighted_kernel_us"] = float(w.sum())
     shown, source, calc_reasons = shown if shown is not None else shown_occupancy(trace, kineto_only)
+    if not kineto_only:
+        _artefact_notes(trace, source, calc_reasons, not_available)
     occ = shown[krows]
     src = source[krows]
     dev = gpu.device[krows]
@@ -385,7 +459,7 @@ def kernel_occupancy(trace: TraceData, window: Optional[Tuple[float, float]] = N
         not_available["occupancy.histogram"] = reason
 
     # Grid too small: numeric (finite) blocks per SM < 1.
-    bps = gpu.blocks_per_sm[krows]
+    bps = blocks_per_sm(gpu)[krows]
     numeric = np.isfinite(bps)
     if numeric.any():
         out["grid_too_small_pct"] = 100.0 * float(w[numeric & (bps < 1)].sum()) / float(w[numeric].sum())
@@ -512,7 +586,7 @@ def _kernel_table(trace: TraceData, krows: np.ndarray, w: np.ndarray, top_n: int
     calc_w = np.bincount(inv, weights=np.where(has & (src == SOURCE_CALCULATOR), w, 0.0), minlength=n)
     occ_w = np.bincount(inv, weights=np.where(has, occ * w, 0.0), minlength=n)
     occ_den = np.bincount(inv, weights=np.where(has, w, 0.0), minlength=n)
-    bps = gpu.blocks_per_sm[krows]
+    bps = blocks_per_sm(gpu)[krows]
     bps_ok = np.isfinite(bps)
     bps_sum = np.bincount(inv, weights=np.where(bps_ok, bps, 0.0), minlength=n)
     bps_cnt = np.bincount(inv, weights=bps_ok.astype(np.float64), minlength=n)
@@ -549,7 +623,10 @@ def _kernel_table(trace: TraceData, krows: np.ndarray, w: np.ndarray, top_n: int
         k = uq[j]
         lim_source = "calculator" if limiting[j] is not None else None
         lim = limiting[j]
-        if lim_id[g] >= 0:
+        # the trace's nested `occupancy` object, unless Kineto's calculator put 0 blocks on an
+        # SM (its 0 % recomputed by ours: calc_w > 0) -- then its factor is the same artefact
+        # ("shared_memory" at the 48 KiB default) and the calculator's factor stands
+        if lim_id[g] >= 0 and not (calc_w[g] > 0 and limiting[j] is not None):
             raw = trace.strings[int(lim_id[g])]
             lim = "+".join(_KINETO_FACTORS.get(x.strip().upper(), x.strip().lower())
                            for x in raw.replace(",", "|").split("|") if x.strip())

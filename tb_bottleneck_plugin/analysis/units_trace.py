@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..trace import model
 from . import devices
+from .accelerators import other_accelerators
 from .occupancy import device_properties, is_rocm
 from .units import ALWAYS, Unit
 
@@ -32,6 +33,8 @@ def trace_facts(trace: model.TraceData) -> dict:
         "warnings": list(m.warnings),
         # the profiler's options Kineto wrote into the file: each adds host time per op
         "profiler_options": [o for o in PROFILER_OPTIONS if getattr(m, o)],
+        # non-CUDA/ROCm accelerators' events (MTIA, XPU, ...): counted and named, not analysed
+        "accelerators": other_accelerators(trace),
     }
 
 
@@ -57,7 +60,8 @@ def _partial(report: dict) -> dict:
                 "rows:device_properties": [report["device_properties"]] if report.get("device_properties") else [],
                 "rows:gpu_devices": list(facts.get("gpu_devices") or []),
                 "rows:warnings": list(facts.get("warnings") or []),
-                "rows:profiler_options": list(facts.get("profiler_options") or [])})
+                "rows:profiler_options": list(facts.get("profiler_options") or []),
+                "rows:accelerators": [facts["accelerators"]] if facts.get("accelerators") else []})
     return out
 
 
@@ -67,7 +71,19 @@ def _finish(m: dict) -> dict:
             "trace": {**{k: m[f"sum:{k}"] for k in COUNTS},
                       "gpu_devices": sorted(set(m["rows:gpu_devices"]), key=str),
                       "warnings": m["rows:warnings"],
-                      "profiler_options": [o for o in PROFILER_OPTIONS if o in m["rows:profiler_options"]]}}
+                      "profiler_options": [o for o in PROFILER_OPTIONS if o in m["rows:profiler_options"]],
+                      "accelerators": _merge_accelerators(m["rows:accelerators"])}}
+
+
+def _merge_accelerators(rows) -> dict:
+    out: dict = {}
+    for acc in rows:
+        for name, a in (acc or {}).items():
+            e = out.setdefault(name, {"events": 0, "categories": {}})
+            e["events"] += int(a.get("events") or 0)
+            for c, n in (a.get("categories") or {}).items():
+                e["categories"][c] = e["categories"].get(c, 0) + int(n or 0)
+    return out
 
 
 UNIT = Unit("trace", _compute, _partial, _finish, fields=FIELDS, group=ALWAYS)

@@ -378,7 +378,16 @@ function foldedLine(folded, report) {
   const name = (d) => (typeof d.label === "function" ? d.label(report) : d.label);
   const reasons = folded.map((d) => `${name(d)}: ${cardState(d, report).verdict}`).join("\n");
   return h("p", {class: "note cards-folded", "data-folded": folded.map((d) => d.id).join(" "), title: reasons},
-    h("strong", {}, "GPU cards: n/a"), " — CPU-only trace (no GPU kernels): ", folded.map(name).join(", "), ".");
+    h("strong", {}, "GPU cards: n/a"), ` — ${foldedWhy(report)}: `, folded.map(name).join(", "), ".");
+}
+
+/** Why the GPU cards are folded: another accelerator's trace (MTIA, XPU: the server's
+ * `trace.accelerators`) is named as such, not called CPU-only. */
+function foldedWhy(report) {
+  const acc = (report && report.trace && report.trace.accelerators) || {};
+  const names = Object.keys(acc);
+  return names.length ? `${names.join("/")} trace, not CUDA/ROCm (its events counted, not analysed)`
+    : "CPU-only trace (no GPU kernels)";
 }
 
 /**

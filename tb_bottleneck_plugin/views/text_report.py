@@ -9,6 +9,7 @@ from __future__ import annotations
 import posixpath
 from typing import Dict, Iterable, List, Optional
 
+from ..analysis.accelerators import accelerator_words
 from ..analysis.devices import label as device_label
 from ..judge.recommendations import _is_amd
 from ..report import not_available_label
@@ -101,6 +102,9 @@ def format_report(rep: dict, indent: str = "", heading: Optional[str] = None) ->
         gpus = t.get("gpu_devices") or []
         if gpus:  # named as everywhere else: "GPU 2: NVIDIA A100", "GPU 0: unknown GPU"
             add(f"{indent}devices: " + ", ".join(device_label(d, rep, named=True) for d in gpus))
+        elif t.get("accelerators"):  # MTIA, XPU, ...: named with their events, not "CPU-only"
+            add(f"{indent}{not_available_label('gpu')}: " + str((rep.get("not_available") or {}).get("gpu")
+                                                          or accelerator_words(t["accelerators"])))
         else:
             add(f"{indent}CPU-only trace: no GPU activity")
         for w in dict.fromkeys(t.get("warnings") or []):  # e.g. a step clipped to the recorded activity
