@@ -28,6 +28,9 @@ SHAPE_OP_MARKERS = (
     # collective spans (nccl:all_reduce, gloo:broadcast, ...): their input size is the
     # collective's bytes in the rank view (metrics §12)
     "nccl:", "gloo:", "rccl:",
+    # the c10d ops that enqueue them (c10d::allreduce_, c10d::_allgather_base_, functional
+    # collectives): a gloo: span is matched to its op by tensor size (collectives.c10d_op_of)
+    "c10d::", "_c10d_functional::",
 )
 
 # Raw (lower-cased) categories -> what the event is. See trace-format.md §4.
