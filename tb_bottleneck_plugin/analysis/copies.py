@@ -62,7 +62,7 @@ def d2d_copies(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = None
     na = {} if not_available is None else not_available
     g = trace.gpu
     if not len(g):
-        na["copies"] = no_gpu_reason(trace, "no GPU activity in the trace (CPU-only)")
+        na["copies"] = no_gpu_reason(trace, "no GPU activity in the trace")  # as collectives: one n/a line
         return None
     lo, hi = np.asarray(steps.inc_start, float), np.asarray(steps.inc_end, float)
     if not len(lo):
