@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 
 from conftest import DEMO_LOGS
-from trace_builder import TraceBuilder
+from trace_builder import A100, TraceBuilder
 
 from tb_bottleneck_plugin import report
 from tb_bottleneck_plugin.analysis import collectives as C
 from tb_bottleneck_plugin.analysis import distributed as D
+from tb_bottleneck_plugin.analysis.steps import find_steps
 from tb_bottleneck_plugin.trace.loader import load_trace
 
 RUNS = ["collectives_shard_2rank", "ddp_balanced_2rank", "ddp_straggler_2rank"]
@@ -98,3 +99,40 @@ def test_sizes_recorded_in_the_file_reorder_the_matching(tmp_path):
     assert cr["bus_factor"] == [0.5, 1.0]
     cr = build(False)["call_rows"]
     assert cr["op"] == ["c10d::allreduce_", "c10d::_reduce_scatter_base_"]
+
+
+# ---------------------------------------------------------------- coalesced collectives
+
+# three tensors of a coalesced all-reduce: 1,000 + 2,000 x 3 + 50 floats
+COALESCED = {"Input Dims": [[1000], [2000, 3], [50]], "Input type": ["float", "float", "float"]}
+COALESCED_BYTES = (1000 + 2000 * 3 + 50) * 4  # 28,200 B
+
+
+def _nccl_trace(tmp_path, span_name, args, name="t.pt.trace.json"):
+    tb = TraceBuilder(props=(A100,), distributed_info={"backend": "nccl", "rank": 0, "world_size": 2})
+    tb.step(1, 0, 1000)
+    tb.cpu(span_name, 100, 50, **args)
+    tb.launch("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 110, 200, 100)
+    return tb.load(tmp_path, name)
+
+
+def test_a_coalesced_all_reduce_counts_all_its_tensors(tmp_path):
+    trace = _nccl_trace(tmp_path, "nccl:all_reduce_coalesced", COALESCED)
+    part = D.span_partial(trace, find_steps(trace))
+    assert part["steps"][0]["collectives"] == {"kind": ["all_reduce"], "dur_us": [100.0], "bytes": [COALESCED_BYTES]}
+    sec = report.analyze_trace(trace)["report"]["collectives"]
+    assert sec["call_rows"]["bytes"] == [COALESCED_BYTES]
+    # a plain all_reduce span still counts its (one) input: the first tensor
+    trace = _nccl_trace(tmp_path, "nccl:all_reduce", COALESCED, "p.pt.trace.json")
+    assert D.span_partial(trace, find_steps(trace))["steps"][0]["collectives"]["bytes"] == [4000.0]
+
+
+def test_a_tensor_list_argument_sums_its_tensors_and_needs_their_dtype(tmp_path):
+    """One argument holding three tensors: their sum when the dtype is known; the
+    'TensorList' type names none, so the size is unknown (null), never the first tensor's."""
+    listed = {"Input Dims": [[[1000], [2000, 3], [50]]], "Input type": ["float"]}
+    trace = _nccl_trace(tmp_path, "nccl:all_reduce", listed)
+    assert D.span_partial(trace, find_steps(trace))["steps"][0]["collectives"]["bytes"] == [COALESCED_BYTES]
+    untyped = {"Input Dims": [[[1000], [2000, 3], [50]]], "Input type": ["TensorList"]}
+    trace = _nccl_trace(tmp_path, "nccl:all_reduce", untyped, "u.pt.trace.json")
+    assert D.span_partial(trace, find_steps(trace))["steps"][0]["collectives"]["bytes"] == [None]

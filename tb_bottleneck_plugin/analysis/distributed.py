@@ -70,20 +70,43 @@ def _is_comm_cpu_name(name: str) -> bool:
         or name in COMM_CPU_EXTRA_NAMES
 
 
+def _tensor_bytes(shape, dtype) -> Optional[float]:
+    """Bytes of one recorded tensor (its dims, its dtype name); None when either is unusable."""
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                              for d in shape):
+        return None
+    size = _DTYPE_BYTES.get(str(dtype).lower())
+    if size is None:
+        return None
+    return float(int(np.prod(shape, dtype=np.int64)) * size) if shape else float(size)
+
+
+def _is_tensor_list(value) -> bool:
+    """A recorded TensorList argument: a list of shapes (each a list of ints)."""
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(v, list) and all(isinstance(d, int) for d in v) for v in value)
+
+
 def _bytes_of(trace: TraceData, cpu_row: int) -> Optional[float]:
-    """Input size of a collective's CPU span: product of the first input's dims times
-    its dtype size (needs record_shapes=True); None when not recorded."""
+    """Input size of a collective's CPU span (needs record_shapes=True); None when not recorded.
+
+    One input: the product of the first input's dims times its dtype size. A coalesced op
+    (``*_coalesced*``) sums every tensor input, and an op whose first input is a list of
+    tensors (a TensorList: a list of shapes in one argument) sums that list, as nccl-tests
+    sizes a coalesced collective (the bytes of all its tensors)."""
     dims = trace.op_inputs.dims.get(int(cpu_row))
     types = trace.op_inputs.types.get(int(cpu_row))
     if not dims or not types or not isinstance(dims, list) or not isinstance(types, list):
         return None
     first, dtype = dims[0], types[0]
-    if not isinstance(first, list) or not all(isinstance(d, int) and d >= 0 for d in first):
-        return None
-    size = _DTYPE_BYTES.get(str(dtype).lower())
-    if size is None:
-        return None
-    return float(int(np.prod(first, dtype=np.int64)) * size) if first else float(size)
+    if _is_tensor_list(first):  # one argument holding several tensors
+        dtypes = dtype if isinstance(dtype, list) else [dtype] * len(first)
+        parts = [_tensor_bytes(d, t) for d, t in zip(first, dtypes)]
+        return float(sum(parts)) if parts and None not in parts and len(dtypes) == len(first) else None
+    if "coalesced" in trace.strings[int(trace.cpu.name[int(cpu_row)])]:
+        parts = [_tensor_bytes(d, t) for d, t in zip(dims, types) if t not in ("", "Scalar", "ScalarList")]
+        return float(sum(parts)) if parts and None not in parts else None
+    return _tensor_bytes(first, dtype)
 
 
 def _kernel_msg_bytes(trace: TraceData, rows: np.ndarray) -> List[Optional[float]]:
