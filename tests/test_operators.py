@@ -131,7 +131,8 @@ def test_no_shapes_recorded_and_no_steps(tmp_path):
     row = by_name(operators.view_table(view, None, "op"))["aten::mm"]
     assert (row["calls"], row["total_us"], row["self_us"], row["gpu_us"], row["tc_pct"]) == (1, 100, 95, 30, 0)
     assert "top_inputs" not in row
-    assert table_na(view) == {}
+    assert table_na(view) == {"flops": operators.NA_FLOPS_NO_SHAPES}  # the GPU columns are there
+    assert row["flops"] is None and row["flops_na"] == operators.NA_FLOPS_NO_SHAPES
 
 
 def table_na(view):

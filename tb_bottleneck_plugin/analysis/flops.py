@@ -32,6 +32,7 @@ from ..trace.model import GPU_KERNEL, TraceData
 from . import linking
 from . import peaks
 from .factorize import unique_rows
+from .operators import NA_FLOPS_NO_SHAPES
 
 CLASSES = ("gemm", "conv", "attention", "elementwise", "other")
 FLOP_CLASSES = ("gemm", "conv", "attention")
@@ -322,7 +323,7 @@ def peak_for(trace: TraceData, not_available: Dict[str, str], user: Optional[Dic
             "hbm_gbps": p.hbm_gbps, "url": p.source, "note": p.note}
 
 
-NA_NO_SHAPES = "no recorded shapes (profile with record_shapes=True): FLOPs cannot be counted"
+NA_NO_SHAPES = NA_FLOPS_NO_SHAPES  # the Operator view says the same
 
 
 def _no_shapes(trace: TraceData, steps, na: Dict[str, str], user_peak=None) -> dict:
@@ -377,10 +378,19 @@ def _ancestors_marked(parent: np.ndarray, seeds: np.ndarray) -> np.ndarray:
     return mark
 
 
+# per-op columns handed to the Operator view (``per_op``; METRICS.md "Operator view: FLOPs")
+OP_FIELDS = ("flops", "flop_bytes", "flop_kernel_us", "peak_us", "hbm_us", "flop_calls", "byte_calls",
+             "inner_calls")
+INNER, COUNTED, BYTES = 1, 2, 3  # an op's FLOP status: its FLOPs counted in an op inside it / its own / bytes only
+
+
 def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]] = None,
-                 nesting=None, gpu_runtime=None, op_calls=None, user_peak=None) -> Optional[dict]:
+                 nesting=None, gpu_runtime=None, op_calls=None, user_peak=None,
+                 per_op: Optional[dict] = None) -> Optional[dict]:
     """The span's ``flops`` section (METRICS.md §15); None (with the reason) when there is
-    nothing to count."""
+    nothing to count. ``per_op`` (a dict, filled when the FLOPs were counted): the per-op
+    numbers the Operator view shows, ``{"fields": {OP_FIELDS name: array over the op
+    nesting's entries}, "peak_gpu", "peak_na"}`` (``_per_op``)."""
     from .operators import op_nesting
 
     na = {} if not_available is None else not_available
@@ -655,6 +665,9 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
             top.append({"name": trace.strings[int(ids[j])], "class": cls, "flops": float(kfl[j]),
                         "bytes": float(kby[j]) if cls != "other" else None, "kernel_us": float(kus[j]),
                         "count": int(kn[j])})
+    if per_op is not None and has_shape.any():
+        per_op.update(_per_op(len(rows), f_idx, e_idx, anc & ~final & (step_of >= 0), f_flops, op_bytes_all,
+                              op_kus, op_prec, peak, na))
     section = {
         "flops": total_flops, "bytes": float(op_bytes_all.sum()) if n_own else 0.0, "step_us": step_us,
         "steps": int(steps.count), "flop_kernel_us": float(op_kus[:n_counted].sum()) if n_counted else 0.0,
@@ -673,6 +686,35 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
     if not has_gpu:
         na["flops.roofline"] = "no GPU kernels (CPU-only): no roofline; GFLOP/s over the step time only"
     return derive(section, na)
+
+
+def _per_op(n: int, f_idx, e_idx, inner, f_flops, op_bytes, op_kus, op_prec, peak, na) -> dict:
+    """The Operator view's FLOP columns per op nesting entry (METRICS.md "Operator view:
+    FLOPs"): ``flops`` (its own counted FLOPs: each FLOP once, on the innermost op with a
+    formula), ``flop_bytes`` (bytes of counted and byte-only ops), ``flop_kernel_us`` (the
+    kernels it owns, as in ``by_precision``), ``peak_us`` (FLOPs / the peak of its
+    precision, µs; NaN without one), ``hbm_us`` (bytes / HBM bandwidth, µs; NaN without
+    one) and the status counts ``flop_calls``, ``byte_calls``, ``inner_calls``."""
+    tfp = (peak or {}).get("tflops") or {}
+    hbm = (peak or {}).get("hbm_gbps")
+    nc = len(f_idx)
+    own = np.concatenate([f_idx, e_idx]).astype(np.int64)
+    fields = {f: np.zeros(n) for f in OP_FIELDS}
+    fields["flops"][f_idx] = f_flops
+    fields["flop_bytes"][own] = op_bytes
+    fields["flop_kernel_us"][own] = op_kus
+    pk = np.array([tfp.get(p) or np.nan for p in op_prec[:nc]], float) if nc else np.zeros(0)
+    fields["peak_us"][f_idx] = np.where(f_flops > 0, f_flops / (pk * 1e12) * 1e6, 0.0)
+    fields["hbm_us"][own] = op_bytes / (hbm * 1e9) * 1e6 if hbm else np.nan
+    fields["flop_calls"][f_idx] = 1.0
+    fields["byte_calls"][e_idx] = 1.0
+    fields["inner_calls"][inner] = 1.0
+    peak_na = None
+    if not peak:
+        peak_na = na.get("flops.mfu_pct") or "no peak known for this device"
+    elif not hbm:
+        peak_na = f"no HBM bandwidth known for {peak.get('gpu')}: no bound"
+    return {"fields": fields, "peak_gpu": (peak or {}).get("gpu"), "peak_na": peak_na}
 
 
 # ---------------------------------------------------------------- derived numbers (span and summary alike)
@@ -800,7 +842,9 @@ def roofline_efficient(report: dict) -> Optional[dict]:
 def _unit_compute(span):
     from .operators import span_op_nesting
 
-    return flops_report(span.trace, span.found, span.not_available, nesting=lambda: span_op_nesting(span),
+    per_op: dict = {}
+    span.once("flops_per_op", lambda: per_op)  # the Operator view's FLOP columns (operators.operator_view)
+    return flops_report(span.trace, span.found, span.not_available, nesting=lambda: span_op_nesting(span), per_op=per_op,
                         gpu_runtime=linking.span_gpu_runtime(span), op_calls=lambda: linking.span_op_calls(span))
 
 

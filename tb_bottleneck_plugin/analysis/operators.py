@@ -144,8 +144,12 @@ def _laminar(ts, end, depth, parent) -> bool:
 # rows beyond are merged into "other inputs" (OTHER_INPUTS) of their (step, name).
 MAX_VIEW_ROWS = 20000
 OTHER_INPUTS = -2
-VIEW_FIELDS = ("calls", "total_us", "self_us", "gpu_us", "gpu_self_us", "tc_us", "top_calls")
-_COUNT_FIELDS = ("calls", "top_calls")
+# the FLOP columns (METRICS.md "Operator view: FLOPs"; flops.OP_FIELDS, summed like the times)
+FLOP_FIELDS = ("flops", "flop_bytes", "flop_kernel_us", "peak_us", "hbm_us", "flop_calls", "byte_calls",
+               "inner_calls")
+VIEW_FIELDS = ("calls", "total_us", "self_us", "gpu_us", "gpu_self_us", "tc_us", "top_calls") + FLOP_FIELDS
+_COUNT_FIELDS = ("calls", "top_calls", "flop_calls", "byte_calls", "inner_calls")
+_EXACT_FIELDS = ("flops", "flop_bytes", "peak_us", "hbm_us")  # not rounded to 3 decimals (µs of one tiny op)
 
 
 def host_nesting(trace: TraceData) -> Dict[str, np.ndarray]:
@@ -248,7 +252,8 @@ def span_op_nesting(span) -> Dict[str, np.ndarray]:
 
 
 def _op_instances(trace: TraceData, nesting: Optional[Dict[str, np.ndarray]] = None,
-                  gpu_runtime: Optional[np.ndarray] = None, op_calls=None):
+                  gpu_runtime: Optional[np.ndarray] = None, op_calls=None,
+                  flop_fields: Optional[Dict[str, np.ndarray]] = None):
     """Every CPU op / user annotation except ProfilerStep#N, with its nesting and times.
 
     Returns a dict of arrays over those rows: ``rows`` (into trace.cpu), ``total``,
@@ -256,7 +261,8 @@ def _op_instances(trace: TraceData, nesting: Optional[Dict[str, np.ndarray]] = N
     (GPU activities launched by the op or any descendant), ``gpu_self`` (launched by its
     own runtime calls), ``tc`` (Tensor Core kernels among ``gpu``). ``nesting``:
     ``op_nesting(trace)``, ``gpu_runtime``: linking.gpu_runtime_index(trace), ``op_calls``:
-    linking.op_calls(trace), when the caller has them."""
+    linking.op_calls(trace), when the caller has them. ``flop_fields``: flops.OP_FIELDS
+    arrays over the nesting's entries (an op merged into its parent adds to the parent's)."""
     from . import linking, tensor_cores
 
     cpu = trace.cpu
@@ -299,8 +305,11 @@ def _op_instances(trace: TraceData, nesting: Optional[Dict[str, np.ndarray]] = N
             tc = np.bincount(op, weights=per_call_tc[call], minlength=n)
             gpu_self = np.bincount(inner_op, weights=per_call[inner_call], minlength=n)
     keep = ~merged
-    return {"rows": rows[keep], "ts": ts[keep], "total": dur[keep], "self": np.maximum(self_t, 0.0)[keep],
-            "gpu": gpu[keep], "gpu_self": gpu_self[keep], "tc": tc[keep], "depth": depth[keep]}
+    out = {"rows": rows[keep], "ts": ts[keep], "total": dur[keep], "self": np.maximum(self_t, 0.0)[keep],
+           "gpu": gpu[keep], "gpu_self": gpu_self[keep], "tc": tc[keep], "depth": depth[keep]}
+    for f, v in (flop_fields or {}).items():
+        out[f] = (np.bincount(alias, weights=v, minlength=n) if merged.any() else v)[keep]
+    return out
 
 
 def _merged_into(parent, name, kind) -> np.ndarray:
@@ -344,14 +353,18 @@ def operator_view(trace: TraceData, steps: Steps, span=None) -> dict:
     """
     out = {"steps": [], "names": [], "inputs": [], "record_shapes": False,
            "rows": {k: [] for k in ("step", "name", "input") + VIEW_FIELDS}, "rows_merged": 0,
-           "has_gpu": bool(len(trace.gpu))}
+           "has_gpu": bool(len(trace.gpu)), "flops_counted": False, "peak_gpu": None, "peak_na": None}
     if steps.count == 0:
         return out
     out["steps"] = [int(x) for x in steps.inc_numbers]
     if span is not None:
         from .linking import span_gpu_runtime, span_op_calls
 
-        inst = _op_instances(trace, span_op_nesting(span), span_gpu_runtime(span), span_op_calls(span))
+        per_op = span.once("flops_per_op", dict)  # filled by the flops unit when it counted
+        inst = _op_instances(trace, span_op_nesting(span), span_gpu_runtime(span), span_op_calls(span),
+                             flop_fields=per_op.get("fields"))
+        if per_op.get("fields") is not None:
+            out.update(flops_counted=True, peak_gpu=per_op.get("peak_gpu"), peak_na=per_op.get("peak_na"))
     else:
         inst = _op_instances(trace)
     rows = inst["rows"]
@@ -383,8 +396,8 @@ def operator_view(trace: TraceData, steps: Steps, span=None) -> dict:
     sums = {"calls": np.bincount(inv, minlength=k).astype(np.float64),
             "top_calls": np.bincount(inv, weights=(inst["depth"][keep] == 0).astype(np.float64), minlength=k)}
     for field_name, src in (("total_us", "total"), ("self_us", "self"), ("gpu_us", "gpu"),
-                            ("gpu_self_us", "gpu_self"), ("tc_us", "tc")):
-        sums[field_name] = np.bincount(inv, weights=inst[src][keep], minlength=k)
+                            ("gpu_self_us", "gpu_self"), ("tc_us", "tc")) + tuple((f, f) for f in FLOP_FIELDS):
+        sums[field_name] = np.bincount(inv, weights=inst[src][keep], minlength=k) if src in inst else np.zeros(k)
     # inputs: one id per distinct (dims, types) pair
     pairs, input_idx = _unique_rows(uniq[:, 2:])
     input_idx = input_idx.reshape(-1)
@@ -415,9 +428,11 @@ def operator_view(trace: TraceData, steps: Steps, span=None) -> dict:
     out["inputs"] = [[text(d), text(t)] for d, t in pairs]
     out["rows"] = {"step": uniq[:, 0].astype(int).tolist(), "name": name_idx.reshape(-1).astype(int).tolist(),
                    "input": np.asarray(input_idx).astype(int).tolist(),
-                   "calls": sums["calls"].astype(int).tolist(), "top_calls": sums["top_calls"].astype(int).tolist()}
+                   **{f: sums[f].astype(int).tolist() for f in _COUNT_FIELDS}}
     for f in VIEW_FIELDS:
-        if f not in _COUNT_FIELDS:  # _us of each value, on Python floats (v - v == 0: finite)
+        if f in _EXACT_FIELDS:
+            out["rows"][f] = [v if v - v == 0 else None for v in sums[f].tolist()]
+        elif f not in _COUNT_FIELDS:  # _us of each value, on Python floats (v - v == 0: finite)
             out["rows"][f] = [round(v, 3) if v - v == 0 else None for v in sums[f].tolist()]
     out["rows_merged"] = int(merged)
     return out
@@ -477,12 +492,19 @@ def view_table(view: dict, step=None, group: str = "op") -> dict:
             if len(lst) < TOP_INPUTS:
                 lst.append(_input_entry(inputs, int(pu[i, 1]), calls=int(p_calls[i]),
                                         total_us=_us(p_total[i])))
+    counted = bool(view.get("flops_counted"))
+    if not counted:
+        out["not_available"]["flops"] = NA_FLOPS_NO_SHAPES if not out["record_shapes"] else NA_FLOPS_FAILED
+    elif view.get("peak_na"):
+        out["not_available"]["pct_of_peak"] = view["peak_na"]
+    out["peak_gpu"] = view.get("peak_gpu")
     for g in order:
         gpu = float(sums["gpu_us"][g])
         tc_pct = 100.0 * float(sums["tc_us"][g]) / gpu if gpu > 0 else None
         row = {"name": names[int(uniq[g, 0])], "calls": int(sums["calls"][g]),
                "total_us": _us(sums["total_us"][g]), "self_us": _us(sums["self_us"][g]),
                "gpu_us": _us(gpu), "gpu_self_us": _us(sums["gpu_self_us"][g]), "tc_pct": _us(tc_pct)}
+        row.update(flop_columns({f: float(sums[f][g]) for f in FLOP_FIELDS}, counted, out["not_available"]))
         if not has_gpu:
             row.update(gpu_us=None, gpu_self_us=None, tc_pct=None)
         if by_shape:
@@ -490,6 +512,59 @@ def view_table(view: dict, step=None, group: str = "op") -> dict:
         elif out["record_shapes"]:
             row["top_inputs"] = top_inputs.get(int(uniq[g, 0]), [])
         out["rows"].append(row)
+    return out
+
+
+NA_FLOPS_NO_SHAPES = "no recorded shapes (profile with record_shapes=True): FLOPs cannot be counted"
+NA_FLOPS_FAILED = "FLOPs were not counted for this selection (see the report's errors)"
+NA_FLOPS_BYTES_ONLY = "no FLOP formula (elementwise, normalisation, softmax, copy): bytes only"
+NA_FLOPS_INNER = "its FLOPs are counted on the op inside it (each FLOP once)"
+NA_FLOPS_NONE = "no FLOP formula or no usable shapes (annotations, ops whose shapes do not fit a formula)"
+NA_NO_KERNEL = "launched no GPU kernel"
+NA_NO_PEAK = "no peak for this op's precision on this GPU"
+
+
+def _finite(v) -> Optional[float]:
+    return float(v) if v is not None and np.isfinite(v) else None
+
+
+def flop_columns(s: Dict[str, float], counted: bool, view_na: Dict[str, str]) -> dict:
+    """One Operator view row's FLOP columns from its FLOP_FIELDS sums (METRICS.md "Operator
+    view: FLOPs"): ``flops`` (its own counted FLOPs), ``flop_bytes``, ``tflops`` (FLOPs / the
+    µs of the kernels it launched), ``pct_of_peak`` (100 × Σ FLOPs/peak of each call's
+    precision / kernel µs), ``bound`` ("compute" when FLOPs at peak take at least as long as
+    its bytes at the HBM bandwidth, i.e. intensity >= ridge point; else "memory") and
+    ``flops_na`` / ``peak_na``: why a column is null."""
+    out = {"flops": None, "flop_bytes": None, "tflops": None, "pct_of_peak": None, "bound": None,
+           "flops_na": None, "peak_na": None}
+    if not counted:
+        out["flops_na"] = view_na.get("flops")
+        return out
+    n_flop, n_byte = s["flop_calls"], s["byte_calls"]
+    flops, kus = _finite(s["flops"]), _finite(s["flop_kernel_us"])
+    if n_flop or n_byte:
+        out["flop_bytes"] = _finite(s["flop_bytes"])
+    if n_flop:
+        out["flops"] = flops
+    else:
+        out["flops_na"] = NA_FLOPS_BYTES_ONLY if n_byte else NA_FLOPS_INNER if s["inner_calls"] else NA_FLOPS_NONE
+    if not (n_flop or n_byte):
+        return out
+    if not kus:  # nothing ran on the GPU: no rate, no bound
+        out["peak_na"] = NA_NO_KERNEL
+        return out
+    if n_flop and flops is not None:
+        out["tflops"] = flops / kus / 1e6
+    peak_us, hbm_us = _finite(s["peak_us"]), _finite(s["hbm_us"])
+    if view_na.get("pct_of_peak"):
+        out["peak_na"] = out["peak_na"] or view_na["pct_of_peak"]
+    elif peak_us is None:
+        out["peak_na"] = out["peak_na"] or NA_NO_PEAK
+    else:
+        if n_flop and flops:
+            out["pct_of_peak"] = 100.0 * peak_us / kus
+        if hbm_us is not None and (peak_us or hbm_us):
+            out["bound"] = "compute" if peak_us >= hbm_us else "memory"
     return out
 
 
@@ -539,13 +614,19 @@ def combine_views(views: List[dict]) -> Optional[dict]:
         acc.add(v)
     acc.flush()
     keys = acc.keys
+    # FLOP columns: counted in every span, or n/a (a span without them would make a smaller sum)
+    counted = all(v.get("flops_counted") for v in views)
+    gpus = {v.get("peak_gpu") for v in views}
+    peak_na = next((v.get("peak_na") for v in views if v.get("peak_na")), None)
     out = {"steps": [], "names": list(acc.names), "inputs": [list(k) for k in acc.inputs], "record_shapes": record,
-           "has_gpu": has_gpu,
+           "has_gpu": has_gpu, "flops_counted": counted, "peak_gpu": gpus.pop() if len(gpus) == 1 else None,
+           "peak_na": peak_na,
            "rows": {"step": [0] * len(keys), "name": [k[0] for k in keys], "input": [k[1] for k in keys]},
            "rows_merged": merged}
     for j, f in enumerate(VIEW_FIELDS):
         col = acc.sums[j, :len(keys)].tolist()
         out["rows"][f] = [int(x) for x in col] if f in _COUNT_FIELDS \
+            else [x if x - x == 0 else None for x in col] if f in _EXACT_FIELDS \
             else [round(x, 3) if x - x == 0 else None for x in col]  # _us of each
     return out
 

@@ -5,7 +5,7 @@
 // the trace: inserted as text only (dom.js h()), never as HTML.
 
 import {h, mount} from "./dom.js";
-import {isNum, fmtPct, fmtUs, fmtCount} from "./format.js";
+import {isNum, fmtPct, fmtUs, fmtCount, fmtNum} from "./format.js";
 import {note, sortableHead, sortRows, matchCount} from "./common.js";
 import {registerPanel} from "./panels.js";
 import {isAmd} from "./cards.js";
@@ -24,6 +24,13 @@ const COL_DEFS = {
   gpu_self_us: "GPU time launched by the op's own runtime calls (not its child ops).",
   tc_pct: "Share of the op's GPU time spent in Tensor Core kernels (tensor_cores.py's list). n/a when the op launched no GPU work.",
   top_inputs: "The op's most expensive recorded input shapes (by total CPU time), with their call counts.",
+  flops: "FLOPs of the op's own calls from their recorded shapes (GEMM 2·M·N·K, convolution, attention; METRICS.md "
+    + "'Operator view: FLOPs'): each FLOP once, on the innermost op with a formula, so the column sums to the report's FLOPs.",
+  tflops: "Achieved TFLOP/s: the op's FLOPs / the time of the GPU kernels it launched.",
+  pct_of_peak: "% of the GPU's dense peak for the precision each call ran in (bf16/fp16, tf32, fp32, fp8): "
+    + "the time the FLOPs would take at peak / the kernel time.",
+  bound: "Roofline: compute-bound when its arithmetic intensity (FLOPs per byte of inputs and outputs) is at or "
+    + "above the GPU's ridge point (peak FLOP/s / HBM bandwidth), memory-bound below it.",
 };
 
 // Inputs that are not there, said explicitly: the whole trace was profiled without
@@ -45,8 +52,17 @@ function inputText(entry) {
   return `${entry.dims ?? "?"} ${entry.types ?? ""}`.trim();
 }
 
-function columns(group, recordShapes, hasGpu, amd = false) {
+// FLOPs as the server counted them, with an SI prefix (4.40 T); the exact count on hover
+function fmtFlops(v) {
+  if (!isNum(v)) return "n/a";
+  const units = [[1e15, "P"], [1e12, "T"], [1e9, "G"], [1e6, "M"], [1e3, "k"]];
+  for (const [f, u] of units) if (Math.abs(v) >= f) return `${(v / f).toPrecision(3)} ${u}`;
+  return fmtNum(v, 0);
+}
+
+function columns(group, recordShapes, hasGpu, amd = false, hasFlops = false) {
   const byShape = group === "op_shape";
+  const flop = hasGpu && hasFlops;
   return [
     {key: "name", label: "Operator", text: true},
     {key: "calls", label: "Calls", fmt: fmtCount},
@@ -56,6 +72,10 @@ function columns(group, recordShapes, hasGpu, amd = false) {
     hasGpu ? {key: "gpu_us", label: "Total GPU", fmt: fmtUs} : null,
     // AMD's matrix cores (MFMA) are NVIDIA's Tensor Cores: "MC %" on ROCm traces
     hasGpu ? {key: "tc_pct", label: amd ? "MC %" : "TC %", fmt: (v) => fmtPct(v)} : null,
+    hasFlops ? {key: "flops", label: "FLOPs", fmt: fmtFlops, na: "flops_na"} : null,
+    flop ? {key: "tflops", label: "TFLOP/s", fmt: (v) => fmtNum(Number(v.toPrecision(3)), 4), na: "peak_na"} : null,
+    flop ? {key: "pct_of_peak", label: "% peak", fmt: (v) => fmtPct(v, 1), na: "peak_na"} : null,
+    flop ? {key: "bound", label: "Bound", text: true, na: "peak_na"} : null,
     // the (long) recorded inputs last, so the numbers stay in view
     byShape ? {key: "dims", label: "Input shapes", text: true, cls: "mono"} : null,
     byShape ? {key: "types", label: "Input types", text: true, cls: "mono"} : null,
@@ -109,7 +129,9 @@ export function renderOperators(container, ctx) {
   function drawTable(data) {
     const rows = data.rows;
     const gpuNa = data.not_available && data.not_available.gpu;
-    const cols = columns(data.group, data.record_shapes, !gpuNa, isAmd(ctx && ctx.report));
+    const flopsNa = data.not_available && data.not_available.flops;
+    const peakNa = data.not_available && data.not_available.pct_of_peak;
+    const cols = columns(data.group, data.record_shapes, !gpuNa, isAmd(ctx && ctx.report), !flopsNa);
     const thead = h("thead");
     const tbody = h("tbody");
     const table = h("table", {class: "grid-table operators"}, thead, tbody);
@@ -139,6 +161,15 @@ export function renderOperators(container, ctx) {
       if (c.key === "tc_pct" && !isNum(r.tc_pct)) {
         return h("td", {class: "num muted", title: "n/a: the op launched no GPU work"}, "n/a");
       }
+      if (c.na) { // a FLOP column: the server's value, or n/a with the server's reason
+        const v = r[c.key];
+        if (v === null || v === undefined) {
+          const why = r.flops_na || r[c.na];
+          return h("td", {class: "num muted", title: why ? `n/a: ${why}` : "n/a"}, why ? "n/a" : "");
+        }
+        const title = c.key === "flops" ? `${fmtCount(v)} FLOPs${isNum(r.flop_bytes) ? `, ${fmtCount(r.flop_bytes)} bytes` : ""}` : null;
+        return h("td", {class: ["num", c.key === "bound" ? `bound-${v}` : null], title}, c.text ? String(v) : c.fmt(v));
+      }
       return h("td", {class: ["num", c.cls]}, c.fmt(r[c.key]));
     }
 
@@ -164,6 +195,9 @@ export function renderOperators(container, ctx) {
     drawBody();
     const notes = [];
     if (gpuNa) notes.push(note(`GPU columns n/a: ${gpuNa}.`));
+    if (flopsNa) notes.push(note(`FLOP columns n/a: ${flopsNa}.`));
+    else if (peakNa) notes.push(note(`% of peak and bound n/a: ${peakNa}.`));
+    else if (data.peak_gpu) notes.push(note(`% of peak: the dense peak of ${data.peak_gpu} for each call's precision.`));
     if (!data.record_shapes) {
       notes.push(note("Input shapes were not recorded: profile with torch.profiler.profile(record_shapes=True) to see them."));
     }
@@ -180,6 +214,6 @@ registerPanel({
   id: "operators",
   label: "Operators",
   order: 60,
-  info: "CPU operators per step: calls, self and total CPU time, GPU time they launched (through the correlation id, children included) and its Tensor Core share. Click a column header to sort.",
+  info: "CPU operators per step: calls, self and total CPU time, GPU time they launched (through the correlation id, children included) and its Tensor Core share; FLOPs, achieved TFLOP/s, % of the GPU's peak and roofline bound from the recorded shapes. Click a column header to sort.",
   render: renderOperators,
 });
