@@ -16,10 +16,12 @@ import shutil
 import pytest
 
 from conftest import DEMO_LOGS as DEMO, http_get, wait_route
+from tb_bottleneck_plugin.views import headline
 
 CPU_RUN, DDP_RUN, GPU_RUN = "input_bound_nw0", "ddp_straggler_2rank", "bert_h100_inference"
 GPU_CARDS = {"gpu_utilization", "tensor_cores", "occupancy", "short_kernels", "sync", "communication"}
-OPTIONAL = {"communication", "compilation"}  # cards.js `optional`: no card when n/a or 0
+# cards.js `optional`: no card when n/a or 0 (communication, compilation, d2d_copies, ...)
+OPTIONAL = {c["id"] for c in headline.card_list() if c["optional"]}
 CARDS_JS = """(root) => { const el = root ? document.querySelector(root) : document;
   return [...el.querySelectorAll('.cards')].map(row => ({
     cards: [...row.querySelectorAll('.card[data-card]')].map(c => c.getAttribute('data-card')),
