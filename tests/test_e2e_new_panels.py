@@ -11,13 +11,17 @@
 - torch.compile details (§16) and Collectives (§18): a hand-built run whose record_function label
   and Triton kernel are named like HTML shows them as text; ddp_straggler_2rank's Ranks view
   shows the collective-bandwidth section (n/a with the server's reason on these gloo CPU ranks).
+- Collectives on the sharded demo run (collectives_shard_2rank, rank 0): one row per kind and
+  message size, bytes per call equal to demo_truth (what the code sent, nccl-tests' convention).
 - No page errors, no console errors, no dialog, no request outside TensorBoard.
 """
 from __future__ import annotations
 
+import gzip
+import json
 import os
 
-from conftest import TRACES, TraceBuilder, link_demo_run, wait_route
+from conftest import DEMO_LOGS, TRACES, TraceBuilder, link_demo_run, wait_route
 
 EVIL_LABEL = '<img src=x onerror="alert(1)">'
 EVIL_TRITON = "triton_poi_fused_add_<b>bold</b>_0"
@@ -27,7 +31,8 @@ NO_STEPS = TRACES / "tracelens" / "torch_compile_triton" / "trace.json.gz"
 
 def _logdir(tmp_path):
     logs = tmp_path / "logs"
-    for run in ("h100_fp32_matmul", "resnet50_v100_nw0", "ddp_straggler_2rank", "h200_stack_item_slow_module"):
+    for run in ("h100_fp32_matmul", "resnet50_v100_nw0", "ddp_straggler_2rank", "h200_stack_item_slow_module",
+                "collectives_shard_2rank"):
         link_demo_run(logs, run, run)
     (logs / "gpt2_stacks").mkdir()
     os.symlink(GPT2, logs / "gpt2_stacks" / GPT2.name)
@@ -143,11 +148,6 @@ def test_new_panels(tmp_path, tensorboard_server, browser_page):
 
     # ---- the demo's with_stack run on an H200 (ground truth in the trace, demo_truth): the
     # .item() sync names the line PyTorch's inspect gave, the slow module leads the tree by GPU time
-    import gzip
-    import json
-
-    from conftest import DEMO_LOGS
-
     (raw_path,) = (DEMO_LOGS / "h200_stack_item_slow_module").glob("*.pt.trace.json.gz")
     with gzip.open(raw_path, "rt", encoding="utf-8") as f:
         truth = json.load(f)["demo_truth"]
@@ -209,6 +209,34 @@ def test_new_panels(tmp_path, tensorboard_server, browser_page):
         assert sorted(kinds) == sorted(g["kind"] for g in cb["groups"])
     else:
         assert "n/a" in text and ranks["not_available"]["ranks.collective_bandwidth"] in text
+
+    # ---- the FSDP-style sharded run (all_gather_into_tensor / reduce_scatter_tensor on gloo):
+    # the Collectives panel of rank 0 shows each kind with the bytes per call the code sent
+    # (demo_truth: nccl-tests' convention, the gathered / scattered tensor)
+    (raw_path,) = (DEMO_LOGS / "collectives_shard_2rank").glob("rank0.*.pt.trace.json.gz")
+    with gzip.open(raw_path, "rt", encoding="utf-8") as f:
+        shard_truth = json.load(f)["demo_truth"]
+    frame.locator("#bn-run").select_option("collectives_shard_2rank")
+    iframe.wait_for_function("() => document.querySelector('#bn-run').value === 'collectives_shard_2rank'"
+                             " && document.querySelector('#bn-worker option[value=\"rank0\"]')", timeout=240_000)
+    if iframe.evaluate("() => document.querySelector('#bn-worker').value") != "rank0":
+        frame.locator("#bn-worker").select_option("rank0")
+    # this run's table (the DDP run before has all_reduce only)
+    iframe.wait_for_function("() => document.querySelector('#bn-worker').value === 'rank0' && [...document.querySelectorAll("
+                             "'#bn-panel-collectives table.coll-bw-table tbody tr')].some((tr) => tr.dataset.kind === 'reduce_scatter')",
+                             timeout=240_000)
+    rep = wait_route(base, "report", timeout=240, **_selection(iframe))
+    assert rep["collectives"]["source"] == "cpu_spans"
+    want = sorted({("reduce_scatter" if c["op"].startswith("reduce_scatter") else "all_gather", c["nccl_tests_bytes"])
+                   for c in shard_truth["calls_per_step"]})
+    got = sorted({(g["kind"], g["bytes_per_call"]) for g in rep["collectives"]["groups"]})
+    assert got == want, (got, want)
+    shown = iframe.evaluate("() => [...document.querySelectorAll('#bn-panel-collectives table.coll-bw-table tbody tr')]"
+                            ".map((tr) => [tr.dataset.kind, tr.querySelector('td.col-bytes_per_call').textContent])")
+    # the tab's own formatter (index.js imports its modules from ./static/)
+    expected_text = iframe.evaluate("async (rows) => { const {fmtBytes} = await import('./static/format.js');"
+                                    " return rows.map(([k, b]) => [k, fmtBytes(b)]); }", [list(x) for x in want])
+    assert sorted(map(tuple, shown)) == sorted(map(tuple, expected_text)), shown
 
     w.check_clean()
     assert not console, console

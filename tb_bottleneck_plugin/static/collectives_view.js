@@ -50,13 +50,15 @@ export function collectivesTable(rowsIn, {steps = null, time = "time_us", expose
     link_pct: "busbw / the link's per-direction peak", exposed_per_step: "Kernel time not covered by compute kernels, per step",
     calls_per_step: "Calls / included steps",
   };
-  const rows = rowsIn.map((r) => ({...r, ...Object.fromEntries(cols.map((c) => [c.key, c.get(r)]))}));
+  // the cells' values by column key; the server's kind kept apart for data-kind (the "kind"
+  // cell adds "(run as …)")
+  const rows = rowsIn.map((r) => ({...r, ...Object.fromEntries(cols.map((c) => [c.key, c.get(r)])), serverKind: r.kind}));
   const state = {sortKey: "time", dir: -1};
   const thead = h("thead");
   const tbody = h("tbody");
   const draw = () => {
     sortRows(rows, cols, state);
-    mount(tbody, rows.map((r) => h("tr", {"data-kind": String(r.kind ?? "")},
+    mount(tbody, rows.map((r) => h("tr", {"data-kind": String(r.serverKind ?? "")},
       cols.map((c) => h("td", {class: [c.text ? null : "num", `col-${c.key}`]}, c.fmt ? c.fmt(r[c.key]) : r[c.key])))));
   };
   sortableHead(thead, cols, state, titles, draw);
