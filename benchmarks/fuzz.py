@@ -23,7 +23,7 @@ Outcome per input: "report" (no section error), "section error" (a report whose
 (a BottleneckError subclass, counted by class), or "crash" (any other exception:
 a failure, printed with its seed and traceback). Inputs are deterministic: input i
 uses random.Random(seed * 1_000_003 + i), so a crash is reproduced with
-``--only I``. tests/test_fuzz.py runs a seeded slice of this in CI.
+``--only I``. tests/trace/test_fuzz.py runs a seeded slice of this in CI.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Holistic Trace Analysis's comm/comp overlap on the multi-GPU traces of ../shared/traces.
 
-The oracle for tests/test_ranks_hta.py (metrics §12). It needs HTA, which is NOT a
+The oracle for tests/views/test_ranks_hta.py (metrics §12). It needs HTA, which is NOT a
 dependency of the project: install it into a separate virtualenv so the project's
 environment does not change, then run this script with that interpreter:
 

@@ -5,5 +5,5 @@ Real PyTorch training loops under ``torch.profiler`` that write a TensorBoard lo
 ``tb_bottleneck_plugin`` on purpose: TensorBoard, the routes and the CLI's ``report`` never
 import it, and torch is needed only here (``pip install "tb_bottleneck_plugin[demo]"``).
 It depends on the runtime package (for its error types), never the other way round
-(tests/test_architecture.py checks both).
+(tests/project/test_architecture.py checks both).
 """

@@ -3,7 +3,7 @@
 Each run is small (a few seconds on a 2-core CPU, one trace file of tens of KB) and
 stores, next to ``demo_run`` / ``demo_settings``, a top-level ``demo_truth`` object in
 its trace: what the code was built to show, measured by PyTorch or read from the code,
-for the tests to compare with the plugin's report (tests/test_demo_ground_truth.py).
+for the tests to compare with the plugin's report (tests/corpus/test_demo_ground_truth.py).
 
 =================================  ====================================================
 run                                construction and ground truth

@@ -15,7 +15,7 @@
     # at package level the same function is tbb.compare_runs: the package's own
     # `tb_bottleneck_plugin.views.compare` is the compare.py module
 
-examples/bottlenecks.ipynb walks through demo_logs/ with it (tests/test_notebook.py runs it).
+examples/bottlenecks.ipynb walks through demo_logs/ with it (tests/report/test_notebook.py runs it).
 
 One code path: `analyze` is `cli.collect` (discovery, `report.analyze_span` per span in child
 processes or on Dask, as the CLI) and `to_dict` is `cli.json_report`; summaries are

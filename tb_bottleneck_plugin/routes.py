@@ -114,7 +114,7 @@ class EncodedBodies:
 class RouteContext:
     """What the handlers use of the plugin. ``analyzer`` None: no logdir, ``problem`` says
     why. ``read_static(name)``: the bytes of a dashboard file, None when there is none
-    (plugin.py reads them: this module touches no file, tests/test_architecture.py)."""
+    (plugin.py reads them: this module touches no file, tests/project/test_architecture.py)."""
 
     analyzer: Optional["Analyzer"]
     problem: Optional[str] = None

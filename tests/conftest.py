@@ -70,7 +70,7 @@ CHROMIUM_ARGS = ("--no-sandbox", "--disable-gpu", "--disable-background-networki
 # in spawned worker processes: seconds to minutes of CPU on a busy 2-core machine, GBs on big
 # traces, and children that outlive their parent (CI once failed on one of its zombies). The
 # tests' TensorBoards therefore load every installed plugin but that one (ours still comes in
-# through its real entry point); tests/test_e2e_beside_torch_tb_profiler.py runs the one real
+# through its real entry point); tests/e2e/test_e2e_beside_torch_tb_profiler.py runs the one real
 # TensorBoard with every plugin, as a user migrating from torch-tb-profiler has it.
 TENSORBOARD_ALL_PLUGINS = (sys.executable, "-m", "tensorboard.main")
 TENSORBOARD_WITHOUT_TBP = (sys.executable, "-c", "\n".join((
@@ -318,9 +318,10 @@ def tensorboard_server():
             start_tensorboard(logdir, extra_args, all_plugins=all_plugins))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def chromium():
-    """A headless Debian Chromium driven by Playwright, shared by the tests of one module."""
+    """A headless Debian Chromium driven by Playwright, one for the whole session: each test's
+    pages (`browser_page`) get their own browser context, so no state crosses tests."""
     browser_or_skip()
     from playwright.sync_api import sync_playwright
 

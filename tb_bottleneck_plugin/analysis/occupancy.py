@@ -61,6 +61,7 @@ MAX_BLOCKS_PER_SM = {
 }
 REG_ALLOCATION_UNIT = 256  # registers, per warp, every architecture since sm30
 MAX_REGS_PER_THREAD = 255
+_AMPERE_MAJOR = 8  # compute capability from which each block has 1 KB of shared memory reserved
 SHORT_KERNEL_US = T.SHORT_KERNEL_US  # metrics §6 "short kernels"
 HISTOGRAM_EDGES = (0.0, 10.0, 25.0, 50.0, 75.0, 100.0)  # last bucket closed: [75,100]
 FACTORS = ("warps", "registers", "shared_memory", "blocks")
@@ -160,7 +161,7 @@ def occupancy_calculator(props: dict, threads, registers, shared_memory,
     by_regs = np.where((assumed_block > regs_block) | (regs > MAX_REGS_PER_THREAD), 0, by_regs)
 
     granularity = 128 if major >= 7 else 256
-    reserved = 1024 if major >= 8 else 0
+    reserved = 1024 if major >= _AMPERE_MAJOR else 0  # 1 KB per block reserved by the system from sm_80
     smem_block = _ceil_div(smem + reserved, granularity) * granularity
     by_smem = np.where(smem_block > 0, smem_sm // np.maximum(smem_block, 1), _BIG)
     by_smem = np.where(smem > smem_limit, 0, by_smem)

@@ -33,7 +33,7 @@ class Peak(NamedTuple):
     hbm_gbps: float  # memory bandwidth, GB/s
     source: str  # vendor datasheet / product page
     note: str  # how the dense numbers were read off it
-    dense: bool = True  # every number here is dense (tests/test_flops.py checks)
+    dense: bool = True  # every number here is dense (tests/analysis/test_flops.py checks)
 
 
 def _bf(fp32, tf32, bf16, fp8=None):

@@ -4,7 +4,7 @@ analysis/ holds only the maths and never imports judge/ (judge -> analysis, not 
 
 A metric unit names its cards as data (``Unit.cards``: card ids, in display order);
 ``card_verdicts`` looks each id up in ``CARD_FUNCTIONS``. A new card: a function
-here under ``@register("<card id>")`` (tests/test_units_verdicts.py fails on a unit's card
+here under ``@register("<card id>")`` (tests/judge/test_units_verdicts.py fails on a unit's card
 id without one, and on a function no unit or ``verdicts.CARDS`` names).
 """
 from __future__ import annotations

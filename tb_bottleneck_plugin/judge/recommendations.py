@@ -26,6 +26,9 @@ from ..analysis.input_bound import verdict_for
 from ..analysis.devices import label as device_label
 
 _SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2}
+# Compute capability of Ampere, the first NVIDIA generation with bf16 and TF32 Tensor
+# Cores (a hardware fact, not a threshold).
+AMPERE_MAJOR = 8
 
 
 # Rules whose evidence is kernel statistics, and the cards that read such statistics: below
@@ -299,7 +302,7 @@ def rule_tensor_cores(report) -> Optional[dict]:
                   "(ROCm builds use the \"cuda\" device type)"
                   + (" inside `torch.inference_mode()`, or cast the model with `model.to(torch.bfloat16)`."
                      if inference else "; bf16 needs no GradScaler."))
-    elif major is not None and major < 8:
+    elif major is not None and major < AMPERE_MAJOR:
         # Volta/Turing: fp16 Tensor Cores only (no bf16, no TF32).
         if inference:
             action = ("Run matmuls and convolutions in fp16: `with torch.inference_mode(), "
@@ -341,7 +344,7 @@ def rule_tensor_cores(report) -> Optional[dict]:
     # from the roofline where the FLOPs section knows the precision and the GPU's peaks.
     speedup = tc_speedup(major, _is_amd(report))
     gain = pct * _kernel_share(report) / 100 * (1 - 1 / speedup)
-    from_peaks = _tc_gain_from_peaks(report, "fp16" if major is not None and major < 8 else "bf16")
+    from_peaks = _tc_gain_from_peaks(report, "fp16" if major is not None and major < AMPERE_MAJOR else "bf16")
     if from_peaks is not None:
         gain, assumption = from_peaks
     else:

@@ -14,7 +14,7 @@ outlier, GPU utilization of an input-bound run, slack under the reserve floor); 
 input-bound card uses the metric's own XProf scale (high/medium/ok, from
 analysis/input_bound.verdict_for). A null value gives severity "na" and, as the verdict,
 the `not_available` reason. ``thresholds`` names the thresholds.py constants used, with
-their values, so a reader (and tests/test_units_verdicts.py) can check every colour.
+their values, so a reader (and tests/judge/test_units_verdicts.py) can check every colour.
 """
 from __future__ import annotations
 

@@ -161,7 +161,7 @@ class Analyzer:
     def stop(self) -> None:
         """Stop scanning and analysing: queued spans are dropped, the analysis children
         killed and reaped (analyses in flight are lost; a restart redoes them). Returns in
-        about a second at most (tests/test_shutdown.py); TensorBoard's exit calls it."""
+        about a second at most (tests/serving/test_shutdown.py); TensorBoard's exit calls it."""
         with self._lock:
             self._stopped = True
             self._sched.clear()

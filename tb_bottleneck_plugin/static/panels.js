@@ -1,7 +1,7 @@
 // Panels: the ONE way a panel enters the page (mountPanel), and the registry of the
 // single-run view's panels (registerPanel): how a new view joins the Bottlenecks tab.
 // Every panel, of the report (views.js, memory, kernels, recommendations), of compare mode,
-// the Ranks panel and the registered ones, is a mountPanel section (tests/test_frontend_architecture.py).
+// the Ranks panel and the registered ones, is a mountPanel section (tests/frontend/test_frontend_architecture.py).
 //
 // ADDING A PANEL (2 lines outside your own module):
 //   1. In your module (static/<yours>.js):

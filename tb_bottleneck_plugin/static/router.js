@@ -1,5 +1,5 @@
 // The router of the Bottlenecks tab: the URL hash <-> the view to show. The ONLY module that
-// reads or writes window.location and history (tests/test_frontend_static.py checks it);
+// reads or writes window.location and history (tests/frontend/test_frontend_static.py checks it);
 // index.js owns the state and asks this module what the URL says and to write it back.
 //
 // Routes (the hash, so that a copied address opens the same view):
