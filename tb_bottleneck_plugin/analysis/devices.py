@@ -82,13 +82,24 @@ def memory_properties(trace: TraceData, device_type: int, device_id: int) -> Tup
     return None, f"no deviceProperties entry for device {device_id}"
 
 
+def memory_devices(trace: TraceData) -> set:
+    """The distinct (device type, device id) pairs of the trace's ``[memory]`` events
+    (vectorised: a trace holds up to millions of them)."""
+    mem = trace.memory
+    if not len(mem):
+        return set()
+    types = np.asarray(mem.device_type, dtype=np.int64)
+    ids = np.asarray(mem.device_id, dtype=np.int64)
+    keys = np.unique((types << 32) + (ids & 0xFFFFFFFF))
+    return {(int(k >> 32), int(np.int32(np.uint32(k & 0xFFFFFFFF)))) for k in keys}
+
+
 def memory_gpu_ids(trace: TraceData) -> Dict[Tuple[int, int], Optional[int]]:
     """Each GPU ``[memory]`` device (type, id) -> the trace's GPU id it is (None: unknown)."""
     mem = trace.memory
     if not len(mem):
         return {}
-    pairs = {(int(t), int(i)) for t, i in zip(np.asarray(mem.device_type).tolist(), np.asarray(mem.device_id).tolist())
-             if int(t) in GPU_MEMORY_TYPES}
+    pairs = {p for p in memory_devices(trace) if p[0] in GPU_MEMORY_TYPES}
     rocm = is_rocm(trace) or any(t == DEVICE_TYPE_HIP for t, _ in pairs)
     if not rocm:
         return {p: p[1] for p in pairs}
@@ -116,8 +127,7 @@ def device_labels(trace: TraceData) -> Dict[str, dict]:
     ids = memory_gpu_ids(trace)
     mem = trace.memory
     if len(mem):
-        seen = {(int(t), int(i)) for t, i in zip(np.asarray(mem.device_type).tolist(),
-                                                  np.asarray(mem.device_id).tolist())}
+        seen = memory_devices(trace)
         for t, i in sorted(seen):
             key = memory_key(t, i)
             if t == DEVICE_TYPE_CPU:

@@ -152,6 +152,27 @@ _COUNT_FIELDS = ("calls", "top_calls", "flop_calls", "byte_calls", "inner_calls"
 _EXACT_FIELDS = ("flops", "flop_bytes", "peak_us", "hbm_us")  # not rounded to 3 decimals (µs of one tiny op)
 
 
+def round3_list(values: np.ndarray) -> list:
+    """``[round(v, 3) for v in values]`` (None for NaN/inf), vectorised and equal to Python's
+    ``round`` bit for bit: ``rint(v * 1000) / 1000`` is the double nearest the decimal
+    (IEEE division is correctly rounded) except where ``v * 1000`` lies within rounding error
+    of a half, and those few values take Python's own ``round``."""
+    v = np.asarray(values, dtype=np.float64)
+    finite = np.isfinite(v)
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf rows become None below
+        scaled = v * 1000.0
+        out = np.rint(scaled) / 1000.0
+        near_half = finite & (np.abs(scaled - np.floor(scaled) - 0.5) < 1e-6)
+        near_half |= finite & (np.abs(scaled) >= 2.0 ** 52)  # no fraction bits left: let Python decide
+    values_list = out.tolist()
+    for i in np.flatnonzero(near_half).tolist():
+        values_list[i] = round(float(v[i]), 3)
+    if not finite.all():
+        for i in np.flatnonzero(~finite).tolist():
+            values_list[i] = None
+    return values_list
+
+
 def host_nesting(trace: TraceData) -> Dict[str, np.ndarray]:
     """The nesting of every host event of one trace per thread: trace.cpu rows (every kind,
     ProfilerStep#N included), then trace.runtime rows. ``pid``, ``tid``, ``ts``, ``dur``
@@ -432,8 +453,8 @@ def operator_view(trace: TraceData, steps: Steps, span=None) -> dict:
     for f in VIEW_FIELDS:
         if f in _EXACT_FIELDS:
             out["rows"][f] = [v if v - v == 0 else None for v in sums[f].tolist()]
-        elif f not in _COUNT_FIELDS:  # _us of each value, on Python floats (v - v == 0: finite)
-            out["rows"][f] = [round(v, 3) if v - v == 0 else None for v in sums[f].tolist()]
+        elif f not in _COUNT_FIELDS:
+            out["rows"][f] = round3_list(sums[f])
     out["rows_merged"] = int(merged)
     return out
 
