@@ -55,6 +55,10 @@ from trace_builder import (  # noqa: E402,F401  (re-exported: one trace builder 
     write_trace)
 
 REPO = Path(__file__).resolve().parents[1]
+# A few tests reuse another folder's helpers (``from test_compare import result_of``): every
+# stage folder is importable, also when one test file runs alone.
+sys.path.extend(str(p) for p in sorted(Path(__file__).resolve().parent.iterdir())
+                if p.is_dir() and p.name not in ("fixtures", "__pycache__") and str(p) not in sys.path)
 SHARED = REPO.parent / "shared"          # read-only data beside the checkout
 TRACES = SHARED / "traces"
 ORACLES = SHARED / "oracles"

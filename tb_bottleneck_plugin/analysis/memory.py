@@ -48,7 +48,7 @@ import numpy as np
 from .. import thresholds as T
 from ..trace.model import DEVICE_TYPE_CUDA, DEVICE_TYPE_HIP, TraceData
 from . import devices, factorize
-from .occupancy import prop_int
+from .occupancy_calculator import prop_int
 
 GPU_DEVICE_TYPES = (DEVICE_TYPE_CUDA, DEVICE_TYPE_HIP)
 

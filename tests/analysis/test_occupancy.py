@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tb_bottleneck_plugin.analysis import occupancy as occ
+from tb_bottleneck_plugin.analysis import occupancy_calculator as calc
 from tb_bottleneck_plugin.trace.loader import load_trace
 
 from conftest import TRACES  # noqa: E402  (the one definition, tests/conftest.py)
@@ -23,7 +24,7 @@ A100 = {"id": 0, "computeMajor": 8, "computeMinor": 0, "maxThreadsPerBlock": 102
 
 
 def calc1(props, threads, regs, smem):
-    r = occ.occupancy_calculator(props, [threads], [regs], [smem])
+    r = calc.occupancy_calculator(props, [threads], [regs], [smem])
     return {k: v[0] for k, v in r.items()}
 
 
@@ -58,8 +59,8 @@ def test_warps_and_block_limits():
     assert r["limiting_factor"] == "blocks" and r["active_blocks"] == 32
     turing = dict(V100, computeMinor=5, maxThreadsPerMultiprocessor=1024)
     assert calc1(turing, 32, 16, 0)["active_blocks"] == 16
-    assert occ.max_blocks_per_sm(8, 6) == 16 and occ.max_blocks_per_sm(8, 9) == 24
-    assert occ.max_blocks_per_sm(9, 0) == 32
+    assert calc.max_blocks_per_sm(8, 6) == 16 and calc.max_blocks_per_sm(8, 9) == 24
+    assert calc.max_blocks_per_sm(9, 0) == 32
 
 
 def test_register_edge_cases():
@@ -73,7 +74,7 @@ def test_register_edge_cases():
 def test_kineto_per_block_smem_limit():
     # > 48 KB: the kernel opted in (it ran), but Kineto's call uses the default limit -> 0
     assert calc1(A100, 128, 100, 98304)["active_blocks"] == 1
-    assert occ.kineto_estimate(A100, [128], [100], [98304], [0.73])[0] == 0
+    assert calc.kineto_estimate(A100, [128], [100], [98304], [0.73])[0] == 0
 
 
 @lru_cache(maxsize=None)
@@ -91,7 +92,7 @@ def test_reproduces_kineto_est_achieved_occupancy_on_v100_resnet50():
     assert k.sum() > 8000
     props = occ.device_properties(tr)[0]
     threads = g.block_x * g.block_y * g.block_z
-    est = occ.kineto_estimate(props, threads[k], g.registers_per_thread[k], g.shared_memory[k],
+    est = calc.kineto_estimate(props, threads[k], g.registers_per_thread[k], g.shared_memory[k],
                               g.blocks_per_sm[k])
     agreement = float(np.mean(est == g.achieved_occupancy_pct[k]))
     # measured: 8772 of 8772 kernels (100 %)

@@ -355,14 +355,14 @@ def test_malformed_device_properties_never_raise(tmp_path, bad):
 
 
 def test_calculator_rejects_unusable_properties_with_a_reason():
-    from tb_bottleneck_plugin.analysis import occupancy as occ
+    from tb_bottleneck_plugin.analysis import occupancy_calculator as calc
 
-    values, reason = occ.calculator_properties(dict(V100, warpSize="-"))
+    values, reason = calc.calculator_properties(dict(V100, warpSize="-"))
     assert values is None and "'warpSize'" in reason
-    assert occ.calculator_properties(dict(V100, regsPerBlock=-1))[0]["regs_block"] == 65536
+    assert calc.calculator_properties(dict(V100, regsPerBlock=-1))[0]["regs_block"] == 65536
     with pytest.raises(ValueError):
-        occ.occupancy_calculator(dict(V100, computeMajor=0), [128], [32], [0])
-    assert occ.prop_int({"x": 1e30}, "warpSize") is None and occ.prop_int({"warpSize": 32.0}, "warpSize") == 32
+        calc.occupancy_calculator(dict(V100, computeMajor=0), [128], [32], [0])
+    assert calc.prop_int({"x": 1e30}, "warpSize") is None and calc.prop_int({"warpSize": 32.0}, "warpSize") == 32
 
 
 def test_context_combine_for_summaries():
