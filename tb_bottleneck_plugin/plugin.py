@@ -45,6 +45,23 @@ def _static_file(name: str) -> Optional[bytes]:
         return None
 
 
+def _preloaded_static() -> dict:
+    """Every dashboard file, read once when TensorBoard loads the plugin (~350 KB): a
+    ``pip install`` that replaces or removes the installed package while the server runs
+    (README: the test command's ``pip install -e``) no longer blanks the running tab."""
+    folder = _frontend_dir()
+    if folder is None:
+        return {}
+    files = {}
+    for path in folder.iterdir():
+        if path.is_file() and path.suffix in routes.STATIC_TYPES:
+            try:
+                files[path.name] = path.read_bytes()
+            except OSError:
+                continue  # read from disk on request instead
+    return files
+
+
 class BottlenecksPlugin(base_plugin.TBPlugin):
     plugin_name = PLUGIN_NAME
 
@@ -83,6 +100,7 @@ class BottlenecksPlugin(base_plugin.TBPlugin):
                                  memory_budget=parse_bytes(memory) if memory else None,
                                  dask_scheduler=dask_address or None) if self._logdir else None
         self._bodies = routes.EncodedBodies()
+        self._static = _preloaded_static()
 
     # ------------------------------------------------------------------ TBPlugin
     def get_plugin_apps(self):
@@ -96,7 +114,11 @@ class BottlenecksPlugin(base_plugin.TBPlugin):
 
     def _route_context(self) -> routes.RouteContext:
         # built per request: tests replace self.analyzer after TensorBoard took the apps
-        return routes.RouteContext(self.analyzer, self._problem, self._bodies, _static_file)
+        return routes.RouteContext(self.analyzer, self._problem, self._bodies, self._read_static)
+
+    def _read_static(self, name: str) -> Optional[bytes]:
+        data = self._static.get(name)
+        return data if data is not None else _static_file(name)
 
     def is_active(self) -> bool:
         # Called on every dashboard load: never touch storage here. Until the first

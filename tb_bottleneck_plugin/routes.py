@@ -57,7 +57,7 @@ MAX_RUN_CHARS = 4096  # a run is a relative directory path (PATH_MAX)
 MAX_STEP_DIGITS = 19  # a step number fits an int64
 TIMELINE_PX = 1200  # the plot width a timeline window is made for when px is not given
 _ALLOWED_METHODS = ("GET", "HEAD")
-_STATIC_TYPES = {".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml",
+STATIC_TYPES = {".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml",
                  ".html": "text/html", ".png": "image/png"}
 _STATIC_NAME_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$")  # one plain file name
 _STATIC_ROUTE_RE = re.compile(r"^.*?/static/(.*)$", re.S)  # the FIRST /static/ of the path
@@ -241,14 +241,14 @@ def _static(ctx: RouteContext, request, name: str):
     # no absolute paths, no backslashes, no hidden files, only known extensions.
     ext = posixpath.splitext(name)[1]
     if (len(name) > MAX_NAME_CHARS or not _STATIC_NAME_RE.match(name) or ".." in name
-            or ext not in _STATIC_TYPES):
+            or ext not in STATIC_TYPES):
         raise RouteError(404, "no such file")
     if ctx.read_static is None:
         raise RouteError(404, NO_DASHBOARD)
     data = ctx.read_static(name)
     if data is None:
         raise RouteError(404, "no such file")
-    return http_util.Respond(request, data, _STATIC_TYPES[ext])
+    return http_util.Respond(request, data, STATIC_TYPES[ext])
 
 
 # ----------------------------------------------------------------------------- data

@@ -308,7 +308,7 @@ _FILE_ACCESS_ALLOWED = {
     "tb_bottleneck_plugin.trace.loader": {"load_trace"},    # opens the one trace stream it decodes
     "tb_bottleneck_plugin.serving.cache": "*",                # its own local disk cache of analysed reports
     "tb_bottleneck_plugin.serving.timeline_store": "*",       # its own local store of step timelines
-    "tb_bottleneck_plugin.plugin": {"_static_file"},  # the dashboard's files next to plugin.py
+    "tb_bottleneck_plugin.plugin": {"_static_file", "_preloaded_static"},  # the dashboard's files next to plugin.py
     # the single-file HTML report: reads the dashboard's files next to it, writes the local --html FILE
     "tb_bottleneck_plugin.views.html_report": {"_static_text", "write_html"},
 }
