@@ -30,6 +30,7 @@ import numpy as np
 from .. import thresholds as T
 from ..trace.model import GPU_KERNEL, TraceData
 from . import linking
+from .accelerators import no_gpu_reason
 from . import peaks
 from .factorize import unique_rows
 from .operators import NA_FLOPS_NO_SHAPES
@@ -305,7 +306,7 @@ def peak_for(trace: TraceData, not_available: Dict[str, str], user: Optional[Dic
                 "hbm_gbps": user.get("hbm", known.hbm_gbps if known else None), "url": None,
                 "note": "peaks from the environment variable, not from the table"}
     if not len(trace.gpu):
-        not_available["flops.mfu_pct"] = "no GPU in the trace (CPU-only): no peak to compare with"
+        not_available["flops.mfu_pct"] = no_gpu_reason(trace, "no GPU in the trace (CPU-only): no peak to compare with")
         return None
     if not names:
         not_available["flops.mfu_pct"] = ("no deviceProperties in the trace: GPU model unknown, no peak "
@@ -684,7 +685,8 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
                                        "convolution forward with no backward to learn its output size) are not "
                                        "counted: " + ", ".join(f"{k} ×{v}" for k, v in list(uncounted.items())[:4]))
     if not has_gpu:
-        na["flops.roofline"] = "no GPU kernels (CPU-only): no roofline; GFLOP/s over the step time only"
+        na["flops.roofline"] = no_gpu_reason(trace, "no GPU kernels (CPU-only): no roofline; GFLOP/s over the step "
+                                             "time only")
     return derive(section, na)
 
 

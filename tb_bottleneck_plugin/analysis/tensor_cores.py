@@ -30,6 +30,7 @@ import numpy as np
 
 from ..trace.model import GPU_KERNEL, TraceData
 from . import linking
+from .accelerators import no_gpu_reason
 
 
 class TcPattern(NamedTuple):
@@ -321,7 +322,7 @@ def tensor_core_usage(trace: TraceData, top_n: int = 10, not_available: Optional
     if not is_kernel.any() or not (np.isfinite(kernel_us) and kernel_us > 0):
         # Every share here is of kernel time: none when there is none (no kernel, or
         # every kernel lasted 0 µs, as integer-µs traces can write for short kernels).
-        reason = ("no GPU kernels in the trace (CPU-only)" if not is_kernel.any()
+        reason = (no_gpu_reason(trace, "no GPU kernels in the trace (CPU-only)") if not is_kernel.any()
                   else "kernels have no usable duration (every kernel lasted 0 µs, or the total is not "
                   "finite): no kernel time to share")
         for metric in ("tensor_core_pct", "eligible_not_using_pct", "precision_split_pct"):

@@ -47,6 +47,11 @@ def test_mtia_trace_is_named_not_cpu_only(tmp_path):
     assert "MTIA" in gpu_na and "180" in gpu_na and "CPU-only" not in gpu_na, gpu_na
     assert "MTIA" in rep["not_available"]["occupancy.est_achieved_occupancy_pct"]
     assert "MTIA" in rep["not_available"]["copies"]
+    # every GPU reason names the accelerator, none says CPU-only
+    gpu_reasons = {k: v for k, v in rep["not_available"].items()
+                   if k.split(".")[0] in ("gpu", "occupancy", "tensor_cores", "flops", "copies")}
+    assert not [k for k, v in gpu_reasons.items() if "CPU-only" in v], gpu_reasons
+    assert "MTIA" in rep["not_available"]["tensor_cores.tensor_core_pct"]
     text = format_report(rep)
     assert "CPU-only trace" not in text and "MTIA (240 events: mtia_ccp_events 180, mtia_runtime 60)" in text, text
     assert not rep["gpu"] and rep["errors"] == []
