@@ -277,10 +277,11 @@ def route_validator(name):
 
 
 @contextlib.contextmanager
-def start_tensorboard(logdir, extra_args=(), startup_timeout=90, all_plugins=False):
+def start_tensorboard(logdir, extra_args=(), startup_timeout=90, all_plugins=False, env=None, cwd=None):
     """A real ``tensorboard --logdir`` subprocess (disk cache off unless extra_args set it);
     yields its base URL; killed (with its process group) on exit. Every installed plugin but
-    torch-tb-profiler's is loaded, unless ``all_plugins`` (see TENSORBOARD_WITHOUT_TBP)."""
+    torch-tb-profiler's is loaded, unless ``all_plugins`` (see TENSORBOARD_WITHOUT_TBP).
+    ``env``/``cwd``: the process's environment and folder (default: this process's)."""
     args = list(extra_args)
     if not any(a.startswith("--bottlenecks_cache_dir") for a in args):
         args += ["--bottlenecks_cache_dir", "none"]
@@ -290,7 +291,8 @@ def start_tensorboard(logdir, extra_args=(), startup_timeout=90, all_plugins=Fal
             [*(TENSORBOARD_ALL_PLUGINS if all_plugins else TENSORBOARD_WITHOUT_TBP),
              "--logdir", str(logdir), "--host", "127.0.0.1",
              "--port", str(port), *args],
-            stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+            stdout=subprocess.DEVNULL, stderr=err, start_new_session=True, env=env,
+            cwd=None if cwd is None else str(cwd))
         base = f"http://127.0.0.1:{port}"
         try:
             deadline = time.time() + startup_timeout

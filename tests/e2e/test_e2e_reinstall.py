@@ -11,12 +11,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import tempfile
-import time
 
-from conftest import (REPO, TENSORBOARD_WITHOUT_TBP, free_port, http_get, link_demo_run, patience,
-                      wait_route)
+from conftest import REPO, http_get, link_demo_run, start_tensorboard, wait_route
 
 MARKER = b"/* served from the installed copy */\n"
 
@@ -29,49 +25,25 @@ def test_the_tab_survives_the_package_being_removed_under_it(tmp_path, browser_p
     css.write_bytes(css.read_bytes() + MARKER)
     logs = tmp_path / "logs"
     link_demo_run(logs, "input_bound_nw0", "input_bound_nw0")
-    port = free_port()
     env = dict(os.environ, PYTHONPATH=str(site) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen([*TENSORBOARD_WITHOUT_TBP, "--logdir", str(logs), "--host", "127.0.0.1",
-                                 "--port", str(port), "--bottlenecks_cache_dir", "none"],
-                                stdout=subprocess.DEVNULL, stderr=err, env=env, start_new_session=True,
-                                cwd=str(tmp_path))  # `python -c` puts the cwd (a checkout?) first on sys.path
-        base = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.time() + patience(90)
-            while True:
-                try:
-                    if http_get(base + "/data/plugins_listing", timeout=5)[0] == 200:
-                        break
-                except OSError:
-                    pass
-                assert proc.poll() is None and time.time() < deadline, err.seek(0) or err.read()[-3000:]
-                time.sleep(0.3)
-            status, body = http_get(f"{base}/data/plugin/bottlenecks/static/style.css")
-            assert status == 200 and body.endswith(MARKER)  # the copy is the one TensorBoard runs
-            wait_route(base, "report", run="input_bound_nw0")
+    # cwd: `python -c` puts its folder (a checkout?) first on sys.path, before PYTHONPATH
+    with start_tensorboard(logs, env=env, cwd=tmp_path) as base:
+        status, body = http_get(f"{base}/data/plugin/bottlenecks/static/style.css")
+        assert status == 200 and body.endswith(MARKER)  # the copy is the one TensorBoard runs
+        wait_route(base, "report", run="input_bound_nw0")
 
-            shutil.rmtree(site / "tb_bottleneck_plugin")  # what pip uninstall does to the files
+        shutil.rmtree(site / "tb_bottleneck_plugin")  # what pip uninstall does to the files
 
-            names = sorted(p.name for p in (REPO / "tb_bottleneck_plugin" / "static").iterdir() if p.is_file())
-            for name in names:
-                status, body = http_get(f"{base}/data/plugin/bottlenecks/static/{name}")
-                assert status == 200 and body, name
-            assert http_get(f"{base}/data/plugin/bottlenecks/index.js")[0] == 200
-            assert http_get(f"{base}/data/plugin/bottlenecks/static/style.css")[1].endswith(MARKER)
+        names = sorted(p.name for p in (REPO / "tb_bottleneck_plugin" / "static").iterdir() if p.is_file())
+        for name in names:
+            status, body = http_get(f"{base}/data/plugin/bottlenecks/static/{name}")
+            assert status == 200 and body, name
+        assert http_get(f"{base}/data/plugin/bottlenecks/index.js")[0] == 200
+        assert http_get(f"{base}/data/plugin/bottlenecks/static/style.css")[1].endswith(MARKER)
 
-            w = browser_page(base)
-            w.open_run("input_bound_nw0", ready=".card[data-card]")
-            iframe = w.plugin_frame()
-            assert iframe.evaluate("() => document.querySelectorAll('.card[data-card]').length") > 3
-            assert not iframe.evaluate("() => document.querySelector('.state-error, .error-state')")
-            w.check_clean()
-        finally:
-            with_group = getattr(os, "killpg", None)
-            if with_group:
-                try:
-                    os.killpg(proc.pid, 9)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            proc.kill()
-            proc.wait(timeout=10)
+        w = browser_page(base)
+        w.open_run("input_bound_nw0", ready=".card[data-card]")
+        iframe = w.plugin_frame()
+        assert iframe.evaluate("() => document.querySelectorAll('.card[data-card]').length") > 3
+        assert not iframe.evaluate("() => document.querySelector('.state-error, .error-state')")
+        w.check_clean()
