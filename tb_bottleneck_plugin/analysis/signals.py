@@ -114,8 +114,9 @@ def sync_signal(trace: TraceData, steps: Steps, gpu_runtime: Optional[np.ndarray
         elif not_available is not None:
             # a GPU-only export (runtime calls, no CPU operators): nothing to attribute to
             not_available["sync.top_ops"] = NO_CPU_OPS
-    idle_us, busy_pct = _sync_gpu_idle(trace, rows, steps)
-    refill_us = _sync_refill_idle(trace, rows, steps)
+    gpu_busy = iv.merge(trace.gpu.ts, trace.gpu.ts + trace.gpu.dur) if len(rows) else None
+    idle_us, busy_pct = _sync_gpu_idle(trace, rows, steps, gpu_busy)
+    refill_us = _sync_refill_idle(trace, rows, steps, gpu_busy)
     return {"sync_us": sync_us, "sync_pct": 100.0 * sync_us / total_steps if total_steps > 0 else None,
             "sync_gpu_idle_us": idle_us,
             "sync_gpu_idle_pct": 100.0 * idle_us / total_steps if total_steps > 0 else None,
@@ -126,13 +127,13 @@ def sync_signal(trace: TraceData, steps: Steps, gpu_runtime: Optional[np.ndarray
             "top_ops": top[:TOP_N], "calls": calls}
 
 
-def _sync_gpu_idle(trace: TraceData, rows: np.ndarray, steps: Steps):
+def _sync_gpu_idle(trace: TraceData, rows: np.ndarray, steps: Steps, busy: iv.Intervals):
     """GPU idle during synchronisation (§8): the sync calls ``rows``, as a union clipped
     to the host spans of the included steps, intersected with the time no GPU activity
     (kernel, memcpy, memset; any device of the file) ran. A sync that waits while the
     GPU is busy does not starve it; one that overlaps GPU idle time does.
     Returns ``(idle_us, gpu_busy_during_sync_pct)``; the share is None without sync time."""
-    rt, g = trace.runtime, trace.gpu
+    rt = trace.runtime
     if len(rows) == 0 or steps.count == 0:
         return 0.0, None
     sync_set = iv.intersect(iv.merge(rt.ts[rows], rt.ts[rows] + rt.dur[rows]),
@@ -140,23 +141,22 @@ def _sync_gpu_idle(trace: TraceData, rows: np.ndarray, steps: Steps):
     sync_len = float((sync_set[1] - sync_set[0]).sum())
     if sync_len <= 0:
         return 0.0, None
-    busy = iv.merge(g.ts, g.ts + g.dur)
     idle = iv.subtract(sync_set, busy)
     idle_us = float((idle[1] - idle[0]).sum())
     return idle_us, 100.0 * (sync_len - idle_us) / sync_len
 
 
-def _sync_refill_idle(trace: TraceData, rows: np.ndarray, steps: Steps) -> float:
+def _sync_refill_idle(trace: TraceData, rows: np.ndarray, steps: Steps, busy: iv.Intervals) -> float:
     """GPU idle after synchronisation (§8): a sync returns when the GPU has drained its
     queue, so the GPU then idles until the host launches again. For each sync call that
     ends while no GPU activity runs, the interval from its end to the next GPU activity
     (any device of the file), no longer than the GPU-busy part of the call, clipped to the
     included (stretched) steps; their union in µs. Without the sync the host would have queued that
     work while the GPU was still busy."""
-    rt, g = trace.runtime, trace.gpu
+    rt = trace.runtime
     if len(rows) == 0 or steps.count == 0:
         return 0.0
-    busy_s, busy_e = iv.merge(g.ts, g.ts + g.dur)
+    busy_s, busy_e = busy
     order = np.argsort(rt.ts[rows] + rt.dur[rows], kind="stable")
     starts, ends = rt.ts[rows][order], (rt.ts[rows] + rt.dur[rows])[order]
     # the host's lost lead: the part of the wait the GPU was busy (the idle part of the
