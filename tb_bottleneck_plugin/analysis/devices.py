@@ -90,8 +90,9 @@ def memory_devices(trace: TraceData) -> set:
         return set()
     types = np.asarray(mem.device_type, dtype=np.int64)
     ids = np.asarray(mem.device_id, dtype=np.int64)
-    keys = np.unique((types << 32) + (ids & 0xFFFFFFFF))
-    return {(int(k >> 32), int(np.int32(np.uint32(k & 0xFFFFFFFF)))) for k in keys}
+    # events come in runs of one device: only the first row of each run is looked at (no sort)
+    starts = np.flatnonzero(np.concatenate([[True], (types[1:] != types[:-1]) | (ids[1:] != ids[:-1])]))
+    return set(zip(types[starts].tolist(), ids[starts].tolist()))
 
 
 def memory_gpu_ids(trace: TraceData) -> Dict[Tuple[int, int], Optional[int]]:

@@ -19,6 +19,7 @@ Public API
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -76,6 +77,7 @@ def _base(name: str) -> str:
     return name[6:] if name.startswith("aten::") else name
 
 
+@functools.lru_cache(maxsize=1 << 14)  # a few hundred distinct op names per trace, called per call
 def flop_kind(name: str) -> Optional[str]:
     """The formula an op name gets: gemm / conv / conv_t / conv_bwd / attn_fwd / attn_fwd_bshd /
     attn_bwd / attn_bwd_bshd, or None (no FLOPs: bytes only)."""
@@ -451,8 +453,9 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
     # an op whose shapes sit in op_inputs (no dims id) is its own key
     keys = np.stack([names[cand], dims_c, cpu.input_types[rc], np.where(dims_c < 0, rc, -1)], axis=1)
     if len(cand):
-        _, first, inv = np.unique(keys, axis=0, return_index=True, return_inverse=True)
-        inv = inv.reshape(-1)
+        _, inv = unique_rows(keys)  # np.unique(axis=0)'s order and inverse, without its sort
+        first = np.zeros(int(inv.max()) + 1, np.int64)
+        first[inv[::-1]] = np.arange(len(inv) - 1, -1, -1)
     else:
         first, inv = np.zeros(0, np.int64), np.zeros(0, np.int64)
     u_got = []
@@ -463,8 +466,11 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
     ok = u_ok[inv]
     c_flops = np.array([g[0] if g else 0.0 for g in u_got], float)[inv]
     c_bytes = np.array([g[1] if g else 0.0 for g in u_got], float)[inv]
-    c_prec = np.array([g[2] if g else "unknown" for g in u_got] or [""], object)[inv]
-    c_cls = np.array([g[3] if g else "other" for g in u_got] or [""], object)[inv]
+    # precisions and classes as codes: indices into `precisions` and CLASSES
+    precisions: List[str] = sorted({g[2] for g in u_got if g} | {"unknown", "fp32", "tf32"})
+    prec_code = {p: i for i, p in enumerate(precisions)}
+    c_prec = np.array([prec_code[g[2] if g else "unknown"] for g in u_got], np.int64)[inv]
+    c_cls = np.array([CLASSES.index(g[3] if g else "other") for g in u_got], np.int64)[inv]
 
     def count_names(mask) -> Dict[str, int]:
         ids, n = np.unique(names[cand[mask]], return_counts=True)
@@ -488,8 +494,8 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
     f_idx = np.flatnonzero(final & (step_of >= 0))  # nesting entries of counted ops in steps
     f_flops = c_flops[pos[f_idx]]
     f_bytes = c_bytes[pos[f_idx]]
-    f_prec = c_prec[pos[f_idx]].tolist()
-    f_cls = c_cls[pos[f_idx]].tolist()
+    f_prec = c_prec[pos[f_idx]]
+    f_cls = c_cls[pos[f_idx]]
 
     # byte-only ops: shaped, not a FLOP op nor an ancestor of one, no shaped child below
     shaped = has_shape & ~is_flop_name & ~anc
@@ -550,10 +556,8 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
     op_bytes_all = np.concatenate([f_bytes, e_bytes])
     # classes as indices into CLASSES; precisions only for the counted ops (the byte-only ops
     # after them have none): per-op Python lists over every byte-only op cost ~0.07 s at 300 MB
-    cls_index = {c: i for i, c in enumerate(CLASSES)}
-    cls_of_op = np.concatenate([np.fromiter((cls_index[c] for c in f_cls), np.int64, len(f_cls)),
-                                np.full(len(e_idx), cls_index["elementwise"], np.int64)])
-    op_prec = list(f_prec)
+    cls_of_op = np.concatenate([f_cls, np.full(len(e_idx), CLASSES.index("elementwise"), np.int64)])
+    op_prec = f_prec  # codes into `precisions`, per counted op
     # fp32 GEMMs/convs that ran TF32 Tensor Core kernels count as tf32
     if n_counted and own_k.any():
         from .tensor_cores import precision_of_name
@@ -565,7 +569,7 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
             tf32_name[nid] = precision_of_name(trace.strings[int(nid)]) == "tf32"
         tf = own_k & tf32_name[gpu.name]
         has_tf = np.bincount(owner[tf], minlength=n_own) > 0
-        op_prec = [("tf32" if p == "fp32" and has_tf[i] else p) for i, p in enumerate(op_prec)]
+        op_prec = np.where((op_prec == prec_code["fp32"]) & has_tf[:n_counted], prec_code["tf32"], op_prec)
     # per kernel share of its op's FLOPs / bytes: by kernel time (equal when all last 0 µs)
     share = np.zeros(len(gpu))
     if own_k.any():
@@ -599,8 +603,9 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
     total_flops = float(f_flops.sum())
     by_prec: Dict[str, dict] = {}
     f_step = step_of[f_idx]
-    for p in sorted(set(op_prec[:n_counted])):
-        m = np.array([q == p for q in op_prec[:n_counted]], bool)
+    for code in np.flatnonzero(np.bincount(op_prec, minlength=len(precisions))).tolist():
+        p = precisions[code]
+        m = op_prec == code
         fl = float(f_flops[m].sum())
         kus = float(op_kus[:n_counted][m].sum()) if n_counted else 0.0
         pk = tflops_peak.get(p)
@@ -613,10 +618,10 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
                                          f"with no peak for {peak['gpu']}; left out of the MFU")
     # per step
     per_step = []
-    prec_arr = np.array(op_prec[:n_counted], dtype=object) if n_counted else np.zeros(0, object)
-    ideal_per_op = np.array([(f_flops[i] / (tflops_peak[p] * 1e12) * 1e6 / n_dev)
-                             if tflops_peak.get(p) else 0.0 for i, p in enumerate(prec_arr)]) if n_counted \
-        else np.zeros(0)
+    peak_of_code = np.array([tflops_peak.get(p) or 0.0 for p in precisions], float)
+    pk_op = peak_of_code[op_prec]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ideal_per_op = np.where(pk_op > 0, f_flops / (pk_op * 1e12) * 1e6 / n_dev, 0.0)
     nums = steps.inc_numbers
     for s in range(steps.count):
         m = f_step == s
@@ -645,9 +650,10 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
         calls = int(om.sum()) if c != "other" else 0
         if not (fl or by or kus or calls):
             continue
-        precs = {}
-        for i in np.flatnonzero(om[:n_counted]) if n_counted else []:
-            precs[op_prec[i]] = precs.get(op_prec[i], 0.0) + float(f_flops[i])
+        mc = om[:n_counted]
+        # bincount adds in row order, as a running sum over the ops would
+        per_code = np.bincount(op_prec[mc], weights=f_flops[mc], minlength=len(precisions))
+        precs = {precisions[i]: float(per_code[i]) for i in np.unique(op_prec[mc]).tolist()}
         by_class[c] = {"flops": fl, "bytes": by if c != "other" else None, "kernel_us": kus,
                        "kernels": int(km.sum()), "calls": calls, "flops_by_precision": precs}
     # per kernel name (top by kernel time among the step kernels)
@@ -668,7 +674,7 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
                         "count": int(kn[j])})
     if per_op is not None and has_shape.any():
         per_op.update(_per_op(len(rows), f_idx, e_idx, anc & ~final & (step_of >= 0), f_flops, op_bytes_all,
-                              op_kus, op_prec, peak, na))
+                              op_kus, np.where(pk_op > 0, pk_op, np.nan), peak, na))
     section = {
         "flops": total_flops, "bytes": float(op_bytes_all.sum()) if n_own else 0.0, "step_us": step_us,
         "steps": int(steps.count), "flop_kernel_us": float(op_kus[:n_counted].sum()) if n_counted else 0.0,
@@ -690,22 +696,20 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
     return derive(section, na)
 
 
-def _per_op(n: int, f_idx, e_idx, inner, f_flops, op_bytes, op_kus, op_prec, peak, na) -> dict:
+def _per_op(n: int, f_idx, e_idx, inner, f_flops, op_bytes, op_kus, pk, peak, na) -> dict:
     """The Operator view's FLOP columns per op nesting entry (METRICS.md "Operator view:
     FLOPs"): ``flops`` (its own counted FLOPs: each FLOP once, on the innermost op with a
     formula), ``flop_bytes`` (bytes of counted and byte-only ops), ``flop_kernel_us`` (the
     kernels it owns, as in ``by_precision``), ``peak_us`` (FLOPs / the peak of its
     precision, µs; NaN without one), ``hbm_us`` (bytes / HBM bandwidth, µs; NaN without
-    one) and the status counts ``flop_calls``, ``byte_calls``, ``inner_calls``."""
-    tfp = (peak or {}).get("tflops") or {}
+    one) and the status counts ``flop_calls``, ``byte_calls``, ``inner_calls``. ``pk``: the
+    peak TFLOP/s of each counted op's precision (NaN without one)."""
     hbm = (peak or {}).get("hbm_gbps")
-    nc = len(f_idx)
     own = np.concatenate([f_idx, e_idx]).astype(np.int64)
     fields = {f: np.zeros(n) for f in OP_FIELDS}
     fields["flops"][f_idx] = f_flops
     fields["flop_bytes"][own] = op_bytes
     fields["flop_kernel_us"][own] = op_kus
-    pk = np.array([tfp.get(p) or np.nan for p in op_prec[:nc]], float) if nc else np.zeros(0)
     fields["peak_us"][f_idx] = np.where(f_flops > 0, f_flops / (pk * 1e12) * 1e6, 0.0)
     fields["hbm_us"][own] = op_bytes / (hbm * 1e9) * 1e6 if hbm else np.nan
     fields["flop_calls"][f_idx] = 1.0

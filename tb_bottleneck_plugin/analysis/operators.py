@@ -23,18 +23,20 @@ def _unique_rows(key) -> tuple:
     return factorize.unique_rows(key)
 
 
-def _nesting(pid, tid, ts, end, container: Optional[np.ndarray] = None):
+def _nesting(pid, tid, ts, end, container: Optional[np.ndarray] = None, threads: Optional[np.ndarray] = None):
     """Depth (0 = not inside another op of the set on its thread) and direct parent
     (index, -1 for none) of each interval. Intervals on one thread are assumed to nest
     (as the profiler writes them); an interval starting exactly when another ends is
     not inside it. Zero-length intervals get a depth but are nobody's parent.
     ``container`` (an int64 array of n, filled in place): for each zero-length interval,
     the innermost positive-length one whose [start, end) holds its time (-1 for none),
-    meaningful when the set nests (``_laminar``)."""
+    meaningful when the set nests (``_laminar``). ``threads``: dense thread ids of the rows
+    (``thread_ids``) when the caller has them."""
     n = len(ts)
     depth = np.zeros(n, np.int64)
     parent = np.full(n, -1, np.int64)
-    threads = _thread_codes(pid, tid)
+    if threads is None:
+        threads = _thread_codes(pid, tid)
     for t in range(int(threads.max()) + 1 if n else 0):
         idx = np.flatnonzero(threads == t)
         pos_mask = end[idx] > ts[idx]
@@ -52,7 +54,7 @@ def _nesting(pid, tid, ts, end, container: Optional[np.ndarray] = None):
                            - np.searchsorted(ends_sorted, ts[zero], side="right"))
         # Parent: the nearest earlier op one level up. Entries in (depth, position) order
         # ask for (depth - 1, position): sorted queries into the same sorted codes.
-        key_order = np.argsort(d_full, kind="stable")
+        key_order = _stable_order(d_full)
         kd = d_full[key_order]
         big = len(o) + 1
         code = kd * big + key_order
@@ -75,6 +77,14 @@ def _nesting(pid, tid, ts, end, container: Optional[np.ndarray] = None):
     return depth, parent
 
 
+def _stable_order(small: np.ndarray) -> np.ndarray:
+    """``np.argsort(small, kind="stable")`` of non-negative ints such as depths: as int16
+    when they fit, which numpy sorts by radix (~7x faster than an int64 merge sort)."""
+    if len(small) and 0 <= small.min() and small.max() < (1 << 15):
+        return np.argsort(small.astype(np.int16), kind="stable")
+    return np.argsort(small, kind="stable")
+
+
 def _thread_codes(pid, tid) -> np.ndarray:
     """A dense id per distinct (pid, tid) (in order of first appearance): rows come in runs
     of one thread, so only the runs' keys are hashed."""
@@ -86,6 +96,20 @@ def _thread_codes(pid, tid) -> np.ndarray:
     run_code = np.fromiter((codes.setdefault(k, len(codes)) for k in zip(pid[starts].tolist(), tid[starts].tolist())),
                            np.int64, len(starts))
     return np.repeat(run_code, np.diff(np.append(starts, n)))
+
+
+def thread_ids(pid, tid) -> np.ndarray:
+    """A dense id per distinct (pid, tid), numbered in (pid, tid) order (as
+    ``np.unique(np.stack([pid, tid], 1), axis=0, return_inverse=True)``), without a sort
+    of the rows: only the few distinct threads are ranked."""
+    codes = _thread_codes(pid, tid)
+    if not len(codes):
+        return codes
+    first = np.full(int(codes.max()) + 1, len(codes), np.int64)
+    np.minimum.at(first, codes, np.arange(len(codes)))
+    rank = np.empty(len(first), np.int64)
+    rank[np.lexsort((tid[first], pid[first]))] = np.arange(len(first))
+    return rank[codes]
 
 
 def _start_order(ts, end) -> np.ndarray:
@@ -175,10 +199,10 @@ def round3_list(values: np.ndarray) -> list:
 
 def host_nesting(trace: TraceData) -> Dict[str, np.ndarray]:
     """The nesting of every host event of one trace per thread: trace.cpu rows (every kind,
-    ProfilerStep#N included), then trace.runtime rows. ``pid``, ``tid``, ``ts``, ``dur``
-    (NaN/negative as 0), ``end``, ``depth``, ``parent`` (see ``_nesting``), ``container``
-    (zero-length events: the innermost positive-length event holding their time) and
-    ``laminar`` (``_laminar``). Source attribution walks it; ``op_nesting`` is derived from it
+    ProfilerStep#N included), then trace.runtime rows. ``pid``, ``tid``, ``thread``
+    (``thread_ids``), ``ts``, ``dur`` (NaN/negative as 0), ``end``, ``depth``, ``parent``
+    (see ``_nesting``), ``container`` (zero-length events: the innermost positive-length
+    event holding their time) and ``laminar`` (``_laminar``). Source attribution walks it; ``op_nesting`` is derived from it
     when it nests exactly, so one nesting is computed per trace. Read-only."""
     cpu, rt = trace.cpu, trace.runtime
     pid = np.concatenate([cpu.pid, rt.pid])
@@ -188,12 +212,13 @@ def host_nesting(trace: TraceData) -> Dict[str, np.ndarray]:
     end = ts + dur
     n = len(ts)
     container = np.full(n, -1, np.int64)
+    thread = thread_ids(pid, tid)
     if n:
-        depth, parent = _nesting(pid, tid, ts, end, container)
+        depth, parent = _nesting(pid, tid, ts, end, container, threads=thread)
     else:
         depth, parent = np.zeros(0, np.int64), np.zeros(0, np.int64)
-    return {"pid": pid, "tid": tid, "ts": ts, "dur": dur, "end": end, "depth": depth, "parent": parent,
-            "container": container, "laminar": _laminar(ts, end, depth, parent)}
+    return {"pid": pid, "tid": tid, "thread": thread, "ts": ts, "dur": dur, "end": end, "depth": depth,
+            "parent": parent, "container": container, "laminar": _laminar(ts, end, depth, parent)}
 
 
 def span_host_nesting(span) -> Dict[str, np.ndarray]:

@@ -17,6 +17,7 @@ stack`` arg names the executing line. ``frame_naming`` in the section says which
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 import sys
@@ -27,7 +28,7 @@ import numpy as np
 from ..trace.model import CPU_OP, CPU_PYTHON, CPU_USER_ANNOTATION, TraceData
 from . import intervals as iv
 from .breakdown import dataloader_mask
-from .operators import _nearest, _strict, _unique_rows, host_nesting, span_host_nesting
+from .operators import _nearest, _strict, host_nesting, span_host_nesting, thread_ids
 from .units import Unit, NONE_FAILED, pct
 
 NAME = "source_attribution"  # report["source"] is already the trace path
@@ -63,7 +64,6 @@ _LIB_PATH = re.compile(r"[/\\](site-packages|dist-packages)[/\\]|[/\\]lib(64)?[/
 _BACKWARD_FUNCS = frozenset({"backward", "_engine_run_backward", "grad"})
 
 
-
 def _at(values: np.ndarray, index: np.ndarray, fill) -> np.ndarray:
     """values[index] where index >= 0, else ``fill`` (also for an empty ``values``: a trace
     with GPU activity but no host events has no node to index)."""
@@ -73,6 +73,9 @@ def _at(values: np.ndarray, index: np.ndarray, fill) -> np.ndarray:
         out[ok] = values[index[ok]]
     return out
 
+
+# Frames repeat across call stacks and spans (a few thousand distinct texts): parsed once.
+@functools.lru_cache(maxsize=1 << 14)
 def parse_frame(name: str) -> Optional[Tuple[str, int, str]]:
     """``file(line): function`` -> (file, line, function); None for other names
     (``<built-in ...>``, ``nn.Module: ...``)."""
@@ -95,6 +98,7 @@ def is_library_file(path: str) -> bool:
     return top in _STDLIB or top in LIBRARY_ROOTS
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def is_user_frame(name: str) -> bool:
     parsed = parse_frame(name)
     return parsed is not None and not is_library_file(parsed[0])
@@ -199,7 +203,7 @@ def source_view(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = Non
     has_cs = np.concatenate([cpu.call_stack >= 0, np.zeros(nr, bool)]) & not_step
     has_frames = bool(is_user.any())
     has_stack = has_frames or bool(has_cs.any())
-    uf = _nearest(parent, is_user)
+    uf = _nearest(parent, is_user) if has_frames else np.full(n, -1, np.int64)
     cs = _nearest(parent, has_cs) if has_cs.any() else np.full(n, -1, np.int64)
     # --- frame key of each node ----------------------------------------------------------
     keys = _Keys()
@@ -232,13 +236,18 @@ def source_view(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = Non
     # --- autograd-engine threads: adopt the waiting Python thread's context ---------------
     anchor = np.arange(n)
     in_bwd = _nearest(parent, is_bwd) if is_bwd.any() else None
-    thr = _unique_rows(np.stack([pid, tid], 1))[1] if n else np.zeros(0, np.int64)  # dense thread ids
-    thr_pid = np.zeros(int(thr.max()) + 1 if n else 0, np.int64)
+    thr = host["thread"] if "thread" in host else thread_ids(pid, tid)  # dense, in (pid, tid) order
+    n_thr = int(thr.max()) + 1 if n else 0
+    thr_pid = np.zeros(n_thr, np.int64)
     thr_pid[thr] = pid
-    stack_threads = set(np.unique(thr[is_py | has_cs]).tolist())
-    py_threads = set(np.unique(thr[is_py]).tolist())
+
+    def threads_of(mask) -> set:
+        return set(np.flatnonzero(np.bincount(thr[mask], minlength=n_thr)).tolist())
+
+    stack_threads = threads_of(is_py | has_cs)
+    py_threads = threads_of(is_py)
     want = (key < 0) & ~is_py & (cs < 0)
-    for t in sorted(set(np.unique(thr[want]).tolist()) - stack_threads):
+    for t in sorted(threads_of(want) - stack_threads):
         q = np.flatnonzero(want & (thr == t))
         for t2 in sorted(stack_threads):
             if thr_pid[t2] != thr_pid[t] or not len(q):

@@ -23,6 +23,7 @@ correlation id and time containment, not the External id.
 """
 from __future__ import annotations
 
+import functools
 import re
 from typing import Dict, List, NamedTuple, Optional
 
@@ -217,6 +218,7 @@ def is_tensor_core_name(name: str) -> bool:
     return bool(_TC_RE.search(name)) and not TC_EXCLUDE.search(name)
 
 
+@functools.lru_cache(maxsize=1 << 14)  # kernel names repeat across uses and spans
 def precision_of_name(name: str) -> str:
     for key, rx in _PRECISION_RES:
         if rx.search(name):

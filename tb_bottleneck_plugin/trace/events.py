@@ -74,7 +74,8 @@ class Args(msgspec.Struct, omit_defaults=True, gc=False):
     # undecoded like the inputs (a few hundred distinct texts), and the autograd sequence
     # number that ties a backward op to the forward op that made its node.
     call_stack: msgspec.Raw = msgspec.field(default=_EMPTY_RAW, name="Call stack")
-    sequence: Num = msgspec.field(default=None, name="Sequence number")
+    # absent: -1 (what the column holds for "none"), so the column converts in one call
+    sequence: Num = msgspec.field(default=-1, name="Sequence number")
     # Inductor's kernel launches (cpu_op named after the kernel, torch >= 2.5): the
     # generated kernel's file, its content hash and the backend ("triton"). Strings only
     # on those events (METRICS.md §16); a value of another type is absent.
