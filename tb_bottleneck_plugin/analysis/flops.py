@@ -33,7 +33,7 @@ from ..trace.model import GPU_KERNEL, TraceData
 from . import linking
 from .accelerators import no_gpu_reason
 from . import peaks
-from .factorize import unique_rows
+from .factorize import unique_inverse, unique_rows
 from .operators import NA_FLOPS_NO_SHAPES
 
 CLASSES = ("gemm", "conv", "attention", "elementwise", "other")
@@ -660,15 +660,17 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
     top = []
     km = in_step
     if km.any():
-        ids, inv = np.unique(gpu.name[km], return_inverse=True)
+        ids, inv = unique_inverse(gpu.name[km])
         kus = np.bincount(inv, weights=kdur[km], minlength=len(ids))
         kfl = np.bincount(inv, weights=k_flops[km], minlength=len(ids))
         kby = np.bincount(inv, weights=k_bytes[km], minlength=len(ids))
         kn = np.bincount(inv, minlength=len(ids))
-        kc = k_cls[km]
+        # each name's most frequent class (the first on ties): one 2-D count
+        n_cls = len(CLASSES)
+        name_cls = np.bincount(inv * n_cls + k_cls[km], minlength=len(ids) * n_cls).reshape(-1, n_cls).argmax(1)
         order_k = np.argsort(-kus, kind="stable")[:TOP_KERNELS * 5]
         for j in order_k:
-            cls = CLASSES[int(np.bincount(kc[inv == j], minlength=len(CLASSES)).argmax())]
+            cls = CLASSES[int(name_cls[j])]
             top.append({"name": trace.strings[int(ids[j])], "class": cls, "flops": float(kfl[j]),
                         "bytes": float(kby[j]) if cls != "other" else None, "kernel_us": float(kus[j]),
                         "count": int(kn[j])})

@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import sys
 from itertools import chain
-from operator import attrgetter
+from operator import attrgetter, eq
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -197,23 +197,23 @@ class _Builder:
 
     def _stack_ids(self, raws: list) -> np.ndarray:
         """``_raw_ids`` of the old per-op ``Call stack`` texts (~1 KB each). One Python line
-        launches many ops, so most ops repeat the previous op's stack: an equality test of
-        the undecoded values (a memcmp) then replaces a bytes copy and a hash."""
+        launches many ops, so most ops repeat the previous op's stack: one C-level pass of
+        equality tests of the undecoded values (memcmp) finds the runs, and only each run's
+        first value is copied, hashed and looked up."""
+        if not raws:
+            return np.zeros(0, np.int32)
         known = self._raw_id_cache
         table = self.strings
-        ids = []
-        prev, prev_id = _EMPTY_RAW, -1  # an absent stack: id -1
-        for raw in raws:
-            if raw == prev:
-                ids.append(prev_id)
-                continue
-            key = bytes(raw)
-            i = known.get(key)
+        same = np.fromiter(map(eq, raws[1:], raws[:-1]), np.bool_, len(raws) - 1)
+        starts = np.flatnonzero(np.concatenate([[True], ~same]))
+        run_ids = []
+        for row in starts.tolist():
+            key = bytes(raws[row])
+            i = known.get(key)  # b"" (absent) -> -1
             if i is None:
                 i = known[key] = table.setdefault(str(key, "utf-8", "replace"), len(table))
-            prev, prev_id = raw, i
-            ids.append(i)
-        return np.array(ids, dtype=np.int32)
+            run_ids.append(i)
+        return np.repeat(np.array(run_ids, np.int32), np.diff(np.append(starts, len(raws))))
 
     def _decoded(self, raw):
         """A recorded input value (JSON text), decoded once per distinct text. Ops repeat

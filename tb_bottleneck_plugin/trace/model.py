@@ -235,6 +235,21 @@ class TraceMeta:
     warnings: List[str] = field(default_factory=list)
 
 
+def _predicate_key(predicate):
+    """A hashable identity of what a predicate computes, or None when it has none."""
+    code = getattr(predicate, "__code__", None)
+    if code is None:
+        return None
+    glob = getattr(predicate, "__globals__", {})
+    try:
+        key = (code, tuple(c.cell_contents for c in predicate.__closure__ or ()), predicate.__defaults__,
+               tuple((n, glob[n]) for n in code.co_names if n in glob))  # the globals it reads, as they are now
+        hash(key)
+    except (TypeError, ValueError):  # an unhashable value or an empty closure cell: not remembered
+        return None
+    return key
+
+
 @dataclass
 class TraceData:
     meta: TraceMeta
@@ -253,11 +268,30 @@ class TraceData:
 
     def string_ids(self, predicate) -> np.ndarray:
         """Ids of interned strings for which ``predicate(str)`` is true (vectorised use:
-        ``np.isin(table.name, trace.string_ids(lambda s: s.startswith("nccl")))``)."""
+        ``np.isin(table.name, trace.string_ids(lambda s: s.startswith("nccl")))``).
+
+        Remembered per predicate (its code and the values of its closure, defaults and the
+        globals it names): the analyses ask the same questions of the same table many times,
+        and the table holds long texts (call stacks, recorded inputs)."""
+        key = _predicate_key(predicate)
+        if key is None:
+            return self._scan_strings(predicate)
+        cache = self.__dict__.setdefault("_string_ids", {})
+        hit = cache.get(key)
+        if hit is None or hit[0] != len(self.strings):
+            hit = cache[key] = (len(self.strings), self._scan_strings(predicate))
+        return hit[1].copy()
+
+    def _scan_strings(self, predicate) -> np.ndarray:
         return np.fromiter((i for i, s in enumerate(self.strings) if predicate(s)), dtype=np.int32)
 
     @property
     def devices(self) -> List[int]:
-        """GPU device ids that ran any GPU activity, sorted."""
-        return sorted(int(d) for d in np.unique(self.gpu.device))
+        """GPU device ids that ran any GPU activity, sorted. Computed once per device
+        column (the analyses ask for it many times; tables are read-only once loaded)."""
+        col = self.gpu.device
+        cached = self.__dict__.get("_devices")
+        if cached is None or cached[0] is not col or cached[1] != len(col):
+            cached = self.__dict__["_devices"] = (col, len(col), sorted(int(d) for d in np.unique(col)))
+        return list(cached[2])
 
