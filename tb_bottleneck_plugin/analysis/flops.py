@@ -540,11 +540,9 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
             # else the innermost byte-only op (latest start)
             byte_only = np.zeros(len(cpu), bool)
             byte_only[rows[e_idx]] = True
-            o = np.lexsort((-cpu.ts[op], byte_only[op], call))
-            op, call = op[o], call[o]
-            firsts = np.ones(len(call), bool)
-            firsts[1:] = call[1:] != call[:-1]
-            call_owner[call[firsts]] = idx_of_row[op[firsts]]
+            best = linking.first_per_call(op, call, len(trace.runtime), (-cpu.ts, byte_only))
+            got = best >= 0
+            call_owner[got] = idx_of_row[best[got]]
         linked = is_k & (rt_of >= 0)
         owner[linked] = call_owner[rt_of[linked]]
     kdur = np.where(is_k, np.nan_to_num(gpu.dur, nan=0.0), 0.0)

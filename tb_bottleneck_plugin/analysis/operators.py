@@ -331,11 +331,9 @@ def _op_instances(trace: TraceData, nesting: Optional[Dict[str, np.ndarray]] = N
         op = local[op]
         # the innermost op around each call (the deepest of its enclosing ops; a merged
         # op's calls belong to the op it was merged into)
-        order = np.lexsort((-depth[op], call))
-        op_s, call_s = op[order], call[order]
-        first = np.ones(len(call_s), bool)
-        first[1:] = call_s[1:] != call_s[:-1]
-        inner_op, inner_call = alias[op_s[first]], call_s[first]
+        best = linking.first_per_call(op, call, len(trace.runtime), (-depth,))
+        inner_call = np.flatnonzero(best >= 0)
+        inner_op = alias[best[inner_call]]
         op, call = op[~merged[op]], call[~merged[op]]
         rt_dur = np.maximum(np.nan_to_num(trace.runtime.dur, nan=0.0), 0.0)
         self_t -= np.bincount(inner_op, weights=rt_dur[inner_call], minlength=n)

@@ -360,13 +360,7 @@ def tensor_core_usage(trace: TraceData, top_n: int = 10, not_available: Optional
     op_rows = eligible_op_rows(trace)
     pair_op, pair_rt = linking.calls_inside(trace, op_rows, among=op_calls)
     # innermost eligible op per call: latest start, then shortest
-    inner = np.full(len(trace.runtime), -1, dtype=np.int64)
-    if len(pair_op):
-        order = np.lexsort((trace.cpu.dur[pair_op], -trace.cpu.ts[pair_op], pair_rt))
-        p_rt, p_op = pair_rt[order], pair_op[order]
-        first = np.ones(len(p_rt), dtype=bool)
-        first[1:] = p_rt[1:] != p_rt[:-1]
-        inner[p_rt[first]] = p_op[first]
+    inner = linking.first_per_call(pair_op, pair_rt, len(trace.runtime), (trace.cpu.dur, -trace.cpu.ts))
     k_op = inner[rt_of_gpu[candidates]]
     hit = k_op >= 0
     k_rows, k_op = candidates[hit], k_op[hit]
