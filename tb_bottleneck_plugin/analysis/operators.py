@@ -132,13 +132,15 @@ def _nearest(parent: np.ndarray, prop: np.ndarray) -> np.ndarray:
     pointer doubling: O(n log depth), no per-node loop."""
     n = len(parent)
     jump = np.where(prop, np.arange(n), parent)
-    while True:
-        ok = jump >= 0
-        go = ok.copy()
-        go[ok] = ~prop[jump[ok]]
-        if not go.any():
-            return jump
-        jump[go] = jump[jump[go]]
+    # only the nodes still pointing at an ancestor without ``prop`` take part in a round
+    act = np.flatnonzero(jump >= 0)
+    act = act[~prop[jump[act]]]
+    while len(act):
+        nxt = jump[jump[act]]
+        jump[act] = nxt
+        act = act[nxt >= 0]
+        act = act[~prop[jump[act]]]
+    return jump
 
 
 def _strict(parent: np.ndarray, nearest: np.ndarray) -> np.ndarray:
