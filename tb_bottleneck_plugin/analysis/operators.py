@@ -353,8 +353,18 @@ def _op_instances(trace: TraceData, nesting: Optional[Dict[str, np.ndarray]] = N
     keep = ~merged
     out = {"rows": rows[keep], "ts": ts[keep], "total": dur[keep], "self": np.maximum(self_t, 0.0)[keep],
            "gpu": gpu[keep], "gpu_self": gpu_self[keep], "tc": tc[keep], "depth": depth[keep]}
-    for f, v in (flop_fields or {}).items():
-        out[f] = (np.bincount(alias, weights=v, minlength=n) if merged.any() else v)[keep]
+    if flop_fields:
+        # a merged op's numbers go to the op it is merged into: summed over those groups only
+        # (in row order, as a bincount over every row would); the other rows keep theirs
+        group = merged.copy()
+        group[alias[merged]] = True
+        g_rows = np.flatnonzero(group)
+        targets = np.unique(alias[g_rows])
+        for f, v in flop_fields.items():
+            folded = v.copy()
+            if len(g_rows):
+                folded[targets] = np.bincount(alias[g_rows], weights=v[g_rows])[targets]
+            out[f] = folded[keep]
     return out
 
 

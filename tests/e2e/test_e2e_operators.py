@@ -6,6 +6,9 @@ group-by-shape and to one step; ops whose calls carry no recorded input say "no 
 why on hover), not "not recorded". On a hand-built run whose op names and dtypes look like HTML,
 they stay text (no element is created, no dialog opens). On a run profiled without
 record_shapes the shape columns show "—" with the hover "record_shapes=True was not set".
+On the H100 BERT inference run (bf16) the FLOP columns (FLOPs, TFLOP/s, % peak, bound) show
+the route's numbers for every shown op that has them, and the panel names the GPU whose peak
+they use.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from conftest import TraceBuilder, link_demo_run, route_validator, wait_route
 RUN = "input_bound"
 HTML_RUN = "html_ops"
 NO_SHAPES_RUN = "no_shapes"
+GPU_RUN = "bert_h100"  # demo_logs/bert_h100_inference: bf16 GEMMs on an H100, record_shapes=True
 EVIL = '<img src=x onerror="alert(1)">'
 EVIL_TYPE = "<b>float</b>"
 PANEL = "#bn-panel-operators"
@@ -25,6 +29,7 @@ PANEL = "#bn-panel-operators"
 
 def _logdir(tmp_path):
     link_demo_run(tmp_path / "logs", RUN)
+    link_demo_run(tmp_path / "logs", GPU_RUN, "bert_h100_inference")
     b = TraceBuilder()
     b.step(1, 0, 1000)
     b.cpu(EVIL, 10, 300, **{"Input Dims": [[8, 16]], "Input type": [EVIL_TYPE]})
@@ -175,6 +180,33 @@ def test_operators_panel(tmp_path, tensorboard_server, browser_page):
     assert any(EVIL_TYPE in t for t in tops)
     os.makedirs("test-artifacts", exist_ok=True)
     frame.locator(PANEL).screenshot(path=os.path.join("test-artifacts", "operators_html.png"))
+
+    # a GPU run: the FLOP columns render the route's numbers (roofline.js and the Operator
+    # view format them; the server computes them, METRICS.md "Operator view: FLOPs")
+    frame.locator("#bn-run").select_option(GPU_RUN)
+    iframe.wait_for_function("() => document.querySelector('#bn-run').value === '%s' && "
+                             "document.querySelector('%s table.operators thead th[data-key=tflops]')"
+                             % (GPU_RUN, PANEL), timeout=240_000)
+    gpu_body = wait_route(base, "operators", **_selection(iframe))
+    assert not list(validate.iter_errors(gpu_body))
+    assert gpu_body["peak_gpu"] and "H100" in gpu_body["peak_gpu"]
+    iframe.click(f"{PANEL} th[data-key=tflops]")  # largest achieved TFLOP/s first
+    t = _table(iframe)
+    assert {"flops", "tflops", "pct_of_peak", "bound"} <= set(t["keys"])
+    by_name = {r["name"]: r for r in gpu_body["rows"]}
+    shown = [r for r in t["rows"] if by_name[r["name"]]["tflops"] is not None]
+    assert shown and shown[0]["name"] == max((r for r in gpu_body["rows"] if r["tflops"] is not None),
+                                             key=lambda r: r["tflops"])["name"]
+    for cells in shown:
+        want = by_name[cells["name"]]
+        got = float(cells["tflops"].replace(",", ""))
+        assert abs(got - float(f"{want['tflops']:.3g}")) <= 1e-4 + 1e-9 * want["tflops"], (cells, want)
+        assert cells["pct_of_peak"] == f"{want['pct_of_peak']:.1f}%", (cells, want)
+        assert cells["bound"] == want["bound"] and want["bound"] in ("compute", "memory")
+        assert want["pct_of_peak"] <= 100.0  # never above the GPU's peak
+    panel_text = iframe.evaluate("() => document.querySelector('%s').textContent" % PANEL)
+    assert f"the dense peak of {gpu_body['peak_gpu']}" in panel_text
+    frame.locator(PANEL).screenshot(path=os.path.join("test-artifacts", "operators_flops_h100.png"))
 
     # a run profiled without record_shapes: "—" in the shape columns, the hover says why
     frame.locator("#bn-run").select_option(NO_SHAPES_RUN)
