@@ -651,7 +651,8 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
         mc = om[:n_counted]
         # bincount adds in row order, as a running sum over the ops would
         per_code = np.bincount(op_prec[mc], weights=f_flops[mc], minlength=len(precisions))
-        precs = {precisions[i]: float(per_code[i]) for i in np.unique(op_prec[mc]).tolist()}
+        present, first = np.unique(op_prec[mc], return_index=True)  # in the order the ops come
+        precs = {precisions[i]: float(per_code[i]) for i in present[np.argsort(first)].tolist()}
         by_class[c] = {"flops": fl, "bytes": by if c != "other" else None, "kernel_us": kus,
                        "kernels": int(km.sum()), "calls": calls, "flops_by_precision": precs}
     # per kernel name (top by kernel time among the step kernels)
