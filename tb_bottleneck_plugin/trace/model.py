@@ -282,6 +282,14 @@ class TraceData:
             hit = cache[key] = (len(self.strings), self._scan_strings(predicate))
         return hit[1].copy()
 
+    def __getstate__(self):
+        """Pickled without the memos of ``string_ids`` and ``devices`` (code objects in
+        their keys do not pickle; they are rebuilt on use)."""
+        state = dict(self.__dict__)
+        state.pop("_string_ids", None)
+        state.pop("_devices", None)
+        return state
+
     def _scan_strings(self, predicate) -> np.ndarray:
         return np.fromiter((i for i, s in enumerate(self.strings) if predicate(s)), dtype=np.int32)
 

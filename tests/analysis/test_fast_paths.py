@@ -1,0 +1,110 @@
+"""The faster forms of shared steps give exactly what the plain numpy forms gave.
+
+- linking.first_per_call == the first pair per call after np.lexsort of all pairs
+- operators.thread_ids == np.unique over (pid, tid) rows; operators._nearest == the full
+  pointer doubling it replaced
+- TraceData.string_ids remembers per predicate, never across different closures or globals,
+  and a trace with its memo still pickles
+"""
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+
+from tb_bottleneck_plugin.analysis import linking, operators
+from tb_bottleneck_plugin.trace import model
+
+
+def _first_by_lexsort(op, call, n_calls, keys):
+    out = np.full(n_calls, -1, np.int64)
+    if not len(op):
+        return out
+    order = np.lexsort((*[k[op] for k in keys], call))
+    o, c = op[order], call[order]
+    first = np.r_[True, c[1:] != c[:-1]]
+    out[c[first]] = o[first]
+    return out
+
+
+def test_first_per_call_matches_lexsort():
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        n_ops, n_calls = int(rng.integers(1, 60)), int(rng.integers(1, 40))
+        # pairs as calls_inside gives them: by op, each (op, call) once
+        pairs = sorted({(int(rng.integers(0, n_ops)), int(rng.integers(0, n_calls)))
+                        for _ in range(int(rng.integers(0, 120)))})
+        op = np.array([p[0] for p in pairs], np.int64)
+        call = np.array([p[1] for p in pairs], np.int64)
+        ts = rng.integers(0, 5, n_ops).astype(float)  # ties on purpose
+        ts[rng.random(n_ops) < 0.1] = np.nan
+        dur = rng.integers(0, 3, n_ops).astype(float)
+        flag = rng.random(n_ops) < 0.5
+        for keys in ((), (dur,), (dur, -ts), (-ts, flag)):
+            got = linking.first_per_call(op, call, n_calls, keys)
+            assert (got == _first_by_lexsort(op, call, n_calls, keys)).all()
+
+
+def test_thread_ids_match_np_unique():
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        n = int(rng.integers(0, 300))
+        pid = rng.choice([7, 3, 1 << 40, -1], n)
+        tid = rng.choice([2, 9, 5], n)
+        # runs of one thread, as traces write them
+        pid, tid = np.repeat(pid, 3), np.repeat(tid, 3)
+        want = np.unique(np.stack([pid, tid], 1), axis=0, return_inverse=True)[1].reshape(-1) if len(pid) \
+            else np.zeros(0, np.int64)
+        assert (operators.thread_ids(pid, tid) == want).all()
+
+
+def test_nearest_matches_full_pointer_doubling():
+    def full(parent, prop):
+        jump = np.where(prop, np.arange(len(parent)), parent)
+        while True:
+            ok = jump >= 0
+            go = ok.copy()
+            go[ok] = ~prop[jump[ok]]
+            if not go.any():
+                return jump
+            jump[go] = jump[jump[go]]
+
+    rng = np.random.default_rng(11)
+    for _ in range(200):
+        n = int(rng.integers(1, 300))
+        parent = np.array([-1 if i == 0 or rng.random() < 0.05 else int(rng.integers(max(0, i - 5), i))
+                           for i in range(n)], np.int64)
+        prop = rng.random(n) < rng.random()
+        assert (operators._nearest(parent, prop) == full(parent, prop)).all()
+
+
+def _trace(strings):
+    return model.TraceData(meta=model.TraceMeta(source="t"), strings=strings, gpu=model.GpuTable.empty(),
+                           cpu=model.CpuTable.empty(), runtime=model.RuntimeTable.empty(),
+                           memory=model.MemoryTable.empty(), gpu_annotations=model.GpuAnnotationTable.empty())
+
+
+PREFIX = "nccl"
+
+
+def test_string_ids_memo_keys_on_closure_and_globals():
+    global PREFIX
+    t = _trace(["ncclKernel", "aten::mm", "gloo:all_reduce", "aten::add"])
+
+    def ids(prefix):
+        return t.string_ids(lambda s: s.startswith(prefix)).tolist()
+
+    assert ids("aten::") == [1, 3] and ids("gloo") == [2] and ids("aten::") == [1, 3]
+    assert t.string_ids(lambda s: s.startswith(PREFIX)).tolist() == [0]
+    PREFIX = "gloo"  # the same code, another global value: asked again, not remembered
+    try:
+        assert t.string_ids(lambda s: s.startswith(PREFIX)).tolist() == [2]
+    finally:
+        PREFIX = "nccl"
+    got = t.string_ids(lambda s: s.startswith("aten"))
+    got[:] = -5  # the caller's copy: the memo is not changed
+    assert t.string_ids(lambda s: s.startswith("aten")).tolist() == [1, 3]
+    seen = set()  # an unhashable closure value: scanned each time
+    assert t.string_ids(lambda s: s in seen or s == "aten::mm").tolist() == [1]
+    copy = pickle.loads(pickle.dumps(t))
+    assert copy.string_ids(lambda s: s.startswith("aten")).tolist() == [1, 3]
