@@ -20,8 +20,8 @@ How, and why:
   every module, a cost that grows with the amount of code and that no user pays.
 - **Modes.** `default` (decode workers as the loader chooses them) and `0`
   (TB_BOTTLENECKS_DECODE_PROCESSES=0: everything in one process).
-- **Where the time goes.** `--sections` (on by default) also runs, for each line, a fresh
-  process that loads the trace in-process and times every analysis section of
+- **Where the time goes.** Unless `--no-sections`, it also runs, for each line, fresh
+  processes that load the trace in-process and time every analysis section of
   `report.analyze_trace` once (CPU seconds, median over `--section-runs`): the growth
   split by unit.
 """
