@@ -28,7 +28,7 @@ import numpy as np
 from ..trace.model import CPU_OP, CPU_PYTHON, CPU_USER_ANNOTATION, TraceData
 from . import intervals as iv
 from .breakdown import dataloader_mask
-from .operators import _nearest, _strict, host_nesting, span_host_nesting, thread_ids
+from .operators import _nearest, _strict, host_nesting, span_host_nesting
 from .units import Unit, NONE_FAILED, pct
 
 NAME = "source_attribution"  # report["source"] is already the trace path
@@ -236,7 +236,7 @@ def source_view(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = Non
     # --- autograd-engine threads: adopt the waiting Python thread's context ---------------
     anchor = np.arange(n)
     in_bwd = _nearest(parent, is_bwd) if is_bwd.any() else None
-    thr = host["thread"] if "thread" in host else thread_ids(pid, tid)  # dense, in (pid, tid) order
+    thr = host["thread"]  # dense thread ids, in (pid, tid) order
     n_thr = int(thr.max()) + 1 if n else 0
     thr_pid = np.zeros(n_thr, np.int64)
     thr_pid[thr] = pid
