@@ -186,6 +186,25 @@ def _kernel_table_section(occ: dict) -> List[dict]:
 
 def _clean(value):
     """numpy scalars -> Python, NaN/inf -> None: plain JSON everywhere."""
+    # exact types first, and the scalars of a list in line: a report holds ~10^5 values
+    t = type(value)
+    if t is float:
+        return value if value - value == 0 else None
+    if t is dict:
+        return {k if type(k) is str else str(k): _clean(v) for k, v in value.items()}
+    if t is list or t is tuple or t is np.ndarray:
+        out = []
+        for v in (value.tolist() if t is np.ndarray else value):
+            tv = type(v)
+            if tv is float:
+                out.append(v if v - v == 0 else None)
+            elif tv is int or tv is str or v is None:
+                out.append(v)
+            else:
+                out.append(_clean(v))
+        return out
+    if t is int or t is str or value is None:
+        return value
     if isinstance(value, dict):
         return {str(k): _clean(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

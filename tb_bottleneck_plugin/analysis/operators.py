@@ -178,6 +178,18 @@ _COUNT_FIELDS = ("calls", "top_calls", "flop_calls", "byte_calls", "inner_calls"
 _EXACT_FIELDS = ("flops", "flop_bytes", "peak_us", "hbm_us")  # not rounded to 3 decimals (µs of one tiny op)
 
 
+def finite_list(values: np.ndarray) -> list:
+    """``[v if v - v == 0 else None for v in values]`` (NaN/inf -> None) without a Python
+    test per value: one ``tolist`` and a fix-up of the few non-finite rows."""
+    v = np.asarray(values, dtype=np.float64)
+    out = v.tolist()
+    bad = ~np.isfinite(v)
+    if bad.any():
+        for i in np.flatnonzero(bad).tolist():
+            out[i] = None
+    return out
+
+
 def round3_list(values: np.ndarray) -> list:
     """``[round(v, 3) for v in values]`` (None for NaN/inf), vectorised and equal to Python's
     ``round`` bit for bit: ``rint(v * 1000) / 1000`` is the double nearest the decimal
@@ -487,7 +499,7 @@ def operator_view(trace: TraceData, steps: Steps, span=None) -> dict:
                    **{f: sums[f].astype(int).tolist() for f in _COUNT_FIELDS}}
     for f in VIEW_FIELDS:
         if f in _EXACT_FIELDS:
-            out["rows"][f] = [v if v - v == 0 else None for v in sums[f].tolist()]
+            out["rows"][f] = finite_list(sums[f])
         elif f not in _COUNT_FIELDS:
             out["rows"][f] = round3_list(sums[f])
     out["rows_merged"] = int(merged)
@@ -680,10 +692,10 @@ def combine_views(views: List[dict]) -> Optional[dict]:
            "rows": {"step": [0] * len(keys), "name": [k[0] for k in keys], "input": [k[1] for k in keys]},
            "rows_merged": merged}
     for j, f in enumerate(VIEW_FIELDS):
-        col = acc.sums[j, :len(keys)].tolist()
-        out["rows"][f] = [int(x) for x in col] if f in _COUNT_FIELDS \
-            else [x if x - x == 0 else None for x in col] if f in _EXACT_FIELDS \
-            else [round(x, 3) if x - x == 0 else None for x in col]  # _us of each
+        col = acc.sums[j, :len(keys)]
+        out["rows"][f] = [int(x) for x in col.tolist()] if f in _COUNT_FIELDS \
+            else finite_list(col) if f in _EXACT_FIELDS \
+            else round3_list(col)  # _us of each
     return out
 
 

@@ -202,18 +202,11 @@ class _Builder:
         first value is copied, hashed and looked up."""
         if not raws:
             return np.zeros(0, np.int32)
-        known = self._raw_id_cache
-        table = self.strings
         same = np.fromiter(map(eq, raws[1:], raws[:-1]), np.bool_, len(raws) - 1)
         starts = np.flatnonzero(np.concatenate([[True], ~same]))
-        run_ids = []
-        for row in starts.tolist():
-            key = bytes(raws[row])
-            i = known.get(key)  # b"" (absent) -> -1
-            if i is None:
-                i = known[key] = table.setdefault(str(key, "utf-8", "replace"), len(table))
-            run_ids.append(i)
-        return np.repeat(np.array(run_ids, np.int32), np.diff(np.append(starts, len(raws))))
+        keys = list(map(bytes, map(raws.__getitem__, starts.tolist())))  # one copy per run
+        run_ids = self._raw_ids(keys)
+        return np.repeat(run_ids, np.diff(np.append(starts, len(raws))))
 
     def _decoded(self, raw):
         """A recorded input value (JSON text), decoded once per distinct text. Ops repeat
@@ -327,6 +320,7 @@ class _Builder:
             self._noted(bad, "", field, kind)
         grid, block = dims["grid"], dims["block"]
         limits = [None if a.occupancy is None else _limiting_factors(a.occupancy) for a in args]
+        nelems = [a.msg_in_nelems for a in args]
         table = model.GpuTable(
             kind=kind,
             name=self.intern([e.name for e in evs]),
@@ -348,11 +342,11 @@ class _Builder:
                                       for x in limits], dtype=np.int32),
             bytes=self._ints([a.bytes if a.bytes is not None else a.size for a in args], "", "bytes", kind,
                              min_value=-1),
-            msg_nelems=self._ints([a.msg_in_nelems for a in args], "", "In msg nelems", kind, min_value=-1),
+            msg_nelems=self._ints(nelems, "", "In msg nelems", kind, min_value=-1),
             msg_dtype=np.array([-1 if a.msg_dtype is None else self.strings.setdefault(a.msg_dtype, len(self.strings))
                                 for a in args], dtype=np.int32),
         )
-        coll = [i for i, a in enumerate(args) if a.msg_in_nelems is not None]
+        coll = [i for i, v in enumerate(nelems) if v is not None] if nelems.count(None) != len(nelems) else None
         if coll:  # collective kernels only (few): the rest keep the -1 defaults
             self._add_collective_args(table, [args[i] for i in coll], np.array(coll, np.int64), kind[coll])
         if keep is not None:
@@ -393,7 +387,9 @@ class _Builder:
         dims = self._raw_texts(dims)
         types = self._raw_texts([a.input_type for a in args])
         stacks = [a.call_stack for a in args]  # old traces only: skip the lookup without any
-        stacks = self._stack_ids(stacks) if any(map(len, stacks)) else np.full(len(evs), -1, np.int32)
+        # absent: the default Raw itself (list.count tests identity first)
+        stacks = (self._stack_ids(stacks) if stacks.count(_EMPTY_RAW) != len(stacks)
+                  else np.full(len(evs), -1, np.int32))
         table = model.CpuTable(
             kind=np.array(kinds, dtype=np.int8), category=cats, name=names,
             pid=self._ints([e.pid for e in evs], "CPU events", "pid"),

@@ -5,6 +5,7 @@
   pointer doubling it replaced
 - TraceData.string_ids remembers per predicate, never across different closures or globals,
   and a trace with its memo still pickles
+- report._clean (exact types first, list scalars in line) == the isinstance chain it replaced
 """
 from __future__ import annotations
 
@@ -108,3 +109,60 @@ def test_string_ids_memo_keys_on_closure_and_globals():
     assert t.string_ids(lambda s: s in seen or s == "aten::mm").tolist() == [1]
     copy = pickle.loads(pickle.dumps(t))
     assert copy.string_ids(lambda s: s.startswith("aten")).tolist() == [1, 3]
+
+
+def _clean_by_isinstance(value):
+    import math
+    if isinstance(value, dict):
+        return {str(k): _clean_by_isinstance(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean_by_isinstance(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return [_clean_by_isinstance(v) for v in value.tolist()]
+    if isinstance(value, (np.floating, float)):
+        v = float(value)
+        return v if math.isfinite(v) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.bool_):
+        return bool(value)
+    return value
+
+
+def test_clean_matches_the_isinstance_chain():
+    import enum
+
+    from tb_bottleneck_plugin import report
+
+    class Level(enum.IntEnum):
+        HIGH = 2
+
+    class Tag(str, enum.Enum):
+        A = "a"
+
+    rng = np.random.default_rng(3)
+    scalars = [1.5, -0.0, float("nan"), float("inf"), -float("inf"), 7, True, False, None, "x", Level.HIGH,
+               np.float64(2.5), np.float32(np.nan), np.int32(-4), np.int64(9), np.bool_(True), np.uint8(3),
+               np.float64(-np.inf), Tag.A]
+
+    def make(depth):
+        pick = int(rng.integers(0, 6 if depth < 4 else 1))
+        if pick == 0:
+            return scalars[int(rng.integers(0, len(scalars)))]
+        if pick == 1:
+            return [make(depth + 1) for _ in range(int(rng.integers(0, 6)))]
+        if pick == 2:
+            return tuple(make(depth + 1) for _ in range(int(rng.integers(0, 4))))
+        if pick == 3:
+            keys = ["k", 1, 2.5, Tag.A, None]
+            return {keys[int(rng.integers(0, len(keys)))]: make(depth + 1) for _ in range(int(rng.integers(0, 4)))}
+        if pick == 4:
+            arrays = [np.array([1.0, np.nan, -0.0, np.inf]), np.arange(4), np.array([True, False]), np.zeros((2, 2))]
+            return arrays[int(rng.integers(0, len(arrays)))]
+        return [scalars[int(rng.integers(0, len(scalars)))] for _ in range(8)]
+
+    for _ in range(300):
+        value = make(0)
+        got, want = report._clean(value), _clean_by_isinstance(value)
+        # repr: types and -0.0 too (== alone would take 1 == 1.0 == True and 0.0 == -0.0)
+        assert repr(got) == repr(want)

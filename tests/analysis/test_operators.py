@@ -301,3 +301,15 @@ def test_round3_list_equals_pythons_round_bit_for_bit():
     want = [round(v, 3) if v - v == 0 else None for v in values.tolist()]
     assert got == want
     assert [str(x) for x in got[-6:]] == [str(x) for x in want[-6:]]  # -0.0 stays -0.0
+
+
+def test_finite_list_equals_the_per_value_test():
+    """operators.finite_list (the Operator view's unrounded FLOP columns) against the
+    per-value form it replaced: NaN and inf become None, every other value (-0.0 too) is kept."""
+    rng = np.random.default_rng(11)
+    for values in (rng.random(10_000) * 1e12, np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 5e-324, 1.5]),
+                   np.zeros(0)):
+        got = operators.finite_list(values)
+        want = [v if v - v == 0 else None for v in values.tolist()]
+        assert got == want
+        assert [str(x) for x in got] == [str(x) for x in want]
