@@ -235,6 +235,7 @@ class _Builder:
         driver: List[bool] = []
         cpu: List[Event] = []
         cpu_kind: List[int] = []
+        cpu_cats: List[Tuple[str, int]] = []  # (category, events): one run per bucket, in cpu's order
         annotations: List[Event] = []
         counts = self.category_counts
         for cat, evs in by_cat.items():
@@ -256,11 +257,12 @@ class _Builder:
             else:
                 cpu += evs
                 cpu_kind += [_CPU_KIND.get(low, model.CPU_OTHER)] * len(evs)
+                cpu_cats.append(("" if cat is None else cat, len(evs)))
         if memory:
             counts["[memory]"] = counts.get("[memory]", 0) + len(memory)
         self._add_gpu(gpu, gpu_kind)
         self._add_runtime(runtime, driver)
-        self._add_cpu(cpu, cpu_kind)
+        self._add_cpu(cpu, cpu_kind, cpu_cats)
         self._add_memory(memory)
         self._add_annotations(annotations)
 
@@ -374,12 +376,14 @@ class _Builder:
         self._span(table.ts, table.ts + table.dur)
         self.runtime.append(table)
 
-    def _add_cpu(self, evs: List[Event], kinds: List[int]) -> None:
+    def _add_cpu(self, evs: List[Event], kinds: List[int], cat_runs: List[Tuple[str, int]]) -> None:
+        """``cat_runs``: the events' categories as (category, count) runs (`add` groups them)."""
         if not evs:
             return
         ts, dur, keep = self._times(evs)
         names = self.intern([e.name for e in evs])
-        cats = self.intern([e.cat if e.cat is not None else "" for e in evs])
+        # one id per run, interned in the order the events come (as per event would)
+        cats = np.repeat(self.intern([c for c, _ in cat_runs]), [n for _, n in cat_runs])
         args = [e.args or _NO_ARGS for e in evs]
         dims = [a.input_dims for a in args]
         if any(map(len, [a.input_dims_2020 for a in args])):  # traces of 2020: "Input dims"
