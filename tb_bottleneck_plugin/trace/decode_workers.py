@@ -8,6 +8,7 @@ ids, rows and warnings are the same as decoding every chunk here.
 from __future__ import annotations
 
 import collections
+import gc
 import logging
 import os
 import threading
@@ -190,6 +191,7 @@ def _worker_main(conn, owner_pid: int, slots, parent_end) -> None:
     if parent_end is not None:  # forked: this process's copy of the parent's end
         parent_end.close()
     procguard.die_with_parent(owner_pid)
+    gc.disable()  # it only decodes: no reference cycles (see loader._collector_paused)
     strings: dict = {}
     raw: dict = {b"": -1}
     try:

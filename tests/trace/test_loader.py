@@ -333,3 +333,58 @@ def test_parallel_decoding_equals_in_process(monkeypatch, name):
     assert local.op_inputs.dims == parallel.op_inputs.dims
     assert local.op_inputs.types == parallel.op_inputs.types
     assert local.meta.category_counts == parallel.meta.category_counts
+
+
+def test_collector_is_off_during_a_load_and_back_after(tmp_path):
+    """The cyclic garbage collector is paused while a trace loads (loader._collector_paused)
+    and comes back as it was: on after a load, a failed load, and the last of two loads
+    in threads; still off when the caller had turned it off."""
+    import gc
+    import threading
+
+    good = ALL_TRACES[0]
+    bad = tmp_path / "bad.pt.trace.json"
+    bad.write_text("{not json")
+    seen = []
+    original = loader._load_stream
+
+    def spy(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return original(*args, **kwargs)
+
+    assert gc.isenabled()
+    try:
+        loader._load_stream = spy
+        loader.load_trace(str(good))
+        assert seen == [False] and gc.isenabled()
+        with pytest.raises(TraceError):
+            loader.load_trace(str(bad))
+        assert gc.isenabled()
+        # two loads at once: the first to finish leaves it off for the other
+        gate, inside = threading.Event(), threading.Event()
+
+        def held(*args, **kwargs):
+            inside.set()
+            gate.wait(30)
+            return original(*args, **kwargs)
+
+        loader._load_stream = held
+        slow = threading.Thread(target=loader.load_trace, args=(str(good),))
+        slow.start()
+        assert inside.wait(30)
+        loader._load_stream = spy
+        seen.clear()
+        loader.load_trace(str(good))
+        assert seen == [False] and not gc.isenabled()
+        gate.set()
+        slow.join(60)
+        assert gc.isenabled()
+        gc.disable()
+        try:
+            loader.load_trace(str(good))
+            assert not gc.isenabled()
+        finally:
+            gc.enable()
+    finally:
+        loader._load_stream = original
+        gc.enable()
