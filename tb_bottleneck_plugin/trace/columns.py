@@ -173,6 +173,15 @@ class _Builder:
                    for i, n in zip(ids, names)]
         return np.fromiter(ids, np.int32, len(ids))
 
+    def _optional_ids(self, values: list) -> np.ndarray:
+        """String ids of optional strings (None -> -1): most columns of this kind are all
+        None (occupancy limiters, collective dtypes), found by one C-level count."""
+        if values.count(None) == len(values):
+            return np.full(len(values), -1, np.int32)
+        table = self.strings
+        return np.fromiter([-1 if v is None else table.setdefault(v, len(table)) for v in values], np.int32,
+                           len(values))
+
     @staticmethod
     def _raw_texts(raws: list) -> List[bytes]:
         """Undecoded JSON values as bytes (b"" for an absent one): one join and one split
@@ -309,7 +318,7 @@ class _Builder:
             return
         ts, dur, keep = self._times(evs)
         args = [e.args or _NO_ARGS for e in evs]
-        kind = np.array(kinds, dtype=np.int8)
+        kind = np.fromiter(kinds, np.int8, len(kinds))
         device = [a.device for a in args]
         if None in device:
             device = [a.device if a.device is not None else e.pid for a, e in zip(args, evs)]
@@ -342,13 +351,11 @@ class _Builder:
             warps_per_sm=self._floats([a.warps_per_sm for a in args], "", "warps per SM", kind),
             achieved_occupancy_pct=self._floats([a.occupancy_pct for a in args], "",
                                                 "est. achieved occupancy %", kind),
-            occupancy_limit=np.array([-1 if x is None else self.strings.setdefault(x, len(self.strings))
-                                      for x in limits], dtype=np.int32),
+            occupancy_limit=self._optional_ids(limits),
             bytes=self._ints([a.bytes if a.bytes is not None else a.size for a in args], "", "bytes", kind,
                              min_value=-1),
             msg_nelems=self._ints(nelems, "", "In msg nelems", kind, min_value=-1),
-            msg_dtype=np.array([-1 if a.msg_dtype is None else self.strings.setdefault(a.msg_dtype, len(self.strings))
-                                for a in args], dtype=np.int32),
+            msg_dtype=self._optional_ids([a.msg_dtype for a in args]),
         )
         coll = [i for i, v in enumerate(nelems) if v is not None] if nelems.count(None) != len(nelems) else None
         if coll:  # collective kernels only (few): the rest keep the -1 defaults
@@ -371,7 +378,7 @@ class _Builder:
             correlation=self._ints([a.correlation for a in args], rows, "correlation"),
             external_id=self._ints([a.external_id if a.external_id is not None else a.external_id_old
                                     for a in args], rows, "External id"),
-            is_driver=np.array(driver, dtype=np.bool_),
+            is_driver=np.fromiter(driver, np.bool_, len(driver)),
         )
         if keep is not None:
             table = table.take(keep)
@@ -397,7 +404,7 @@ class _Builder:
         stacks = (self._stack_ids(stacks) if stacks.count(_EMPTY_RAW) != len(stacks)
                   else np.full(len(evs), -1, np.int32))
         table = model.CpuTable(
-            kind=np.array(kinds, dtype=np.int8), category=cats, name=names,
+            kind=np.fromiter(kinds, np.int8, len(kinds)), category=cats, name=names,
             pid=self._ints([e.pid for e in evs], "CPU events", "pid"),
             tid=self._ints([e.tid for e in evs], "CPU events", "tid"),
             ts=ts, dur=dur,
