@@ -149,10 +149,24 @@ def _load_stream(stream, source: str, gzipped: bool, progress, limit: int) -> mo
     buf = bytearray()
     consumed = 0  # decompressed bytes before buf[0]
     state = "start"  # -> "events" -> (end)
+    # Blocks after buf, joined into a new buffer once a chunk's worth is there: one copy
+    # of each byte (growing buf block by block copied it again at every reallocation).
+    pending: List[bytes] = []
+    pending_bytes = 0
+    want = chunk_bytes  # buf + pending size at which a chunk is cut
     try:
         chunk_failed = False
         for block in blocks:
-            buf += block
+            if state == "events":
+                pending.append(block)
+                pending_bytes += len(block)
+                if len(buf) + pending_bytes < want:
+                    continue
+                buf = bytearray().join([buf, *pending])
+                pending.clear()
+                pending_bytes = 0
+            else:
+                buf += block
             if state == "start":
                 head = bytes(buf[:64]).lstrip()
                 if not head:
@@ -191,7 +205,9 @@ def _load_stream(stream, source: str, gzipped: bool, progress, limit: int) -> mo
                     if len(buf) > _MAX_EVENT_BYTES:  # no progress: not events, or one absurd event
                         raise NotATraceError(source, f"no boundary between events in {_MAX_EVENT_BYTES >> 20} MB "
                                                      f"of text after byte {consumed:,}")
+                    want = len(buf) + chunk_bytes // 4  # look again after some more text
                     continue
+                want = chunk_bytes
                 brace_end, next_start = cut
                 # The rest (usually part of one event) moves to a new buffer behind a '[';
                 # the chunk is closed with a ']' over the separator after its last '}' and
@@ -216,6 +232,9 @@ def _load_stream(stream, source: str, gzipped: bool, progress, limit: int) -> mo
         if chunk_failed:
             blocks.close()
             raise _Fallback()
+        if pending:
+            buf = bytearray().join([buf, *pending])
+            pending.clear()
         if state == "start":
             if not bytes(buf).strip():
                 raise TraceError(source, "empty file")

@@ -478,3 +478,15 @@ def test_device_properties_with_ids_that_are_not_integers(tmp_path):
     by_id = device_properties(trace)
     assert {k: p["name"] for k, p in by_id.items()} == {0: "A", 1: "B", 2: "C", 3: "D"}
     report_of(trace)
+
+
+def test_event_longer_than_several_chunks(tmp_path, monkeypatch):
+    """A chunk is cut only at an event boundary: an event many chunks long (a huge args
+    text) waits for more blocks, and every event before, inside and after it counts."""
+    monkeypatch.setattr(loader, "CHUNK_BYTES", 2048)
+    monkeypatch.setattr(loader_text, "_OUT_BYTES", 512)
+    events = [kernel(i) for i in range(300)]
+    events[150]["args"]["note"] = "x" * 20_000  # ~10 chunks with no boundary inside
+    trace = load(tmp_path, json.dumps({"traceEvents": events + [STEP]}).encode())
+    assert kernels(trace) == 300
+    assert sorted(trace.gpu.correlation.tolist()) == sorted(e["args"]["correlation"] for e in events)
