@@ -205,12 +205,13 @@ def _clean(value):
         return out
     if t is int or t is str or value is None:
         return value
+    # subclasses (a namedtuple, an OrderedDict, an array subclass) as their base type
     if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return _clean(dict(value))
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return _clean(list(value))
     if isinstance(value, np.ndarray):
-        return [_clean(v) for v in value.tolist()]
+        return _clean(np.asarray(value))
     if isinstance(value, (np.floating, float)):
         v = float(value)
         return v if math.isfinite(v) else None

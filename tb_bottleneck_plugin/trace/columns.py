@@ -174,13 +174,14 @@ class _Builder:
         return np.fromiter(ids, np.int32, len(ids))
 
     def _optional_ids(self, values: list) -> np.ndarray:
-        """String ids of optional strings (None -> -1): most columns of this kind are all
-        None (occupancy limiters, collective dtypes), found by one C-level count."""
+        """String ids of optional values (None -> -1; a number, e.g. a process group's name,
+        as its text): most columns of this kind are all None (occupancy limiters,
+        collective dtypes), found by one C-level count."""
         if values.count(None) == len(values):
             return np.full(len(values), -1, np.int32)
         table = self.strings
-        return np.fromiter([-1 if v is None else table.setdefault(v, len(table)) for v in values], np.int32,
-                           len(values))
+        return np.fromiter([-1 if v is None else table.setdefault(v if isinstance(v, str) else str(v), len(table))
+                            for v in values], np.int32, len(values))
 
     @staticmethod
     def _raw_texts(raws: list) -> List[bytes]:
@@ -508,17 +509,12 @@ class _Builder:
     def _add_collective_args(self, table, args: list, rows: np.ndarray, kind: np.ndarray) -> None:
         """Out msg nelems, Group size, Collective name, Process Group Name/Ranks and Seq
         of the kernels that carry collective metadata (``rows`` of ``table``)."""
-        def ids(values):
-            return np.array([-1 if v is None else self.strings.setdefault(v if isinstance(v, str) else str(v),
-                                                                          len(self.strings)) for v in values],
-                            dtype=np.int32)
-
         table.msg_out_nelems[rows] = self._ints([a.msg_out_nelems for a in args], "", "Out msg nelems", kind,
                                                 min_value=-1)
         table.group_size[rows] = self._ints([a.group_size for a in args], "", "Group size", kind, min_value=-1)
         table.seq[rows] = self._ints([a.seq for a in args], "", "Seq", kind, min_value=-1)
-        table.coll_name[rows] = ids([a.coll_name for a in args])
-        table.pg_name[rows] = ids([a.pg_name for a in args])
+        table.coll_name[rows] = self._optional_ids([a.coll_name for a in args])
+        table.pg_name[rows] = self._optional_ids([a.pg_name for a in args])
         table.pg_ranks[rows] = self._raw_ids(self._raw_texts([a.pg_ranks for a in args]))
 
     def merge(self, other: "_Builder") -> None:
