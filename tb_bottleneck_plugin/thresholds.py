@@ -163,3 +163,27 @@ COMPILE_RECOMPILES_PER_STEP = 0.25
 MFU_LOW_PCT = 10.0
 # ... below this: "low" (room left; well-tuned large-model training reaches 35-50 %).
 MFU_MODERATE_PCT = 30.0
+
+# --- §19 the step model (analysis/step_model.py) -------------------------------------------
+# A GPU activity that starts at most this long after its stream predecessor ended was queued
+# behind it (its start is the predecessor's end + this dispatch gap, not its launch).
+STEP_MODEL_QUEUED_GAP_US = 3.0
+# Launch latency (call start -> kernel start) used for a queued kernel, at most; the trace's
+# median latency of kernels that were not queued when smaller.
+STEP_MODEL_LAUNCH_LATENCY_US = 10.0
+# Host cost of one kernel launch when the trace has none to measure (µs).
+STEP_MODEL_LAUNCH_US = 5.0
+# One cudaGraphLaunch on the host (µs), and the gap between replayed kernels when the trace
+# replays no graph to measure it (µs).
+STEP_MODEL_GRAPH_LAUNCH_US = 20.0
+STEP_MODEL_REPLAY_GAP_US = 1.5
+# Host time per kernel launch of torch.compile'd code (Inductor's wrapper: Python call of the
+# Triton launcher) when the trace has fewer than STEP_MODEL_MIN_COMPILED_LAUNCHES launches in
+# compiled regions to measure it (µs).
+STEP_MODEL_COMPILED_HOST_US = 8.0
+STEP_MODEL_MIN_COMPILED_LAUNCHES = 50
+# Advice whose simulated saving is below this share of the step is information, never
+# medium or high (%), and advice an applied fix already took is not repeated below
+# GAIN_REPEAT_PCT.
+GAIN_INFO_PCT = 1.0
+GAIN_REPEAT_PCT = 5.0

@@ -389,7 +389,7 @@ INNER, COUNTED, BYTES = 1, 2, 3  # an op's FLOP status: its FLOPs counted in an 
 
 def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]] = None,
                  nesting=None, gpu_runtime=None, op_calls=None, user_peak=None,
-                 per_op: Optional[dict] = None) -> Optional[dict]:
+                 per_op: Optional[dict] = None, per_kernel: Optional[dict] = None) -> Optional[dict]:
     """The span's ``flops`` section (METRICS.md §15); None (with the reason) when there is
     nothing to count. ``per_op`` (a dict, filled when the FLOPs were counted): the per-op
     numbers the Operator view shows, ``{"fields": {OP_FIELDS name: array over the op
@@ -673,6 +673,15 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
             top.append({"name": trace.strings[int(ids[j])], "class": cls, "flops": float(kfl[j]),
                         "bytes": float(kby[j]) if cls != "other" else None, "kernel_us": float(kus[j]),
                         "count": int(kn[j])})
+    if per_kernel is not None:
+        # per GPU row, for the step model (analysis/step_model.py): class code (CLASSES), FLOPs,
+        # bytes and the precision of the counted op that launched it ("" when none)
+        k_prec = np.full(len(gpu), "", dtype=object)
+        counted_k = own_k & (owner < n_counted)
+        if counted_k.any():
+            k_prec[counted_k] = np.array(precisions, dtype=object)[op_prec[owner[counted_k]]]
+        per_kernel.update(cls=k_cls, flops=k_flops, bytes=k_bytes, precision=k_prec,
+                          peak_tflops=dict(tflops_peak), peak=peak)
     if per_op is not None and has_shape.any():
         per_op.update(_per_op(len(rows), f_idx, e_idx, anc & ~final & (step_of >= 0), f_flops, op_bytes_all,
                               op_kus, np.where(pk_op > 0, pk_op, np.nan), peak, na))
@@ -850,8 +859,11 @@ def _unit_compute(span):
     from .operators import span_op_nesting
 
     per_op: dict = {}
+    per_kernel: dict = {}
     span.once("flops_per_op", lambda: per_op)  # the Operator view's FLOP columns (operators.operator_view)
+    span.once("flops_per_kernel", lambda: per_kernel)  # the step model's kernel classes (analysis/step_model.py)
     return flops_report(span.trace, span.found, span.not_available, nesting=lambda: span_op_nesting(span), per_op=per_op,
+                        per_kernel=per_kernel,
                         gpu_runtime=linking.span_gpu_runtime(span), op_calls=lambda: linking.span_op_calls(span))
 
 

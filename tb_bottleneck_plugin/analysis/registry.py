@@ -11,6 +11,7 @@ from . import flops
 from . import source
 from . import collectives
 from . import copies
+from . import step_model
 from .units import Unit
 
 UNITS: List[Unit] = [
@@ -29,6 +30,7 @@ UNITS: List[Unit] = [
     context.UNIT,       # context (training/inference, graphs, compile, distributed)
     compilation.UNIT,   # compilation (torch.compile regions, breaks, recompiles, Triton kernels, CUDA graphs)
     source.UNIT,        # source_attribution (user source lines, nn.Module tree, record_function labels; §17)
+    step_model.UNIT,    # step_model (dependency graph, critical path, what-ifs; METRICS.md §19)
 ]
 
 # Cross-section links, run after every unit (span and summary alike).

@@ -1,0 +1,920 @@
+"""The step model (METRICS.md §19): one dependency graph of the profiled steps, its critical
+path, and what-if transformations re-simulated on it, so that every fix is priced in
+milliseconds on the same scale.
+
+The graph (built vectorised from the loaded columns):
+
+- **host nodes**: the runtime/driver calls of the included steps of every host thread of the
+  process, as one serial host timeline in start order (the threads that launch take turns:
+  the main thread waits in ``backward()`` while the autograd thread launches), plus a
+  zero-length marker at each step start and one at the end of the last step. Between two
+  nodes, the host's own time (``gap``): split into DataLoader wait (``__next__`` spans),
+  compile (Dynamo/Inductor spans) and host compute (the rest: Python, operators, the
+  profiler's own cost). A node's ``busy`` time is the part of the call not inside an
+  earlier call.
+- **GPU nodes**: kernels, memcpys and memsets, each after the call that launched it
+  (correlation id; an activity with no launching call hangs on the host node before it),
+  in FIFO order on its stream.
+- **edges**: host node → next host node; launch → activity (the activity starts no earlier
+  than the call start + its launch latency); stream predecessor → activity (no earlier than
+  its end + the stream's dispatch gap); every GPU activity launched before a blocking
+  synchronisation (``cudaDeviceSynchronize``, ``cudaStreamSynchronize``,
+  ``cudaEventSynchronize``, a blocking ``cudaMemcpy`` DtoH) → that call's end.
+
+Simulation: list scheduling over the graph with every duration fixed (host times as
+recorded; a sync ends at max(its start + its own cost, the end of the GPU work before it)),
+vectorised between syncs (a stream's ends are a running maximum). The unmodified graph
+reproduces the trace's step times (``model_error_pct``); a what-if changes durations or
+edges and is simulated the same way; its saving is the difference of the two simulated
+times, so every saving is on the same scale.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from .. import thresholds as T
+from ..trace.model import CPU_OP, CPU_USER_ANNOTATION, GPU_KERNEL, GPU_MEMCPY, GPU_MEMSET, TraceData
+from . import intervals as iv
+
+NAME = "step_model"
+
+# host node kinds
+H_MARKER, H_LAUNCH, H_COPY, H_SYNC, H_GRAPH, H_OTHER = 0, 1, 2, 3, 4, 5
+# GPU node classes
+C_GEMM, C_CONV, C_ATTN, C_ELEM, C_OTHER, C_COMM, C_H2D, C_D2H, C_D2D, C_MEMSET, C_TRITON = range(11)
+CLASS_NAMES = ("gemm", "conv", "attention", "elementwise", "other_kernels", "communication", "h2d", "d2h", "d2d",
+               "memset", "compiled_kernels")
+MEMORY_BOUND = (C_ELEM, C_OTHER)  # eager kernels a compiler can fuse
+
+# the critical path's composition keys (METRICS.md §19)
+HOST_PARTS = ("input_wait", "compile", "host_compute", "launch_overhead", "sync_overhead", "runtime_other")
+GPU_PARTS = tuple(f"gpu_{c}" for c in CLASS_NAMES) + ("gpu_launch_latency",)
+PARTS = HOST_PARTS + GPU_PARTS
+
+COPY_CALLS = frozenset({"cudaMemcpyAsync", "cudaMemsetAsync", "cudaMemcpy", "cudaMemset", "hipMemcpyAsync",
+                        "hipMemsetAsync", "hipMemcpy", "hipMemset", "cuMemcpyAsync", "cuMemsetD8Async",
+                        "cudaMemcpy2DAsync", "hipMemcpyWithStream", "hipMemsetD32Async", "hipMemsetD8Async"})
+
+
+@dataclass
+class Graph:
+    """The step graph of one span (module docstring). Host arrays are in host order; GPU
+    arrays in launch order (host node, then start)."""
+
+    gap: np.ndarray          # host time before the node (µs)
+    gap_input: np.ndarray    # part of gap inside DataLoader spans
+    gap_compile: np.ndarray  # part of gap inside compile spans
+    busy: np.ndarray         # the call's own host time (µs); a sync's: its cost without the wait
+    kind: np.ndarray         # H_* codes
+    eager_between: np.ndarray  # host node in an eager region between compiled graphs of a step
+    compiled: np.ndarray     # host node inside a compiled region
+    markers: np.ndarray      # host index of each included step's start marker, then the end marker
+    g_launch: np.ndarray     # host node that launched the activity
+    g_lat: np.ndarray        # launch latency: start - launching call's start, when not queued
+    g_gap: np.ndarray        # dispatch gap after the stream predecessor (µs)
+    g_dur: np.ndarray
+    g_stream: np.ndarray     # dense stream ids (device, stream)
+    g_cls: np.ndarray        # C_* codes
+    g_row: np.ndarray        # row in trace.gpu
+    g_ts: np.ndarray         # the activity's recorded start
+    g_flops: np.ndarray
+    g_bytes: np.ndarray
+    g_prec: np.ndarray       # object array: precision of the op that launched it ("" unknown)
+    step_us: np.ndarray      # measured (stretched) duration of each included step
+    step_numbers: np.ndarray
+    launch_us: float         # median host cost of one kernel launch in this trace
+    queued_latency_us: float  # launch latency used for a kernel that was queued in the trace
+
+    @property
+    def n_steps(self) -> int:
+        return len(self.step_us)
+
+
+# ---------------------------------------------------------------- building the graph
+
+def _name_mask(trace: TraceData, names: np.ndarray, pred) -> np.ndarray:
+    ids = trace.string_ids(pred)
+    return np.isin(names, ids) if len(ids) and len(names) else np.zeros(len(names), bool)
+
+
+def _cpu_intervals(trace: TraceData, pred, kinds=(CPU_OP, CPU_USER_ANNOTATION)) -> iv.Intervals:
+    cpu = trace.cpu
+    m = _name_mask(trace, cpu.name, pred) & np.isin(cpu.kind, kinds)
+    return iv.merge(cpu.ts[m], cpu.ts[m] + cpu.dur[m])
+
+
+def build_graph(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Optional[dict] = None,
+                not_available: Optional[Dict[str, str]] = None) -> Optional[Graph]:
+    """The span's graph (module docstring); None (with the reason) without steps or GPU work."""
+    from .breakdown import comm_kernel_mask, is_dataloader_name
+    from .compilation import COMPILE_NAMES, kernel_family
+    from .context import COMPILED_REGION_RE, GRAPH_LAUNCH_CALLS, TRITON_RE
+    from .signals import LAUNCH_CALLS, sync_rows
+
+    na = {} if not_available is None else not_available
+    if steps is None or steps.count == 0:
+        na[NAME] = "no included step"
+        return None
+    g, rt = trace.gpu, trace.runtime
+    if not len(g) or not len(rt):
+        na[NAME] = ("no GPU activity and runtime calls in this trace: the step model links launches to GPU work"
+                    if len(rt) or len(g) else "no GPU activity in this trace (CPU-only): nothing to model")
+        return None
+    hs, he = steps.inc_host_start, steps.inc_host_end
+    order = np.argsort(hs, kind="stable")
+    hs, he = hs[order], he[order]
+    step_us = (steps.inc_end - steps.inc_start)[order].astype(float)
+    # runtime calls inside an included step's host span
+    j = np.searchsorted(hs, rt.ts, side="right") - 1
+    inside = (j >= 0) & (rt.ts < he[np.maximum(j, 0)])
+    rows = np.flatnonzero(inside)
+    if not len(rows):
+        na[NAME] = "no runtime call inside the included steps"
+        return None
+    # host nodes: step markers + calls (+ the end marker), in start order (markers first on ties)
+    n_m = len(hs)
+    ts = np.concatenate([hs, rt.ts[rows], [he[-1]]])
+    dur = np.concatenate([np.zeros(n_m), np.nan_to_num(rt.dur[rows]), [0.0]])
+    src = np.concatenate([np.full(n_m, -1), rows, [-1]]).astype(np.int64)
+    is_marker = np.concatenate([np.ones(n_m, bool), np.zeros(len(rows), bool), [True]])
+    horder = np.lexsort((~is_marker, ts))
+    ts, dur, src, is_marker = ts[horder], dur[horder], src[horder], is_marker[horder]
+    markers = np.flatnonzero(is_marker)
+    # serial host time: the part of a call already inside an earlier one is not counted twice
+    end = ts + dur
+    prev_end = np.concatenate([[ts[0]], np.maximum.accumulate(end)[:-1]])
+    prev_end = np.maximum(prev_end, np.concatenate([[ts[0]], ts[:-1]]))
+    gap = np.maximum(ts - prev_end, 0.0)
+    busy = np.maximum(end - np.maximum(ts, prev_end), 0.0)
+    gap_lo = ts - gap
+    dl = _cpu_intervals(trace, is_dataloader_name)
+    comp = _cpu_intervals(trace, lambda s: s in COMPILE_NAMES)
+    gap_input = np.minimum(iv.covered_in(dl, gap_lo, ts), gap) if len(dl[0]) else np.zeros(len(ts))
+    gap_compile = np.minimum(iv.covered_in(comp, gap_lo, ts), gap - gap_input) if len(comp[0]) else np.zeros(len(ts))
+    # kinds
+    n_h = len(ts)
+    kind = np.full(n_h, H_OTHER, np.int8)
+    kind[is_marker] = H_MARKER
+    call = src >= 0
+    names = np.full(n_h, -1, np.int64)
+    names[call] = rt.name[src[call]]
+    kind[call & _name_mask(trace, names, lambda s: s in LAUNCH_CALLS)] = H_LAUNCH
+    kind[call & _name_mask(trace, names, lambda s: s in COPY_CALLS)] = H_COPY
+    kind[call & _name_mask(trace, names, lambda s: s in GRAPH_LAUNCH_CALLS)] = H_GRAPH
+    sync_of_rt = np.zeros(len(rt), bool)
+    sync_of_rt[sync_rows(trace, gpu_runtime)] = True
+    kind[call & sync_of_rt[np.maximum(src, 0)]] = H_SYNC
+    # compiled regions: host nodes inside them; eager between two compiled graphs of a step
+    compiled_iv = _cpu_intervals(trace, lambda s: COMPILED_REGION_RE.search(s) is not None)
+    compiled = np.zeros(n_h, bool)
+    eager_between = np.zeros(n_h, bool)
+    if len(compiled_iv[0]):
+        compiled = iv.covered_in(compiled_iv, ts, ts + np.maximum(dur, 1e-3)) > 0
+        step_of = np.maximum(np.searchsorted(ts[markers], ts, side="right") - 1, 0)
+        first = np.full(len(markers), np.inf)
+        last = np.full(len(markers), -np.inf)
+        np.minimum.at(first, step_of[compiled], ts[compiled])
+        np.maximum.at(last, step_of[compiled], ts[compiled])
+        eager_between = ~compiled & ~is_marker & (ts > first[step_of]) & (ts < last[step_of])
+
+    # GPU nodes: linked to a host node, or hung on the host node before them
+    host_of_rt = np.full(len(rt), -1, np.int64)
+    host_of_rt[src[call]] = np.flatnonzero(call)
+    glink = np.where(gpu_runtime >= 0, host_of_rt[np.maximum(gpu_runtime, 0)], -1)
+    lo_w, hi_w = float(steps.inc_start.min()), float(steps.inc_end.max())
+    unlinked = (gpu_runtime < 0) & (g.ts >= lo_w) & (g.ts < hi_w)
+    if unlinked.any():
+        glink[unlinked] = np.maximum(np.searchsorted(ts, g.ts[unlinked], side="right") - 1, 0)
+    grows = np.flatnonzero(glink >= 0)
+    gorder = np.lexsort((g.ts[grows], glink[grows]))
+    grows = grows[gorder]
+    g_launch = glink[grows]
+    g_ts, g_dur = g.ts[grows], np.nan_to_num(g.dur[grows])
+    _, g_stream = np.unique(np.stack([g.device[grows].astype(np.int64), g.stream[grows]], 1), axis=0,
+                            return_inverse=True) if len(grows) else (None, np.zeros(0, np.int64))
+    g_stream = np.asarray(g_stream, np.int64).reshape(-1)
+    # stream order = launch order (FIFO); predecessor's end
+    sorder = np.lexsort((np.arange(len(grows)), g_stream))
+    prev_end = np.full(len(grows), -np.inf)
+    if len(grows):
+        s_sorted = g_stream[sorder]
+        e_sorted = (g_ts + g_dur)[sorder]
+        same = np.concatenate([[False], s_sorted[1:] == s_sorted[:-1]])
+        pe = np.concatenate([[-np.inf], e_sorted[:-1]])
+        prev_end[sorder] = np.where(same, pe, -np.inf)
+    launch_ts = ts[g_launch]
+    # queued: launched before its stream predecessor ended, so the predecessor's end (plus the
+    # recorded dispatch gap) set its start; else its launch did (plus the recorded latency)
+    queued = np.isfinite(prev_end) & (launch_ts < prev_end)
+    lat_obs = np.maximum(g_ts - launch_ts, 0.0)
+    free_lat = lat_obs[~queued & (kind[g_launch] == H_LAUNCH)]
+    queued_latency = float(np.median(free_lat)) if len(free_lat) else T.STEP_MODEL_LAUNCH_LATENCY_US
+    queued_latency = min(queued_latency, T.STEP_MODEL_LAUNCH_LATENCY_US)
+    g_lat = np.where(queued, np.minimum(lat_obs, queued_latency), lat_obs)
+    g_gap = np.where(queued, np.maximum(g_ts - prev_end, 0.0), 0.0)
+    launches = busy[kind == H_LAUNCH]
+    launch_us = float(np.median(launches)) if len(launches) else T.STEP_MODEL_LAUNCH_US
+
+    # classes
+    g_cls = np.full(len(grows), C_OTHER, np.int8)
+    gk = g.kind[grows]
+    gname = g.name[grows]
+    flops = np.zeros(len(grows))
+    nbytes = np.zeros(len(grows))
+    prec = np.full(len(grows), "", dtype=object)
+    pk = per_kernel or {}
+    if len(pk.get("cls", ())) == len(g):
+        from .flops import CLASSES
+
+        code = {"gemm": C_GEMM, "conv": C_CONV, "attention": C_ATTN, "elementwise": C_ELEM, "other": C_OTHER}
+        table = np.array([code[c] for c in CLASSES], np.int8)
+        g_cls[:] = table[pk["cls"][grows]]
+        flops, nbytes, prec = pk["flops"][grows], pk["bytes"][grows], pk["precision"][grows]
+    is_k = gk == GPU_KERNEL
+    fam_gemm = _name_mask(trace, gname, lambda s: kernel_family(s) == "gemm")
+    fam_attn = _name_mask(trace, gname, lambda s: kernel_family(s) == "attention")
+    g_cls[is_k & fam_gemm & (g_cls == C_OTHER)] = C_GEMM
+    g_cls[is_k & fam_attn & np.isin(g_cls, (C_OTHER, C_ELEM))] = C_ATTN
+    g_cls[is_k & _name_mask(trace, gname, lambda s: TRITON_RE.search(s) is not None)] = C_TRITON
+    g_cls[comm_kernel_mask(trace)[grows]] = C_COMM
+    memcpy = gk == GPU_MEMCPY
+    g_cls[memcpy] = C_D2D
+    g_cls[memcpy & _name_mask(trace, gname, lambda s: "HtoD" in s)] = C_H2D
+    g_cls[memcpy & _name_mask(trace, gname, lambda s: "DtoH" in s)] = C_D2H
+    g_cls[gk == GPU_MEMSET] = C_MEMSET
+
+    # a sync's own cost: its time less the wait for the GPU work launched before it ends
+    if len(grows):
+        done_before = np.maximum.accumulate(g_ts + g_dur)
+        k = np.searchsorted(g_launch, np.arange(n_h), side="right") - 1
+        done = np.where(k >= 0, done_before[np.maximum(k, 0)], -np.inf)
+    else:
+        done = np.full(n_h, -np.inf)
+    sync = kind == H_SYNC
+    wait = np.clip(np.minimum(end, done) - ts, 0.0, None)
+    busy = np.where(sync, np.maximum(busy - wait, 0.0), busy)
+    return Graph(gap=gap, gap_input=gap_input, gap_compile=gap_compile, busy=busy, kind=kind,
+                 eager_between=eager_between, compiled=compiled, markers=markers, g_launch=g_launch, g_lat=g_lat,
+                 g_gap=g_gap, g_dur=g_dur, g_stream=g_stream, g_cls=g_cls, g_row=grows, g_ts=g_ts, g_flops=flops,
+                 g_bytes=nbytes, g_prec=prec, step_us=step_us, step_numbers=steps.inc_numbers[order], launch_us=launch_us,
+                 queued_latency_us=queued_latency)
+
+
+# ---------------------------------------------------------------- simulation
+
+@dataclass
+class Sim:
+    host_start: np.ndarray
+    host_end: np.ndarray
+    g_start: np.ndarray
+    g_end: np.ndarray
+    waited: np.ndarray       # per host node: the GPU node whose end ended a GPU-bound sync, else -1
+    total_us: float
+    per_step_us: np.ndarray
+
+
+def _stream_scan(ready, gap, dur, stream, e0):
+    """Ends of a batch of activities on their streams (batch order = FIFO order per stream):
+    end_j = max(ready_j, end_{j-1} + gap_j) + dur_j, the first after ``e0[stream]``.
+    A running maximum per stream: end_j = D_j + max(E0, max_{k<=j}(ready_k + dur_k - D_k))."""
+    order = np.argsort(stream, kind="stable")
+    r, gp, d, s = ready[order], gap[order], dur[order], stream[order]
+    step = gp + d
+    c = np.cumsum(step)
+    first = np.concatenate([[True], s[1:] != s[:-1]])
+    grp = np.cumsum(first) - 1
+    base = (c - step)[first][grp]
+    dd = c - base
+    x = r + d - dd
+    finite = np.isfinite(x)
+    if finite.any():
+        span = float(np.nanmax(np.where(finite, np.abs(x), np.nan))) + float(dd.max()) + 1.0
+    else:
+        span = 1.0
+    big = 4.0 * span
+    xo = np.where(finite, x + grp * big, np.nan)
+    m = np.fmax.accumulate(xo) - grp * big
+    m = np.where(np.isnan(m), -np.inf, m)
+    end = dd + np.maximum(e0[s], m)
+    out = np.empty_like(end)
+    out[order] = end
+    return out
+
+
+def simulate(gr: Graph, gap=None, busy=None, is_sync=None, g_lat=None, g_gap=None, g_dur=None,
+             g_stream=None) -> Sim:
+    """List-schedule the graph with the given durations (module docstring); any argument
+    left None is the graph's own. A GPU node with ``g_lat`` = -inf is removed (it delays
+    nothing). Vectorised between syncs; one loop iteration per sync."""
+    gap = gr.gap if gap is None else gap
+    busy = gr.busy if busy is None else busy
+    is_sync = (gr.kind == H_SYNC) if is_sync is None else is_sync
+    g_lat = gr.g_lat if g_lat is None else g_lat
+    g_gap = gr.g_gap if g_gap is None else g_gap
+    g_dur = gr.g_dur if g_dur is None else g_dur
+    g_stream = gr.g_stream if g_stream is None else g_stream
+    n_h, n_g = len(gap), len(g_dur)
+    n_s = int(g_stream.max()) + 1 if n_g else 0
+    host_start = np.empty(n_h)
+    host_end = np.empty(n_h)
+    g_end = np.zeros(n_g)
+    waited = np.full(n_h, -1, np.int64)
+    stream_end = np.zeros(n_s)
+    stream_last = np.full(n_s, -1, np.int64)
+    # GPU nodes per host node range (g_launch is sorted)
+    g_first = np.searchsorted(gr.g_launch, np.arange(n_h + 1), side="left")
+    syncs = np.flatnonzero(is_sync)
+    bounds = np.concatenate([syncs, [n_h - 1]])
+    clock, lo = 0.0, 0
+    for b in bounds:
+        b = int(b)
+        if b < lo:
+            continue
+        seg = slice(lo, b + 1)
+        adv = gap[seg] + busy[seg]
+        cs = np.cumsum(adv)
+        host_start[seg] = clock + cs - busy[seg]
+        host_end[seg] = clock + cs
+        g0, g1 = g_first[lo], g_first[b + 1]
+        if g1 > g0:
+            idx = np.arange(g0, g1)
+            ready = host_start[gr.g_launch[idx]] + g_lat[idx]
+            ends = _stream_scan(ready, g_gap[idx], g_dur[idx], g_stream[idx], stream_end)
+            g_end[idx] = ends
+            st = g_stream[idx]
+            # the last activity of each stream in the batch
+            o = np.lexsort((idx, st))
+            tail = np.concatenate([st[o][1:] != st[o][:-1], [True]])
+            stream_end[st[o][tail]] = ends[o][tail]
+            stream_last[st[o][tail]] = idx[o][tail]
+        clock = host_end[b]
+        if is_sync[b] and n_s:
+            s_best = int(np.argmax(stream_end))
+            if stream_end[s_best] > clock and stream_last[s_best] >= 0:
+                clock = float(stream_end[s_best])
+                waited[b] = stream_last[s_best]
+                host_end[b] = clock
+        lo = b + 1
+    g_start = g_end - g_dur
+    m = gr.markers
+    gpu_done = float(np.max(g_end, initial=-np.inf)) if n_g else -np.inf
+    final = max(float(host_end[m[-1]]), gpu_done)
+    starts = host_start[m]
+    bounds_t = np.concatenate([starts[1:-1], [final]])
+    per_step = np.maximum(bounds_t - starts[:-1], 0.0)
+    return Sim(host_start, host_end, g_start, g_end, waited, float(final - starts[0]), per_step)
+
+
+# ---------------------------------------------------------------- the critical path
+
+def critical_path(gr: Graph, sim: Sim, g_dur=None, g_gap=None, gap_parts=None, busy=None) -> Dict[str, float]:
+    """µs of each PARTS category on the critical path of the simulated span: walked back
+    from the end through the node that set each node's start (the stream predecessor or
+    the launch; the host predecessor or, after a GPU-bound sync, the GPU work it waited for).
+    One iteration per host/GPU switch; the parts add up to the simulated time."""
+    g_dur = gr.g_dur if g_dur is None else g_dur
+    g_gap = gr.g_gap if g_gap is None else g_gap
+    busy = gr.busy if busy is None else busy
+    n_h, n_g = len(busy), len(g_dur)
+    # host prefix sums per part (gap parts of node i, busy parts of node i)
+    other_gap = np.maximum(gr.gap - gr.gap_input - gr.gap_compile, 0.0)
+    hp_gap = {"input_wait": gr.gap_input, "compile": gr.gap_compile, "host_compute": other_gap}
+    kinds = gr.kind
+    hp_busy = {"launch_overhead": np.where(np.isin(kinds, (H_LAUNCH, H_COPY, H_GRAPH)), busy, 0.0),
+               "sync_overhead": np.where(kinds == H_SYNC, busy, 0.0),
+               "runtime_other": np.where(np.isin(kinds, (H_OTHER, H_MARKER)), busy, 0.0)}
+    cg = {k: np.concatenate([[0.0], np.cumsum(v)]) for k, v in hp_gap.items()}
+    cb = {k: np.concatenate([[0.0], np.cumsum(v)]) for k, v in hp_busy.items()}
+    # GPU: stream order, run heads (the last launch-bound node at or before each)
+    so = np.lexsort((np.arange(n_g), gr.g_stream))
+    pos = np.empty(n_g, np.int64)
+    pos[so] = np.arange(n_g)
+    s_sorted = gr.g_stream[so]
+    first = np.concatenate([[True], s_sorted[1:] != s_sorted[:-1]]) if n_g else np.zeros(0, bool)
+    prev_end = np.concatenate([[-np.inf], sim.g_end[so][:-1]]) if n_g else np.zeros(0)
+    start_sorted = sim.g_start[so]
+    bound = first | (start_sorted > prev_end + g_gap[so] + 1e-6)
+    head = np.maximum.accumulate(np.where(bound, np.arange(n_g), 0)) if n_g else np.zeros(0, np.int64)
+    cd = {}
+    for c, name in enumerate(CLASS_NAMES):
+        cd[name] = np.concatenate([[0.0], np.cumsum(np.where(gr.g_cls[so] == c, g_dur[so], 0.0))])
+    cgap = np.concatenate([[0.0], np.cumsum(g_gap[so])])
+    out = dict.fromkeys(PARTS, 0.0)
+    # sync nodes that ended GPU-bound, in host order
+    gb = np.flatnonzero(sim.waited >= 0)
+    m = gr.markers
+    final_host = float(sim.host_end[m[-1]])
+    at_gpu = n_g and float(sim.g_end.max()) > final_host
+    node = int(np.argmax(sim.g_end)) if at_gpu else int(m[-1])
+    on_gpu = bool(at_gpu)
+    for _ in range(4 * (len(gb) + 2) + 8):
+        if on_gpu:
+            p = pos[node]
+            h = int(head[p])
+            for name in CLASS_NAMES:
+                out[f"gpu_{name}"] += float(cd[name][p + 1] - cd[name][h])
+            out["gpu_launch_latency"] += float(cgap[p + 1] - cgap[h + 1])
+            hnode = int(so[h])
+            launch = int(gr.g_launch[hnode])
+            out["gpu_launch_latency"] += max(float(sim.g_start[hnode] - sim.host_start[launch]), 0.0)
+            node, on_gpu = launch, False
+            continue
+        # host: back to the last GPU-bound sync before this node
+        k = np.searchsorted(gb, node, side="left") - 1
+        b = int(gb[k]) if k >= 0 else -1
+        for key in hp_gap:
+            out[key] += float(cg[key][node + 1] - cg[key][b + 1])
+        for key in hp_busy:
+            out[key] += float(cb[key][node] - cb[key][b + 1])
+        if b < 0:
+            break
+        node, on_gpu = int(sim.waited[b]), True
+    return out
+
+
+# ---------------------------------------------------------------- what-ifs
+
+@dataclass
+class WhatIf:
+    id: str
+    label: str
+    assumption: str
+    rule: Optional[str]        # the recommendation rule it prices
+    total_us: float
+    nodes: int = 0             # how many nodes it changed (0: nothing to change)
+
+
+def _changes(gr: Graph) -> dict:
+    return {"gap": gr.gap.copy(), "busy": gr.busy.copy(), "is_sync": gr.kind == H_SYNC, "g_lat": gr.g_lat.copy(),
+            "g_gap": gr.g_gap.copy(), "g_dur": gr.g_dur.copy(), "g_stream": gr.g_stream.copy()}
+
+
+def _apply_input(gr, ch):
+    n = int((gr.gap_input > 0).sum())
+    ch["gap"] -= np.minimum(gr.gap_input, ch["gap"])
+    return n
+
+
+def _apply_pinned(gr, ch):
+    """Pageable H2D copies → async from pinned memory on a copy stream: the call costs one
+    launch, blocks nothing, and the copy overlaps the compute streams."""
+    pageable = (gr.g_cls == C_H2D) & _pageable(gr)
+    if not pageable.any():
+        return 0
+    calls = np.unique(gr.g_launch[pageable])
+    ch["busy"][calls] = np.minimum(ch["busy"][calls], gr.launch_us)
+    ch["is_sync"][calls] = False
+    ch["g_stream"][pageable] = int(gr.g_stream.max()) + 1
+    return int(pageable.sum())
+
+
+def _pageable(gr: Graph) -> np.ndarray:
+    return gr.__dict__.get("_pageable", np.zeros(len(gr.g_dur), bool))
+
+
+def _apply_sync(gr, ch):
+    n = int(ch["is_sync"].sum())
+    ch["is_sync"][:] = False
+    return n
+
+
+def _launch_runs(gr: Graph, sel_nodes: np.ndarray) -> np.ndarray:
+    """Host nodes (of ``sel_nodes``) whose gap lies between two launches of the same run:
+    the previous node is a launch too and nothing but host compute separates them."""
+    k = gr.kind
+    launch = np.isin(k, (H_LAUNCH, H_COPY))
+    prev_launch = np.concatenate([[False], launch[:-1]])
+    return sel_nodes & launch & prev_launch
+
+
+def _apply_cuda_graphs(gr, ch, replay_gap_us: float):
+    """Launches replayed from a CUDA graph: a run of launches (between syncs, input waits and
+    compiles) costs one graph launch on the host; its kernels follow each other at the
+    replay gap."""
+    inner = _launch_runs(gr, np.ones(len(gr.gap), bool))
+    if not inner.any():
+        return 0
+    host_part = ch["gap"] - gr.gap_input - gr.gap_compile
+    ch["gap"][inner] -= np.maximum(host_part[inner], 0.0)
+    ch["busy"][inner] = 0.0
+    first = np.isin(gr.kind, (H_LAUNCH, H_COPY)) & ~inner
+    ch["busy"][first] = T.STEP_MODEL_GRAPH_LAUNCH_US
+    replayed = np.isin(gr.kind[gr.g_launch], (H_LAUNCH, H_COPY))
+    ch["g_lat"][replayed] = np.minimum(ch["g_lat"][replayed], replay_gap_us)
+    ch["g_gap"][replayed] = np.minimum(ch["g_gap"][replayed], replay_gap_us)
+    return int(inner.sum())
+
+
+def _chains(gr: Graph, cls_ok: np.ndarray) -> np.ndarray:
+    """Chain id per GPU node (-1 outside a chain): a maximal run of ``cls_ok`` kernels that
+    follow each other on one stream (launch order), with no other activity between."""
+    n = len(gr.g_dur)
+    so = np.lexsort((np.arange(n), gr.g_stream))
+    ok = cls_ok[so]
+    s = gr.g_stream[so]
+    new = ok & ~np.concatenate([[False], ok[:-1] & (s[1:] == s[:-1])])
+    cid = np.cumsum(new) - 1
+    out = np.full(n, -1, np.int64)
+    out[so[ok]] = cid[ok]
+    return out
+
+
+def _apply_fusion(gr, ch, compiled_host_us: float):
+    """torch.compile on an eager run: each chain of memory-bound kernels between two compute
+    kernels on a stream becomes one kernel that makes one pass over the chain's largest
+    tensors (the time of its longest member); each remaining launch costs the host
+    ``compiled_host_us`` (Inductor's wrapper instead of the eager dispatcher)."""
+    mem = np.isin(gr.g_cls, MEMORY_BOUND) & (gr.g_dur > 0)
+    cid = _chains(gr, mem)
+    inchain = cid >= 0
+    if not inchain.any():
+        return 0
+    n_c = int(cid.max()) + 1
+    longest = np.zeros(n_c)
+    np.maximum.at(longest, cid[inchain], gr.g_dur[inchain])
+    # the chain's first member (launch order) keeps the fused kernel, the others vanish
+    idx = np.flatnonzero(inchain)
+    first_of = np.full(n_c, np.iinfo(np.int64).max)
+    np.minimum.at(first_of, cid[inchain], idx)
+    head = np.zeros(len(gr.g_dur), bool)
+    head[first_of[first_of < len(gr.g_dur)]] = True
+    gone = inchain & ~head
+    ch["g_dur"][head] = longest[cid[head]]
+    ch["g_dur"][gone] = 0.0
+    ch["g_gap"][gone] = 0.0
+    ch["g_lat"][gone] = -np.inf
+    # host: launches of vanished kernels cost nothing; every other launch in a run of launches
+    # costs the compiled wrapper's time (host compute before it included)
+    gone_calls = np.zeros(len(gr.gap), bool)
+    gone_calls[gr.g_launch[gone]] = True
+    keep_calls = np.zeros(len(gr.gap), bool)
+    keep_calls[gr.g_launch[~gone]] = True
+    gone_calls &= ~keep_calls
+    launchish = np.isin(gr.kind, (H_LAUNCH, H_COPY))
+    host_part = np.maximum(ch["gap"] - gr.gap_input - gr.gap_compile, 0.0)
+    inner = _launch_runs(gr, np.ones(len(gr.gap), bool))
+    own = ch["busy"] + np.where(inner, host_part, 0.0)
+    target = np.where(gone_calls, 0.0, np.minimum(own, compiled_host_us))
+    cut = np.where(launchish & ~gr.compiled, own - target, 0.0)
+    from_gap = np.where(inner, np.minimum(cut, host_part), 0.0)
+    ch["gap"] -= from_gap
+    ch["busy"] -= np.minimum(cut - from_gap, ch["busy"])
+    return int(gone.sum())
+
+
+def _apply_bf16(gr, ch, speedup_of):
+    """fp32/tf32 GEMM, conv and attention kernels on Tensor Cores in bf16: each runs
+    ``speedup_of[precision]`` times faster (the ratio of the GPU's peaks, METRICS §19)."""
+    n = 0
+    for p, sp in speedup_of.items():
+        m = np.isin(gr.g_cls, (C_GEMM, C_CONV, C_ATTN)) & (gr.g_prec == p) & (sp > 1)
+        if m.any():
+            ch["g_dur"][m] = gr.g_dur[m] / sp
+            n += int(m.sum())
+    return n
+
+
+def _apply_compile_breaks(gr, ch, compiled_host_us: float):
+    """A graph break removed and compile time inside the steps → 0: the eager region between
+    two compiled graphs runs as the compiled regions of the same trace do (its launches at
+    their host cost per launch, its syncs gone)."""
+    n = int((gr.gap_compile > 0).sum())
+    ch["gap"] -= np.minimum(gr.gap_compile, ch["gap"])
+    e = gr.eager_between
+    if e.any():
+        host_part = np.maximum(ch["gap"] - gr.gap_input - gr.gap_compile, 0.0)
+        launchish = np.isin(gr.kind, (H_LAUNCH, H_COPY))
+        own = np.where(e & launchish, ch["busy"] + host_part, 0.0)
+        target = np.minimum(own, compiled_host_us)
+        ch["gap"][e] -= np.where(launchish[e], np.minimum(own[e] - target[e], host_part[e]), host_part[e])
+        ch["busy"][e & launchish] = np.minimum(ch["busy"][e & launchish], compiled_host_us)
+        ch["is_sync"][e] = False
+        n += int(e.sum())
+    return n
+
+
+def _apply_d2d(gr, ch):
+    m = gr.g_cls == C_D2D
+    ch["g_dur"][m] = 0.0
+    return int(m.sum())
+
+
+def _apply_comm(gr, ch):
+    """Exposed communication overlapped: collectives move to a stream of their own, and the
+    kernels the trace shows starting right at a collective's end (held back by it) start at
+    their launch instead."""
+    m = gr.g_cls == C_COMM
+    if not m.any():
+        return 0
+    ch["g_stream"][m] = int(gr.g_stream.max()) + 1
+    comm_end = np.sort(gr.g_ts[m] + gr.g_dur[m])
+    k = np.searchsorted(comm_end, gr.g_ts, side="right") - 1
+    held = ~m & (k >= 0) & (gr.g_ts - comm_end[np.maximum(k, 0)] <= T.STEP_MODEL_QUEUED_GAP_US) \
+        & (gr.g_lat > gr.queued_latency_us)
+    ch["g_lat"][held] = gr.queued_latency_us
+    ch["g_gap"][held] = np.minimum(ch["g_gap"][held], T.STEP_MODEL_QUEUED_GAP_US)
+    return int(m.sum())
+
+
+def _apply_roofline(gr, ch, peak: Optional[dict]):
+    """The ceiling (never a recommendation): every kernel with FLOPs or bytes at its roofline
+    time, max(FLOPs / its precision's peak, bytes / HBM bandwidth), when that is shorter."""
+    if not peak:
+        return 0
+    tf = peak.get("tflops") or {}
+    hbm = peak.get("hbm_gbps")
+    t_flop = np.zeros(len(gr.g_dur))
+    for p, v in tf.items():
+        if isinstance(v, (int, float)) and v > 0:
+            m = gr.g_prec == p
+            t_flop[m] = gr.g_flops[m] / (v * 1e12) * 1e6
+    t_mem = gr.g_bytes / (hbm * 1e9) * 1e6 if hbm else np.zeros(len(gr.g_dur))
+    ideal = np.maximum(t_flop, t_mem)
+    m = (ideal > 0) & (ideal < gr.g_dur) & (gr.g_cls != C_COMM)
+    ch["g_dur"][m] = ideal[m]
+    return int(m.sum())
+
+
+def _total(gr: Graph, ch: dict) -> float:
+    return simulate(gr, **ch).total_us
+
+
+# ---------------------------------------------------------------- the section
+
+def _tc_speedups(peak_tflops: dict, major: Optional[int], amd: bool) -> Dict[str, float]:
+    """Per precision, how much faster its GEMM/conv kernels run in bf16 (fp16 before Ampere):
+    the ratio of the peaks, fp32 keeping T.TC_FP32_PEAK_FRACTION_KEPT of it (a kernel moved to
+    Tensor Cores reaches a smaller fraction of the higher peak); without peaks the
+    generation's table (thresholds.TC_SPEEDUP_BY_COMPUTE_MAJOR)."""
+    target = "fp16" if (major is not None and major < 8 and not amd) else "bf16"
+    top = peak_tflops.get(target)
+    out = {}
+    for p in ("fp32", "tf32"):
+        own = peak_tflops.get(p)
+        if isinstance(top, (int, float)) and isinstance(own, (int, float)) and own > 0:
+            out[p] = top / own * (T.TC_FP32_PEAK_FRACTION_KEPT if p == "fp32" else 1.0)
+    if "fp32" not in out:
+        table = T.TC_SPEEDUP_BY_COMPUTE_MAJOR
+        out["fp32"] = float(table.get(None if amd else major, table[None]))
+    return out
+
+
+WHAT_IFS = (
+    ("input", "input_bound", "The DataLoader keeps up (enough workers)",
+     "the DataLoader wait between the host's calls → 0 (batches loaded in background workers)"),
+    ("pinned_h2d", "pageable_h2d", "Input copies from pinned memory, overlapped",
+     "each pageable host-to-device copy → an asynchronous copy from pinned memory on a copy stream: "
+     "the call costs one launch and blocks nothing"),
+    ("sync", "synchronization", "No host-device synchronisation in the step",
+     "every blocking sync call (.item(), .cpu(), nonzero, synchronize) → its own cost without the wait: "
+     "the host runs ahead and the GPU no longer drains"),
+    ("cuda_graphs", None, "Launches replayed from CUDA graphs",
+     "each run of launches between syncs → one graph launch on the host; its kernels follow each "
+     "other at the replay gap"),
+    ("torch_compile", None, "torch.compile: memory-bound chains fused, compiled launches",
+     "each chain of memory-bound kernels between two compute kernels → one kernel as long as its longest "
+     "member (one pass over the largest tensors); every other launch at the compiled host cost per launch"),
+    ("bf16", "tensor_cores_unused", "fp32 matmul/conv on Tensor Cores (bf16)",
+     "fp32/tf32 GEMM, conv and attention kernels → their time divided by the ratio of the GPU's bf16 peak "
+     "to their precision's peak (fp32 keeps half of it)"),
+    ("graph_breaks", "torch_compile", "Graph breaks removed, no compiling in the steps",
+     "compile time inside the steps → 0; the eager region between two compiled graphs runs as the compiled "
+     "regions do (their host cost per launch, no sync)"),
+    ("overlap_comm", "communication", "Communication overlapped with compute",
+     "collectives on their own stream; the compute kernels no longer wait for them"),
+    ("d2d", "d2d_copies", "No device-to-device copies",
+     "device-to-device copies → 0"),
+    ("warmup", "warmup_outlier", "No one-off warm-up call in the steps",
+     "the longest runtime call → the median cost of its kind"),
+)
+
+
+def _rule_of(wid: str, ctx: dict) -> Optional[str]:
+    return {"cuda_graphs": "small_kernels" if ctx.get("torch_compile") else None,
+            "torch_compile": None if ctx.get("torch_compile") else "small_kernels"}.get(wid)
+
+
+def step_model(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Optional[dict] = None,
+               context: Optional[dict] = None, device_properties=None,
+               not_available: Optional[Dict[str, str]] = None) -> Optional[dict]:
+    """The span's ``step_model`` section (METRICS.md §19)."""
+    na = {} if not_available is None else not_available
+    gr = build_graph(trace, steps, gpu_runtime, per_kernel, na)
+    if gr is None:
+        return None
+    ctx = context or {}
+    # pageable copies (by the copy's name)
+    pageable_ids = trace.string_ids(lambda s: "HtoD" in s and "Pageable" in s)
+    gr.__dict__["_pageable"] = np.isin(trace.gpu.name[gr.g_row], pageable_ids) if len(pageable_ids) \
+        else np.zeros(len(gr.g_row), bool)
+    base = simulate(gr)
+    measured = float(gr.step_us.sum())
+    n = gr.n_steps
+    path = critical_path(gr, base)
+    # host cost per launch inside compiled regions (this trace), else the documented constant
+    comp_launch = gr.compiled & np.isin(gr.kind, (H_LAUNCH, H_COPY))
+    if comp_launch.sum() >= T.STEP_MODEL_MIN_COMPILED_LAUNCHES:
+        inner = _launch_runs(gr, comp_launch)
+        per = gr.busy[comp_launch].sum() + np.maximum(gr.gap - gr.gap_input - gr.gap_compile, 0.0)[inner].sum()
+        compiled_host_us = float(per / comp_launch.sum())
+        compiled_host_src = "measured in this trace's compiled regions"
+    else:
+        compiled_host_us = T.STEP_MODEL_COMPILED_HOST_US
+        compiled_host_src = "thresholds.STEP_MODEL_COMPILED_HOST_US"
+    # the replay gap between kernels launched by one graph launch, else the constant
+    graph_kernels = gr.kind[gr.g_launch] == H_GRAPH
+    replay_gap = T.STEP_MODEL_REPLAY_GAP_US
+    if graph_kernels.sum() > 8:
+        replay_gap = float(np.median(gr.g_gap[graph_kernels]))
+    majors = [p.get("computeMajor") for p in device_properties or [] if isinstance(p, dict)]
+    majors = [m for m in majors if isinstance(m, int) and not isinstance(m, bool)]
+    amd = any("gcnArchName" in p or p.get("warpSize") == 64 for p in device_properties or [] if isinstance(p, dict))
+    pk = per_kernel or {}
+    speedups = _tc_speedups(pk.get("peak_tflops") or {}, min(majors) if majors else None, amd)
+
+    rows = []
+    warm = None
+    if len(gr.busy):
+        warm = int(np.argmax(np.where(gr.kind == H_MARKER, -1.0, gr.busy)))
+    for wid, rule, label, assumption in WHAT_IFS:
+        ch = _changes(gr)
+        if wid == "input":
+            changed = _apply_input(gr, ch)
+        elif wid == "pinned_h2d":
+            changed = _apply_pinned(gr, ch)
+        elif wid == "sync":
+            changed = _apply_sync(gr, ch)
+        elif wid == "cuda_graphs":
+            if ctx.get("cuda_graphs"):
+                continue
+            changed = _apply_cuda_graphs(gr, ch, replay_gap)
+            assumption = assumption + f" ({replay_gap:.1f} µs)"
+        elif wid == "torch_compile":
+            if ctx.get("torch_compile"):
+                continue
+            changed = _apply_fusion(gr, ch, compiled_host_us)
+            assumption = assumption + f" ({compiled_host_us:.1f} µs, {compiled_host_src})"
+        elif wid == "bf16":
+            changed = _apply_bf16(gr, ch, speedups)
+            assumption = assumption + " (" + ", ".join(f"{p} {s:.1f}x" for p, s in speedups.items()) + ")"
+        elif wid == "graph_breaks":
+            if not ctx.get("torch_compile"):
+                continue
+            changed = _apply_compile_breaks(gr, ch, compiled_host_us)
+            assumption = assumption + f" ({compiled_host_us:.1f} µs per launch, {compiled_host_src})"
+        elif wid == "overlap_comm":
+            changed = _apply_comm(gr, ch)
+        elif wid == "d2d":
+            changed = _apply_d2d(gr, ch)
+        else:  # warmup
+            if warm is None:
+                continue
+            same = gr.kind == gr.kind[warm]
+            typical = float(np.median(gr.busy[same])) if same.any() else 0.0
+            ch["busy"][warm] = min(ch["busy"][warm], typical)
+            changed = 1
+        if not changed:
+            continue
+        total = _total(gr, ch)
+        rows.append(_row(wid, rule or _rule_of(wid, ctx), label, assumption, base.total_us, total, measured, n,
+                         changed))
+    # all fixes together (the recommendation what-ifs, each once)
+    ch = _changes(gr)
+    applied = []
+    for r in sorted(rows, key=lambda r: -r["saving_us"]):
+        if r["saving_us"] <= 0 or r["id"] == "warmup":
+            continue
+        wid = r["id"]
+        if wid == "input":
+            _apply_input(gr, ch)
+        elif wid == "pinned_h2d":
+            _apply_pinned(gr, ch)
+        elif wid == "sync":
+            _apply_sync(gr, ch)
+        elif wid == "cuda_graphs":
+            _apply_cuda_graphs(gr, ch, replay_gap)
+        elif wid == "torch_compile":
+            _apply_fusion(gr, ch, compiled_host_us)
+        elif wid == "bf16":
+            _apply_bf16(gr, ch, speedups)
+        elif wid == "graph_breaks":
+            _apply_compile_breaks(gr, ch, compiled_host_us)
+        elif wid == "overlap_comm":
+            _apply_comm(gr, ch)
+        elif wid == "d2d":
+            _apply_d2d(gr, ch)
+        applied.append(wid)
+    all_total = _total(gr, ch) if applied else base.total_us
+    ceiling = None
+    peak = pk.get("peak")
+    if peak and len(pk.get("flops", ())):
+        ch = _changes(gr)
+        if _apply_roofline(gr, ch, peak):
+            ceiling = _row("roofline", None, "Every kernel at its roofline (the ceiling)",
+                           "each kernel with counted FLOPs or bytes → max(FLOPs / its precision's peak, bytes / HBM "
+                           "bandwidth); a bound, never a recommendation", base.total_us, _total(gr, ch), measured, n, 1)
+    else:
+        na[f"{NAME}.ceiling"] = "no FLOPs and peak for this trace (record_shapes=True and a known GPU): no roofline"
+    return {
+        "steps": n, "step_us": measured, "model_us": base.total_us,
+        "model_error_pct": 100.0 * (base.total_us - measured) / measured if measured > 0 else None,
+        "host_nodes": int(len(gr.busy)), "gpu_nodes": int(len(gr.g_dur)),
+        "syncs": int((gr.kind == H_SYNC).sum()),
+        "critical_path_us": {k: v for k, v in path.items()},
+        "per_step": [{"step": int(num), "step_us": float(s), "model_us": float(m)}
+                     for num, s, m in zip(gr.step_numbers, gr.step_us, base.per_step_us)],
+        "what_if": sorted(rows, key=lambda r: -r["saving_us"]),
+        "all_fixes": {"ids": applied, "model_us": all_total, **_saving(base.total_us, all_total, measured, n)},
+        "ceiling": ceiling,
+        "assumptions": {"launch_us": gr.launch_us, "compiled_host_us": compiled_host_us,
+                        "replay_gap_us": replay_gap, "queued_latency_us": gr.queued_latency_us,
+                        "tc_speedup": speedups},
+    }
+
+
+def _saving(base_us: float, total_us: float, measured: float, n: int) -> dict:
+    saving = max(base_us - total_us, 0.0)
+    return {"saving_us": saving, "saving_pct": 100.0 * saving / measured if measured > 0 else None,
+            "step_ms": measured / n / 1000 if n else None,
+            "predicted_step_ms": (measured - saving) / n / 1000 if n else None}
+
+
+def _row(wid, rule, label, assumption, base_us, total_us, measured, n, changed) -> dict:
+    return {"id": wid, "rule": rule, "label": label, "assumption": assumption, "model_us": total_us,
+            "changed": int(changed), **_saving(base_us, total_us, measured, n)}
+
+
+# ---------------------------------------------------------------- metric unit
+
+def _unit_compute(span):
+    from .linking import span_gpu_runtime
+
+    per_kernel = span.once("flops_per_kernel", lambda: {})
+    return step_model(span.trace, span.found, span_gpu_runtime(span), per_kernel=per_kernel,
+                      context=span.report.get("context"), device_properties=span.trace.meta.device_properties,
+                      not_available=span.not_available)
+
+
+def _unit_partial(report: dict) -> dict:
+    sec = report.get(NAME) or {}
+    if not sec:
+        return {"sum:step_us": None, "sum:steps": 0}
+    rows = {r["id"]: {"first:id": r["id"], "first:rule": r.get("rule"), "first:label": r.get("label"),
+                      "first:assumption": r.get("assumption"), "sum:saving_us": r.get("saving_us"),
+                      "sum:changed": r.get("changed") or 0} for r in sec.get("what_if") or []}
+    ceil = sec.get("ceiling") or {}
+    return {"sum:step_us": sec.get("step_us"), "sum:steps": sec.get("steps") or 0, "sum:model_us": sec.get("model_us"),
+            "sum:host_nodes": sec.get("host_nodes") or 0, "sum:gpu_nodes": sec.get("gpu_nodes") or 0,
+            "sum:syncs": sec.get("syncs") or 0,
+            "keyed:critical_path_us": {k: {"sum:us": v} for k, v in (sec.get("critical_path_us") or {}).items()},
+            "keyed:what_if": rows,
+            "sum:all_saving_us": (sec.get("all_fixes") or {}).get("saving_us"),
+            "rows:all_ids": list((sec.get("all_fixes") or {}).get("ids") or []),
+            "sum:ceiling_saving_us": ceil.get("saving_us") if ceil else 0.0,
+            "first:ceiling": {k: ceil.get(k) for k in ("label", "assumption")} if ceil else None}
+
+
+def _unit_finish(m: dict) -> Optional[dict]:
+    from .units import num
+
+    measured, n = num(m.get("sum:step_us")), int(m.get("sum:steps") or 0)
+    if not measured or not n:
+        return None
+    model = num(m.get("sum:model_us"))
+
+    def saving(us):
+        us = num(us) or 0.0
+        return {"saving_us": us, "saving_pct": 100.0 * us / measured, "step_ms": measured / n / 1000,
+                "predicted_step_ms": (measured - us) / n / 1000}
+
+    rows = [{"id": r["first:id"], "rule": r["first:rule"], "label": r["first:label"],
+             "assumption": r["first:assumption"], "changed": int(r["sum:changed"] or 0),
+             "model_us": (model - (num(r["sum:saving_us"]) or 0.0)) if model is not None else None,
+             **saving(r["sum:saving_us"])} for r in (m.get("keyed:what_if") or {}).values()]
+    ceil = m.get("first:ceiling")
+    return {"steps": n, "step_us": measured, "model_us": model,
+            "model_error_pct": 100.0 * (model - measured) / measured if model is not None else None,
+            "host_nodes": int(m.get("sum:host_nodes") or 0), "gpu_nodes": int(m.get("sum:gpu_nodes") or 0),
+            "syncs": int(m.get("sum:syncs") or 0),
+            "critical_path_us": {k: v["sum:us"] for k, v in (m.get("keyed:critical_path_us") or {}).items()},
+            "per_step": [],
+            "what_if": sorted(rows, key=lambda r: -r["saving_us"]),
+            "all_fixes": {"ids": list(dict.fromkeys(m.get("rows:all_ids") or [])),
+                          "model_us": (model - (num(m.get("sum:all_saving_us")) or 0.0)) if model is not None else None,
+                          **saving(m.get("sum:all_saving_us"))},
+            "ceiling": ({**ceil, "id": "roofline", "rule": None, "changed": 1, **saving(m.get("sum:ceiling_saving_us"))}
+                        if ceil else None),
+            "assumptions": None}
+
+
+def _unit():
+    from .units import Unit
+
+    return Unit(NAME, _unit_compute, _unit_partial, _unit_finish, requires=("steps", "context"))
+
+
+UNIT = _unit()
