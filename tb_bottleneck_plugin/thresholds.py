@@ -180,7 +180,7 @@ STEP_MODEL_REPLAY_GAP_US = 1.5
 # Host time per kernel launch of torch.compile'd code (Inductor's wrapper: Python call of the
 # Triton launcher) when the trace has fewer than STEP_MODEL_MIN_COMPILED_LAUNCHES launches in
 # compiled regions to measure it (µs).
-STEP_MODEL_COMPILED_HOST_US = 8.0
+STEP_MODEL_COMPILED_HOST_US = 34.0
 STEP_MODEL_MIN_COMPILED_LAUNCHES = 50
 # Advice whose simulated saving is below this share of the step is information, never
 # medium or high (%), and advice an applied fix already took is not repeated below

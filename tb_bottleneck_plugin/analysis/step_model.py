@@ -31,6 +31,7 @@ times, so every saving is on the same scale.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, replace
 from typing import Dict, List, Optional
 
@@ -49,6 +50,18 @@ C_GEMM, C_CONV, C_ATTN, C_ELEM, C_OTHER, C_COMM, C_H2D, C_D2H, C_D2D, C_MEMSET, 
 CLASS_NAMES = ("gemm", "conv", "attention", "elementwise", "other_kernels", "communication", "h2d", "d2h", "d2d",
                "memset", "compiled_kernels")
 MEMORY_BOUND = (C_ELEM, C_OTHER)  # eager kernels a compiler can fuse
+# Kernels that reduce (a fused kernel ends with one: Inductor fuses the pointwise work before
+# a reduction into it, and starts a new kernel after it)
+REDUCTION_RE = re.compile(r"(?i)reduce|softmax|norm|welford|cross_entropy|nll_loss|argmax|topk|scan|cumsum")
+# GEMM kernels instantiated for operands not aligned to 16 bytes (a dimension not a multiple
+# of 8 in 16-bit types): CUTLASS names say `align1`/`align2`. Inductor pads such matmuls
+# (torch._inductor.config.shape_padding) so they run at the speed of the aligned ones.
+MISALIGNED_RE = re.compile(r"_align[12](?:\b|_|>|$)")
+# Compile-time work inside the steps, beyond the Dynamo/Inductor spans the Compilation section
+# counts (compilation.COMPILE_NAMES): every `(dynamo_timed)` phase, Triton autotuning at a
+# new graph's first call, loading compiled code from the caches.
+COMPILE_WORK_RE = re.compile(r"\(dynamo_timed\)$|^CachingAutotuner\.|^PyCodeCache\.|^AOTAutogradCache\.|"
+                             r"^FxGraphCache\.|^async_compile\.|^StaticAutotunerFuture\.")
 
 # the critical path's composition keys (METRICS.md §19)
 HOST_PARTS = ("input_wait", "compile", "host_compute", "launch_overhead", "sync_overhead", "runtime_other")
@@ -72,6 +85,7 @@ class Graph:
     kind: np.ndarray         # H_* codes
     eager_between: np.ndarray  # host node in an eager region between compiled graphs of a step
     compiled: np.ndarray     # host node inside a compiled region
+    compiling: np.ndarray    # host node inside compile-time work (its GPU work: autotuning)
     markers: np.ndarray      # host index of each included step's start marker, then the end marker
     g_launch: np.ndarray     # host node that launched the activity
     g_lat: np.ndarray        # launch latency: start - launching call's start, when not queued
@@ -84,6 +98,9 @@ class Graph:
     g_flops: np.ndarray
     g_bytes: np.ndarray
     g_prec: np.ndarray       # object array: precision of the op that launched it ("" unknown)
+    g_reduction: np.ndarray  # a reduction kernel (ends a fusion group)
+    g_tc: np.ndarray         # a Tensor Core kernel (by name)
+    g_misaligned: np.ndarray  # a GEMM kernel built for unaligned operands (CUTLASS alignN, N < 8 / 4)
     step_us: np.ndarray      # measured (stretched) duration of each included step
     step_numbers: np.ndarray
     launch_us: float         # median host cost of one kernel launch in this trace
@@ -114,6 +131,7 @@ def build_graph(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Op
     from .compilation import COMPILE_NAMES, kernel_family
     from .context import COMPILED_REGION_RE, GRAPH_LAUNCH_CALLS, TRITON_RE
     from .signals import LAUNCH_CALLS, sync_rows
+    from .tensor_cores import tensor_core_kernel_mask
 
     na = {} if not_available is None else not_available
     if steps is None or steps.count == 0:
@@ -152,9 +170,10 @@ def build_graph(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Op
     busy = np.maximum(end - np.maximum(ts, prev_end), 0.0)
     gap_lo = ts - gap
     dl = _cpu_intervals(trace, is_dataloader_name)
-    comp = _cpu_intervals(trace, lambda s: s in COMPILE_NAMES)
+    comp = _cpu_intervals(trace, lambda s: s in COMPILE_NAMES or COMPILE_WORK_RE.search(s) is not None)
     gap_input = np.minimum(iv.covered_in(dl, gap_lo, ts), gap) if len(dl[0]) else np.zeros(len(ts))
     gap_compile = np.minimum(iv.covered_in(comp, gap_lo, ts), gap - gap_input) if len(comp[0]) else np.zeros(len(ts))
+    compiling = (iv.covered_in(comp, ts, ts + np.maximum(dur, 1e-3)) > 0) if len(comp[0]) else np.zeros(len(ts), bool)
     # kinds
     n_h = len(ts)
     kind = np.full(n_h, H_OTHER, np.int8)
@@ -258,9 +277,13 @@ def build_graph(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Op
     wait = np.clip(np.minimum(end, done) - ts, 0.0, None)
     busy = np.where(sync, np.maximum(busy - wait, 0.0), busy)
     return Graph(gap=gap, gap_input=gap_input, gap_compile=gap_compile, busy=busy, kind=kind,
-                 eager_between=eager_between, compiled=compiled, markers=markers, g_launch=g_launch, g_lat=g_lat,
+                 eager_between=eager_between, compiled=compiled, compiling=compiling & ~is_marker, markers=markers, g_launch=g_launch, g_lat=g_lat,
                  g_gap=g_gap, g_dur=g_dur, g_stream=g_stream, g_cls=g_cls, g_row=grows, g_ts=g_ts, g_flops=flops,
-                 g_bytes=nbytes, g_prec=prec, step_us=step_us, step_numbers=steps.inc_numbers[order], launch_us=launch_us,
+                 g_bytes=nbytes, g_prec=prec, g_reduction=is_k & _name_mask(trace, gname, lambda s: REDUCTION_RE.search(s) is not None),
+                 g_tc=tensor_core_kernel_mask(trace)[grows],
+                 g_misaligned=is_k & (g_cls == C_GEMM) & _name_mask(trace, gname, lambda s: MISALIGNED_RE.search(s)
+                                                                   is not None),
+                 step_us=step_us, step_numbers=steps.inc_numbers[order], launch_us=launch_us,
                  queued_latency_us=queued_latency)
 
 
@@ -371,7 +394,7 @@ def simulate(gr: Graph, gap=None, busy=None, is_sync=None, g_lat=None, g_gap=Non
 
 # ---------------------------------------------------------------- the critical path
 
-def critical_path(gr: Graph, sim: Sim, g_dur=None, g_gap=None, gap_parts=None, busy=None) -> Dict[str, float]:
+def critical_path(gr: Graph, sim: Sim, g_dur=None, g_gap=None, gap=None, busy=None) -> Dict[str, float]:
     """µs of each PARTS category on the critical path of the simulated span: walked back
     from the end through the node that set each node's start (the stream predecessor or
     the launch; the host predecessor or, after a GPU-bound sync, the GPU work it waited for).
@@ -381,8 +404,10 @@ def critical_path(gr: Graph, sim: Sim, g_dur=None, g_gap=None, gap_parts=None, b
     busy = gr.busy if busy is None else busy
     n_h, n_g = len(busy), len(g_dur)
     # host prefix sums per part (gap parts of node i, busy parts of node i)
-    other_gap = np.maximum(gr.gap - gr.gap_input - gr.gap_compile, 0.0)
-    hp_gap = {"input_wait": gr.gap_input, "compile": gr.gap_compile, "host_compute": other_gap}
+    gap = gr.gap if gap is None else gap
+    inp = np.minimum(gr.gap_input, gap)
+    cmp_ = np.minimum(gr.gap_compile, gap - inp)
+    hp_gap = {"input_wait": inp, "compile": cmp_, "host_compute": np.maximum(gap - inp - cmp_, 0.0)}
     kinds = gr.kind
     hp_busy = {"launch_overhead": np.where(np.isin(kinds, (H_LAUNCH, H_COPY, H_GRAPH)), busy, 0.0),
                "sync_overhead": np.where(kinds == H_SYNC, busy, 0.0),
@@ -509,14 +534,17 @@ def _apply_cuda_graphs(gr, ch, replay_gap_us: float):
     return int(inner.sum())
 
 
-def _chains(gr: Graph, cls_ok: np.ndarray) -> np.ndarray:
+def _chains(gr: Graph, cls_ok: np.ndarray, ends: Optional[np.ndarray] = None) -> np.ndarray:
     """Chain id per GPU node (-1 outside a chain): a maximal run of ``cls_ok`` kernels that
-    follow each other on one stream (launch order), with no other activity between."""
+    follow each other on one stream (launch order), with no other activity between; a node
+    of ``ends`` closes its chain (the next one starts a new chain)."""
     n = len(gr.g_dur)
     so = np.lexsort((np.arange(n), gr.g_stream))
     ok = cls_ok[so]
     s = gr.g_stream[so]
-    new = ok & ~np.concatenate([[False], ok[:-1] & (s[1:] == s[:-1])])
+    closed = np.zeros(n, bool) if ends is None else ends[so]
+    cont = np.concatenate([[False], ok[:-1] & (s[1:] == s[:-1]) & ~closed[:-1]])
+    new = ok & ~cont
     cid = np.cumsum(new) - 1
     out = np.full(n, -1, np.int64)
     out[so[ok]] = cid[ok]
@@ -525,11 +553,12 @@ def _chains(gr: Graph, cls_ok: np.ndarray) -> np.ndarray:
 
 def _apply_fusion(gr, ch, compiled_host_us: float):
     """torch.compile on an eager run: each chain of memory-bound kernels between two compute
-    kernels on a stream becomes one kernel that makes one pass over the chain's largest
-    tensors (the time of its longest member); each remaining launch costs the host
-    ``compiled_host_us`` (Inductor's wrapper instead of the eager dispatcher)."""
+    kernels on a stream, up to and including a reduction, becomes one kernel that makes one
+    pass over the chain's largest tensors (the time of its longest member); each remaining
+    launch costs the host ``compiled_host_us`` (Inductor's wrapper instead of the eager
+    dispatcher)."""
     mem = np.isin(gr.g_cls, MEMORY_BOUND) & (gr.g_dur > 0)
-    cid = _chains(gr, mem)
+    cid = _chains(gr, mem, gr.g_reduction)
     inchain = cid >= 0
     if not inchain.any():
         return 0
@@ -545,6 +574,7 @@ def _apply_fusion(gr, ch, compiled_host_us: float):
     gone = inchain & ~head
     ch["g_dur"][head] = longest[cid[head]]
     ch["g_dur"][gone] = 0.0
+    _pad_gemms(gr, ch)
     ch["g_gap"][gone] = 0.0
     ch["g_lat"][gone] = -np.inf
     # host: launches of vanished kernels cost nothing; every other launch in a run of launches
@@ -566,12 +596,32 @@ def _apply_fusion(gr, ch, compiled_host_us: float):
     return int(gone.sum())
 
 
+def _pad_gemms(gr, ch) -> int:
+    """Misaligned GEMMs padded (Inductor's shape padding): each runs at the FLOP rate the
+    aligned GEMMs of its precision reach in this trace (needs FLOPs per kernel)."""
+    bad = gr.g_misaligned & (gr.g_flops > 0) & (gr.g_dur > 0)
+    if not bad.any():
+        return 0
+    n = 0
+    for p in np.unique(gr.g_prec[bad]):
+        ok = (gr.g_cls == C_GEMM) & ~gr.g_misaligned & (gr.g_prec == p) & (gr.g_flops > 0) & (gr.g_dur > 0)
+        if ok.sum() < 2:
+            continue
+        rate = gr.g_flops[ok].sum() / gr.g_dur[ok].sum()  # FLOP per µs
+        m = bad & (gr.g_prec == p)
+        ch["g_dur"][m] = np.minimum(gr.g_dur[m], gr.g_flops[m] / rate)
+        n += int(m.sum())
+    return n
+
+
 def _apply_bf16(gr, ch, speedup_of):
     """fp32/tf32 GEMM, conv and attention kernels on Tensor Cores in bf16: each runs
     ``speedup_of[precision]`` times faster (the ratio of the GPU's peaks, METRICS §19)."""
     n = 0
+    # an fp32 op whose kernel runs on Tensor Cores ran in TF32
+    prec = np.where((gr.g_prec == "fp32") & gr.g_tc, "tf32", gr.g_prec)
     for p, sp in speedup_of.items():
-        m = np.isin(gr.g_cls, (C_GEMM, C_CONV, C_ATTN)) & (gr.g_prec == p) & (sp > 1)
+        m = np.isin(gr.g_cls, (C_GEMM, C_CONV, C_ATTN)) & (prec == p) & (sp > 1)
         if m.any():
             ch["g_dur"][m] = gr.g_dur[m] / sp
             n += int(m.sum())
@@ -582,8 +632,15 @@ def _apply_compile_breaks(gr, ch, compiled_host_us: float):
     """A graph break removed and compile time inside the steps → 0: the eager region between
     two compiled graphs runs as the compiled regions of the same trace do (its launches at
     their host cost per launch, its syncs gone)."""
-    n = int((gr.gap_compile > 0).sum())
+    n = int((gr.gap_compile > 0).sum() + gr.compiling.sum())
     ch["gap"] -= np.minimum(gr.gap_compile, ch["gap"])
+    # the calls made while compiling (autotuning benchmarks) and the GPU work they launched
+    ch["busy"][gr.compiling] = 0.0
+    ch["is_sync"][gr.compiling] = False
+    gone = gr.compiling[gr.g_launch]
+    ch["g_dur"][gone] = 0.0
+    ch["g_gap"][gone] = 0.0
+    ch["g_lat"][gone] = -np.inf
     e = gr.eager_between
     if e.any():
         host_part = np.maximum(ch["gap"] - gr.gap_input - gr.gap_compile, 0.0)
@@ -676,8 +733,9 @@ WHAT_IFS = (
      "each run of launches between syncs → one graph launch on the host; its kernels follow each "
      "other at the replay gap"),
     ("torch_compile", None, "torch.compile: memory-bound chains fused, compiled launches",
-     "each chain of memory-bound kernels between two compute kernels → one kernel as long as its longest "
-     "member (one pass over the largest tensors); every other launch at the compiled host cost per launch"),
+     "each chain of memory-bound kernels between two compute kernels, up to a reduction → one kernel as long as "
+     "its longest member (one pass over the largest tensors); GEMMs built for unaligned operands at the FLOP rate "
+     "of the aligned ones (shape padding); every other launch at the compiled host cost per launch"),
     ("bf16", "tensor_cores_unused", "fp32 matmul/conv on Tensor Cores (bf16)",
      "fp32/tf32 GEMM, conv and attention kernels → their time divided by the ratio of the GPU's bf16 peak "
      "to their precision's peak (fp32 keeps half of it)"),

@@ -25,7 +25,7 @@ from .. import thresholds as T
 from ..analysis.input_bound import verdict_for
 from ..analysis.devices import label as device_label
 
-_SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2}
+_SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2, "info": 3}
 # Compute capability of Ampere, the first NVIDIA generation with bf16 and TF32 Tensor
 # Cores (a hardware fact, not a threshold).
 AMPERE_MAJOR = 8
@@ -46,9 +46,69 @@ def recommend(report: dict) -> List[dict]:
     for rule in RULES:
         rec = rule(report)
         if rec and not (few_kernels and rec.get("rule") in KERNEL_EVIDENCE_RULES):
-            fired.append(rec)
+            priced = price(rec, report)
+            if priced is not None:
+                fired.append(priced)
     # sorted() is stable: equal gains and severities keep the order of RULES
     return sorted(fired, key=sort_key)
+
+
+# Advice that buys memory, not time: never priced in step time, never made "info" for it.
+MEMORY_RULES = ("allocator_slack", "memory_growth")
+
+
+def what_if_of(rule: str, report) -> Optional[str]:
+    """The step model's what-if (METRICS.md §19) that prices a rule's fix: the change the
+    rule's action asks for. None where no what-if models it (memory advice; launch advice
+    on a run that already replays CUDA graphs)."""
+    ctx = _context(report)
+    compiled, graphs = bool(ctx.get("torch_compile")), bool(ctx.get("cuda_graphs"))
+    if rule in ("small_kernels", "host_bound"):
+        if graphs:
+            return None
+        return "cuda_graphs" if compiled else "torch_compile"
+    return {"input_bound": "input", "pageable_h2d": "pinned_h2d", "tensor_cores_unused": "bf16",
+            "warmup_outlier": "warmup", "torch_compile": "graph_breaks", "low_mfu": "torch_compile",
+            "synchronization": "sync", "communication": "overlap_comm", "ddp_buckets": "overlap_comm",
+            "fsdp_prefetch": "overlap_comm", "d2d_copies": "d2d"}.get(rule)
+
+
+# Rules whose fix the run has already applied when the context says so: told again only when
+# the model still predicts GAIN_REPEAT_PCT or more.
+_APPLIED = {"low_mfu": "torch_compile", "torch_compile": "torch_compile"}
+
+
+def price(rec: dict, report) -> Optional[dict]:
+    """The rule's gain from the step model (METRICS.md §19): the simulated step without the
+    bottleneck, on the same scale for every rule (``estimated_gain_pct`` = the saving as %
+    of the measured step, ``predicted_step_ms``, ``what_if``, ``gain_source``
+    "step_model"); a rule the model prices under T.GAIN_INFO_PCT is "info". Without a step
+    model (no GPU work, or the section failed) the rule's own estimate stays
+    (``gain_source`` "rule"). None: advice an applied fix already took that the model no
+    longer prices at T.GAIN_REPEAT_PCT."""
+    rule = rec.get("rule")
+    if rule in MEMORY_RULES:
+        return {**rec, "gain_source": "memory"}
+    sm = report.get("step_model") if isinstance(report.get("step_model"), dict) else None
+    wid = what_if_of(rule, report)
+    row = next((r for r in (sm or {}).get("what_if") or [] if r.get("id") == wid), None) if wid else None
+    if sm is None or wid is None:
+        return {**rec, "gain_source": "rule"}
+    if row is None:  # the model found nothing this fix would change
+        row = {"saving_pct": 0.0, "step_ms": None, "predicted_step_ms": None, "assumption": "nothing to change"}
+        gain = 0.0
+    else:
+        gain = _finite(row.get("saving_pct")) or 0.0
+    applied = _APPLIED.get(rule)
+    if applied and _context(report).get(applied) and gain < T.GAIN_REPEAT_PCT and rule == "low_mfu":
+        return None
+    out = {**rec, "estimated_gain_pct": round(gain, 2), "rule_estimate_pct": rec.get("estimated_gain_pct"),
+           "gain_assumption": f"step model, what-if '{wid}': {row.get('assumption')}",
+           "what_if": wid, "step_ms": row.get("step_ms"), "predicted_step_ms": row.get("predicted_step_ms"),
+           "gain_source": "step_model"}
+    if gain < T.GAIN_INFO_PCT:
+        out["severity"] = "info"
+    return out
 
 
 def _trace_count(report, key: str) -> Optional[int]:

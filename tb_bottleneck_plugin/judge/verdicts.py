@@ -23,7 +23,7 @@ from typing import Dict, Optional, Tuple
 
 from .. import thresholds as T
 
-SEVERITIES = ("high", "medium", "low", "ok", "none", "na")
+SEVERITIES = ("high", "medium", "low", "info", "ok", "none", "na")
 # "none": a value the rules do not judge here (e.g. GPU utilization of an input-bound run,
 # allocator slack under SLACK_MIN_RESERVED_BYTES): shown uncoloured, its words say why.
 
