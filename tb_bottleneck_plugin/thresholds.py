@@ -180,10 +180,18 @@ STEP_MODEL_REPLAY_GAP_US = 1.5
 # Host time per kernel launch of torch.compile'd code (Inductor's wrapper: Python call of the
 # Triton launcher) when the trace has fewer than STEP_MODEL_MIN_COMPILED_LAUNCHES launches in
 # compiled regions to measure it (µs).
-STEP_MODEL_COMPILED_HOST_US = 34.0
+STEP_MODEL_COMPILED_HOST_US = 33.2
 STEP_MODEL_MIN_COMPILED_LAUNCHES = 50
 # Advice whose simulated saving is below this share of the step is information, never
 # medium or high (%), and advice an applied fix already took is not repeated below
 # GAIN_REPEAT_PCT.
 GAIN_INFO_PCT = 1.0
 GAIN_REPEAT_PCT = 5.0
+# The profiler's own host cost per recorded op (µs), and more per option on (record_shapes,
+# profile_memory, with_stack). The demo's launch-bound many_small_kernels step is about half
+# profiler (13.9 ms unprofiled, 26.9-30.5 ms profiled on an H200, METRICS §9); on the H100
+# trace (17.1 ms profiled, 1,855 ops a step, two options) half is 8.5 ms: 4.6 µs per op. The
+# GPU-bound gpt2_bf16_eager gives a lower bound (52.3 ms profiled, 46.9 unprofiled, 3,236 ops,
+# three options: >= 1.7 µs per op).
+PROFILER_US_PER_OP = 3.5
+PROFILER_US_PER_OP_PER_OPTION = 0.5

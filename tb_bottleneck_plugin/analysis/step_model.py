@@ -502,9 +502,12 @@ def _pageable(gr: Graph) -> np.ndarray:
 
 
 def _apply_sync(gr, ch):
-    n = int(ch["is_sync"].sum())
+    """Every sync removed: no wait, and the call costs at most one launch (what an
+    asynchronous copy or a logged-later tensor costs)."""
+    m = ch["is_sync"].copy()
     ch["is_sync"][:] = False
-    return n
+    ch["busy"][m] = np.minimum(ch["busy"][m], gr.launch_us)
+    return int(m.sum())
 
 
 def _launch_runs(gr: Graph, sel_nodes: np.ndarray) -> np.ndarray:
@@ -727,7 +730,7 @@ WHAT_IFS = (
      "each pageable host-to-device copy → an asynchronous copy from pinned memory on a copy stream: "
      "the call costs one launch and blocks nothing"),
     ("sync", "synchronization", "No host-device synchronisation in the step",
-     "every blocking sync call (.item(), .cpu(), nonzero, synchronize) → its own cost without the wait: "
+     "every blocking sync call (.item(), .cpu(), nonzero, synchronize) → no wait, at most one launch's cost: "
      "the host runs ahead and the GPU no longer drains"),
     ("cuda_graphs", None, "Launches replayed from CUDA graphs",
      "each run of launches between syncs → one graph launch on the host; its kernels follow each "
@@ -878,6 +881,7 @@ def step_model(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Opt
     else:
         na[f"{NAME}.ceiling"] = "no FLOPs and peak for this trace (record_shapes=True and a known GPU): no roofline"
     return {
+        "profiler": _profiler_cost(trace, steps, path, n),
         "steps": n, "step_us": measured, "model_us": base.total_us,
         "model_error_pct": 100.0 * (base.total_us - measured) / measured if measured > 0 else None,
         "host_nodes": int(len(gr.busy)), "gpu_nodes": int(len(gr.g_dur)),
@@ -892,6 +896,22 @@ def step_model(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Opt
                         "replay_gap_us": replay_gap, "queued_latency_us": gr.queued_latency_us,
                         "tc_speedup": speedups},
     }
+
+
+def _profiler_cost(trace: TraceData, steps, path: Dict[str, float], n: int) -> dict:
+    """How much of the host time on the critical path the profiler itself adds (METRICS §19):
+    ops per step × (PROFILER_US_PER_OP + PROFILER_US_PER_OP_PER_OPTION per option on)."""
+    cpu = trace.cpu
+    lo, hi = float(steps.inc_host_start.min()), float(steps.inc_host_end.max())
+    ops = int(((cpu.kind == CPU_OP) & (cpu.ts >= lo) & (cpu.ts < hi)).sum())
+    options = [o for o, on in (("record_shapes", trace.meta.record_shapes), ("profile_memory", trace.meta.profile_memory),
+                               ("with_stack", trace.meta.with_stack)) if on]
+    per_op = T.PROFILER_US_PER_OP + T.PROFILER_US_PER_OP_PER_OPTION * len(options)
+    host = sum(path.get(k, 0.0) for k in ("host_compute", "launch_overhead", "sync_overhead", "runtime_other")) / n
+    overhead = ops / n * per_op
+    return {"options": options, "ops_per_step": ops / n, "us_per_op": per_op, "overhead_us_per_step": overhead,
+            "host_path_us_per_step": host,
+            "share_of_host_path_pct": min(100.0, 100.0 * overhead / host) if host > 0 else None}
 
 
 def _saving(base_us: float, total_us: float, measured: float, n: int) -> dict:
@@ -920,7 +940,9 @@ def _unit_compute(span):
 def _unit_partial(report: dict) -> dict:
     sec = report.get(NAME) or {}
     if not sec:
-        return {"sum:step_us": None, "sum:steps": 0}
+        return {"sum:step_us": None, "sum:steps": 0, "sum:model_us": None, "sum:host_nodes": 0, "sum:gpu_nodes": 0,
+                "sum:syncs": 0, "keyed:critical_path_us": {}, "keyed:what_if": {}, "sum:all_saving_us": 0.0,
+                "rows:all_ids": [], "sum:ceiling_saving_us": 0.0, "first:ceiling": None}
     rows = {r["id"]: {"first:id": r["id"], "first:rule": r.get("rule"), "first:label": r.get("label"),
                       "first:assumption": r.get("assumption"), "sum:saving_us": r.get("saving_us"),
                       "sum:changed": r.get("changed") or 0} for r in sec.get("what_if") or []}
@@ -966,13 +988,13 @@ def _unit_finish(m: dict) -> Optional[dict]:
                           **saving(m.get("sum:all_saving_us"))},
             "ceiling": ({**ceil, "id": "roofline", "rule": None, "changed": 1, **saving(m.get("sum:ceiling_saving_us"))}
                         if ceil else None),
-            "assumptions": None}
+            "assumptions": None, "profiler": None}
 
 
 def _unit():
     from .units import Unit
 
-    return Unit(NAME, _unit_compute, _unit_partial, _unit_finish, requires=("steps", "context"))
+    return Unit(NAME, _unit_compute, _unit_partial, _unit_finish, requires=("steps",))
 
 
 UNIT = _unit()

@@ -762,7 +762,12 @@ def profiler_cost_note(report) -> str:
     H200; a GEMM-bound one 1.003x), naming the options the trace says were on."""
     opts = (report.get("trace") or {}).get("profiler_options") or []
     on = f" with {', '.join(f'`{o}=True`' for o in opts)}" if opts else ""
-    return (f" The profiler itself adds host time to every op (this trace was recorded{on}): on a step "
+    prof = (report.get("step_model") or {}).get("profiler") if isinstance(report.get("step_model"), dict) else None
+    share = _finite((prof or {}).get("share_of_host_path_pct"))
+    est = (f" (here about {share:.0f} % of the host time on the critical path: "
+           f"{(prof.get('ops_per_step') or 0):.0f} ops a step at ~{prof.get('us_per_op'):g} µs each)"
+           if share is not None else "")
+    return (f" The profiler itself adds host time to every op (this trace was recorded{on}){est}: on a step "
             "that waits for the host it can double the step, so confirm the gain by timing steps "
             "without the profiler (`torch.cuda.synchronize()` around `time.perf_counter()`).")
 
