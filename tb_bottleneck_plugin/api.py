@@ -328,6 +328,29 @@ class Report:
         FLOPs, bytes, intensity, achieved TFLOP/s, the bound and the share of the roofline."""
         return self._section_rows("flops", "by_class", "op_class")
 
+    def what_if_df(self):
+        """One row per what-if of the step model (METRICS.md §19, ``report["step_model"]``):
+        ``id``, ``label``, the recommendation ``rule`` it prices, ``saving_us``/``saving_pct``,
+        ``step_ms`` and ``predicted_step_ms``, the ``assumption``; then an ``all_fixes`` row and
+        the ``roofline`` ceiling (a bound, never advice) where known. Empty without a step model
+        (no GPU work: ``report["not_available"]["step_model"]`` says why)."""
+        rows = []
+        for run, rep, _ in self._run_reports():
+            sm = (rep or {}).get("step_model")
+            if not isinstance(sm, dict):
+                continue
+            for r in sm.get("what_if") or []:
+                rows.append({"run": run, **r})
+            a = sm.get("all_fixes") or {}
+            if a.get("ids"):
+                rows.append({"run": run, "id": "all_fixes", "label": "All fixes together", "rule": None,
+                             "assumption": " + ".join(a["ids"]),
+                             **{k: a.get(k) for k in ("model_us", "saving_us", "saving_pct", "step_ms",
+                                                      "predicted_step_ms")}})
+            if isinstance(sm.get("ceiling"), dict):
+                rows.append({"run": run, **sm["ceiling"]})
+        return self._frame(rows, ("run", "id"))
+
     def collectives_df(self):
         """One row per collective kind (METRICS.md §18, ``report["collectives"]["kinds"]``):
         calls, bytes, time, algbw/busbw and the share of the link's peak where known."""

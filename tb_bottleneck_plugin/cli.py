@@ -136,6 +136,9 @@ def _main(argv: Optional[List[str]] = None) -> int:
     rep.add_argument("--dask", default=None, metavar="ADDRESS",
                      help="analyse the spans on an existing Dask cluster, e.g. tcp://scheduler:8786 "
                      "(needs dask[distributed]; its workers must see PATH: a shared path or gs://)")
+    rep.add_argument("--what-if", action="store_true", dest="what_if",
+                     help="print the step model's what-if table (METRICS.md §19): each fix's predicted step time, "
+                          "all fixes together, the critical path; with --json, the step_model sections")
     rep.add_argument("--html", default=None, metavar="FILE",
                      help="also write a single-file HTML report (cards, recommendations, step breakdown, "
                      "kernels, operators) that opens offline from disk")
@@ -200,7 +203,7 @@ def _run(args) -> int:
             return _fail(f"--memory: {exc}")
     try:
         return _report(args.path, as_json=args.json, debug=debug, jobs=args.jobs, memory_budget=budget,
-                       dask_address=args.dask, html=args.html)
+                       dask_address=args.dask, html=args.html, what_if=args.what_if)
     except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, exit 2
         if debug:
             traceback.print_exc()
@@ -353,7 +356,7 @@ def json_report(logdir, spans, results, errors, single_file: bool) -> dict:
 
 def _report(path: str, *, as_json: bool, debug: bool = False, jobs: Optional[int] = None,
             memory_budget: Optional[int] = None, dask_address: Optional[str] = None,
-            html: Optional[str] = None) -> int:
+            html: Optional[str] = None, what_if: bool = False) -> int:
     from . import report
     from .views import text_report
 
@@ -366,9 +369,16 @@ def _report(path: str, *, as_json: bool, debug: bool = False, jobs: Optional[int
         for e in exc.errors:
             print(f"tb-bottlenecks: {e}", file=sys.stderr)
         return 2
-    if as_json:
+    if as_json and what_if:
+        json.dump(_json_safe(_step_models(json_report(logdir, spans, results, errors, single_file))), sys.stdout,
+                  indent=1)
+        sys.stdout.write("\n")
+    elif as_json:
         json.dump(_json_safe(json_report(logdir, spans, results, errors, single_file)), sys.stdout, indent=1)
         sys.stdout.write("\n")
+    elif what_if:
+        summary = functools.partial(report.combine_results, views=False)
+        print(text_report.format_what_if_logdir(logdir, results, summary, single_file=single_file))
     else:
         summary = functools.partial(report.combine_results, views=False)  # the text reads only "report"
         print(text_report.format_logdir(logdir, results, summary, single_file=single_file))
@@ -385,6 +395,30 @@ def _report(path: str, *, as_json: bool, debug: bool = False, jobs: Optional[int
         if failed:
             return _fail(failed)
     return 1 if errors else 0
+
+
+def _step_models(doc: dict) -> dict:
+    """``report --json --what-if``: the same document with each report cut to its identity,
+    ``step_model`` and the recommendations' prices (METRICS.md §19)."""
+    keep = ("schema_version", "source", "run", "worker", "span", "avg_step_us", "step_model")
+
+    def cut(rep):
+        if not isinstance(rep, dict):
+            return rep
+        out = {k: rep.get(k) for k in keep if k in rep}
+        out["recommendations"] = [{k: r.get(k) for k in ("rule", "severity", "title", "estimated_gain_pct", "what_if",
+                                                          "step_ms", "predicted_step_ms", "gain_source")}
+                                  for r in rep.get("recommendations") or []]
+        if "step_model" in (rep.get("not_available") or {}):
+            out["not_available"] = {"step_model": rep["not_available"]["step_model"]}
+        return out
+
+    if "runs" not in doc:
+        return cut(doc)
+    return {**doc, "runs": [{**entry, "summary": cut(entry.get("summary")),
+                             "workers": [{**w, "summary": cut(w.get("summary")), "spans": [cut(r) for r in w["spans"]]}
+                                         for w in entry.get("workers") or []]}
+                            for entry in doc["runs"]]}
 
 
 def _json_safe(value):

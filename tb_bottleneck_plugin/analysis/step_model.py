@@ -754,11 +754,6 @@ WHAT_IFS = (
 )
 
 
-def _rule_of(wid: str, ctx: dict) -> Optional[str]:
-    return {"cuda_graphs": "small_kernels" if ctx.get("torch_compile") else None,
-            "torch_compile": None if ctx.get("torch_compile") else "small_kernels"}.get(wid)
-
-
 def step_model(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Optional[dict] = None,
                context: Optional[dict] = None, device_properties=None,
                not_available: Optional[Dict[str, str]] = None) -> Optional[dict]:
@@ -841,7 +836,7 @@ def step_model(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Opt
         if not changed:
             continue
         total = _total(gr, ch)
-        rows.append(_row(wid, rule or _rule_of(wid, ctx), label, assumption, base.total_us, total, measured, n,
+        rows.append(_row(wid, None, label, assumption, base.total_us, total, measured, n,
                          changed))
     # all fixes together (the recommendation what-ifs, each once)
     ch = _changes(gr)

@@ -168,9 +168,7 @@ def format_report(rep: dict, indent: str = "", heading: Optional[str] = None) ->
     for line in _headline_lines(rep):
         add(f"{indent}{line}")
     for rec in rep.get("recommendations") or []:
-        gain = rec.get("estimated_gain_pct")
-        add(f"{indent}[{rec.get('severity')}] {rec.get('title')}"
-            + (f" (could give back up to {gain:.0f}% of the step)" if isinstance(gain, (int, float)) and gain >= 1 else ""))
+        add(f"{indent}[{rec.get('severity')}] {rec.get('title')}{_gain_words(rec)}")
         add(f"{indent}    -> {rec.get('action')}")
     labels = rep.get("not_available_labels") or {}
     # one line per cause, not per metric: a CPU-only trace has a dozen n/a numbers and few causes
@@ -180,6 +178,72 @@ def format_report(rep: dict, indent: str = "", heading: Optional[str] = None) ->
     for why, what in by_cause.items():
         add(f"{indent}n/a {'; '.join(what)}: {why}")
     return "\n".join(lines)
+
+
+def _gain_words(rec: dict) -> str:
+    """ " (predicted step 46.9 -> 21.0 ms, -55 %)" from the step model, else the rule's estimate."""
+    gain, before, after = rec.get("estimated_gain_pct"), rec.get("step_ms"), rec.get("predicted_step_ms")
+    if not isinstance(gain, (int, float)):
+        return ""
+    if isinstance(before, (int, float)) and isinstance(after, (int, float)):
+        return f" (predicted step {before:.1f} -> {after:.1f} ms, -{gain:.0f} %)"
+    return f" (could give back up to {gain:.0f}% of the step)" if gain >= 1 else ""
+
+
+WHAT_IF_PARTS_SHOWN = 6
+
+
+def format_what_if(rep: dict, indent: str = "", heading: Optional[str] = None) -> str:
+    """The step model's what-if table (METRICS.md §19): today's step, each fix's predicted step
+    and saving, all fixes together, the ceiling, the critical path's largest parts."""
+    lines = [f"{indent}{heading}"] if heading else []
+    sm = rep.get("step_model")
+    if not isinstance(sm, dict) or not sm.get("steps"):
+        why = (rep.get("not_available") or {}).get("step_model") or "no step model"
+        lines.append(f"{indent}what-if: n/a: {why}")
+        return "\n".join(lines)
+    n = sm["steps"]
+    err = sm.get("model_error_pct")
+    lines.append(f"{indent}What would each fix buy? today {sm['step_us'] / n / 1000:.2f} ms per step over "
+                 f"{plural(n, 'step')}" + (f" (the model reproduces it within {abs(err):.1f} %)"
+                                            if isinstance(err, (int, float)) else ""))
+    width = max([len(r.get("label") or "") for r in sm.get("what_if") or []] + [10])
+    for r in sm.get("what_if") or []:
+        rule = f"  [{r['rule']}]" if r.get("rule") else ""
+        lines.append(f"{indent}  {r.get('label') or r['id']:<{width}}  -{r['saving_us'] / n / 1000:7.2f} ms "
+                     f"({r['saving_pct'] or 0:5.1f} %) -> {r['predicted_step_ms']:.2f} ms{rule}")
+    a = sm.get("all_fixes") or {}
+    if a.get("ids"):
+        lines.append(f"{indent}  {'all fixes together':<{width}}  -{a['saving_us'] / n / 1000:7.2f} ms "
+                     f"({a['saving_pct'] or 0:5.1f} %) -> {a['predicted_step_ms']:.2f} ms  ({', '.join(a['ids'])})")
+    c = sm.get("ceiling")
+    if isinstance(c, dict):
+        lines.append(f"{indent}  ceiling (a bound, not advice): {c['label']}: -> {c['predicted_step_ms']:.2f} ms")
+    parts = sorted(((k, v) for k, v in (sm.get("critical_path_us") or {}).items() if v and v > 0),
+                   key=lambda kv: -kv[1])[:WHAT_IF_PARTS_SHOWN]
+    if parts:
+        lines.append(f"{indent}  critical path per step: " + ", ".join(f"{k} {v / n / 1000:.2f} ms" for k, v in parts))
+    for r in sm.get("what_if") or []:
+        lines.append(f"{indent}  assumption {r['id']}: {r.get('assumption')}")
+    return "\n".join(lines)
+
+
+def format_what_if_logdir(logdir, results: Dict[str, dict], combine, *, single_file: bool = False) -> str:
+    """``format_what_if`` for each headline report: the file, else each run's summary (one span:
+    the span's report)."""
+    blocks = []
+    for run in logdir.runs:
+        ready = [s for w in run.workers for s in w.spans if s.url in results]
+        if not ready:
+            continue
+        if len(ready) == 1:
+            rep = results[ready[0].url]["report"]
+            heading = posixpath.basename(ready[0].url) if single_file else f"run {_run_name(run, logdir)}"
+        else:
+            rep = combine([results[s.url] for s in ready], run=run.name)["report"]
+            heading = f"run {_run_name(run, logdir)} ({plural(len(ready), 'span')})"
+        blocks.append(format_what_if(rep, heading=heading))
+    return "\n\n".join(blocks)
 
 
 def _sync_and_input_lines(rep: dict) -> List[str]:
