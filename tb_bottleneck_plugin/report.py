@@ -134,7 +134,6 @@ def analyze_trace(trace: model.TraceData, *, run=None, worker=None, span=None, s
     found = ctx.found
     rep["not_available"] = not_available
     rep["recommendations"] = sec.run("recommendations", recommendations.recommend, rep)
-    recommendations.link_what_ifs(rep)
     rep["verdicts"] = sec.run("verdicts", cards.card_verdicts, rep)  # card colours (thresholds.py)
     kernels = []
     if rep["occupancy"] is not None:
@@ -327,7 +326,6 @@ def combine_results(results: List[dict], *, run=None, worker=None, views: bool =
     _prune_not_available(out, not_available, sec.failed)
     out["not_available"] = not_available
     out["recommendations"] = sec.run("recommendations", recommendations.recommend, out)
-    recommendations.link_what_ifs(out)
     out["verdicts"] = sec.run("verdicts", cards.card_verdicts, out)
     # Memory curves are per span (the memory route of a summary offers its spans).
     curves = {"devices": {}, "not_available": "memory curves are shown per span: pick one of the summary's spans"}

@@ -177,6 +177,8 @@ STEP_MODEL_LAUNCH_US = 5.0
 # replays no graph to measure it (µs).
 STEP_MODEL_GRAPH_LAUNCH_US = 20.0
 STEP_MODEL_REPLAY_GAP_US = 1.5
+# Replayed kernels needed to measure the replay gap in the trace itself.
+STEP_MODEL_MIN_REPLAYED_KERNELS = 16
 # Host time per kernel launch of torch.compile'd code (Inductor's wrapper: Python call of the
 # Triton launcher) when the trace has fewer than STEP_MODEL_MIN_COMPILED_LAUNCHES launches in
 # compiled regions to measure it (µs).

@@ -42,6 +42,8 @@ from ..trace.model import CPU_OP, CPU_USER_ANNOTATION, GPU_KERNEL, GPU_MEMCPY, G
 from . import intervals as iv
 
 NAME = "step_model"
+# Compute capability of Ampere, the first NVIDIA generation with bf16 Tensor Cores (a fact)
+AMPERE_MAJOR = 8
 
 # host node kinds
 H_MARKER, H_LAUNCH, H_COPY, H_SYNC, H_GRAPH, H_OTHER = 0, 1, 2, 3, 4, 5
@@ -273,9 +275,11 @@ def build_graph(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Op
         done = np.where(k >= 0, done_before[np.maximum(k, 0)], -np.inf)
     else:
         done = np.full(n_h, -np.inf)
+    # a sync's own cost: the part of its call after the GPU work before it ended (the call
+    # returns that long after the wait; all of it when it did not wait)
     sync = kind == H_SYNC
-    wait = np.clip(np.minimum(end, done) - ts, 0.0, None)
-    busy = np.where(sync, np.maximum(busy - wait, 0.0), busy)
+    tail = np.maximum(end - np.maximum(ts, done), 0.0)
+    busy = np.where(sync, np.minimum(busy, tail), busy)
     return Graph(gap=gap, gap_input=gap_input, gap_compile=gap_compile, busy=busy, kind=kind,
                  eager_between=eager_between, compiled=compiled, compiling=compiling & ~is_marker, markers=markers, g_launch=g_launch, g_lat=g_lat,
                  g_gap=g_gap, g_dur=g_dur, g_stream=g_stream, g_cls=g_cls, g_row=grows, g_ts=g_ts, g_flops=flops,
@@ -376,9 +380,10 @@ def simulate(gr: Graph, gap=None, busy=None, is_sync=None, g_lat=None, g_gap=Non
             stream_last[st[o][tail]] = idx[o][tail]
         clock = host_end[b]
         if is_sync[b] and n_s:
+            # the sync returns its own cost after the later of its start and the GPU's end
             s_best = int(np.argmax(stream_end))
-            if stream_end[s_best] > clock and stream_last[s_best] >= 0:
-                clock = float(stream_end[s_best])
+            if stream_end[s_best] > host_start[b] and stream_last[s_best] >= 0:
+                clock = float(stream_end[s_best]) + busy[b]
                 waited[b] = stream_last[s_best]
                 host_end[b] = clock
         lo = b + 1
@@ -457,6 +462,7 @@ def critical_path(gr: Graph, sim: Sim, g_dur=None, g_gap=None, gap=None, busy=No
             out[key] += float(cb[key][node] - cb[key][b + 1])
         if b < 0:
             break
+        out["sync_overhead"] += float(busy[b])  # the GPU-bound sync's return after the wait
         node, on_gpu = int(sim.waited[b]), True
     return out
 
@@ -710,7 +716,7 @@ def _tc_speedups(peak_tflops: dict, major: Optional[int], amd: bool) -> Dict[str
     the ratio of the peaks, fp32 keeping T.TC_FP32_PEAK_FRACTION_KEPT of it (a kernel moved to
     Tensor Cores reaches a smaller fraction of the higher peak); without peaks the
     generation's table (thresholds.TC_SPEEDUP_BY_COMPUTE_MAJOR)."""
-    target = "fp16" if (major is not None and major < 8 and not amd) else "bf16"
+    target = "fp16" if (major is not None and major < AMPERE_MAJOR and not amd) else "bf16"
     top = peak_tflops.get(target)
     out = {}
     for p in ("fp32", "tf32"):
@@ -784,7 +790,7 @@ def step_model(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Opt
     # the replay gap between kernels launched by one graph launch, else the constant
     graph_kernels = gr.kind[gr.g_launch] == H_GRAPH
     replay_gap = T.STEP_MODEL_REPLAY_GAP_US
-    if graph_kernels.sum() > 8:
+    if graph_kernels.sum() >= T.STEP_MODEL_MIN_REPLAYED_KERNELS:
         replay_gap = float(np.median(gr.g_gap[graph_kernels]))
     majors = [p.get("computeMajor") for p in device_properties or [] if isinstance(p, dict)]
     majors = [m for m in majors if isinstance(m, int) and not isinstance(m, bool)]
@@ -836,7 +842,7 @@ def step_model(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Opt
         if not changed:
             continue
         total = _total(gr, ch)
-        rows.append(_row(wid, None, label, assumption, base.total_us, total, measured, n,
+        rows.append(_row(wid, PRICES.get(wid), label, assumption, base.total_us, total, measured, n,
                          changed))
     # all fixes together (the recommendation what-ifs, each once)
     ch = _changes(gr)
@@ -909,6 +915,16 @@ def _profiler_cost(trace: TraceData, steps, path: Dict[str, float], n: int) -> d
             "share_of_host_path_pct": min(100.0, 100.0 * overhead / host) if host > 0 else None}
 
 
+# The recommendation rules each what-if prices (judge/recommendations.what_if_of maps each rule
+# to one of these; which of them fired is the recommendations' business: each carries its
+# `what_if`).
+PRICES = {"input": ["input_bound"], "pinned_h2d": ["pageable_h2d"], "sync": ["synchronization"],
+          "cuda_graphs": ["small_kernels", "host_bound"], "torch_compile": ["low_mfu", "small_kernels", "host_bound"],
+          "bf16": ["tensor_cores_unused"], "graph_breaks": ["torch_compile"],
+          "overlap_comm": ["communication", "ddp_buckets", "fsdp_prefetch"], "d2d": ["d2d_copies"],
+          "warmup": ["warmup_outlier"]}
+
+
 def _saving(base_us: float, total_us: float, measured: float, n: int) -> dict:
     saving = max(base_us - total_us, 0.0)
     return {"saving_us": saving, "saving_pct": 100.0 * saving / measured if measured > 0 else None,
@@ -916,8 +932,8 @@ def _saving(base_us: float, total_us: float, measured: float, n: int) -> dict:
             "predicted_step_ms": (measured - saving) / n / 1000 if n else None}
 
 
-def _row(wid, rule, label, assumption, base_us, total_us, measured, n, changed) -> dict:
-    return {"id": wid, "rule": rule, "label": label, "assumption": assumption, "model_us": total_us,
+def _row(wid, rules, label, assumption, base_us, total_us, measured, n, changed) -> dict:
+    return {"id": wid, "rules": list(rules or []), "label": label, "assumption": assumption, "model_us": total_us,
             "changed": int(changed), **_saving(base_us, total_us, measured, n)}
 
 
@@ -938,7 +954,7 @@ def _unit_partial(report: dict) -> dict:
         return {"sum:step_us": None, "sum:steps": 0, "sum:model_us": None, "sum:host_nodes": 0, "sum:gpu_nodes": 0,
                 "sum:syncs": 0, "keyed:critical_path_us": {}, "keyed:what_if": {}, "sum:all_saving_us": 0.0,
                 "rows:all_ids": [], "sum:ceiling_saving_us": 0.0, "first:ceiling": None}
-    rows = {r["id"]: {"first:id": r["id"], "first:rule": r.get("rule"), "first:label": r.get("label"),
+    rows = {r["id"]: {"first:id": r["id"], "first:rules": r.get("rules"), "first:label": r.get("label"),
                       "first:assumption": r.get("assumption"), "sum:saving_us": r.get("saving_us"),
                       "sum:changed": r.get("changed") or 0} for r in sec.get("what_if") or []}
     ceil = sec.get("ceiling") or {}
@@ -966,7 +982,7 @@ def _unit_finish(m: dict) -> Optional[dict]:
         return {"saving_us": us, "saving_pct": 100.0 * us / measured, "step_ms": measured / n / 1000,
                 "predicted_step_ms": (measured - us) / n / 1000}
 
-    rows = [{"id": r["first:id"], "rule": r["first:rule"], "label": r["first:label"],
+    rows = [{"id": r["first:id"], "rules": r["first:rules"] or [], "label": r["first:label"],
              "assumption": r["first:assumption"], "changed": int(r["sum:changed"] or 0),
              "model_us": (model - (num(r["sum:saving_us"]) or 0.0)) if model is not None else None,
              **saving(r["sum:saving_us"])} for r in (m.get("keyed:what_if") or {}).values()]
@@ -981,8 +997,9 @@ def _unit_finish(m: dict) -> Optional[dict]:
             "all_fixes": {"ids": list(dict.fromkeys(m.get("rows:all_ids") or [])),
                           "model_us": (model - (num(m.get("sum:all_saving_us")) or 0.0)) if model is not None else None,
                           **saving(m.get("sum:all_saving_us"))},
-            "ceiling": ({**ceil, "id": "roofline", "rule": None, "changed": 1, **saving(m.get("sum:ceiling_saving_us"))}
-                        if ceil else None),
+            "ceiling": ({**ceil, "id": "roofline", "rules": [], "changed": 1,
+                         "model_us": (model - (num(m.get("sum:ceiling_saving_us")) or 0.0)) if model is not None else None,
+                         **saving(m.get("sum:ceiling_saving_us"))} if ceil else None),
             "assumptions": None, "profiler": None}
 
 

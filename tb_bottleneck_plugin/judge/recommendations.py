@@ -53,21 +53,6 @@ def recommend(report: dict) -> List[dict]:
     return sorted(fired, key=sort_key)
 
 
-def link_what_ifs(report: dict) -> None:
-    """Each what-if row of the step model names, as ``rule``, the first recommendation it
-    priced (the list's order), else null: the what-if panel links a bar to that advice."""
-    sm = report.get("step_model")
-    if not isinstance(sm, dict):
-        return
-    first: dict = {}
-    for rec in report.get("recommendations") or []:
-        if isinstance(rec, dict) and rec.get("what_if"):
-            first.setdefault(rec["what_if"], rec.get("rule"))
-    for row in sm.get("what_if") or []:
-        if isinstance(row, dict):
-            row["rule"] = first.get(row.get("id"))
-
-
 # Advice that buys memory, not time: never priced in step time, never made "info" for it.
 MEMORY_RULES = ("allocator_slack", "memory_growth")
 

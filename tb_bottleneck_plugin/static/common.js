@@ -6,7 +6,8 @@ import {h, mount} from "./dom.js";
 import {isNum} from "./format.js";
 
 // "none": a value the server did not judge (its verdict says "not judged"): no colour class.
-const SEVERITIES = new Set(["high", "medium", "low", "ok", "none", "na"]);
+// "info": a rule that fired but whose fix the step model prices too small to pay (METRICS §19).
+const SEVERITIES = new Set(["high", "medium", "low", "info", "ok", "none", "na"]);
 
 /** The style.css class suffix of a severity word from the server (verdicts, recommendations):
  * the word itself when known, else "none". A mapping of words, never a decision. */

@@ -47,6 +47,25 @@ export function fmtMs(ms) {
   return `${ms.toFixed(Number.isInteger(ms) ? 0 : decimals(a, 1))} ms`;
 }
 
+/** A step time in milliseconds as the step model's rows are read: "177.6 ms" (one decimal
+ * from 1 ms), "0.73 ms" (two below), "4.7 µs" under 0.1 ms (fmtUs). */
+export function fmtStepMs(ms) {
+  if (!isNum(ms)) return "n/a";
+  const us = Math.abs(ms) * 1e3;
+  if (us >= 1e3) return `${ms.toFixed(1)} ms`;
+  if (us >= 100) return `${ms.toFixed(2)} ms`;
+  return fmtUs(ms * 1e3);
+}
+
+/** A step time before and after a change: "46.9 → 21.0 ms" (one unit when both are at least
+ * 1 ms), else each with its own unit (fmtStepMs). */
+export function fmtStepMsChange(before, after) {
+  if (isNum(before) && isNum(after) && Math.abs(before) * 1e3 >= 1e3 && Math.abs(after) * 1e3 >= 1e3) {
+    return `${before.toFixed(1)} → ${after.toFixed(1)} ms`;
+  }
+  return `${fmtStepMs(before)} → ${fmtStepMs(after)}`;
+}
+
 /** Bytes in binary units: "4.76 GiB". */
 export function fmtBytes(b) {
   if (!isNum(b)) return "n/a";

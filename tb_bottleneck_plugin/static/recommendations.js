@@ -1,9 +1,13 @@
 // The recommendations panel: every rule that fired on the server (recommendations.py),
 // with its severity, action, numbers and evidence, in the server's order (by the step time
 // each could give back, recommendations.py); nothing is decided or re-ordered here.
+// Each item carries data-rule (and data-what-if: the step model's what-if that priced it), so
+// the what-if panel (what_if.js) can scroll to it; a priced one says its predicted step
+// ("predicted step 46.9 → 21.0 ms (−55.0%)": the server's step_ms, predicted_step_ms and
+// estimated_gain_pct, only formatted here).
 
 import {h} from "./dom.js";
-import {fmtByName, humanizeKey} from "./format.js";
+import {fmtByName, humanizeKey, isNum, fmtPct, fmtStepMsChange} from "./format.js";
 import {note, severityClass} from "./common.js";
 import {mountPanel} from "./panels.js";
 
@@ -22,6 +26,14 @@ function actionNode(action) {
   return h("p", {class: "rec-action"}, text);
 }
 
+/** "predicted step 46.9 → 21.0 ms (−55.0%)" from the step model's price of the fix (server numbers). */
+function predictedNode(r) {
+  if (!isNum(r.step_ms) || !isNum(r.predicted_step_ms)) return null;
+  const gain = isNum(r.estimated_gain_pct) ? ` (−${fmtPct(r.estimated_gain_pct)})` : "";
+  return h("p", {class: "rec-predicted", title: r.what_if ? `step model what-if: ${String(r.what_if)}` : null},
+    `predicted step ${fmtStepMsChange(r.step_ms, r.predicted_step_ms)}${gain}`);
+}
+
 /** The recommendations panel of one report, in the server's order (most step time first). */
 export function recommendationsPanel(report) {
   const recs = Array.isArray(report.recommendations) ? report.recommendations : [];
@@ -30,12 +42,14 @@ export function recommendationsPanel(report) {
       const sev = severityClass(r.severity);
       const nums = r.numbers && typeof r.numbers === "object" ? Object.entries(r.numbers) : [];
       const ev = Array.isArray(r.evidence) ? r.evidence : (r.evidence ? [r.evidence] : []);
-      return h("li", {class: ["rec", `sev-${sev}`]},
+      return h("li", {class: ["rec", `sev-${sev}`], "data-rule": r.rule ? String(r.rule) : null,
+        "data-what-if": r.what_if ? String(r.what_if) : null},
         h("div", {class: "rec-head"},
           h("span", {class: ["badge", `sev-${sev}`]}, String(r.severity || "info")),
           h("span", {class: "rec-title"}, String(r.title || r.rule || "Recommendation")),
           r.rule ? h("span", {class: "rec-rule", title: "rule name"}, String(r.rule)) : null),
         actionNode(r.action),
+        predictedNode(r),
         r.gain_assumption ? h("p", {class: "rec-gain"}, typeof r.estimated_gain_pct === "number"
           ? `Could give back up to ${fmtByName("estimated_gain_pct", r.estimated_gain_pct)} of the step: ${r.gain_assumption}`
           : String(r.gain_assumption)) : null,

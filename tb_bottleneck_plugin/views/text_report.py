@@ -209,7 +209,8 @@ def format_what_if(rep: dict, indent: str = "", heading: Optional[str] = None) -
                                             if isinstance(err, (int, float)) else ""))
     width = max([len(r.get("label") or "") for r in sm.get("what_if") or []] + [10])
     for r in sm.get("what_if") or []:
-        rule = f"  [{r['rule']}]" if r.get("rule") else ""
+        rule = next((f"  [{x.get('rule')}]" for x in rep.get("recommendations") or []
+                     if isinstance(x, dict) and x.get("what_if") == r["id"]), "")
         lines.append(f"{indent}  {r.get('label') or r['id']:<{width}}  -{r['saving_us'] / n / 1000:7.2f} ms "
                      f"({r['saving_pct'] or 0:5.1f} %) -> {r['predicted_step_ms']:.2f} ms{rule}")
     a = sm.get("all_fixes") or {}

@@ -118,7 +118,9 @@ def test_resnet50_num_workers_0_reads_as_input_bound_with_the_dataloader_fix_fir
         # kernel time x (1 - 1/4)), so the DataLoader fix is first where its wait is larger.
         recs = rep["recommendations"]
         first = next(r for r in recs if r["rule"] == "input_bound")
-        assert first["severity"] == "high" and first["estimated_gain_pct"] == pytest.approx(tbp, abs=0.1)
+        # priced by the step model's input what-if (§19): the DataLoader wait on the host's path
+        # is the whole wait here, so the saving equals the DataLoader share within 0.5 point
+        assert first["severity"] == "high" and first["estimated_gain_pct"] == pytest.approx(tbp, abs=0.5)
         assert "num_workers" in first["action"] and "pin_memory=True" in first["action"]
         assert [r["rule"] for r in recs[:2]] == [r["rule"] for r in sorted(
             recs[:2], key=lambda r: -r["estimated_gain_pct"])]
