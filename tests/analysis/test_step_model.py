@@ -1,0 +1,166 @@
+"""The step model (METRICS.md §19) on hand-built traces with hand-computed critical paths and
+what-ifs, and cross-checked with HTA's critical path on the shared H100 traces."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import H100, TRACES, TraceBuilder, needs_traces, real_report
+from tb_bottleneck_plugin import report as report_mod
+
+
+def _model(b: TraceBuilder, tmp_path) -> dict:
+    return report_mod.analyze_trace(b.load(tmp_path))["report"]["step_model"]
+
+
+def _row(sm: dict, wid: str) -> dict:
+    return next(r for r in sm["what_if"] if r["id"] == wid)
+
+
+def sync_switch_trace() -> TraceBuilder:
+    """Two 1000 µs steps. Each: launch at 10 (5 µs call) of a 600 µs kernel at 20..620;
+    `.item()` at 100: a cudaStreamSynchronize 100..625 (waits for the kernel, returns 5 µs
+    after it); then the host computes until the step ends at 1000 (375 µs of Python)."""
+    b = TraceBuilder([H100])
+    for n, t0 in ((1, 0), (2, 1000)):
+        b.step(n, t0, 1000)
+        b.launch("void big_gemm_kernel<float>", t0 + 10, t0 + 20, 600)
+        b.cpu("aten::item", t0 + 95, 535)
+        b.runtime("cudaStreamSynchronize", t0 + 100, 525)
+    return b
+
+
+def test_the_model_reproduces_the_steps_and_its_critical_path_adds_up(tmp_path):
+    sm = _model(sync_switch_trace(), tmp_path)
+    assert sm["steps"] == 2 and sm["syncs"] == 2
+    assert sm["step_us"] == pytest.approx(2000.0)
+    assert sm["model_us"] == pytest.approx(2000.0) and sm["model_error_pct"] == pytest.approx(0.0)
+    cp = sm["critical_path_us"]
+    assert sum(cp.values()) == pytest.approx(sm["model_us"])
+    # by hand, per step: host 10 µs to the launch, 10 µs launch latency, the 600 µs kernel,
+    # the sync's 5 µs return, 375 µs of host compute to the step's end
+    assert cp["gpu_gemm"] == pytest.approx(2 * 600.0)
+    assert cp["gpu_launch_latency"] == pytest.approx(2 * 10.0)
+    assert cp["sync_overhead"] == pytest.approx(2 * 5.0)
+    assert cp["host_compute"] == pytest.approx(2 * (10.0 + 375.0))
+
+
+def test_removing_the_sync_switches_the_critical_path_from_the_gpu_to_the_host(tmp_path):
+    """Without the sync the host does not wait for the kernel: its call costs one launch
+    (5 µs) and the host runs on; the kernel (20..620) now overlaps the host's 375 µs of
+    Python. Step 1 shrinks by the wait: the host reaches the step end at 10+5+85+5+375 = 480;
+    step 2's kernel is ready at 480+10+10 = 500 but queues behind step 1's (ends 620): it runs
+    620..1220, while step 2's host ends at 960: the span ends with the GPU at 1220, the GPU
+    now sets the step: saving 2000 - 1220 = 780 µs (39 %)."""
+    sm = _model(sync_switch_trace(), tmp_path)
+    sync = _row(sm, "sync")
+    assert sync["saving_us"] == pytest.approx(780.0)
+    assert sync["saving_pct"] == pytest.approx(39.0)
+    assert sync["predicted_step_ms"] == pytest.approx(0.61)
+
+
+def input_trace() -> TraceBuilder:
+    """Two 1000 µs steps: the DataLoader's __next__ holds the host 0..600, then one launch
+    at 600 of a 300 µs kernel and a sync at 610 that waits for it (returns at 910+5)."""
+    b = TraceBuilder([H100])
+    for n, t0 in ((1, 0), (2, 1000)):
+        b.step(n, t0, 1000)
+        b.cpu("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", t0, 600, cat="user_annotation")
+        b.launch("void big_gemm_kernel<float>", t0 + 600, t0 + 605, 300)
+        b.runtime("cudaStreamSynchronize", t0 + 610, 300)
+    return b
+
+
+def test_input_wait_removed_gives_back_exactly_the_wait(tmp_path):
+    sm = _model(input_trace(), tmp_path)
+    assert sm["model_us"] == pytest.approx(2000.0)
+    assert sm["critical_path_us"]["input_wait"] == pytest.approx(1200.0)
+    inp = _row(sm, "input")
+    assert inp["saving_us"] == pytest.approx(1200.0) and inp["saving_pct"] == pytest.approx(60.0)
+    assert inp["rules"] == ["input_bound"]
+
+
+def test_fp32_gemm_on_tensor_cores_is_scaled_by_the_peak_ratio(tmp_path):
+    """Without recorded shapes the kernel's precision is unknown to the FLOPs section: the
+    bf16 what-if then changes nothing (no fp32 kernel it can name), and says so by its
+    absence; with the tc speedup recorded in the assumptions."""
+    sm = _model(input_trace(), tmp_path)
+    assert "bf16" not in [r["id"] for r in sm["what_if"]]
+    assert sm["assumptions"]["tc_speedup"]["fp32"] > 1
+
+
+def fusion_trace() -> TraceBuilder:
+    """One 1000 µs step of eager elementwise work: 10 launches (5 µs calls, 45 µs of host
+    between them) of 10 µs elementwise kernels, then a GEMM, a sync waiting for it."""
+    b = TraceBuilder([H100])
+    b.step(1, 0, 1000)
+    t = 0
+    for k in range(10):
+        t += 50
+        b.launch("void at::native::vectorized_elementwise_kernel<4, at::native::AddFunctor<float> >", t, t + 5, 10)
+    b.launch("void big_gemm_kernel<float>", 560, 565, 100)
+    b.runtime("cudaStreamSynchronize", 570, 100)
+    return b
+
+
+def test_cuda_graphs_and_fusion_what_ifs_on_a_launch_bound_step(tmp_path):
+    sm = _model(fusion_trace(), tmp_path)
+    assert sm["model_us"] == pytest.approx(1000.0)
+    # CUDA graphs: the 9 launches after the first cost nothing (their 45 µs gaps and 5 µs
+    # calls), the first one graph launch (20 µs instead of 5): 9 x 50 - 15 = 435 µs less
+    # host before the GEMM's launch; the GEMM is launched right after the first (its 10 µs
+    # gap and call go too): the step ends 435 + 50 = 485 µs earlier... at most the host part
+    graphs = _row(sm, "cuda_graphs")
+    assert 400 < graphs["saving_us"] < 500
+    # torch.compile: the ten elementwise kernels are one chain -> one kernel; nine launches
+    # vanish with their host time, the GEMM's launch costs at most the compiled cost per launch
+    fused = _row(sm, "torch_compile")
+    assert fused["saving_us"] > graphs["saving_us"] - 50
+    assert fused["saving_us"] < sm["model_us"]
+
+
+def test_what_ifs_never_lengthen_the_step_and_all_fixes_beat_each(tmp_path):
+    for b in (sync_switch_trace(), input_trace(), fusion_trace()):
+        sm = _model(b, tmp_path)
+        best = max([r["saving_us"] for r in sm["what_if"] if r["id"] != "warmup"] + [0.0])
+        assert all(r["saving_us"] >= 0 for r in sm["what_if"])
+        assert sm["all_fixes"]["saving_us"] >= best - 1e-6
+
+
+# ---------------------------------------------------------------- HTA's critical path
+
+def _hta() -> dict:
+    return json.loads((TRACES.parent / "oracles" / "hta_critical_path.json").read_text())["traces"]
+
+
+# GPU-bound steps, where HTA's path and ours both run through the GPU kernels (METRICS §19)
+AGREE = ("h100/demo-generator/input_bound_nw0", "h100/demo-generator/input_fixed_nw4", "h100/gpt2_bf16_eager",
+         "h100/gpt2_bf16_compiled")
+
+
+@needs_traces
+@pytest.mark.parametrize("prefix", AGREE)
+def test_gpu_time_on_the_critical_path_equals_htas_where_the_definitions_agree(prefix):
+    (rel, hta), = [(k, v) for k, v in _hta().items() if k.startswith(prefix + "/")]
+    steps = [s for s in hta["steps"].values() if s.get("critical_path_us")]
+    hta_gpu = sum(s["bound_by_us"]["gpu_compute_bound"] for s in steps) / len(steps)
+    sm = real_report(rel)["step_model"]
+    cp = sm["critical_path_us"]
+    ours = sum(v for k, v in cp.items() if k.startswith("gpu_") and k not in ("gpu_launch_latency",
+                                                                             "gpu_communication")) / sm["steps"]
+    assert ours == pytest.approx(hta_gpu, rel=0.03), (rel, ours, hta_gpu)
+    assert sorted(int(k) for k in hta["steps"]) == [p["step"] for p in sm["per_step"]]
+
+
+@needs_traces
+def test_where_hta_weighs_host_gaps_as_zero_our_path_is_the_whole_step():
+    """input_bound_nw0: HTA's path covers the model work only (~72 ms of a 316 ms step: the
+    DataLoader span is a user_annotation, weighed 0); ours is the step, the wait on it."""
+    rel, hta = next((k, v) for k, v in _hta().items() if "input_bound_nw0" in k)
+    steps = [s for s in hta["steps"].values() if s.get("critical_path_us")]
+    sm = real_report(rel)["step_model"]
+    n = sm["steps"]
+    assert sum(s["critical_path_us"] for s in steps) / len(steps) < 0.3 * sm["step_us"] / n
+    assert sum(sm["critical_path_us"].values()) == pytest.approx(sm["model_us"], rel=1e-6)
+    assert sm["critical_path_us"]["input_wait"] / n > 200_000
