@@ -21,6 +21,9 @@ statement that another part of the same report (or arithmetic) refutes:
 - ``confident_on_little_data``: a recommendation or a coloured card on a report with fewer
   than ``T.MIN_EVENTS_TO_JUDGE`` events (kernel-statistics cards and rules: fewer than
   ``T.MIN_KERNELS_TO_JUDGE`` kernels);
+- ``unpriced_confident_advice`` (issue 33): a medium/high recommendation that the step model
+  prices under ``T.GAIN_INFO_PCT`` of the step, a recommendation whose predicted step is not
+  its step less its gain, or a what-if the model says would lengthen the step;
 - ``one_window_words``: a trace without ProfilerStep whose words name a "step 0" or "the
   steps", or whose per-step n/a gives another reason than the steps' own (METRICS.md §1).
 
@@ -47,7 +50,7 @@ from tb_bottleneck_plugin.judge import recommendations as R
 
 CHECKS = ("launch_bound_capture", "share_over_100", "banner_few_steps", "green_card_rule_fired",
           "green_low_utilization", "na_with_number", "step_longer_than_activity", "confident_on_little_data",
-          "one_window_words")
+          "one_window_words", "unpriced_confident_advice")
 
 # "launch-bound", "launch- or latency-bound", but not "latency-bound, not launch-bound"
 LAUNCH_BOUND = re.compile(r"(?<!not )\blaunch-(?:bound|\s+or\s+latency-bound)", re.IGNORECASE)
@@ -230,6 +233,25 @@ def check_one_window_words(rep: dict) -> List[str]:
     for key, reason in na.items():
         if key.endswith("_per_step") and reason != na.get("steps"):
             out.append(f"not_available[{key!r}] = {reason!r}, not the steps' own reason {na.get('steps')!r}")
+    return out
+
+
+def check_unpriced_confident_advice(rep: dict) -> List[str]:
+    out = []
+    for r in rep.get("recommendations") or []:
+        if r.get("gain_source") != "step_model":
+            continue
+        gain = r.get("estimated_gain_pct")
+        if r.get("severity") in ("high", "medium") and isinstance(gain, (int, float)) and gain < T.GAIN_INFO_PCT:
+            out.append(f"{r['rule']} is {r['severity']} but the step model prices it at {gain:.2f} %")
+        before, after = r.get("step_ms"), r.get("predicted_step_ms")
+        if isinstance(before, (int, float)) and isinstance(after, (int, float)) and isinstance(gain, (int, float)) \
+                and abs(after - before * (1 - gain / 100)) > 0.01 * before:
+            out.append(f"{r['rule']}: predicted step {after:.2f} ms is not {before:.2f} ms less {gain:.1f} %")
+    sm = rep.get("step_model") if isinstance(rep.get("step_model"), dict) else {}
+    for w in sm.get("what_if") or []:
+        if isinstance(w.get("saving_us"), (int, float)) and w["saving_us"] < 0:
+            out.append(f"what-if {w.get('id')} lengthens the step")
     return out
 
 
@@ -622,6 +644,11 @@ def _bad_reports():
     r["not_available"].update({"steps": "no steps found", "launch.kernels_per_step": "no steps found"})
     r["verdicts"]["gpu_utilization"]["verdict"] = "GPU busy 60 % of the steps"
     out.append(("one_window_words", r, None))
+    r = _clean_report()
+    r["recommendations"] = [{"rule": "synchronization", "severity": "high", "numbers": {}, "title": "Sync",
+                             "estimated_gain_pct": 0.3, "gain_source": "step_model", "what_if": "sync",
+                             "step_ms": 10.0, "predicted_step_ms": 9.97}]
+    out.append(("unpriced_confident_advice", r, None))
     return out
 
 
