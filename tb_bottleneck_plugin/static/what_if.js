@@ -126,22 +126,26 @@ export function whatIfPanel(report) {
       : h("span", {class: "wf-label"}, label);
     list.appendChild(wfRow({cls: "wf-fix", id: String(r.id ?? ""), label: labelNode, title, ms: r.predicted_step_ms, todayMs, scaleMs,
       value: [savingText(savingMs(r, steps), r.saving_pct), h("span", {class: "muted"}, ` → ${fmtStepMs(r.predicted_step_ms)}`)],
-      extra: {"data-rule": rec ? String(rec.rule) : null, "data-saving-ms": String(savingMs(r, steps))}}));
+      extra: {"data-rule": rec ? String(rec.rule) : null, "data-saving-ms": isNum(savingMs(r, steps)) ? String(savingMs(r, steps)) : null}}));
   }
   if (all && isNum(all.predicted_step_ms)) {
     const ids = Array.isArray(all.ids) ? all.ids.map(String) : [];
     list.appendChild(wfRow({cls: "wf-all", id: "all_fixes", label: h("span", {class: "wf-label"}, "All fixes"),
       title: `Every fix at once${ids.length ? ` (${ids.join(", ")})` : ""}: replayed together, so not the sum of the rows above`,
       ms: all.predicted_step_ms, todayMs, scaleMs,
-      value: [fmtStepMs(all.predicted_step_ms), h("span", {class: "muted"}, ` (${savingText(savingMs(all, steps), all.saving_pct)})`)]}));
+      value: [savingText(savingMs(all, steps), all.saving_pct), h("span", {class: "muted"}, ` → ${fmtStepMs(all.predicted_step_ms)}`)]}));
   }
-  const body = [list];
+  const legend = h("div", {class: "legend wf-legend"},
+    h("span", {class: "legend-item"}, h("span", {class: "swatch wf-kept"}), h("span", {}, "predicted step")),
+    h("span", {class: "legend-item"}, h("span", {class: "swatch wf-saving"}), h("span", {}, "what the fix gives back")),
+    recs.length ? h("span", {class: "legend-item muted"}, "a linked row prices a recommendation above: click it to see that one") : null);
+  const body = [legend, list];
   if (!shown.length) body.push(note("No fix the model knows would shorten this step."));
   if (ceiling && isNum(ceiling.predicted_step_ms)) {
     body.push(h("div", {class: "wf wf-bound", role: "list", "aria-label": "a bound, not a recommendation"},
       wfRow({cls: "wf-ceiling", id: String(ceiling.id ?? "ceiling"),
         label: h("span", {class: "wf-label"}, `Bound: ${String(ceiling.label || ceiling.id || "ceiling")}`),
-        title: [String(ceiling.assumption || ""), "A bound, never a recommendation."].filter(Boolean).join("\n"),
+        title: String(ceiling.assumption || "a bound, never a recommendation"),
         ms: ceiling.predicted_step_ms, todayMs, scaleMs,
         value: [fmtStepMs(ceiling.predicted_step_ms), h("span", {class: "muted"}, " (a bound, not a fix)")]})));
   }

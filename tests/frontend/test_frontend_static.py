@@ -258,7 +258,9 @@ def test_no_threshold_of_thresholds_py_as_a_comparison_literal(path):
     for lineno, line in enumerate(code.splitlines(), 1):
         for a, b in _CMP_LITERAL.findall(line):
             v = _literal_value(a or b)
-            if v in by_value:
+            # the small counts 0-3 (plurals, "more than one device") are not thresholds, as in the
+            # backend's twin check (tests/judge/test_units_verdicts.py); GAIN_INFO_PCT is 1
+            if v in by_value and v not in (0.0, 1.0, 2.0, 3.0):
                 hits.append(f"{os.path.basename(path)}:{lineno}: {line.strip()[:120]}  (= {'/'.join(by_value[v])})")
     assert not hits, "\n".join(hits)
     # nor under a threshold-like name (a renamed copy of a threshold)

@@ -429,7 +429,10 @@ def test_resnet50_run_pair_deltas_equal_oracle_ratio_of_sums():
     assert rec["input_bound"]["status"] == "resolved"
     # FP32 on a V100 both times: Tensor Cores unused, unchanged
     assert metric(cmp, "tensor_core_pct")["verdict"] == "unchanged"
-    assert rec["tensor_cores_unused"]["status"] == "unchanged"
+    # the rule fires on both; the step model prices it under 1 % on nw4 (the profiled host paces
+    # these steps: faster kernels would wait for it), so it is "info" there: better, not gone
+    assert rec["tensor_cores_unused"]["status"] == "better"
+    assert rec["tensor_cores_unused"]["cand_severity"] == "info"
     dl = row(cmp["ops"], "enumerate(DataLoader)#<iterator>.__next__")
     assert dl["delta_total_us_per_step"] < -30000
 
