@@ -40,6 +40,7 @@ import numpy as np
 from .. import thresholds as T
 from ..trace.model import CPU_OP, CPU_USER_ANNOTATION, GPU_KERNEL, GPU_MEMCPY, GPU_MEMSET, TraceData
 from . import intervals as iv
+from .factorize import unique_rows
 
 NAME = "step_model"
 # Compute capability of Ampere, the first NVIDIA generation with bf16 Tensor Cores (a fact)
@@ -117,12 +118,24 @@ class Graph:
 
 def _name_mask(trace: TraceData, names: np.ndarray, pred) -> np.ndarray:
     ids = trace.string_ids(pred)
-    return np.isin(names, ids) if len(ids) and len(names) else np.zeros(len(names), bool)
+    if not len(ids) or not len(names):
+        return np.zeros(len(names), bool)
+    table = np.zeros(len(trace.strings) + 1, bool)  # a lookup over string ids (the last: -1, none)
+    table[ids] = True
+    return table[np.where(names >= 0, names, len(trace.strings))]
+
+
+def _codes(col: np.ndarray, codes) -> np.ndarray:
+    """``np.isin`` for a few small codes (the H_*/C_* codes, CPU kinds: 0-15), as one lookup."""
+    table = np.zeros(16, bool)
+    table[list(codes)] = True
+    return table[col]
 
 
 def _cpu_intervals(trace: TraceData, pred, kinds=(CPU_OP, CPU_USER_ANNOTATION)) -> iv.Intervals:
     cpu = trace.cpu
-    m = _name_mask(trace, cpu.name, pred) & np.isin(cpu.kind, kinds)
+    m = _name_mask(trace, cpu.name, pred)
+    m &= _codes(cpu.kind, kinds)
     return iv.merge(cpu.ts[m], cpu.ts[m] + cpu.dur[m])
 
 
@@ -215,8 +228,8 @@ def build_graph(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Op
     grows = grows[gorder]
     g_launch = glink[grows]
     g_ts, g_dur = g.ts[grows], np.nan_to_num(g.dur[grows])
-    _, g_stream = np.unique(np.stack([g.device[grows].astype(np.int64), g.stream[grows]], 1), axis=0,
-                            return_inverse=True) if len(grows) else (None, np.zeros(0, np.int64))
+    g_stream = (unique_rows(np.stack([g.device[grows].astype(np.int64), g.stream[grows]], 1))[1]
+                if len(grows) else np.zeros(0, np.int64))
     g_stream = np.asarray(g_stream, np.int64).reshape(-1)
     # stream order = launch order (FIFO); predecessor's end
     sorder = np.lexsort((np.arange(len(grows)), g_stream))
@@ -259,7 +272,7 @@ def build_graph(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Op
     fam_gemm = _name_mask(trace, gname, lambda s: kernel_family(s) == "gemm")
     fam_attn = _name_mask(trace, gname, lambda s: kernel_family(s) == "attention")
     g_cls[is_k & fam_gemm & (g_cls == C_OTHER)] = C_GEMM
-    g_cls[is_k & fam_attn & np.isin(g_cls, (C_OTHER, C_ELEM))] = C_ATTN
+    g_cls[is_k & fam_attn & _codes(g_cls, (C_OTHER, C_ELEM))] = C_ATTN
     g_cls[is_k & _name_mask(trace, gname, lambda s: TRITON_RE.search(s) is not None)] = C_TRITON
     g_cls[comm_kernel_mask(trace)[grows]] = C_COMM
     memcpy = gk == GPU_MEMCPY
@@ -304,39 +317,27 @@ class Sim:
     per_step_us: np.ndarray
 
 
-def _stream_scan(ready, gap, dur, stream, e0):
-    """Ends of a batch of activities on their streams (batch order = FIFO order per stream):
-    end_j = max(ready_j, end_{j-1} + gap_j) + dur_j, the first after ``e0[stream]``.
-    A running maximum per stream: end_j = D_j + max(E0, max_{k<=j}(ready_k + dur_k - D_k))."""
-    order = np.argsort(stream, kind="stable")
-    r, gp, d, s = ready[order], gap[order], dur[order], stream[order]
-    step = gp + d
-    c = np.cumsum(step)
-    first = np.concatenate([[True], s[1:] != s[:-1]])
-    grp = np.cumsum(first) - 1
-    base = (c - step)[first][grp]
-    dd = c - base
-    x = r + d - dd
-    finite = np.isfinite(x)
-    if finite.any():
-        span = float(np.nanmax(np.where(finite, np.abs(x), np.nan))) + float(dd.max()) + 1.0
-    else:
-        span = 1.0
-    big = 4.0 * span
-    xo = np.where(finite, x + grp * big, np.nan)
-    m = np.fmax.accumulate(xo) - grp * big
-    m = np.where(np.isnan(m), -np.inf, m)
-    end = dd + np.maximum(e0[s], m)
-    out = np.empty_like(end)
-    out[order] = end
-    return out
+def _stream_order(gr: Graph, g_stream: np.ndarray) -> np.ndarray:
+    """GPU nodes by stream, launch order within one (the graph's own streams: computed once)."""
+    if g_stream is gr.g_stream:
+        so = gr.__dict__.get("_stream_order")
+        if so is None:
+            so = gr.__dict__["_stream_order"] = np.lexsort((np.arange(len(g_stream)), g_stream))
+        return so
+    return np.lexsort((np.arange(len(g_stream)), g_stream))
 
 
 def simulate(gr: Graph, gap=None, busy=None, is_sync=None, g_lat=None, g_gap=None, g_dur=None,
              g_stream=None) -> Sim:
     """List-schedule the graph with the given durations (module docstring); any argument
     left None is the graph's own. A GPU node with ``g_lat`` = -inf is removed (it delays
-    nothing). Vectorised between syncs; one loop iteration per sync."""
+    nothing).
+
+    Between two syncs nothing waits, so the host's starts are a running sum shifted by one
+    offset per segment, and a stream's ends a running maximum: with C the cumulative
+    (gap + duration) along the stream, end_j = C_j + max(E0 - C_before, offset + max_{k<=j}
+    (ready0_k + dur_k - C_k)) where ready0 is the ready time without the offset. One loop
+    iteration per sync and stream, each a few operations on array views."""
     gap = gr.gap if gap is None else gap
     busy = gr.busy if busy is None else busy
     is_sync = (gr.kind == H_SYNC) if is_sync is None else is_sync
@@ -345,48 +346,62 @@ def simulate(gr: Graph, gap=None, busy=None, is_sync=None, g_lat=None, g_gap=Non
     g_dur = gr.g_dur if g_dur is None else g_dur
     g_stream = gr.g_stream if g_stream is None else g_stream
     n_h, n_g = len(gap), len(g_dur)
-    n_s = int(g_stream.max()) + 1 if n_g else 0
-    host_start = np.empty(n_h)
-    host_end = np.empty(n_h)
-    g_end = np.zeros(n_g)
-    waited = np.full(n_h, -1, np.int64)
-    stream_end = np.zeros(n_s)
-    stream_last = np.full(n_s, -1, np.int64)
-    # GPU nodes per host node range (g_launch is sorted)
-    g_first = np.searchsorted(gr.g_launch, np.arange(n_h + 1), side="left")
+    # host starts without waits; a segment adds its offset
+    cs = np.cumsum(gap + busy)
+    start0 = cs - busy
+    # GPU nodes in stream order (launch order within a stream), per stream a block
+    so = _stream_order(gr, g_stream)
+    s_sorted = g_stream[so]
+    s_first = np.flatnonzero(np.concatenate([[True], s_sorted[1:] != s_sorted[:-1]])) if n_g \
+        else np.zeros(0, np.int64)
+    streams = s_sorted[s_first]
+    s_last = np.append(s_first[1:], n_g)
+    step = (g_gap + g_dur)[so]
+    c_incl = np.cumsum(step)
+    # the cumulative restarts per stream: subtract the stream's sum before its block
+    c_incl -= np.repeat((c_incl - step)[s_first], s_last - s_first) if n_g else 0.0
+    launch_sorted = gr.g_launch[so]
+    x0 = (start0[launch_sorted] + g_lat[so] + g_dur[so]) - c_incl  # ready0 + dur - C
     syncs = np.flatnonzero(is_sync)
-    bounds = np.concatenate([syncs, [n_h - 1]])
-    clock, lo = 0.0, 0
-    for b in bounds:
-        b = int(b)
-        if b < lo:
-            continue
-        seg = slice(lo, b + 1)
-        adv = gap[seg] + busy[seg]
-        cs = np.cumsum(adv)
-        host_start[seg] = clock + cs - busy[seg]
-        host_end[seg] = clock + cs
-        g0, g1 = g_first[lo], g_first[b + 1]
-        if g1 > g0:
-            idx = np.arange(g0, g1)
-            ready = host_start[gr.g_launch[idx]] + g_lat[idx]
-            ends = _stream_scan(ready, g_gap[idx], g_dur[idx], g_stream[idx], stream_end)
-            g_end[idx] = ends
-            st = g_stream[idx]
-            # the last activity of each stream in the batch
-            o = np.lexsort((idx, st))
-            tail = np.concatenate([st[o][1:] != st[o][:-1], [True]])
-            stream_end[st[o][tail]] = ends[o][tail]
-            stream_last[st[o][tail]] = idx[o][tail]
-        clock = host_end[b]
-        if is_sync[b] and n_s:
-            # the sync returns its own cost after the later of its start and the GPU's end
-            s_best = int(np.argmax(stream_end))
-            if stream_end[s_best] > host_start[b] and stream_last[s_best] >= 0:
-                clock = float(stream_end[s_best]) + busy[b]
-                waited[b] = stream_last[s_best]
-                host_end[b] = clock
-        lo = b + 1
+    bounds = np.concatenate([syncs, [n_h - 1]]) if n_h else np.zeros(0, np.int64)
+    if len(bounds) > 1:
+        bounds = np.unique(bounds)
+    # per stream, the block position of each segment's end (nodes launched by host <= b)
+    cut = [np.searchsorted(launch_sorted[a:z], bounds, side="right") + a for a, z in zip(s_first, s_last)]
+    seg_off = np.empty(len(bounds))
+    g_end_sorted = np.zeros(n_g)
+    stream_end = np.zeros(len(streams))
+    stream_pos = s_first.copy()  # next block position per stream
+    waited = np.full(n_h, -1, np.int64)
+    sync_end = {}
+    offset = 0.0
+    for i, b in enumerate(bounds.tolist()):
+        seg_off[i] = offset
+        for k in range(len(streams)):
+            p0, p1 = stream_pos[k], cut[k][i]
+            if p1 > p0:
+                m = np.maximum.accumulate(x0[p0:p1])
+                c_before = c_incl[p0 - 1] if p0 > s_first[k] else 0.0
+                ends = c_incl[p0:p1] + np.maximum(stream_end[k] - c_before, offset + m)
+                g_end_sorted[p0:p1] = ends
+                stream_end[k] = ends[-1]
+                stream_pos[k] = p1
+        if is_sync[b] and len(streams):
+            k = int(np.argmax(stream_end))
+            start_b = start0[b] + offset
+            if stream_end[k] > start_b and stream_pos[k] > s_first[k]:
+                end_b = float(stream_end[k]) + busy[b]
+                waited[b] = so[stream_pos[k] - 1]
+                sync_end[b] = end_b
+                offset = end_b - cs[b]
+    lengths = np.diff(np.concatenate([[-1], bounds]))
+    off = np.repeat(seg_off, lengths)
+    host_start = start0 + off
+    host_end = host_start + busy
+    for b, e in sync_end.items():
+        host_end[b] = e
+    g_end = np.empty(n_g)
+    g_end[so] = g_end_sorted
     g_start = g_end - g_dur
     m = gr.markers
     gpu_done = float(np.max(g_end, initial=-np.inf)) if n_g else -np.inf
@@ -414,13 +429,13 @@ def critical_path(gr: Graph, sim: Sim, g_dur=None, g_gap=None, gap=None, busy=No
     cmp_ = np.minimum(gr.gap_compile, gap - inp)
     hp_gap = {"input_wait": inp, "compile": cmp_, "host_compute": np.maximum(gap - inp - cmp_, 0.0)}
     kinds = gr.kind
-    hp_busy = {"launch_overhead": np.where(np.isin(kinds, (H_LAUNCH, H_COPY, H_GRAPH)), busy, 0.0),
+    hp_busy = {"launch_overhead": np.where(_codes(kinds, (H_LAUNCH, H_COPY, H_GRAPH)), busy, 0.0),
                "sync_overhead": np.where(kinds == H_SYNC, busy, 0.0),
-               "runtime_other": np.where(np.isin(kinds, (H_OTHER, H_MARKER)), busy, 0.0)}
+               "runtime_other": np.where(_codes(kinds, (H_OTHER, H_MARKER)), busy, 0.0)}
     cg = {k: np.concatenate([[0.0], np.cumsum(v)]) for k, v in hp_gap.items()}
     cb = {k: np.concatenate([[0.0], np.cumsum(v)]) for k, v in hp_busy.items()}
     # GPU: stream order, run heads (the last launch-bound node at or before each)
-    so = np.lexsort((np.arange(n_g), gr.g_stream))
+    so = _stream_order(gr, gr.g_stream)
     pos = np.empty(n_g, np.int64)
     pos[so] = np.arange(n_g)
     s_sorted = gr.g_stream[so]
@@ -480,8 +495,10 @@ class WhatIf:
 
 
 def _changes(gr: Graph) -> dict:
+    # g_stream stays the graph's own array (simulate reuses its stream order): a what-if that
+    # moves work to another stream assigns a new array
     return {"gap": gr.gap.copy(), "busy": gr.busy.copy(), "is_sync": gr.kind == H_SYNC, "g_lat": gr.g_lat.copy(),
-            "g_gap": gr.g_gap.copy(), "g_dur": gr.g_dur.copy(), "g_stream": gr.g_stream.copy()}
+            "g_gap": gr.g_gap.copy(), "g_dur": gr.g_dur.copy(), "g_stream": gr.g_stream}
 
 
 def _apply_input(gr, ch):
@@ -499,7 +516,7 @@ def _apply_pinned(gr, ch):
     calls = np.unique(gr.g_launch[pageable])
     ch["busy"][calls] = np.minimum(ch["busy"][calls], gr.launch_us)
     ch["is_sync"][calls] = False
-    ch["g_stream"][pageable] = int(gr.g_stream.max()) + 1
+    ch["g_stream"] = np.where(pageable, int(gr.g_stream.max()) + 1, ch["g_stream"])
     return int(pageable.sum())
 
 
@@ -520,7 +537,7 @@ def _launch_runs(gr: Graph, sel_nodes: np.ndarray) -> np.ndarray:
     """Host nodes (of ``sel_nodes``) whose gap lies between two launches of the same run:
     the previous node is a launch too and nothing but host compute separates them."""
     k = gr.kind
-    launch = np.isin(k, (H_LAUNCH, H_COPY))
+    launch = _codes(k, (H_LAUNCH, H_COPY))
     prev_launch = np.concatenate([[False], launch[:-1]])
     return sel_nodes & launch & prev_launch
 
@@ -535,9 +552,9 @@ def _apply_cuda_graphs(gr, ch, replay_gap_us: float):
     host_part = ch["gap"] - gr.gap_input - gr.gap_compile
     ch["gap"][inner] -= np.maximum(host_part[inner], 0.0)
     ch["busy"][inner] = 0.0
-    first = np.isin(gr.kind, (H_LAUNCH, H_COPY)) & ~inner
+    first = _codes(gr.kind, (H_LAUNCH, H_COPY)) & ~inner
     ch["busy"][first] = T.STEP_MODEL_GRAPH_LAUNCH_US
-    replayed = np.isin(gr.kind[gr.g_launch], (H_LAUNCH, H_COPY))
+    replayed = _codes(gr.kind[gr.g_launch], (H_LAUNCH, H_COPY))
     ch["g_lat"][replayed] = np.minimum(ch["g_lat"][replayed], replay_gap_us)
     ch["g_gap"][replayed] = np.minimum(ch["g_gap"][replayed], replay_gap_us)
     return int(inner.sum())
@@ -548,7 +565,7 @@ def _chains(gr: Graph, cls_ok: np.ndarray, ends: Optional[np.ndarray] = None) ->
     follow each other on one stream (launch order), with no other activity between; a node
     of ``ends`` closes its chain (the next one starts a new chain)."""
     n = len(gr.g_dur)
-    so = np.lexsort((np.arange(n), gr.g_stream))
+    so = _stream_order(gr, gr.g_stream)
     ok = cls_ok[so]
     s = gr.g_stream[so]
     closed = np.zeros(n, bool) if ends is None else ends[so]
@@ -566,7 +583,7 @@ def _apply_fusion(gr, ch, compiled_host_us: float):
     pass over the chain's largest tensors (the time of its longest member); each remaining
     launch costs the host ``compiled_host_us`` (Inductor's wrapper instead of the eager
     dispatcher)."""
-    mem = np.isin(gr.g_cls, MEMORY_BOUND) & (gr.g_dur > 0)
+    mem = _codes(gr.g_cls, MEMORY_BOUND) & (gr.g_dur > 0)
     cid = _chains(gr, mem, gr.g_reduction)
     inchain = cid >= 0
     if not inchain.any():
@@ -593,7 +610,7 @@ def _apply_fusion(gr, ch, compiled_host_us: float):
     keep_calls = np.zeros(len(gr.gap), bool)
     keep_calls[gr.g_launch[~gone]] = True
     gone_calls &= ~keep_calls
-    launchish = np.isin(gr.kind, (H_LAUNCH, H_COPY))
+    launchish = _codes(gr.kind, (H_LAUNCH, H_COPY))
     host_part = np.maximum(ch["gap"] - gr.gap_input - gr.gap_compile, 0.0)
     inner = _launch_runs(gr, np.ones(len(gr.gap), bool))
     own = ch["busy"] + np.where(inner, host_part, 0.0)
@@ -630,7 +647,7 @@ def _apply_bf16(gr, ch, speedup_of):
     # an fp32 op whose kernel runs on Tensor Cores ran in TF32
     prec = np.where((gr.g_prec == "fp32") & gr.g_tc, "tf32", gr.g_prec)
     for p, sp in speedup_of.items():
-        m = np.isin(gr.g_cls, (C_GEMM, C_CONV, C_ATTN)) & (prec == p) & (sp > 1)
+        m = _codes(gr.g_cls, (C_GEMM, C_CONV, C_ATTN)) & (prec == p) & (sp > 1)
         if m.any():
             ch["g_dur"][m] = gr.g_dur[m] / sp
             n += int(m.sum())
@@ -653,7 +670,7 @@ def _apply_compile_breaks(gr, ch, compiled_host_us: float):
     e = gr.eager_between
     if e.any():
         host_part = np.maximum(ch["gap"] - gr.gap_input - gr.gap_compile, 0.0)
-        launchish = np.isin(gr.kind, (H_LAUNCH, H_COPY))
+        launchish = _codes(gr.kind, (H_LAUNCH, H_COPY))
         own = np.where(e & launchish, ch["busy"] + host_part, 0.0)
         target = np.minimum(own, compiled_host_us)
         ch["gap"][e] -= np.where(launchish[e], np.minimum(own[e] - target[e], host_part[e]), host_part[e])
@@ -676,7 +693,7 @@ def _apply_comm(gr, ch):
     m = gr.g_cls == C_COMM
     if not m.any():
         return 0
-    ch["g_stream"][m] = int(gr.g_stream.max()) + 1
+    ch["g_stream"] = np.where(m, int(gr.g_stream.max()) + 1, ch["g_stream"])
     comm_end = np.sort(gr.g_ts[m] + gr.g_dur[m])
     k = np.searchsorted(comm_end, gr.g_ts, side="right") - 1
     held = ~m & (k >= 0) & (gr.g_ts - comm_end[np.maximum(k, 0)] <= T.STEP_MODEL_QUEUED_GAP_US) \
@@ -771,14 +788,15 @@ def step_model(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Opt
     ctx = context or {}
     # pageable copies (by the copy's name)
     pageable_ids = trace.string_ids(lambda s: "HtoD" in s and "Pageable" in s)
-    gr.__dict__["_pageable"] = np.isin(trace.gpu.name[gr.g_row], pageable_ids) if len(pageable_ids) \
+    gr.__dict__["_pageable"] = _name_mask(trace, trace.gpu.name[gr.g_row], lambda s: "HtoD" in s and "Pageable" in s) \
+        if len(pageable_ids) \
         else np.zeros(len(gr.g_row), bool)
     base = simulate(gr)
     measured = float(gr.step_us.sum())
     n = gr.n_steps
     path = critical_path(gr, base)
     # host cost per launch inside compiled regions (this trace), else the documented constant
-    comp_launch = gr.compiled & np.isin(gr.kind, (H_LAUNCH, H_COPY))
+    comp_launch = gr.compiled & _codes(gr.kind, (H_LAUNCH, H_COPY))
     if comp_launch.sum() >= T.STEP_MODEL_MIN_COMPILED_LAUNCHES:
         inner = _launch_runs(gr, comp_launch)
         per = gr.busy[comp_launch].sum() + np.maximum(gr.gap - gr.gap_input - gr.gap_compile, 0.0)[inner].sum()
