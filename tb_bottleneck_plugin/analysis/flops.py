@@ -675,13 +675,14 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
                         "count": int(kn[j])})
     if per_kernel is not None:
         # per GPU row, for the step model (analysis/step_model.py): class code (CLASSES), FLOPs,
-        # bytes and the precision of the counted op that launched it ("" when none)
-        k_prec = np.full(len(gpu), "", dtype=object)
+        # bytes and the precision of the counted op that launched it (an index into
+        # `precisions`; -1 when none)
+        k_prec = np.full(len(gpu), -1, np.int64)
         counted_k = own_k & (owner < n_counted)
         if counted_k.any():
-            k_prec[counted_k] = np.array(precisions, dtype=object)[op_prec[owner[counted_k]]]
-        per_kernel.update(cls=k_cls, flops=k_flops, bytes=k_bytes, precision=k_prec,
-                          peak_tflops=dict(tflops_peak), peak=peak)
+            k_prec[counted_k] = op_prec[owner[counted_k]]
+        per_kernel.update(cls=k_cls, flops=k_flops, bytes=k_bytes, precision_code=k_prec,
+                          precisions=list(precisions), peak_tflops=dict(tflops_peak), peak=peak)
     if per_op is not None and has_shape.any():
         per_op.update(_per_op(len(rows), f_idx, e_idx, anc & ~final & (step_of >= 0), f_flops, op_bytes_all,
                               op_kus, np.where(pk_op > 0, pk_op, np.nan), peak, na))

@@ -100,12 +100,13 @@ class Graph:
     g_ts: np.ndarray         # the activity's recorded start
     g_flops: np.ndarray
     g_bytes: np.ndarray
-    g_prec: np.ndarray       # object array: precision of the op that launched it ("" unknown)
+    g_prec: np.ndarray       # precision code of the op that launched it: index into `precisions` (0: "" unknown)
     g_reduction: np.ndarray  # a reduction kernel (ends a fusion group)
     g_tc: np.ndarray         # a Tensor Core kernel (by name)
     g_misaligned: np.ndarray  # a GEMM kernel built for unaligned operands (CUTLASS alignN, N < 8 / 4)
     step_us: np.ndarray      # measured (stretched) duration of each included step
     step_numbers: np.ndarray
+    precisions: tuple        # the names of g_prec's codes ("" first)
     launch_us: float         # median host cost of one kernel launch in this trace
     queued_latency_us: float  # launch latency used for a kernel that was queued in the trace
 
@@ -117,12 +118,19 @@ class Graph:
 # ---------------------------------------------------------------- building the graph
 
 def _name_mask(trace: TraceData, names: np.ndarray, pred) -> np.ndarray:
-    ids = trace.string_ids(pred)
-    if not len(ids) or not len(names):
-        return np.zeros(len(names), bool)
-    table = np.zeros(len(trace.strings) + 1, bool)  # a lookup over string ids (the last: -1, none)
-    table[ids] = True
-    return table[np.where(names >= 0, names, len(trace.strings))]
+    """``pred(name)`` per row of a name column (string ids; -1: none), evaluated once per
+    distinct name in the column (a kernel column holds tens of names, the string table
+    hundreds to thousands of strings)."""
+    n_s = len(trace.strings)
+    if not len(names):
+        return np.zeros(0, bool)
+    col = np.where((names >= 0) & (names < n_s), names, n_s)
+    present = np.zeros(n_s + 1, bool)
+    present[col] = True
+    table = np.zeros(n_s + 1, bool)
+    for i in np.flatnonzero(present[:n_s]).tolist():
+        table[i] = bool(pred(trace.strings[i]))
+    return table[col]
 
 
 def _codes(col: np.ndarray, codes) -> np.ndarray:
@@ -170,11 +178,12 @@ def build_graph(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Op
         return None
     # host nodes: step markers + calls (+ the end marker), in start order (markers first on ties)
     n_m = len(hs)
-    ts = np.concatenate([hs, rt.ts[rows], [he[-1]]])
-    dur = np.concatenate([np.zeros(n_m), np.nan_to_num(rt.dur[rows]), [0.0]])
-    src = np.concatenate([np.full(n_m, -1), rows, [-1]]).astype(np.int64)
-    is_marker = np.concatenate([np.ones(n_m, bool), np.zeros(len(rows), bool), [True]])
-    horder = np.lexsort((~is_marker, ts))
+    # markers first, so that a stable sort puts them before a call that starts at the same time
+    ts = np.concatenate([hs, [he[-1]], rt.ts[rows]])
+    dur = np.concatenate([np.zeros(n_m + 1), np.nan_to_num(rt.dur[rows])])
+    src = np.concatenate([np.full(n_m + 1, -1), rows]).astype(np.int64)
+    is_marker = np.concatenate([np.ones(n_m + 1, bool), np.zeros(len(rows), bool)])
+    horder = np.argsort(ts, kind="stable")
     ts, dur, src, is_marker = ts[horder], dur[horder], src[horder], is_marker[horder]
     markers = np.flatnonzero(is_marker)
     # serial host time: the part of a call already inside an earlier one is not counted twice
@@ -224,7 +233,8 @@ def build_graph(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Op
     if unlinked.any():
         glink[unlinked] = np.maximum(np.searchsorted(ts, g.ts[unlinked], side="right") - 1, 0)
     grows = np.flatnonzero(glink >= 0)
-    gorder = np.lexsort((g.ts[grows], glink[grows]))
+    by_ts = np.argsort(g.ts[grows], kind="stable")  # (launch node, start): two stable sorts
+    gorder = by_ts[np.argsort(glink[grows][by_ts], kind="stable")]
     grows = grows[gorder]
     g_launch = glink[grows]
     g_ts, g_dur = g.ts[grows], np.nan_to_num(g.dur[grows])
@@ -232,7 +242,7 @@ def build_graph(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Op
                 if len(grows) else np.zeros(0, np.int64))
     g_stream = np.asarray(g_stream, np.int64).reshape(-1)
     # stream order = launch order (FIFO); predecessor's end
-    sorder = np.lexsort((np.arange(len(grows)), g_stream))
+    sorder = np.argsort(g_stream, kind="stable")
     prev_end = np.full(len(grows), -np.inf)
     if len(grows):
         s_sorted = g_stream[sorder]
@@ -259,7 +269,8 @@ def build_graph(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Op
     gname = g.name[grows]
     flops = np.zeros(len(grows))
     nbytes = np.zeros(len(grows))
-    prec = np.full(len(grows), "", dtype=object)
+    prec_code = np.zeros(len(grows), np.int8)  # index into prec_names; 0: unknown
+    prec_names = ("",)
     pk = per_kernel or {}
     if len(pk.get("cls", ())) == len(g):
         from .flops import CLASSES
@@ -267,7 +278,9 @@ def build_graph(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Op
         code = {"gemm": C_GEMM, "conv": C_CONV, "attention": C_ATTN, "elementwise": C_ELEM, "other": C_OTHER}
         table = np.array([code[c] for c in CLASSES], np.int8)
         g_cls[:] = table[pk["cls"][grows]]
-        flops, nbytes, prec = pk["flops"][grows], pk["bytes"][grows], pk["precision"][grows]
+        flops, nbytes = pk["flops"][grows], pk["bytes"][grows]
+        prec_names = ("",) + tuple(pk["precisions"])
+        prec_code = (pk["precision_code"][grows] + 1).astype(np.int8)
     is_k = gk == GPU_KERNEL
     fam_gemm = _name_mask(trace, gname, lambda s: kernel_family(s) == "gemm")
     fam_attn = _name_mask(trace, gname, lambda s: kernel_family(s) == "attention")
@@ -296,7 +309,7 @@ def build_graph(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Op
     return Graph(gap=gap, gap_input=gap_input, gap_compile=gap_compile, busy=busy, kind=kind,
                  eager_between=eager_between, compiled=compiled, compiling=compiling & ~is_marker, markers=markers, g_launch=g_launch, g_lat=g_lat,
                  g_gap=g_gap, g_dur=g_dur, g_stream=g_stream, g_cls=g_cls, g_row=grows, g_ts=g_ts, g_flops=flops,
-                 g_bytes=nbytes, g_prec=prec, g_reduction=is_k & _name_mask(trace, gname, lambda s: REDUCTION_RE.search(s) is not None),
+                 g_bytes=nbytes, g_prec=prec_code, precisions=prec_names, g_reduction=is_k & _name_mask(trace, gname, lambda s: REDUCTION_RE.search(s) is not None),
                  g_tc=tensor_core_kernel_mask(trace)[grows],
                  g_misaligned=is_k & (g_cls == C_GEMM) & _name_mask(trace, gname, lambda s: MISALIGNED_RE.search(s)
                                                                    is not None),
@@ -322,9 +335,26 @@ def _stream_order(gr: Graph, g_stream: np.ndarray) -> np.ndarray:
     if g_stream is gr.g_stream:
         so = gr.__dict__.get("_stream_order")
         if so is None:
-            so = gr.__dict__["_stream_order"] = np.lexsort((np.arange(len(g_stream)), g_stream))
+            so = gr.__dict__["_stream_order"] = np.argsort(g_stream, kind="stable")
         return so
-    return np.lexsort((np.arange(len(g_stream)), g_stream))
+    return np.argsort(g_stream, kind="stable")
+
+
+def _stream_blocks(gr: Graph, g_stream: np.ndarray):
+    """(stream order, first and end position of each stream's block, launching host node in
+    that order); the graph's own streams: computed once."""
+    own = g_stream is gr.g_stream
+    if own and "_stream_blocks" in gr.__dict__:
+        return gr.__dict__["_stream_blocks"]
+    n_g = len(g_stream)
+    so = _stream_order(gr, g_stream)
+    s_sorted = g_stream[so]
+    s_first = np.flatnonzero(np.concatenate([[True], s_sorted[1:] != s_sorted[:-1]])) if n_g \
+        else np.zeros(0, np.int64)
+    out = (so, s_first, np.append(s_first[1:], n_g), gr.g_launch[so])
+    if own:
+        gr.__dict__["_stream_blocks"] = out
+    return out
 
 
 def simulate(gr: Graph, gap=None, busy=None, is_sync=None, g_lat=None, g_gap=None, g_dur=None,
@@ -350,18 +380,15 @@ def simulate(gr: Graph, gap=None, busy=None, is_sync=None, g_lat=None, g_gap=Non
     cs = np.cumsum(gap + busy)
     start0 = cs - busy
     # GPU nodes in stream order (launch order within a stream), per stream a block
-    so = _stream_order(gr, g_stream)
-    s_sorted = g_stream[so]
-    s_first = np.flatnonzero(np.concatenate([[True], s_sorted[1:] != s_sorted[:-1]])) if n_g \
-        else np.zeros(0, np.int64)
-    streams = s_sorted[s_first]
-    s_last = np.append(s_first[1:], n_g)
-    step = (g_gap + g_dur)[so]
+    so, s_first, s_last, launch_sorted = _stream_blocks(gr, g_stream)
+    streams = s_first
+    one = len(s_first) == 1  # one stream: stream order is launch order, no gathers
+    step = g_gap + g_dur if one else (g_gap + g_dur)[so]
     c_incl = np.cumsum(step)
-    # the cumulative restarts per stream: subtract the stream's sum before its block
-    c_incl -= np.repeat((c_incl - step)[s_first], s_last - s_first) if n_g else 0.0
-    launch_sorted = gr.g_launch[so]
-    x0 = (start0[launch_sorted] + g_lat[so] + g_dur[so]) - c_incl  # ready0 + dur - C
+    if not one:  # the cumulative restarts per stream: subtract the stream's sum before its block
+        c_incl -= np.repeat((c_incl - step)[s_first], s_last - s_first) if n_g else 0.0
+    x0 = start0[launch_sorted]
+    x0 += (g_lat + g_dur - c_incl) if one else (g_lat[so] + g_dur[so] - c_incl)  # ready0 + dur - C
     syncs = np.flatnonzero(is_sync)
     bounds = np.concatenate([syncs, [n_h - 1]]) if n_h else np.zeros(0, np.int64)
     if len(bounds) > 1:
@@ -400,8 +427,11 @@ def simulate(gr: Graph, gap=None, busy=None, is_sync=None, g_lat=None, g_gap=Non
     host_end = host_start + busy
     for b, e in sync_end.items():
         host_end[b] = e
-    g_end = np.empty(n_g)
-    g_end[so] = g_end_sorted
+    if one:
+        g_end = g_end_sorted
+    else:
+        g_end = np.empty(n_g)
+        g_end[so] = g_end_sorted
     g_start = g_end - g_dur
     m = gr.markers
     gpu_done = float(np.max(g_end, initial=-np.inf)) if n_g else -np.inf
@@ -444,10 +474,8 @@ def critical_path(gr: Graph, sim: Sim, g_dur=None, g_gap=None, gap=None, busy=No
     start_sorted = sim.g_start[so]
     bound = first | (start_sorted > prev_end + g_gap[so] + 1e-6)
     head = np.maximum.accumulate(np.where(bound, np.arange(n_g), 0)) if n_g else np.zeros(0, np.int64)
-    cd = {}
-    for c, name in enumerate(CLASS_NAMES):
-        cd[name] = np.concatenate([[0.0], np.cumsum(np.where(gr.g_cls[so] == c, g_dur[so], 0.0))])
-    cgap = np.concatenate([[0.0], np.cumsum(g_gap[so])])
+    cls_sorted, dur_sorted, gap_sorted = gr.g_cls[so], g_dur[so], g_gap[so]
+    per_class = np.zeros(len(CLASS_NAMES))
     out = dict.fromkeys(PARTS, 0.0)
     # sync nodes that ended GPU-bound, in host order
     gb = np.flatnonzero(sim.waited >= 0)
@@ -460,9 +488,9 @@ def critical_path(gr: Graph, sim: Sim, g_dur=None, g_gap=None, gap=None, busy=No
         if on_gpu:
             p = pos[node]
             h = int(head[p])
-            for name in CLASS_NAMES:
-                out[f"gpu_{name}"] += float(cd[name][p + 1] - cd[name][h])
-            out["gpu_launch_latency"] += float(cgap[p + 1] - cgap[h + 1])
+            # the run's kernels by class (one bincount over the run: runs are few, one per sync)
+            per_class += np.bincount(cls_sorted[h:p + 1], weights=dur_sorted[h:p + 1], minlength=len(CLASS_NAMES))
+            out["gpu_launch_latency"] += float(gap_sorted[h + 1:p + 1].sum())
             hnode = int(so[h])
             launch = int(gr.g_launch[hnode])
             out["gpu_launch_latency"] += max(float(sim.g_start[hnode] - sim.host_start[launch]), 0.0)
@@ -479,6 +507,8 @@ def critical_path(gr: Graph, sim: Sim, g_dur=None, g_gap=None, gap=None, busy=No
             break
         out["sync_overhead"] += float(busy[b])  # the GPU-bound sync's return after the wait
         node, on_gpu = int(sim.waited[b]), True
+    for c, name in enumerate(CLASS_NAMES):
+        out[f"gpu_{name}"] = float(per_class[c])
     return out
 
 
@@ -645,9 +675,18 @@ def _apply_bf16(gr, ch, speedup_of):
     ``speedup_of[precision]`` times faster (the ratio of the GPU's peaks, METRICS §19)."""
     n = 0
     # an fp32 op whose kernel runs on Tensor Cores ran in TF32
-    prec = np.where((gr.g_prec == "fp32") & gr.g_tc, "tf32", gr.g_prec)
+    code = {p: i for i, p in enumerate(gr.precisions)}
+    fp32, tf32 = code.get("fp32", -1), code.get("tf32", -2)
+    compute = _codes(gr.g_cls, (C_GEMM, C_CONV, C_ATTN))
     for p, sp in speedup_of.items():
-        m = _codes(gr.g_cls, (C_GEMM, C_CONV, C_ATTN)) & (prec == p) & (sp > 1)
+        if sp <= 1:
+            continue
+        if p == "fp32":
+            m = compute & (gr.g_prec == fp32) & ~gr.g_tc
+        elif p == "tf32":
+            m = compute & ((gr.g_prec == tf32) | ((gr.g_prec == fp32) & gr.g_tc))
+        else:
+            m = compute & (gr.g_prec == code.get(p, -3))
         if m.any():
             ch["g_dur"][m] = gr.g_dur[m] / sp
             n += int(m.sum())
@@ -711,9 +750,10 @@ def _apply_roofline(gr, ch, peak: Optional[dict]):
     tf = peak.get("tflops") or {}
     hbm = peak.get("hbm_gbps")
     t_flop = np.zeros(len(gr.g_dur))
+    code = {p: i for i, p in enumerate(gr.precisions)}
     for p, v in tf.items():
-        if isinstance(v, (int, float)) and v > 0:
-            m = gr.g_prec == p
+        if isinstance(v, (int, float)) and v > 0 and p in code:
+            m = gr.g_prec == code[p]
             t_flop[m] = gr.g_flops[m] / (v * 1e12) * 1e6
     t_mem = gr.g_bytes / (hbm * 1e9) * 1e6 if hbm else np.zeros(len(gr.g_dur))
     ideal = np.maximum(t_flop, t_mem)
@@ -787,10 +827,7 @@ def step_model(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Opt
         return None
     ctx = context or {}
     # pageable copies (by the copy's name)
-    pageable_ids = trace.string_ids(lambda s: "HtoD" in s and "Pageable" in s)
-    gr.__dict__["_pageable"] = _name_mask(trace, trace.gpu.name[gr.g_row], lambda s: "HtoD" in s and "Pageable" in s) \
-        if len(pageable_ids) \
-        else np.zeros(len(gr.g_row), bool)
+    gr.__dict__["_pageable"] = _name_mask(trace, trace.gpu.name[gr.g_row], lambda s: "HtoD" in s and "Pageable" in s)
     base = simulate(gr)
     measured = float(gr.step_us.sum())
     n = gr.n_steps
@@ -817,9 +854,13 @@ def step_model(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Opt
     speedups = _tc_speedups(pk.get("peak_tflops") or {}, min(majors) if majors else None, amd)
 
     rows = []
+    # the warm-up what-if only where one call could be a first-call outlier (rule warmup_outlier:
+    # at least WARMUP_CALL_STEP_PCT of the step time)
     warm = None
     if len(gr.busy):
-        warm = int(np.argmax(np.where(gr.kind == H_MARKER, -1.0, gr.busy)))
+        warm = int(np.argmax(gr.busy))
+        if gr.busy[warm] < T.WARMUP_CALL_STEP_PCT / 200 * measured:  # half: busy is the call's serial part
+            warm = None
     for wid, rule, label, assumption in WHAT_IFS:
         ch = _changes(gr)
         if wid == "input":

@@ -232,11 +232,17 @@ def _kernel_name_ids(trace: TraceData) -> np.ndarray:
 
 def tensor_core_name_mask(trace: TraceData) -> np.ndarray:
     """Boolean array over trace.strings: the string is a Tensor Core kernel name.
-    Only names used by kernels are classified (once each)."""
+    Only names used by kernels are classified (once each); remembered on the trace (the
+    occupancy, operator and step-model analyses ask again; tables are read-only once loaded)."""
+    col = trace.gpu.name
+    hit = trace.__dict__.get("_tc_name_mask")
+    if hit is not None and hit[0] is col and hit[1] == len(trace.strings):
+        return hit[2].copy()
     mask = np.zeros(len(trace.strings), dtype=bool)
     for i in _kernel_name_ids(trace):
         mask[i] = is_tensor_core_name(trace.strings[i])
-    return mask
+    trace.__dict__["_tc_name_mask"] = (col, len(trace.strings), mask)
+    return mask.copy()
 
 
 def tensor_core_kernel_mask(trace: TraceData) -> np.ndarray:

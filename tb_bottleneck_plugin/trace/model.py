@@ -283,11 +283,12 @@ class TraceData:
         return hit[1].copy()
 
     def __getstate__(self):
-        """Pickled without the memos of ``string_ids`` and ``devices`` (code objects in
+        """Pickled without the memos of ``string_ids``, ``devices`` and the Tensor Core name mask (code objects in
         their keys do not pickle; they are rebuilt on use)."""
         state = dict(self.__dict__)
         state.pop("_string_ids", None)
         state.pop("_devices", None)
+        state.pop("_tc_name_mask", None)
         return state
 
     def _scan_strings(self, predicate) -> np.ndarray:
