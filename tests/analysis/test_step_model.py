@@ -107,17 +107,23 @@ def fusion_trace() -> TraceBuilder:
 def test_cuda_graphs_and_fusion_what_ifs_on_a_launch_bound_step(tmp_path):
     sm = _model(fusion_trace(), tmp_path)
     assert sm["model_us"] == pytest.approx(1000.0)
-    # CUDA graphs: the 9 launches after the first cost nothing (their 45 µs gaps and 5 µs
-    # calls), the first one graph launch (20 µs instead of 5): 9 x 50 - 15 = 435 µs less
-    # host before the GEMM's launch; the GEMM is launched right after the first (its 10 µs
-    # gap and call go too): the step ends 435 + 50 = 485 µs earlier... at most the host part
+    # CUDA graphs by hand: the first launch becomes one graph launch (50..70), the other ten
+    # launches and the host compute between them cost nothing (all at 70); the kernels follow
+    # at the replay gap: k0 51.5..61.5, k1..k9 71.5..161.5, the GEMM 161.5..261.5; the sync
+    # (at 75) returns at 266.5, the host computes its 330 µs: the step ends at 596.5
     graphs = _row(sm, "cuda_graphs")
-    assert 400 < graphs["saving_us"] < 500
-    # torch.compile: the ten elementwise kernels are one chain -> one kernel; nine launches
-    # vanish with their host time, the GEMM's launch costs at most the compiled cost per launch
+    assert graphs["saving_us"] == pytest.approx(1000.0 - 596.5)
+    # torch.compile by hand: the ten elementwise kernels are one chain -> one 10 µs kernel
+    # (55..65); their nine other launches vanish with the host time before them; the GEMM's
+    # launch keeps the compiled cost per launch (STEP_MODEL_COMPILED_HOST_US = 33.2 µs of its
+    # 55 µs gap + 5 µs call): it starts at 83.2, its kernel runs 88.2..188.2, the sync returns
+    # at 193.2, the step ends at 523.2
+    from tb_bottleneck_plugin import thresholds as T
+
+    assert T.STEP_MODEL_COMPILED_HOST_US == pytest.approx(33.2)
     fused = _row(sm, "torch_compile")
-    assert fused["saving_us"] > graphs["saving_us"] - 50
-    assert fused["saving_us"] < sm["model_us"]
+    assert fused["saving_us"] == pytest.approx(1000.0 - 523.2)
+    assert fused["changed"] == 9
 
 
 def test_what_ifs_never_lengthen_the_step_and_all_fixes_beat_each(tmp_path):
@@ -164,3 +170,111 @@ def test_where_hta_weighs_host_gaps_as_zero_our_path_is_the_whole_step():
     assert sum(s["critical_path_us"] for s in steps) / len(steps) < 0.3 * sm["step_us"] / n
     assert sum(sm["critical_path_us"].values()) == pytest.approx(sm["model_us"], rel=1e-6)
     assert sm["critical_path_us"]["input_wait"] / n > 200_000
+
+
+# ---------------------------------------------------------------- one fixture per what-if
+
+def _memcpy(b: TraceBuilder, name: str, call: str, call_ts: float, call_dur: float, ts: float, dur: float,
+            stream: int = 7):
+    corr = b.runtime(call, call_ts, call_dur)
+    b.events.append({"ph": "X", "cat": "gpu_memcpy", "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": dur,
+                     "args": {"device": 0, "stream": stream, "correlation": corr, "bytes": 1 << 20}})
+
+
+def pageable_trace() -> TraceBuilder:
+    """Per 1000 µs step: a pageable H2D copy whose call blocks the host 10..310 (the copy runs
+    20..300); a 200 µs kernel launched at 320 (runs 330..530); a sync at 340 that waits for
+    it (returns at 535); the host then computes until the step ends."""
+    b = TraceBuilder([H100])
+    for n, t0 in ((1, 0), (2, 1000)):
+        b.step(n, t0, 1000)
+        _memcpy(b, "Memcpy HtoD (Pageable -> Device)", "cudaMemcpyAsync", t0 + 10, 300, t0 + 20, 280)
+        b.launch("void big_gemm_kernel<float>", t0 + 320, t0 + 330, 200)
+        b.runtime("cudaStreamSynchronize", t0 + 340, 195)
+    return b
+
+
+def test_pinned_copies_free_the_host_and_the_stream(tmp_path):
+    """pinned_h2d by hand: the copy's call costs one launch (5 µs: 10..15), the copy leaves the
+    step (prefetched on the copy engine); the host launches at 25 (the 10 µs gap kept), the kernel runs 35..235, the
+    sync (at 45) returns at 240, the host computes its 465 µs: the next step starts at 705
+    instead of 1000. Both steps: 2 x 295 µs."""
+    sm = _model(pageable_trace(), tmp_path)
+    assert sm["model_us"] == pytest.approx(2000.0)
+    row = _row(sm, "pinned_h2d")
+    assert row["saving_us"] == pytest.approx(590.0)
+    assert row["rules"] == ["pageable_h2d"]
+
+
+def test_device_copies_removed_on_a_gpu_bound_step(tmp_path):
+    """d2d by hand: per 1000 µs step a 400 µs kernel (20..420) then a 300 µs device copy on the
+    same stream (420..720), a sync at 30 that waits for both (returns at 725), host compute to
+    the step's end (275 µs). Without the copy the sync returns at 425: 300 µs per step."""
+    b = TraceBuilder([H100])
+    for n, t0 in ((1, 0), (2, 1000)):
+        b.step(n, t0, 1000)
+        b.launch("void big_gemm_kernel<float>", t0 + 10, t0 + 20, 400)
+        _memcpy(b, "Memcpy DtoD (Device -> Device)", "cudaMemcpyAsync", t0 + 20, 5, t0 + 420, 300)
+        b.runtime("cudaStreamSynchronize", t0 + 30, 695)
+    sm = _model(b, tmp_path)
+    assert sm["model_us"] == pytest.approx(2000.0)
+    assert sm["critical_path_us"]["gpu_d2d"] == pytest.approx(600.0)
+    assert _row(sm, "d2d")["saving_us"] == pytest.approx(600.0)
+
+
+def test_compile_time_in_the_steps_removed(tmp_path):
+    """graph_breaks by hand: a compiled region (a Triton kernel makes the run compiled) whose
+    first 400 µs per step are Dynamo compiling; the host's other time and the GPU's are
+    unchanged, so the step loses exactly the compile time: 2 x 400 µs."""
+    b = TraceBuilder([H100])
+    for n, t0 in ((1, 0), (2, 1000)):
+        b.step(n, t0, 1000)
+        b.cpu("Torch-Compiled Region: 0/0", t0 + 5, 900)
+        b.cpu("dynamo", t0 + 10, 400)
+        b.launch("triton_poi_fused_add_0", t0 + 420, t0 + 430, 100)
+        b.runtime("cudaStreamSynchronize", t0 + 440, 95)
+    sm = _model(b, tmp_path)
+    assert sm["model_us"] == pytest.approx(2000.0)
+    assert sm["critical_path_us"]["compile"] == pytest.approx(800.0)
+    row = _row(sm, "graph_breaks")
+    assert row["saving_us"] == pytest.approx(800.0) and row["rules"] == ["torch_compile"]
+
+
+def test_overlapped_collective_no_longer_holds_the_compute_kernel(tmp_path):
+    """overlap_comm by hand: per 1000 µs step an NCCL all-reduce on stream 20 (100..600) holds
+    a compute kernel launched at 50 on stream 7 until 600 (it runs 600..700); a sync at 60
+    waits for both (returns at 705). Overlapped, the kernel starts at its launch + the queued
+    launch latency (10 µs): 60..160; the sync still waits for the all-reduce (it waits for
+    every stream of the process) and returns at 605: 100 µs per step."""
+    b = TraceBuilder([H100])
+    for n, t0 in ((1, 0), (2, 1000)):
+        b.step(n, t0, 1000)
+        b.launch("ncclDevKernel_AllReduce_Sum_f32_RING_LL", t0 + 10, t0 + 100, 500, stream=20)
+        b.launch("void big_gemm_kernel<float>", t0 + 50, t0 + 600, 100)
+        b.runtime("cudaStreamSynchronize", t0 + 60, 645)
+    sm = _model(b, tmp_path)
+    assert sm["model_us"] == pytest.approx(2000.0)
+    row = _row(sm, "overlap_comm")
+    assert row["saving_us"] == pytest.approx(200.0)
+    assert row["rules"] == ["communication", "ddp_buckets", "fsdp_prefetch"]
+
+
+def test_fp32_gemm_to_bf16_divides_its_time_by_the_peak_ratio(tmp_path):
+    """bf16 by hand: an fp32 aten::mm (record_shapes) launches a 700 µs non-Tensor-Core GEMM
+    (20..720) that a sync waits for; on this H100 the bf16 : fp32 peak ratio is 989.4 / 67 and a
+    kernel moved to Tensor Cores keeps TC_FP32_PEAK_FRACTION_KEPT (0.5) of it: 7.38x, so the
+    GEMM takes 94.8 µs and each step 605.2 µs less."""
+    from tb_bottleneck_plugin import thresholds as T
+
+    b = TraceBuilder([H100])
+    for n, t0 in ((1, 0), (2, 1000)):
+        b.step(n, t0, 1000)
+        b.cpu("aten::mm", t0 + 5, 20, **{"Input Dims": [[4096, 4096], [4096, 4096]], "Input type": ["float", "float"]})
+        b.launch("void gemm_fp32_kernel<float>", t0 + 10, t0 + 20, 700)
+        b.runtime("cudaStreamSynchronize", t0 + 30, 695)
+    rep = report_mod.analyze_trace(b.load(tmp_path))["report"]
+    sm = rep["step_model"]
+    peaks = rep["flops"]["peak"]["tflops"]
+    speedup = peaks["bf16"] / peaks["fp32"] * T.TC_FP32_PEAK_FRACTION_KEPT
+    assert sm["assumptions"]["tc_speedup"]["fp32"] == pytest.approx(speedup)
+    assert _row(sm, "bf16")["saving_us"] == pytest.approx(2 * 700 * (1 - 1 / speedup))
