@@ -1,6 +1,6 @@
-// The single-run report view: the summary line, the cards (cards.js), the recommendations
-// (recommendations.js), what each fix would buy (what_if.js) and the panels built from one
-// report object (docs/report-schema.md).
+// The single-run report view: the summary line, the verdict (verdict.js), what each fix would
+// buy (what_if.js), the cards (cards.js), the recommendations (recommendations.js) and the
+// panels built from one report object (docs/report-schema.md).
 // Every string from a trace goes through h() as text. No fetching here: the memory and
 // kernel panels get their data from ctx.data (model.js); no verdicts decided here: colours
 // are the server's severities (report.verdicts, recommendations).
@@ -16,6 +16,7 @@ import {renderCards, coresWord} from "./cards.js";
 import {mountPanel} from "./panels.js";
 import {recommendationsPanel} from "./recommendations.js";
 import {whatIfPanel} from "./what_if.js";
+import {verdictBox} from "./verdict.js";
 import {memoryPanel} from "./memory_view.js";
 import {kernelPanel} from "./kernel_table.js";
 
@@ -56,9 +57,12 @@ export function renderReport(container, report, ctx) {
         return h("li", {}, showFile ? h("code", {}, String(e.file)) : null, showFile ? " " : null, msg);
       }))));
   }
+  // the verdict first (issue 35), what each fix would buy right under it, then the evidence
+  const verdict = verdictBox(report);
+  if (verdict) container.appendChild(verdict);
+  container.appendChild(whatIfPanel(report));
   container.appendChild(renderCards(h("div", {class: "cards-wrap"}), [report]));
   container.appendChild(recommendationsPanel(report));
-  container.appendChild(whatIfPanel(report));
   container.appendChild(h("div", {class: "row row-3-2"}, breakdownPanel(report), inputPanel(report)));
   container.appendChild(h("div", {class: "row row-3-2"}, memoryPanel(report, ctx), occupancyPanel(report, cpuOnly)));
   container.appendChild(kernelPanel(report, ctx, cpuOnly));

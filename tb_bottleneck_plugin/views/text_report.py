@@ -92,6 +92,8 @@ def format_report(rep: dict, indent: str = "", heading: Optional[str] = None) ->
     add = lines.append
     add(f"{indent}{heading if heading is not None else rep.get('source')}")
     indent += "  "
+    for line in verdict_lines(rep):
+        add(f"{indent}{line}")
     t = rep.get("trace") or {}
     if t:
         counts = ", ".join([plural(t.get("kernels"), "kernel"), plural(t.get("memcpys"), "memcpy"),
@@ -178,6 +180,25 @@ def format_report(rep: dict, indent: str = "", heading: Optional[str] = None) ->
     for why, what in by_cause.items():
         add(f"{indent}n/a {'; '.join(what)}: {why}")
     return "\n".join(lines)
+
+
+def verdict_lines(rep: dict) -> List[str]:
+    """The verdict on top (METRICS.md §19 "Verdict"): the sentence, then the first fix and the
+    predicted step; nothing when the report has none."""
+    v = rep.get("verdict")
+    if not isinstance(v, dict) or not v.get("sentence"):
+        return []
+    share = v.get("share_pct")
+    out = [f"verdict: {v['sentence']}"
+           + (f" (its fix gives back {share:.0f} % of the step)" if isinstance(share, (int, float)) else "")]
+    fix = v.get("fix") if isinstance(v.get("fix"), dict) else None
+    if fix:
+        before, after = fix.get("step_ms"), fix.get("predicted_step_ms")
+        text = f"first fix: {fix.get('code') or fix.get('title')}"
+        if isinstance(before, (int, float)) and isinstance(after, (int, float)):
+            text += f" -> {'estimated' if fix.get('estimate') else 'predicted'} step {before:.2f} -> {after:.2f} ms"
+        out.append(text)
+    return out
 
 
 def _gain_words(rec: dict) -> str:

@@ -101,9 +101,19 @@ def _check_critical_path(frame, sm, fmt):
     assert err == f"model reproduces the measured step within {fmt([['fmtPct', abs(sm['model_error_pct'])]])[0]}"
 
 
-def _panel_before(frame):
-    """The title of the panel right above the what-if panel."""
-    return frame.evaluate("() => document.querySelector('#bn-what-if').previousElementSibling.querySelector('h2').textContent")
+def _element_before(frame):
+    """The id of the element right above the what-if panel (issue 35: the verdict)."""
+    return frame.evaluate("() => document.querySelector('#bn-what-if').previousElementSibling.id")
+
+
+def _check_verdict(frame, rep):
+    """The verdict on top says the server's sentence and first fix (judge/step_verdict.py)."""
+    v = rep["verdict"]
+    text = frame.evaluate("() => document.querySelector('#bn-verdict').textContent")
+    assert v["sentence"] in text
+    assert frame.evaluate("() => document.querySelector('#bn-verdict').dataset.healthy") == str(v["healthy"]).lower()
+    if v["fix"] and v["fix"]["code"]:
+        assert frame.evaluate("() => document.querySelector('#bn-verdict .verdict-code').textContent") == v["fix"]["code"]
 
 
 def test_what_if_panel(tmp_path, tensorboard_server, browser_page):
@@ -118,7 +128,8 @@ def test_what_if_panel(tmp_path, tensorboard_server, browser_page):
     assert sm and sm["what_if"], rep.get("not_available")
     fmt = lambda calls: _fmt(iframe, calls)  # noqa: E731
 
-    assert _panel_before(iframe) == "Recommendations"
+    assert _element_before(iframe) == "bn-verdict"
+    _check_verdict(iframe, rep)
     shown = iframe.evaluate(ROWS_JS)
     _check_waterfall(shown, sm, fmt)
     _check_critical_path(iframe, sm, fmt)
