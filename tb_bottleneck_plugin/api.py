@@ -34,7 +34,7 @@ from typing import Dict, List, Optional, Union
 NOTEBOOK_EXTRA = 'pip install "tb_bottleneck_plugin[notebook]"'
 _SEVERITY_COLOURS = {  # style.css's --red/--amber/--green (light theme) and their backgrounds
     "high": ("#c5221f", "#fce8e6"), "medium": ("#a05a00", "#fef3e0"), "low": ("#a05a00", "#fef3e0"),
-    "ok": ("#137333", "#e6f4ea"),
+    "info": ("#1a73e8", "#e8f0fe"), "ok": ("#137333", "#e6f4ea"),
 }
 
 __all__ = ["analyze", "compare", "Report", "Comparison", "NOTEBOOK_EXTRA"]
@@ -400,6 +400,44 @@ def _fmt(value, unit) -> str:
     return f"{value:,.0f}" if unit == "count" else f"{value:g}"
 
 
+def _verdict_html(rep: dict) -> str:
+    """The server's verdict (report["verdict"], METRICS.md §19) on top: the sentence, the first
+    fix as code and its predicted step; escaped."""
+    esc = html.escape
+    v = rep.get("verdict")
+    if not isinstance(v, dict) or not v.get("sentence"):
+        return ""
+    colour = "#137333" if v.get("healthy") else "#c5221f"
+    share = v.get("share_pct")
+    text = (f"<div class='tbb-verdict' data-healthy='{str(bool(v.get('healthy'))).lower()}' "
+            f"style='border-left:4px solid {colour};padding:6px 10px;margin:6px 0'>"
+            f"<b>{esc(str(v['sentence']))}</b>"
+            + (f" (its fix gives back {share:.0f} % of the step)" if isinstance(share, (int, float)) else ""))
+    fix = v.get("fix") if isinstance(v.get("fix"), dict) else None
+    if fix:
+        before, after = fix.get("step_ms"), fix.get("predicted_step_ms")
+        text += (f"<br>First fix: <code>{esc(str(fix.get('code') or fix.get('title') or ''))}</code>"
+                 + (f" → {'estimated' if fix.get('estimate') else 'predicted'} step {before:.1f} → {after:.1f} ms"
+                    if isinstance(before, (int, float)) and isinstance(after, (int, float)) else ""))
+    return text + "</div>"
+
+
+def _what_if_html(rep: dict) -> str:
+    """The step model's what-if rows (METRICS.md §19) as a small table; escaped."""
+    esc = html.escape
+    sm = rep.get("step_model")
+    if not isinstance(sm, dict) or not sm.get("what_if"):
+        return ""
+    rows = "".join(f"<tr><td>{esc(str(r.get('label') or r.get('id')))}</td><td>−{r['saving_pct']:.1f} %</td>"
+                   f"<td>{r['predicted_step_ms']:.2f} ms</td></tr>"
+                   for r in sm["what_if"] if isinstance(r, dict) and (r.get("saving_us") or 0) > 0
+                   and isinstance(r.get("saving_pct"), (int, float)) and isinstance(r.get("predicted_step_ms"), (int, float)))
+    if not rows:
+        return ""
+    return ("<table class='tbb-what-if' style='margin:4px 0'><tr><th style='text-align:left'>What would each fix buy?"
+            "</th><th>saving</th><th>predicted step</th></tr>" + rows + "</table>")
+
+
 def _report_html(run: str, rep: Optional[dict]) -> str:
     """The headline cards (the server's verdicts and colours) and the recommendations as
     HTML for a notebook cell; every string from the trace is escaped."""
@@ -428,7 +466,8 @@ def _report_html(run: str, rep: Optional[dict]) -> str:
     steps = rep.get("steps") or {}
     head = (f"<h3 style='margin:4px 0'>{esc(str(run))}</h3><div style='color:#5f6368'>"
             f"{esc(str(steps.get('count', 'n/a')))} steps · avg step {esc(_fmt(rep.get('avg_step_us'), 'us'))}</div>")
-    return (head + "<div style='display:flex;flex-wrap:wrap;gap:8px;margin:6px 0'>" + "".join(cards) + "</div>"
+    return (head + _verdict_html(rep) + _what_if_html(rep)
+            + "<div style='display:flex;flex-wrap:wrap;gap:8px;margin:6px 0'>" + "".join(cards) + "</div>"
             + (f"<b>Recommendations</b><ol>{''.join(recs)}</ol>" if recs else "<p>No bottleneck rule fired.</p>"))
 
 

@@ -207,3 +207,38 @@ def test_source_modules_labels_flops_df_are_the_cli_tables():
     _rows_equal(df.drop(columns=["op_class"]), list(by_class.values()))
     assert rep.source_lines_df().empty and "source_attribution.lines" in cli["not_available"]
     assert rep.collectives_df().empty
+
+
+def test_what_if_df_and_the_notebook_view_are_the_cli_step_model():
+    """Report.what_if_df() holds the CLI JSON's step-model rows (METRICS.md §19), then the
+    all-fixes row and the ceiling; `report --what-if --json` prints the same sections; the
+    notebook view shows the server's verdict and what-if rows first."""
+    fp32 = sorted((DEMO_LOGS / "h100_fp32_matmul").glob("*.pt.trace.json.gz"))[0]
+    cli = _cli_json("report", str(fp32), "--json")
+    sm = cli["step_model"]
+    rep = tbb.analyze(str(fp32))
+    df = rep.what_if_df()
+    ids = [r["id"] for r in sm["what_if"]] + ["all_fixes"] * bool(sm["all_fixes"]["ids"]) + ["roofline"] * bool(sm["ceiling"])
+    assert list(df["id"]) == ids
+    first = df.iloc[0]
+    assert first["saving_pct"] == pytest.approx(sm["what_if"][0]["saving_pct"])
+    assert first["predicted_step_ms"] == pytest.approx(sm["what_if"][0]["predicted_step_ms"])
+    cut = _cli_json("report", str(fp32), "--json", "--what-if")
+    assert cut["step_model"] == sm
+    assert [r["what_if"] for r in cut["recommendations"]] == [r.get("what_if") for r in cli["recommendations"]]
+    page = rep._repr_html_()
+    assert "tbb-verdict" in page and page.index("tbb-verdict") < page.index("tbb-card")
+    assert "What would each fix buy?" in page
+
+
+def test_what_if_text_prints_each_fix_and_all_fixes():
+    fp32 = sorted((DEMO_LOGS / "h100_fp32_matmul").glob("*.pt.trace.json.gz"))[0]
+    out = subprocess.run([sys.executable, "-m", "tb_bottleneck_plugin.cli", "report", str(fp32), "--what-if"],
+                         capture_output=True, text=True, cwd=REPO, check=True).stdout
+    cli = _cli_json("report", str(fp32), "--json")
+    sm = cli["step_model"]
+    assert "What would each fix buy?" in out
+    for r in sm["what_if"]:
+        assert f"-> {r['predicted_step_ms']:.2f} ms" in out, r["id"]
+    if sm["all_fixes"]["ids"]:
+        assert f"-> {sm['all_fixes']['predicted_step_ms']:.2f} ms" in out
