@@ -444,26 +444,39 @@ def simulate(gr: Graph, gap=None, busy=None, is_sync=None, g_lat=None, g_gap=Non
 
 # ---------------------------------------------------------------- the critical path
 
-def critical_path(gr: Graph, sim: Sim, g_dur=None, g_gap=None, gap=None, busy=None) -> Dict[str, float]:
+def critical_path(gr: Graph, sim: Sim, g_dur=None, g_gap=None, gap=None, busy=None,
+                  per_step: bool = False):
     """µs of each PARTS category on the critical path of the simulated span: walked back
     from the end through the node that set each node's start (the stream predecessor or
     the launch; the host predecessor or, after a GPU-bound sync, the GPU work it waited for).
-    One iteration per host/GPU switch; the parts add up to the simulated time."""
+    One iteration per host/GPU switch; the parts add up to the simulated time. With
+    ``per_step``: also the same parts per step ((steps × parts) array; host time goes to the
+    step it lies in, a GPU activity's to the step it ends in, work after the last step's end
+    to the last step)."""
     g_dur = gr.g_dur if g_dur is None else g_dur
     g_gap = gr.g_gap if g_gap is None else g_gap
     busy = gr.busy if busy is None else busy
-    n_h, n_g = len(busy), len(g_dur)
-    # host prefix sums per part (gap parts of node i, busy parts of node i)
     gap = gr.gap if gap is None else gap
+    n_g, n_p = len(g_dur), len(PARTS)
+    idx = {p: i for i, p in enumerate(PARTS)}
+    # host parts per node: gap parts (input wait, compile, host compute), busy parts by kind
     inp = np.minimum(gr.gap_input, gap)
     cmp_ = np.minimum(gr.gap_compile, gap - inp)
-    hp_gap = {"input_wait": inp, "compile": cmp_, "host_compute": np.maximum(gap - inp - cmp_, 0.0)}
-    kinds = gr.kind
-    hp_busy = {"launch_overhead": np.where(_codes(kinds, (H_LAUNCH, H_COPY, H_GRAPH)), busy, 0.0),
-               "sync_overhead": np.where(kinds == H_SYNC, busy, 0.0),
-               "runtime_other": np.where(_codes(kinds, (H_OTHER, H_MARKER)), busy, 0.0)}
-    cg = {k: np.concatenate([[0.0], np.cumsum(v)]) for k, v in hp_gap.items()}
-    cb = {k: np.concatenate([[0.0], np.cumsum(v)]) for k, v in hp_busy.items()}
+    gap_parts = ((idx["input_wait"], inp), (idx["compile"], cmp_),
+                 (idx["host_compute"], np.maximum(gap - inp - cmp_, 0.0)))
+    busy_part = np.where(_codes(gr.kind, (H_LAUNCH, H_COPY, H_GRAPH)), idx["launch_overhead"],
+                         np.where(gr.kind == H_SYNC, idx["sync_overhead"], idx["runtime_other"]))
+    # steps: a node's gap lies before it (a step marker's gap ends the step before), its busy after
+    m = gr.markers
+    n_s = max(len(m) - 1, 1)
+    node_ids = np.arange(len(busy))
+    step_of_gap = np.clip(np.searchsorted(m, node_ids, side="left") - 1, 0, n_s - 1)
+    step_of_busy = np.clip(np.searchsorted(m, node_ids, side="right") - 1, 0, n_s - 1)
+    step_starts = sim.host_start[m[:-1]] if len(m) > 1 else sim.host_start[m]
+
+    def step_of_time(t):
+        return np.clip(np.searchsorted(step_starts, t, side="right") - 1, 0, n_s - 1)
+
     # GPU: stream order, run heads (the last launch-bound node at or before each)
     so = _stream_order(gr, gr.g_stream)
     pos = np.empty(n_g, np.int64)
@@ -471,45 +484,49 @@ def critical_path(gr: Graph, sim: Sim, g_dur=None, g_gap=None, gap=None, busy=No
     s_sorted = gr.g_stream[so]
     first = np.concatenate([[True], s_sorted[1:] != s_sorted[:-1]]) if n_g else np.zeros(0, bool)
     prev_end = np.concatenate([[-np.inf], sim.g_end[so][:-1]]) if n_g else np.zeros(0)
-    start_sorted = sim.g_start[so]
-    bound = first | (start_sorted > prev_end + g_gap[so] + 1e-6)
+    bound = first | (sim.g_start[so] > prev_end + g_gap[so] + 1e-6)
     head = np.maximum.accumulate(np.where(bound, np.arange(n_g), 0)) if n_g else np.zeros(0, np.int64)
-    cls_sorted, dur_sorted, gap_sorted = gr.g_cls[so], g_dur[so], g_gap[so]
-    per_class = np.zeros(len(CLASS_NAMES))
-    out = dict.fromkeys(PARTS, 0.0)
-    # sync nodes that ended GPU-bound, in host order
-    gb = np.flatnonzero(sim.waited >= 0)
-    m = gr.markers
+    cls_part = np.array([idx[f"gpu_{c}"] for c in CLASS_NAMES], np.int64)[gr.g_cls[so]] if n_g else np.zeros(0, np.int64)
+    dur_sorted, gap_sorted, end_sorted = g_dur[so], g_gap[so], sim.g_end[so]
+    cells, weights = [], []  # (step * n_p + part) and µs, added once at the end
+
+    def add(step, part, us):
+        cells.append(np.asarray(step, np.int64) * n_p + part)
+        weights.append(np.asarray(us, float))
+
+    gb = np.flatnonzero(sim.waited >= 0)  # sync nodes that ended GPU-bound, in host order
     final_host = float(sim.host_end[m[-1]])
     at_gpu = n_g and float(sim.g_end.max()) > final_host
     node = int(np.argmax(sim.g_end)) if at_gpu else int(m[-1])
     on_gpu = bool(at_gpu)
+    lat = idx["gpu_launch_latency"]
     for _ in range(4 * (len(gb) + 2) + 8):
         if on_gpu:
             p = pos[node]
             h = int(head[p])
-            # the run's kernels by class (one bincount over the run: runs are few, one per sync)
-            per_class += np.bincount(cls_sorted[h:p + 1], weights=dur_sorted[h:p + 1], minlength=len(CLASS_NAMES))
-            out["gpu_launch_latency"] += float(gap_sorted[h + 1:p + 1].sum())
+            steps = step_of_time(end_sorted[h:p + 1])
+            add(steps, cls_part[h:p + 1], dur_sorted[h:p + 1])
+            add(steps[1:], lat, gap_sorted[h + 1:p + 1])
             hnode = int(so[h])
             launch = int(gr.g_launch[hnode])
-            out["gpu_launch_latency"] += max(float(sim.g_start[hnode] - sim.host_start[launch]), 0.0)
+            add(step_of_time(np.array([sim.g_start[hnode]])), lat,
+                [max(float(sim.g_start[hnode] - sim.host_start[launch]), 0.0)])
             node, on_gpu = launch, False
             continue
         # host: back to the last GPU-bound sync before this node
         k = np.searchsorted(gb, node, side="left") - 1
         b = int(gb[k]) if k >= 0 else -1
-        for key in hp_gap:
-            out[key] += float(cg[key][node + 1] - cg[key][b + 1])
-        for key in hp_busy:
-            out[key] += float(cb[key][node] - cb[key][b + 1])
+        for part, values in gap_parts:
+            add(step_of_gap[b + 1:node + 1], part, values[b + 1:node + 1])
+        add(step_of_busy[b + 1:node], busy_part[b + 1:node], busy[b + 1:node])
         if b < 0:
             break
-        out["sync_overhead"] += float(busy[b])  # the GPU-bound sync's return after the wait
+        add(step_of_busy[b:b + 1], idx["sync_overhead"], busy[b:b + 1])  # the sync's return after the wait
         node, on_gpu = int(sim.waited[b]), True
-    for c, name in enumerate(CLASS_NAMES):
-        out[f"gpu_{name}"] = float(per_class[c])
-    return out
+    grid = np.bincount(np.concatenate(cells), weights=np.concatenate(weights),
+                       minlength=n_s * n_p).reshape(n_s, n_p) if cells else np.zeros((n_s, n_p))
+    out = {p: float(grid[:, i].sum()) for i, p in enumerate(PARTS)}
+    return (out, grid) if per_step else out
 
 
 # ---------------------------------------------------------------- what-ifs
@@ -835,7 +852,7 @@ def step_model(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Opt
     base = simulate(gr)
     measured = float(gr.step_us.sum())
     n = gr.n_steps
-    path = critical_path(gr, base)
+    path, path_steps = critical_path(gr, base, per_step=True)
     # host cost per launch inside compiled regions (this trace), else the documented constant
     comp_launch = gr.compiled & _codes(gr.kind, (H_LAUNCH, H_COPY))
     if comp_launch.sum() >= T.STEP_MODEL_MIN_COMPILED_LAUNCHES:
@@ -951,8 +968,9 @@ def step_model(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Opt
         "host_nodes": int(len(gr.busy)), "gpu_nodes": int(len(gr.g_dur)),
         "syncs": int((gr.kind == H_SYNC).sum()),
         "critical_path_us": {k: v for k, v in path.items()},
-        "per_step": [{"step": int(num), "step_us": float(s), "model_us": float(m)}
-                     for num, s, m in zip(gr.step_numbers, gr.step_us, base.per_step_us)],
+        "per_step": [{"step": int(num), "step_us": float(s), "model_us": float(m),
+                      "critical_path_us": {p: float(v) for p, v in zip(PARTS, row) if v > 0}}
+                     for num, s, m, row in zip(gr.step_numbers, gr.step_us, base.per_step_us, path_steps)],
         "what_if": sorted(rows, key=lambda r: -r["saving_us"]),
         "all_fixes": {"ids": applied, "model_us": all_total, **_saving(base.total_us, all_total, measured, n)},
         "ceiling": ceiling,

@@ -44,6 +44,12 @@ def test_the_model_reproduces_the_steps_and_its_critical_path_adds_up(tmp_path):
     assert cp["gpu_launch_latency"] == pytest.approx(2 * 10.0)
     assert cp["sync_overhead"] == pytest.approx(2 * 5.0)
     assert cp["host_compute"] == pytest.approx(2 * (10.0 + 375.0))
+    # per step the same parts, adding up to each step's modelled time
+    for row in sm["per_step"]:
+        assert row["model_us"] == pytest.approx(1000.0)
+        assert sum(row["critical_path_us"].values()) == pytest.approx(row["model_us"])
+        assert row["critical_path_us"]["gpu_gemm"] == pytest.approx(600.0)
+        assert row["critical_path_us"]["host_compute"] == pytest.approx(385.0)
 
 
 def test_removing_the_sync_switches_the_critical_path_from_the_gpu_to_the_host(tmp_path):
