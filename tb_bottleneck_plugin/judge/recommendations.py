@@ -64,8 +64,8 @@ def what_if_of(rule: str, report) -> Optional[str]:
     ctx = _context(report)
     compiled, graphs = bool(ctx.get("torch_compile")), bool(ctx.get("cuda_graphs"))
     if rule in ("small_kernels", "host_bound"):
-        if graphs:
-            return None
+        if graphs:  # launches already replayed: fusing the small kernels is what is left
+            return None if compiled else "torch_compile"
         return "cuda_graphs" if compiled else "torch_compile"
     return {"input_bound": "input", "pageable_h2d": "pinned_h2d", "tensor_cores_unused": "bf16",
             "warmup_outlier": "warmup", "torch_compile": "graph_breaks", "low_mfu": "torch_compile",
