@@ -84,8 +84,9 @@ def price(rec: dict, report) -> Optional[dict]:
     of the measured step, ``predicted_step_ms``, ``what_if``, ``gain_source``
     "step_model"); a rule the model prices under T.GAIN_INFO_PCT is "info". Without a step
     model (no GPU work, or the section failed) the rule's own estimate stays
-    (``gain_source`` "rule"). None: advice an applied fix already took that the model no
-    longer prices at T.GAIN_REPEAT_PCT."""
+    (``gain_source`` "rule"). Under T.VERDICT_MIN_GAIN_PCT a high or medium rule is "low":
+    the verdict on top then reads healthy, and no advice below it shouts. None: advice an
+    applied fix already took that the model no longer prices at T.GAIN_REPEAT_PCT."""
     rule = rec.get("rule")
     if rule in MEMORY_RULES:
         return {**rec, "gain_source": "memory"}
@@ -108,6 +109,8 @@ def price(rec: dict, report) -> Optional[dict]:
            "gain_source": "step_model"}
     if gain < T.GAIN_INFO_PCT:
         out["severity"] = "info"
+    elif gain < T.VERDICT_MIN_GAIN_PCT and out.get("severity") in ("high", "medium"):
+        out["severity"] = "low"  # under the verdict's threshold: never louder than a healthy verdict
     return out
 
 
