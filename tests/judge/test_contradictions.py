@@ -24,6 +24,9 @@ statement that another part of the same report (or arithmetic) refutes:
 - ``unpriced_confident_advice`` (issue 33): a medium/high recommendation that the step model
   prices under ``T.GAIN_INFO_PCT`` of the step, a recommendation whose predicted step is not
   its step less its gain, or a what-if the model says would lengthen the step;
+- ``verdict_disagrees`` (issue 35): a healthy verdict above a high or medium card or
+  recommendation, or a verdict whose sentence and fix are not the first time-saving
+  recommendation's;
 - ``one_window_words``: a trace without ProfilerStep whose words name a "step 0" or "the
   steps", or whose per-step n/a gives another reason than the steps' own (METRICS.md §1).
 
@@ -50,7 +53,7 @@ from tb_bottleneck_plugin.judge import recommendations as R
 
 CHECKS = ("launch_bound_capture", "share_over_100", "banner_few_steps", "green_card_rule_fired",
           "green_low_utilization", "na_with_number", "step_longer_than_activity", "confident_on_little_data",
-          "one_window_words", "unpriced_confident_advice")
+          "one_window_words", "unpriced_confident_advice", "verdict_disagrees")
 
 # "launch-bound", "launch- or latency-bound", but not "latency-bound, not launch-bound"
 LAUNCH_BOUND = re.compile(r"(?<!not )\blaunch-(?:bound|\s+or\s+latency-bound)", re.IGNORECASE)
@@ -252,6 +255,30 @@ def check_unpriced_confident_advice(rep: dict) -> List[str]:
     for w in sm.get("what_if") or []:
         if isinstance(w.get("saving_us"), (int, float)) and w["saving_us"] < 0:
             out.append(f"what-if {w.get('id')} lengthens the step")
+    return out
+
+
+def check_verdict_disagrees(rep: dict) -> List[str]:
+    v = rep.get("verdict")
+    if not isinstance(v, dict):
+        return []
+    out = []
+    loud = [r for r in rep.get("recommendations") or [] if r.get("severity") in ("high", "medium")]
+    cards = [c for c, x in (rep.get("verdicts") or {}).items()
+             if isinstance(x, dict) and x.get("severity") in ("high", "medium") and x.get("rule") != "input_bound"
+             and c not in ("compilation", "mfu", "input_bound")]  # these three keep their own scales (METRICS §9, §15, §16)
+    if v.get("healthy"):
+        out += [f"healthy verdict above the {r['rule']} recommendation ({r['severity']})" for r in loud
+                if r.get("gain_source") != "memory"]
+        out += [f"healthy verdict above the {c} card ({rep['verdicts'][c]['severity']})" for c in cards
+                if rep["verdicts"][c].get("rule") not in ("allocator_slack", "memory_growth")]
+    else:
+        time_recs = [r for r in rep.get("recommendations") or [] if r.get("gain_source") != "memory"]
+        first = time_recs[0] if time_recs else None
+        fix = v.get("fix") or {}
+        if first is None or v.get("sentence") != first.get("title") or fix.get("rule") != first.get("rule"):
+            out.append(f"the verdict names {fix.get('rule')}, the first recommendation is "
+                       f"{first.get('rule') if first else None}")
     return out
 
 
@@ -649,6 +676,11 @@ def _bad_reports():
                              "estimated_gain_pct": 0.3, "gain_source": "step_model", "what_if": "sync",
                              "step_ms": 10.0, "predicted_step_ms": 9.97}]
     out.append(("unpriced_confident_advice", r, None))
+    r = _clean_report()
+    r["verdict"] = {"healthy": True, "sentence": "No fix worth 5 % of the step or more found.", "fix": None}
+    r["recommendations"] = [{"rule": "synchronization", "severity": "medium", "numbers": {}, "title": "Sync",
+                             "estimated_gain_pct": 3.0, "gain_source": "rule"}]
+    out.append(("verdict_disagrees", r, None))
     return out
 
 
