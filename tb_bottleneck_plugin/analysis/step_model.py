@@ -71,6 +71,8 @@ HOST_PARTS = ("input_wait", "compile", "host_compute", "launch_overhead", "sync_
 GPU_PARTS = tuple(f"gpu_{c}" for c in CLASS_NAMES) + ("gpu_launch_latency",)
 PARTS = HOST_PARTS + GPU_PARTS
 
+# Syncs that wait for every stream of the device (the others wait for one stream or event).
+DEVICE_SYNC_CALLS = frozenset({"cudaDeviceSynchronize", "hipDeviceSynchronize", "cuCtxSynchronize"})
 COPY_CALLS = frozenset({"cudaMemcpyAsync", "cudaMemsetAsync", "cudaMemcpy", "cudaMemset", "hipMemcpyAsync",
                         "hipMemsetAsync", "hipMemcpy", "hipMemset", "cuMemcpyAsync", "cuMemsetD8Async",
                         "cudaMemcpy2DAsync", "hipMemcpyWithStream", "hipMemsetD32Async", "hipMemsetD8Async"})
@@ -86,6 +88,7 @@ class Graph:
     gap_compile: np.ndarray  # part of gap inside compile spans
     busy: np.ndarray         # the call's own host time (µs); a sync's: its cost without the wait
     kind: np.ndarray         # H_* codes
+    sync_stream: np.ndarray  # per sync node: the stream it waits for (-1: every stream)
     eager_between: np.ndarray  # host node in an eager region between compiled graphs of a step
     compiled: np.ndarray     # host node inside a compiled region
     compiling: np.ndarray    # host node inside compile-time work (its GPU work: autotuning)
@@ -242,7 +245,7 @@ def build_graph(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Op
                 if len(grows) else np.zeros(0, np.int64))
     g_stream = np.asarray(g_stream, np.int64).reshape(-1)
     # stream order = launch order (FIFO); predecessor's end
-    sorder = np.argsort(g_stream, kind="stable")
+    sorder = _by_stream_then_start(g_stream, g_ts)
     prev_end = np.full(len(grows), -np.inf)
     if len(grows):
         s_sorted = g_stream[sorder]
@@ -294,19 +297,37 @@ def build_graph(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Op
     g_cls[memcpy & _name_mask(trace, gname, lambda s: "DtoH" in s)] = C_D2H
     g_cls[gk == GPU_MEMSET] = C_MEMSET
 
-    # a sync's own cost: its time less the wait for the GPU work launched before it ends
-    if len(grows):
-        done_before = np.maximum.accumulate(g_ts + g_dur)
-        k = np.searchsorted(g_launch, np.arange(n_h), side="right") - 1
-        done = np.where(k >= 0, done_before[np.maximum(k, 0)], -np.inf)
-    else:
-        done = np.full(n_h, -np.inf)
-    # a sync's own cost: the part of its call after the GPU work before it ended (the call
-    # returns that long after the wait; all of it when it did not wait)
+    # which stream each sync waits for: a device sync all of them (-1); a stream or event
+    # sync, a blocking copy, the stream whose work (launched before it) ended closest before
+    # the call returned, else (it did not wait) the stream of the last launch before it
     sync = kind == H_SYNC
+    sync_nodes = np.flatnonzero(sync)
+    sync_stream = np.full(n_h, -1, np.int64)
+    done = np.full(n_h, -np.inf)
+    if len(grows) and len(sync_nodes):
+        k = np.searchsorted(g_launch, sync_nodes, side="right") - 1  # the last GPU node launched by then
+        ends = g_ts + g_dur
+        n_str = int(g_stream.max()) + 1
+        per_stream = np.full((len(sync_nodes), n_str), -np.inf)
+        for sid in range(n_str):  # a few streams: a running maximum of each one's ends
+            own = np.where(g_stream == sid, ends, -np.inf)
+            run = np.maximum.accumulate(own)
+            per_stream[:, sid] = np.where(k >= 0, run[np.maximum(k, 0)], -np.inf)
+        s_end = end[sync_nodes]
+        waited = np.where(per_stream <= s_end[:, None] + T.STEP_MODEL_QUEUED_GAP_US, per_stream, -np.inf)
+        best = np.argmax(waited, axis=1)
+        best_end = waited[np.arange(len(sync_nodes)), best]
+        did_wait = best_end > ts[sync_nodes]
+        last_stream = np.where(k >= 0, g_stream[np.maximum(k, 0)], -1)
+        device_wide = _name_mask(trace, names[sync_nodes], lambda s: s in DEVICE_SYNC_CALLS)
+        sync_stream[sync_nodes] = np.where(device_wide, -1, np.where(did_wait, best, last_stream))
+        all_done = per_stream.max(axis=1)
+        done[sync_nodes] = np.where(device_wide, all_done, np.where(did_wait, best_end, -np.inf))
+    # a sync's own cost: the part of its call after the GPU work it waited for ended (the call
+    # returns that long after the wait; all of it when it did not wait)
     tail = np.maximum(end - np.maximum(ts, done), 0.0)
     busy = np.where(sync, np.minimum(busy, tail), busy)
-    return Graph(gap=gap, gap_input=gap_input, gap_compile=gap_compile, busy=busy, kind=kind,
+    return Graph(gap=gap, gap_input=gap_input, gap_compile=gap_compile, busy=busy, kind=kind, sync_stream=sync_stream,
                  eager_between=eager_between, compiled=compiled, compiling=compiling & ~is_marker, markers=markers, g_launch=g_launch, g_lat=g_lat,
                  g_gap=g_gap, g_dur=g_dur, g_stream=g_stream, g_cls=g_cls, g_row=grows, g_ts=g_ts, g_flops=flops,
                  g_bytes=nbytes, g_prec=prec_code, precisions=prec_names, g_reduction=is_k & _name_mask(trace, gname, lambda s: REDUCTION_RE.search(s) is not None),
@@ -330,14 +351,21 @@ class Sim:
     per_step_us: np.ndarray
 
 
+def _by_stream_then_start(stream: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """GPU nodes by stream, then by recorded start: the order a stream ran them in (FIFO;
+    the launch order can differ when several threads launch onto one stream)."""
+    by_start = np.argsort(start, kind="stable")
+    return by_start[np.argsort(stream[by_start], kind="stable")]
+
+
 def _stream_order(gr: Graph, g_stream: np.ndarray) -> np.ndarray:
-    """GPU nodes by stream, launch order within one (the graph's own streams: computed once)."""
+    """GPU nodes by stream, in the order each ran them (the graph's own streams: computed once)."""
     if g_stream is gr.g_stream:
         so = gr.__dict__.get("_stream_order")
         if so is None:
-            so = gr.__dict__["_stream_order"] = np.argsort(g_stream, kind="stable")
+            so = gr.__dict__["_stream_order"] = _by_stream_then_start(g_stream, gr.g_ts)
         return so
-    return np.argsort(g_stream, kind="stable")
+    return _by_stream_then_start(g_stream, gr.g_ts)
 
 
 def _stream_blocks(gr: Graph, g_stream: np.ndarray):
@@ -389,12 +417,19 @@ def simulate(gr: Graph, gap=None, busy=None, is_sync=None, g_lat=None, g_gap=Non
         c_incl -= np.repeat((c_incl - step)[s_first], s_last - s_first) if n_g else 0.0
     x0 = start0[launch_sorted]
     x0 += (g_lat + g_dur - c_incl) if one else (g_lat[so] + g_dur[so] - c_incl)  # ready0 + dur - C
+    # the block of each stream id (a sync names the stream it waits for by id)
+    ids = g_stream[so[s_first]] if n_g else np.zeros(0, np.int64)
+    block_of = np.full(int(ids.max()) + 1 if len(ids) else 0, -1, np.int64)
+    block_of[ids] = np.arange(len(ids))
     syncs = np.flatnonzero(is_sync)
     bounds = np.concatenate([syncs, [n_h - 1]]) if n_h else np.zeros(0, np.int64)
     if len(bounds) > 1:
         bounds = np.unique(bounds)
     # per stream, the block position of each segment's end (nodes launched by host <= b)
-    cut = [np.searchsorted(launch_sorted[a:z], bounds, side="right") + a for a, z in zip(s_first, s_last)]
+    # a stream runs its nodes in order: a segment takes the prefix of each block whose launches
+    # all came by its end (the running maximum of the launching node)
+    cut = [np.searchsorted(np.maximum.accumulate(launch_sorted[a:z]), bounds, side="right") + a
+           for a, z in zip(s_first, s_last)]
     seg_off = np.empty(len(bounds))
     g_end_sorted = np.zeros(n_g)
     stream_end = np.zeros(len(streams))
@@ -414,9 +449,10 @@ def simulate(gr: Graph, gap=None, busy=None, is_sync=None, g_lat=None, g_gap=Non
                 stream_end[k] = ends[-1]
                 stream_pos[k] = p1
         if is_sync[b] and len(streams):
-            k = int(np.argmax(stream_end))
+            target = gr.sync_stream[b]
+            k = int(np.argmax(stream_end)) if target < 0 else int(block_of[target]) if target < len(block_of) else -1
             start_b = start0[b] + offset
-            if stream_end[k] > start_b and stream_pos[k] > s_first[k]:
+            if k >= 0 and stream_end[k] > start_b and stream_pos[k] > s_first[k]:
                 end_b = float(stream_end[k]) + busy[b]
                 waited[b] = so[stream_pos[k] - 1]
                 sync_end[b] = end_b
