@@ -184,6 +184,9 @@ STEP_MODEL_MIN_REPLAYED_KERNELS = 16
 # compiled regions to measure it (µs).
 STEP_MODEL_COMPILED_HOST_US = 33.2
 STEP_MODEL_MIN_COMPILED_LAUNCHES = 50
+# The model must reproduce the recorded span of its graph within this share (%) for its
+# what-ifs to price advice; beyond, the rules' own estimates stay (gain_source "rule").
+STEP_MODEL_MAX_ERROR_PCT = 10.0
 # Advice whose simulated saving is below this share of the step is information, never
 # medium or high (%), and advice an applied fix already took is not repeated below
 # GAIN_REPEAT_PCT.

@@ -108,6 +108,7 @@ class Graph:
     g_tc: np.ndarray         # a Tensor Core kernel (by name)
     g_misaligned: np.ndarray  # a GEMM kernel built for unaligned operands (CUTLASS alignN, N < 8 / 4)
     step_us: np.ndarray      # measured (stretched) duration of each included step
+    recorded_us: float       # the graph's span as recorded: first step start to its last end (host or GPU)
     step_numbers: np.ndarray
     precisions: tuple        # the names of g_prec's codes ("" first)
     launch_us: float         # median host cost of one kernel launch in this trace
@@ -335,6 +336,7 @@ def build_graph(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Op
                  g_misaligned=is_k & (g_cls == C_GEMM) & _name_mask(trace, gname, lambda s: MISALIGNED_RE.search(s)
                                                                    is not None),
                  step_us=step_us, step_numbers=steps.inc_numbers[order], launch_us=launch_us,
+                 recorded_us=float(max(ts[markers[-1]], float(np.max(g_ts + g_dur, initial=-np.inf))) - ts[markers[0]]),
                  queued_latency_us=queued_latency)
 
 
@@ -1000,7 +1002,10 @@ def step_model(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Opt
     return {
         "profiler": _profiler_cost(trace, steps, path, n),
         "steps": n, "step_us": measured, "model_us": base.total_us,
-        "model_error_pct": 100.0 * (base.total_us - measured) / measured if measured > 0 else None,
+        "recorded_us": gr.recorded_us,
+        "model_error_pct": 100.0 * (base.total_us - gr.recorded_us) / gr.recorded_us if gr.recorded_us > 0 else None,
+        "reliable": bool(gr.recorded_us > 0
+                         and abs(base.total_us - gr.recorded_us) <= T.STEP_MODEL_MAX_ERROR_PCT / 100 * gr.recorded_us),
         "host_nodes": int(len(gr.busy)), "gpu_nodes": int(len(gr.g_dur)),
         "syncs": int((gr.kind == H_SYNC).sum()),
         "critical_path_us": {k: v for k, v in path.items()},
@@ -1068,7 +1073,8 @@ def _unit_compute(span):
 def _unit_partial(report: dict) -> dict:
     sec = report.get(NAME) or {}
     if not sec:
-        return {"sum:step_us": None, "sum:steps": 0, "sum:model_us": None, "sum:host_nodes": 0, "sum:gpu_nodes": 0,
+        return {"sum:step_us": None, "sum:steps": 0, "sum:model_us": None, "sum:recorded_us": 0.0, "all:reliable": True,
+                "sum:host_nodes": 0, "sum:gpu_nodes": 0,
                 "sum:syncs": 0, "keyed:critical_path_us": {}, "keyed:what_if": {}, "sum:all_saving_us": 0.0,
                 "rows:all_ids": [], "sum:ceiling_saving_us": 0.0, "first:ceiling": None}
     rows = {r["id"]: {"first:id": r["id"], "first:rules": r.get("rules"), "first:label": r.get("label"),
@@ -1076,6 +1082,7 @@ def _unit_partial(report: dict) -> dict:
                       "sum:changed": r.get("changed") or 0} for r in sec.get("what_if") or []}
     ceil = sec.get("ceiling") or {}
     return {"sum:step_us": sec.get("step_us"), "sum:steps": sec.get("steps") or 0, "sum:model_us": sec.get("model_us"),
+            "sum:recorded_us": sec.get("recorded_us"), "all:reliable": sec.get("reliable", True),
             "sum:host_nodes": sec.get("host_nodes") or 0, "sum:gpu_nodes": sec.get("gpu_nodes") or 0,
             "sum:syncs": sec.get("syncs") or 0,
             "keyed:critical_path_us": {k: {"sum:us": v} for k, v in (sec.get("critical_path_us") or {}).items()},
@@ -1105,7 +1112,10 @@ def _unit_finish(m: dict) -> Optional[dict]:
              **saving(r["sum:saving_us"])} for r in (m.get("keyed:what_if") or {}).values()]
     ceil = m.get("first:ceiling")
     return {"steps": n, "step_us": measured, "model_us": model,
-            "model_error_pct": 100.0 * (model - measured) / measured if model is not None else None,
+            "recorded_us": num(m.get("sum:recorded_us")),
+            "model_error_pct": (100.0 * (model - m["sum:recorded_us"]) / m["sum:recorded_us"]
+                                if model is not None and num(m.get("sum:recorded_us")) else None),
+            "reliable": bool(m.get("all:reliable", True)),
             "host_nodes": int(m.get("sum:host_nodes") or 0), "gpu_nodes": int(m.get("sum:gpu_nodes") or 0),
             "syncs": int(m.get("sum:syncs") or 0),
             "critical_path_us": {k: v["sum:us"] for k, v in (m.get("keyed:critical_path_us") or {}).items()},

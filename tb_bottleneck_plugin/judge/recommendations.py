@@ -93,7 +93,7 @@ def price(rec: dict, report) -> Optional[dict]:
     sm = report.get("step_model") if isinstance(report.get("step_model"), dict) else None
     wid = what_if_of(rule, report)
     row = next((r for r in (sm or {}).get("what_if") or [] if r.get("id") == wid), None) if wid else None
-    if sm is None or wid is None:
+    if sm is None or wid is None or sm.get("reliable") is False:  # no model, or one that misses the trace
         return {**rec, "gain_source": "rule"}
     if row is None:  # the model found nothing this fix would change
         row = {"saving_pct": 0.0, "step_ms": None, "predicted_step_ms": None, "assumption": "nothing to change"}
