@@ -999,6 +999,10 @@ def step_model(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Opt
                            "bandwidth); a bound, never a recommendation", base.total_us, _total(gr, ch), measured, n, 1)
     else:
         na[f"{NAME}.ceiling"] = "no FLOPs and peak for this trace (record_shapes=True and a known GPU): no roofline"
+    if gr.recorded_us > 0 and abs(base.total_us - gr.recorded_us) > T.STEP_MODEL_MAX_ERROR_PCT / 100 * gr.recorded_us:
+        na[f"{NAME}.what_if"] = (f"the model reproduces the recorded steps only within "
+                                 f"{100 * abs(base.total_us - gr.recorded_us) / gr.recorded_us:.1f} % (more than "
+                                 f"{T.STEP_MODEL_MAX_ERROR_PCT:g} %): its what-ifs do not price the recommendations")
     return {
         "profiler": _profiler_cost(trace, steps, path, n),
         "steps": n, "step_us": measured, "model_us": base.total_us,

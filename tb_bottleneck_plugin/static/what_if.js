@@ -161,6 +161,9 @@ export function whatIfPanel(report) {
   if (isNum(sm.model_error_pct)) {
     body.push(note(`model reproduces the measured step within ${fmtPct(Math.abs(sm.model_error_pct))}`, "wf-error"));
   }
+  // the server's reason when the model misses the trace by more than its limit (not_available)
+  const unpriced = naReason(report, "step_model.what_if");
+  if (unpriced) body.push(note(`n/a as prices: ${unpriced}`, "na wf-unpriced"));
   const subtitle = `each fix alone against today's ${fmtStepMs(todayMs)} step`;
   return mountPanel(null, {...spec, subtitle}, ...body);
 }
