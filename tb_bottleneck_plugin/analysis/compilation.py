@@ -27,9 +27,11 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from .. import thresholds as T
-from ..trace.model import CPU_OP, CPU_USER_ANNOTATION, GPU_KERNEL, TraceData
+from ..trace.model import CPU_OP, CPU_PYTHON, CPU_USER_ANNOTATION, GPU_KERNEL, TraceData
 from . import intervals as iv
 from .context import GRAPH_LAUNCH_CALLS, TRITON_RE
+from .signals import SYNC_CALLS, SYNC_MEMCPY_CALLS
+from .source import is_user_frame, parse_frame
 
 NAME = "compilation"
 
@@ -202,6 +204,259 @@ def _inside(merged_by_thread: Dict[tuple, iv.Intervals], pid, tid, ts, end) -> n
         ok = j >= 0
         jj = np.maximum(j, 0)
         out[sel] = ok & (end[sel] <= e[jj])
+    return out
+
+
+# ---------------------------------------------------------------- what broke the graph (METRICS.md §16)
+
+# Dynamo's own work inside a region (guards, compiling, the code around a graph call): never the break.
+DYNAMO_BOOKKEEPING = GUARD_NAMES | COMPILE_NAMES | BACKWARD_NAMES | FORWARD_GRAPH_NAMES | frozenset({
+    "Pregraph bytecode", "AOTDispatcher Runtime Wrapper Prologue", "AOTDispatcher Runtime Wrapper Epilogue",
+})
+_BOOKKEEPING_PREFIXES = ("Torch-Compiled Region", "## Call CompiledFxGraph", "dynamo_data", "ProfilerStep#",
+                         "TorchDynamo", "CompiledFunction")
+# ATen ops whose output shape depends on the data (Dynamo: "Dynamic shape operator").
+DYNAMIC_SHAPE_OPS = frozenset({"aten::nonzero", "aten::nonzero_numpy", "aten::masked_select", "aten::_unique2",
+                               "aten::unique_dim", "aten::unique_consecutive", "aten::unique_dim_consecutive",
+                               "aten::repeat_interleave"})
+SCALAR_OPS = ("aten::_local_scalar_dense", "aten::item")
+BRANCH_OP = "aten::is_nonzero"  # bool(tensor): a Python `if`/`while`/`and` on a tensor's value
+# What torch._dynamo.explain (torch 2.13) reports for each kind of break (first line, then its
+# Explanation), checked on CPU with the same models (tests/analysis/test_graph_break_named.py).
+BREAK_REASONS = {
+    "item": ("Unsupported Tensor.item() call with capture_scalar_outputs=False",
+             "Dynamo does not support tracing `Tensor.item()` with config.capture_scalar_outputs=False"),
+    "dynamic_shape": ("Dynamic shape operator",
+                      "the operator's output shape depends on input Tensor data"),
+    "branch": ("generic_jump TensorVariable()",
+               "a Python branch on a tensor's value (data-dependent control flow)"),
+    "logging": ("logging.Logger method not supported for non-export cases",
+                "logging.Logger methods are not supported for non-export cases"),
+    "print": ("Failed to trace builtin operator",
+              "Dynamo does not know how to trace builtin operator `print`"),
+}
+BREAK_CALLS = {"item": "Tensor.item()", "branch": "bool(tensor) in a Python `if`", "print": "print()"}
+NO_OP_AT_BREAK = ("no op or sync ran there, so Dynamo stopped at a Python call it cannot trace (a logging.Logger "
+                  "method, print, or another builtin or library call)")
+_LOGGING_FRAME = re.compile(r"(?:^|[/\\])logging[/\\]__init__\.py\(\d+\): (\w+)$")
+_TENSOR_METHOD = re.compile(r"^<built-in method (\w+) of Tensor object")
+RESUME_RE = re.compile(r"torch_dynamo_resume_in_(\w+?)_at_(\d+)$")
+MAX_CAUSE_OPS = 5
+
+
+class _Thread:
+    """One thread's CPU rows and runtime rows, sorted by start (break windows are sliced
+    from them with searchsorted), and its Python frames that can name a break's line:
+    Dynamo's resume frames and the user's own frames."""
+
+    def __init__(self, trace: TraceData, pid: int, tid: int, resume_ids, user_ids):
+        cpu, rt = trace.cpu, trace.runtime
+        rows = np.flatnonzero((cpu.pid == pid) & (cpu.tid == tid))
+        self.rows = rows[np.argsort(cpu.ts[rows], kind="stable")]
+        self.ts = cpu.ts[self.rows]
+        rrows = np.flatnonzero((rt.pid == pid) & (rt.tid == tid)) if len(rt) else np.empty(0, np.int64)
+        self.rt_rows = rrows[np.argsort(rt.ts[rrows], kind="stable")]
+        self.rt_ts = rt.ts[self.rt_rows]
+        py = self.rows[cpu.kind[self.rows] == CPU_PYTHON]
+        self.resume = py[np.isin(cpu.name[py], resume_ids)] if len(resume_ids) else py[:0]
+        self.user = py[np.isin(cpu.name[py], user_ids)] if len(user_ids) else py[:0]
+
+    def cpu_in(self, trace, lo, hi):
+        a, b = np.searchsorted(self.ts, lo, "left"), np.searchsorted(self.ts, hi, "left")
+        w = self.rows[a:b]
+        return w[trace.cpu.ts[w] + trace.cpu.dur[w] <= hi]
+
+    def rt_in(self, trace, lo, hi):
+        a, b = np.searchsorted(self.rt_ts, lo, "left"), np.searchsorted(self.rt_ts, hi, "left")
+        w = self.rt_rows[a:b]
+        return w[trace.runtime.ts[w] + trace.runtime.dur[w] <= hi]
+
+
+def _outside(ts, end, book: iv.Intervals) -> np.ndarray:
+    """Whether each [ts, end] lies outside every merged bookkeeping interval."""
+    s, e = book
+    if not len(s):
+        return np.ones(len(ts), bool)
+    j = np.searchsorted(s, ts, side="right") - 1
+    return ~((j >= 0) & (end <= e[np.maximum(j, 0)]))
+
+
+def _outermost(ts, end) -> np.ndarray:
+    """Indices (into ts) of the events no other event of the list contains."""
+    order = np.lexsort((-(end - ts), ts))
+    out, reach = [], -np.inf
+    for i in order.tolist():
+        if ts[i] >= reach or end[i] > reach:
+            out.append(i)
+            reach = max(reach, end[i])
+    return np.asarray(out, np.int64)
+
+
+def _gap_cause(trace: TraceData, thread: "_Thread", lo: float, hi: float, book_ids, book_prefix) -> Optional[dict]:
+    """What ran eagerly in one window between a compiled graph (or the region's start) and
+    the nested region that follows it: the op at the break, the sync, the Python call; None
+    when only Dynamo's own work (guards, compiling) ran there."""
+    cpu, rt, S = trace.cpu, trace.runtime, trace.strings
+    w = thread.cpu_in(trace, lo, hi)
+    r = thread.rt_in(trace, lo, hi)
+    if not len(w) and not len(r):
+        return None
+    names = cpu.name[w]
+    is_book = np.isin(names, book_ids) | np.isin(names, book_prefix)
+    book = iv.merge(cpu.ts[w[is_book]], cpu.ts[w[is_book]] + cpu.dur[w[is_book]])
+    keep = ~is_book & _outside(cpu.ts[w], cpu.ts[w] + cpu.dur[w], book)
+    w = w[keep]
+    r = r[_outside(rt.ts[r], rt.ts[r] + rt.dur[r], book)] if len(r) else r
+    ops = w[cpu.kind[w] == CPU_OP]
+    py = w[cpu.kind[w] == CPU_PYTHON]
+    op_names = [S[int(n)] for n in cpu.name[ops]]
+    py_names = [S[int(n)] for n in cpu.name[py]]
+    rt_names = {S[int(n)] for n in rt.name[r]}
+    sync = bool(rt_names & (SYNC_CALLS | SYNC_MEMCPY_CALLS))
+    top_ops: List[str] = []
+    us = 0.0
+    if len(ops):
+        o_ts, o_end = cpu.ts[ops], cpu.ts[ops] + cpu.dur[ops]
+        outer = _outermost(o_ts, o_end)
+        us = float((o_end[outer] - o_ts[outer]).sum())
+        for i in outer.tolist():
+            if op_names[i] not in top_ops:
+                top_ops.append(op_names[i])
+    kind, op, call, python = None, None, None, None
+    for name in py_names:
+        m = _LOGGING_FRAME.search(name)
+        if m:
+            kind, call, python = "logging", f"logging.Logger.{m.group(1)}()", name
+            break
+        if name == "<built-in function print>":
+            kind, call, python = "print", BREAK_CALLS["print"], name
+            break
+    if kind is None:
+        dyn = next((n for n in op_names if n in DYNAMIC_SHAPE_OPS), None)
+        if BRANCH_OP in op_names:
+            kind, op, call = "branch", BRANCH_OP, BREAK_CALLS["branch"]
+        elif dyn is not None:
+            kind, op, call = "dynamic_shape", dyn, f"torch.{dyn.split('::', 1)[1]}"
+        elif any(n in SCALAR_OPS for n in op_names):
+            kind, call = "item", BREAK_CALLS["item"]
+            op = next(n for n in SCALAR_OPS if n in op_names)
+    if kind is None:
+        method = next((m.group(1) for m in map(_TENSOR_METHOD.match, py_names) if m), None)
+        user = next((n for n in py_names if is_user_frame(n) and not RESUME_RE.search(n)), None)
+        if method is not None:
+            kind, call, op = "tensor_method", f"Tensor.{method}()", top_ops[0] if top_ops else None
+        elif sync:
+            kind, op = "sync", top_ops[0] if top_ops else None
+        elif top_ops:
+            kind, op = "op", top_ops[0]
+        elif user is not None:
+            kind, python = "python", user
+        else:
+            return None
+    if python is None and kind in ("item", "branch", "dynamic_shape", "tensor_method"):
+        python = next((n for n in py_names if _TENSOR_METHOD.match(n) or n.startswith("<built-in method")), None)
+    if kind in ("logging", "print") and python is not None:
+        pi = py_names.index(python)
+        us = max(us, float(cpu.dur[py[pi]]))
+    reason, explanation = BREAK_REASONS.get(kind, (None, None))
+    if kind == "dynamic_shape":
+        explanation = f"`{op.replace('::', '.')}`'s output shape depends on input Tensor data"
+    return {"kind": kind, "op": op, "call": call, "reason": reason, "explanation": explanation,
+            "ops": top_ops[:MAX_CAUSE_OPS], "python": python, "sync": sync, "us": us}
+
+
+_USER_FRAMES_LOOKED_AT = 4096  # user frames before a break searched for the one around it
+
+
+def _break_source(trace: TraceData, thread: "_Thread", lo: float, hi: float, child_ts: float,
+                  child_end: float) -> Optional[dict]:
+    """The source line of a break when the trace has Python stacks: the resume frame Dynamo
+    called after the break, ``torch_dynamo_resume_in_<function>_at_<line>`` (the line that
+    broke, as torch._dynamo.explain's user_stack), inside the nested region; else the
+    innermost user frame around the break (named by its first line: ``exact`` false)."""
+    cpu, S = trace.cpu, trace.strings
+    r = thread.resume
+    if len(r):
+        r_ts = cpu.ts[r]
+        inside = r[(r_ts >= child_ts) & (r_ts + cpu.dur[r] <= child_end)]
+        if len(inside):
+            name = S[int(cpu.name[inside[0]])]
+            m, parsed = RESUME_RE.search(name), parse_frame(name)
+            return {"frame": name, "file": parsed[0] if parsed else None, "line": int(m.group(2)),
+                    "function": m.group(1), "exact": True}
+    u = thread.user
+    if len(u):
+        j = int(np.searchsorted(cpu.ts[u], lo, side="right"))
+        cand = u[max(0, j - _USER_FRAMES_LOOKED_AT):j]
+        around = cand[cpu.ts[cand] + cpu.dur[cand] >= hi]
+        if len(around):  # the latest start: the innermost
+            name = S[int(cpu.name[around[-1]])]
+            parsed = parse_frame(name)
+            return {"frame": name, "file": parsed[0], "line": parsed[1], "function": parsed[2], "exact": False}
+    return None
+
+
+def break_causes(trace: TraceData, region_rows: np.ndarray, parent: np.ndarray, broken: np.ndarray, ids,
+                 graph_rows: np.ndarray) -> Dict[str, dict]:
+    """What broke each compiled region that broke (``broken``: holds a nested region, in the
+    steps): the eager host work between a compiled graph call (``graph_rows``: CompiledFunction,
+    ``## Call CompiledFxGraph``), an earlier nested region or the region's start, and the next
+    nested region, less Dynamo's own work (guards, compiling). Classified as torch._dynamo.explain
+    words it (BREAK_REASONS): ``item`` (aten::item / aten::_local_scalar_dense), ``branch``
+    (aten::is_nonzero), ``dynamic_shape`` (aten::nonzero ...), ``logging``/``print`` (Python
+    frames, with_stack), ``tensor_method``, ``sync``, ``op`` (another eager op), ``python`` (a
+    user frame only), ``none`` (nothing ran: a Python-only break in a trace without stacks).
+    One cause per broken region call (the first window that ran something; ``none`` when no
+    window did). -> {key: {kind, op, call, reason, explanation, ops, python, sync, source,
+    regions, count, us}}."""
+    cpu, S = trace.cpu, trace.strings
+    book_ids = trace.string_ids(lambda s: s in DYNAMO_BOOKKEEPING)
+    book_prefix = trace.string_ids(lambda s: s.startswith(_BOOKKEEPING_PREFIXES))
+    r_ts = cpu.ts[region_rows]
+    r_end = r_ts + cpu.dur[region_rows]
+    r_pid, r_tid = cpu.pid[region_rows], cpu.tid[region_rows]
+    g_ts = cpu.ts[graph_rows]
+    g_end = g_ts + cpu.dur[graph_rows]
+    g_pid, g_tid = cpu.pid[graph_rows], cpu.tid[graph_rows]
+    resume_ids = trace.string_ids(lambda s: RESUME_RE.search(s) is not None)
+    user_ids = trace.string_ids(lambda s: is_user_frame(s) and RESUME_RE.search(s) is None)
+    threads: Dict[tuple, _Thread] = {}
+    out: Dict[str, dict] = {}
+    for k in np.flatnonzero(broken).tolist():
+        key_t = (int(r_pid[k]), int(r_tid[k]))
+        thread = threads.get(key_t) or threads.setdefault(key_t, _Thread(trace, *key_t, resume_ids, user_ids))
+        lo_k, hi_k = r_ts[k], r_end[k]
+        children = np.flatnonzero(parent == k)
+        children = children[np.argsort(r_ts[children], kind="stable")]
+        mine = (g_pid == key_t[0]) & (g_tid == key_t[1]) & (g_ts >= lo_k) & (g_end <= hi_k)
+        ends = np.concatenate([g_end[mine], r_end[children]])
+        found, source = None, None
+        for c in children.tolist():
+            before = ends[ends <= r_ts[c]]
+            lo = float(before.max()) if len(before) else float(lo_k)
+            cause = _gap_cause(trace, thread, lo, float(r_ts[c]), book_ids, book_prefix)
+            if cause is not None:
+                found = cause
+                source = _break_source(trace, thread, lo, float(r_ts[c]), float(r_ts[c]), float(r_end[c]))
+                break
+        if found is None:
+            found = {"kind": "none", "op": None, "call": None, "reason": None, "explanation": NO_OP_AT_BREAK,
+                     "ops": [], "python": None, "sync": False, "us": 0.0}
+            c0 = children[0] if len(children) else None
+            if c0 is not None:
+                source = _break_source(trace, thread, float(lo_k), float(r_ts[c0]), float(r_ts[c0]),
+                                       float(r_end[c0]))
+        f, c = ids[k] if ids[k] is not None else (None, None)
+        region = S[int(cpu.name[region_rows[k]])] if f is None else f"{f}/{c}"
+        key = "|".join(str(x or "") for x in (found["kind"], found["op"], found["call"],
+                                               (source or {}).get("frame"), (source or {}).get("line")))
+        row = out.get(key)
+        if row is None:
+            row = out[key] = dict(found, source=source, regions=[], count=0, us=0.0)
+        row["count"] += 1
+        row["us"] += found["us"]
+        if region not in row["regions"]:
+            row["regions"].append(region)
     return out
 
 
@@ -386,6 +641,8 @@ def compilation(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = Non
         b["nested"] += int((parent == k).sum())
     if have_regions and all(fc == (None, None) for fc in ids):
         na[f"{NAME}.recompiles"] = NA_NO_REGION_IDS
+    causes = break_causes(trace, region_rows, parent, has_child & (r_step >= 0), ids,
+                          np.concatenate([fwd_graph_rows, fx_rows])) if has_child.any() else {}
 
     # ---- Inductor (Triton) kernels
     kernels: Dict[str, dict] = {}
@@ -399,7 +656,7 @@ def compilation(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = Non
             kernels[trace.strings[int(u)]] = {"count": int(c), "us": float(s), "graph_count": int(gk)}
 
     sec = _finish_from(per_step, frames, recompiles, kernels, have_regions, broken,
-                       kernel_sources(trace, sel, g_rt))
+                       kernel_sources(trace, sel, g_rt), causes)
     if not have_compiled:
         na[f"{NAME}.compiled_pct"] = NA_NO_COMPILED
     if not have_regions:
@@ -416,6 +673,8 @@ PER_STEP_FIELDS = ("step_us", "compiled_us", "compile_us", "eager_us", "guard_us
                    "nested_regions", "breaks", "graphs", "compiles", "kernel_us", "compiled_gpu_us",
                    "graph_launches", "graph_kernels", "graph_gpu_us", "triton_us", "gemm_us", "attention_us")
 TOP_KERNELS = 25
+TOP_CAUSES = 10
+CAUSE_FIELDS = ("kind", "op", "call", "reason", "explanation", "ops", "python", "sync", "source")
 
 
 def _sum(rows, key):
@@ -489,10 +748,13 @@ def _kernel_row_source(name: str, src: Optional[dict]) -> dict:
 
 def _finish_from(rows: List[dict], frames: Dict[str, dict], recompiles: Dict[str, dict],
                  kernels: Dict[str, dict], have_regions: bool, broken: Optional[Dict[str, dict]] = None,
-                 sources: Optional[Dict[str, dict]] = None) -> dict:
+                 sources: Optional[Dict[str, dict]] = None, causes: Optional[Dict[str, dict]] = None) -> dict:
     n = len(rows)
     broken_list = sorted((dict(b, per_step=_per(b["count"], n)) for b in (broken or {}).values()),
                          key=lambda b: (-b["count"], b["id"]))
+    cause_list = sorted((dict(c, key=k, regions=sorted(c.get("regions") or []), per_step=_per(c["count"], n))
+                         for k, c in (causes or {}).items()),
+                        key=lambda c: (c["kind"] == "none", -c["count"], c["key"]))[:TOP_CAUSES]
     S = {k: _sum(rows, k) for k in PER_STEP_FIELDS}
     step_us, kernel_us = S["step_us"], S["kernel_us"]
     first_step = min((r["step"] for r in rows if isinstance(r.get("step"), int)), default=None)
@@ -522,6 +784,7 @@ def _finish_from(rows: List[dict], frames: Dict[str, dict], recompiles: Dict[str
         "nested_regions": int(S["nested_regions"] or 0), "nested_per_step": _per(S["nested_regions"], n),
         "breaks": int(breaks) if breaks is not None else None, "breaks_per_step": _per(breaks, n),
         "broken_regions": broken_list,
+        "break_causes": cause_list,
         "graphs_per_step": _per(S["graphs"], n),
         "max_depth": max((r.get("max_depth") or 0 for r in rows), default=0),
         "frames": frame_list, "compiled_frames": len(frame_list),
@@ -571,6 +834,11 @@ def _unit_partial(report: dict) -> dict:
                          for f in sec.get("frames") or []},
         "keyed:broken": {b["id"]: {"first:frame": b.get("frame"), "sum:count": b.get("count", 0),
                                    "sum:nested": b.get("nested", 0)} for b in sec.get("broken_regions") or []},
+        # what broke the graphs (one row per cause and source line; the first span's words)
+        "keyed:break_causes": {c["key"]: {"first:cause": {k: v for k, v in c.items() if k in CAUSE_FIELDS},
+                                          "sum:count": c.get("count", 0), "sum:us": c.get("us", 0.0),
+                                          "rows:regions": list(c.get("regions") or [])}
+                               for c in sec.get("break_causes") or [] if c.get("key")},
         "keyed:recompiles": {r["id"]: {"first:frame": r.get("frame"), "first:compile": r.get("compile"),
                                        "rows:first_step": [r.get("first_step")], "sum:regions": r.get("regions", 0),
                                        "any:compiled_in_step": bool(r.get("compiled_in_step"))}
@@ -605,7 +873,10 @@ def _unit_finish(m: dict) -> Optional[dict]:
                   "nested": int(v.get("sum:nested") or 0)} for k, v in (m.get("keyed:broken") or {}).items()}
     sources = {k: v.get("first:source") for k, v in (m.get("keyed:kernel_sources") or {}).items()
                if isinstance(v.get("first:source"), dict)}
-    sec = _finish_from(rows, frames, recompiles, kernels, bool(m.get("any:has_regions")), broken, sources)
+    causes = {k: dict(v.get("first:cause") or {}, count=int(v.get("sum:count") or 0), us=v.get("sum:us") or 0.0,
+                      regions=sorted(set(v.get("rows:regions") or [])))
+              for k, v in (m.get("keyed:break_causes") or {}).items() if isinstance(v.get("first:cause"), dict)}
+    sec = _finish_from(rows, frames, recompiles, kernels, bool(m.get("any:has_regions")), broken, sources, causes)
     # one row per step number across spans (the mean over spans; min/max of compiled %)
     steps = per_step_across_spans(rows, PER_STEP_FIELDS, "compiled_pct")
     for r in steps:
@@ -640,6 +911,68 @@ def card_severity(sec: dict):
     if breaks is not None and breaks >= T.COMPILE_BREAKS_PER_STEP:
         return "medium", f"{breaks:g} graph break{'s' if breaks != 1 else ''} per step"
     return "ok", "ok"
+
+
+# What to change for each kind of graph break break_causes names (rule torch_compile's action).
+BREAK_FIXES = {
+    "item": ("The break is a `.item()` (aten::_local_scalar_dense, a host-device sync on a GPU): keep the value a "
+             "tensor (`torch.where(cond, a, b)` instead of a Python `if` on it), or let Dynamo trace it with "
+             "`torch._dynamo.config.capture_scalar_outputs = True`."),
+    "branch": ("The break is a Python `if` on a tensor's value (aten::is_nonzero): use `torch.where(cond, a, b)` or "
+               "`torch.cond(pred, true_fn, false_fn, (x,))`."),
+    "dynamic_shape": ("The break is an op whose output shape depends on the data (`torch.nonzero`, a boolean mask): "
+                      "keep the shape static (`torch.where(mask, x, 0)`), or set "
+                      "`torch._dynamo.config.capture_dynamic_output_shape_ops = True`."),
+    "logging": ("The break is a logging call: move it out of the compiled function, or add the method to "
+                "`torch._dynamo.config.ignore_logger_methods`."),
+    "print": "The break is a `print`: move it out of the compiled function.",
+    "tensor_method": ("The break is a Tensor method Dynamo does not trace (`.tolist()`, `.numpy()`, ...): move it out "
+                      "of the compiled function or keep the value a tensor."),
+    "none": ("No op ran at the break, so it is a Python-side call (a logging.Logger method, print, an unsupported "
+             "builtin or library function); record with `with_stack=True` or run with `TORCH_LOGS=\"graph_breaks\"` "
+             "to name it, and move it out of the compiled function (for a logger, "
+             "`torch._dynamo.config.ignore_logger_methods`)."),
+}
+
+
+def break_cause_words(cause: dict) -> str:
+    """A break's cause in a few words: what was called, the op, the source line."""
+    what = cause.get("call") or cause.get("op")
+    if cause.get("kind") == "none":
+        what = "a Python-only call"
+    elif cause.get("kind") == "python" and cause.get("python"):
+        what = f"a Python call in {cause['python']}"
+    elif cause.get("op") and cause.get("call") and cause["op"] not in cause["call"]:
+        what = f"{cause['call']} ({cause['op']})"
+    what = what or ("a host-device sync" if cause.get("kind") == "sync" else "an eager op")
+    src = cause.get("source") or {}
+    if src.get("file") and src.get("line") is not None:
+        what += f", {src['file']}:{src['line']}" + (f" in {src['function']}" if src.get("function") else "")
+    return what
+
+
+def break_cause_evidence(cause: dict) -> str:
+    """One evidence line per break cause, worded as torch._dynamo.explain reports it."""
+    per = cause.get("per_step")
+    line = (f"graph break at {break_cause_words(cause)}: {per:g}x per step" if isinstance(per, (int, float))
+            else f"graph break at {break_cause_words(cause)}")
+    if cause.get("regions"):
+        line += f" in region(s) {', '.join(cause['regions'])}"
+    ops = [o for o in cause.get("ops") or [] if o != cause.get("op")]
+    if ops:
+        line += f" (eager ops there: {', '.join(ops)})"
+    if cause.get("sync"):
+        line += "; the host waits for the GPU there"
+    if cause.get("reason"):
+        line += f'; torch._dynamo.explain: "{cause["reason"]}"'
+    elif cause.get("explanation"):
+        line += f"; {cause['explanation']}"
+    src = cause.get("source")
+    if not src:
+        line += " (no Python stacks in the trace: record with `with_stack=True` to name the line)"
+    elif not src.get("exact"):
+        line += " (the line is where the function begins: the break is inside it)"
+    return line
 
 
 def _unit():

@@ -5,11 +5,13 @@
 
 - **mode**: ``"training"`` when the host ran backward ops (``autograd::engine::
   evaluate_function: …``, ops whose name contains ``Backward``, ``aten::*_backward``)
-  or optimizer ops (``Optimizer.step#…``, ``Optimizer.zero_grad#…``,
-  ``aten::_foreach_*``, ``optimizer.step``); ``"inference"`` when it ran CPU ops but
-  none of those; ``"unknown"`` when the trace has no CPU ops to tell (GPU-only traces).
-  Only ops and user annotations count, not Python stack frames (a frame named after
-  ``distributed_c10d.py`` is not an op).
+  or optimizer ops (``Optimizer.step#…``, ``Optimizer.zero_grad#…``, ``optimizer.step``,
+  the optimizers' ``aten::_foreach_*`` math and ``aten::_fused_adam(w)_``/``_fused_sgd_``);
+  ``"inference"`` when it ran CPU ops but none of those; ``"unknown"`` when the trace has
+  no CPU ops to tell (GPU-only traces). ``aten::_foreach_copy_`` alone is no optimizer:
+  CUDA-graph trees copy a replayed graph's inputs with it in inference too
+  (``evidence.foreach_copy_ops`` counts them). Only ops and user annotations count, not
+  Python stack frames (a frame named after ``distributed_c10d.py`` is not an op).
 - **cuda_graphs**: a ``cudaGraphLaunch``/``hipGraphLaunch`` (or driver ``cuGraphLaunch``)
   call; ``graph_kernels`` counts the kernels launched by one (same correlation).
   ``cuda_graph_capture``: the trace also records capture (``cudaStreamBeginCapture``,
@@ -32,7 +34,12 @@ from .breakdown import COMM_CPU_PREFIXES, comm_kernel_mask
 from .linking import gpu_runtime_index
 
 BACKWARD_RE = re.compile(r"^autograd::engine::evaluate_function|Backward|^aten::\w*_backward")
-OPTIMIZER_RE = re.compile(r"^Optimizer\.(step|zero_grad)#|^aten::_foreach_|^optimizer\.step|^Optimizer\.step")
+# Optimizer ops: the optimizers' annotations, their multi-tensor (foreach) math and fused kernels.
+# Not aten::_foreach_copy_: CUDA-graph trees copy a graph's static inputs with
+# _foreach_copy_ before each replay, in inference as in training (issue 34 item 5).
+OPTIMIZER_RE = re.compile(r"^Optimizer\.(step|zero_grad)#|^optimizer\.step|^Optimizer\.step"
+                          r"|^aten::_foreach_(?!copy_?$)\w+|^aten::_fused_(adam|adamw|sgd|adagrad)\w*")
+FOREACH_COPY_RE = re.compile(r"^aten::_foreach_copy_?$")
 GRAPH_LAUNCH_CALLS = frozenset({"cudaGraphLaunch", "cudaGraphLaunch_v10000", "hipGraphLaunch", "cuGraphLaunch",
                                 "cuGraphLaunch_ptsz", "cudaGraphLaunch_ptsz"})
 GRAPH_CAPTURE_CALLS = frozenset({"cudaStreamBeginCapture", "cudaStreamEndCapture", "cudaGraphInstantiate",
@@ -66,6 +73,7 @@ def detect(trace: TraceData, gpu_runtime: Optional[np.ndarray] = None) -> Dict:
     op_names = cpu.name[ops]
     backward = _count(trace, op_names, BACKWARD_RE)
     optimizer = _count(trace, op_names, OPTIMIZER_RE)
+    foreach_copy = _count(trace, op_names, FOREACH_COPY_RE)
     if backward or optimizer:
         mode = "training"
     elif len(op_names):
@@ -99,7 +107,8 @@ def detect(trace: TraceData, gpu_runtime: Optional[np.ndarray] = None) -> Dict:
         "torch_compile": bool(triton or compiled),
         "distributed": bool(distributed),
         "world_size": world,
-        "evidence": {"backward_ops": backward, "optimizer_ops": optimizer, "graph_launches": int(is_launch.sum()),
+        "evidence": {"backward_ops": backward, "optimizer_ops": optimizer, "foreach_copy_ops": foreach_copy,
+                     "graph_launches": int(is_launch.sum()),
                      "graph_kernels": graph_kernels, "graph_capture_calls": captures, "triton_kernels": triton,
                      "compiled_regions": compiled, "communication_kernels": comm_kernels,
                      "communication_ops": comm_ops},

@@ -6,7 +6,11 @@ FLOPs are counted per CPU op from its recorded shapes (``record_shapes=True``: t
 innermost op that has shapes and a formula (a parent whose child is counted is not).
 Ops without a formula (elementwise, norms, softmax, copies, fused Triton kernels) count
 bytes instead. An op's FLOPs and bytes go to the GPU kernels it launched (linking:
-correlation id, then the runtime call inside the op), split by kernel time.
+correlation id, then the runtime call inside the op), split by kernel time. On a trace whose
+kernels link to runtime calls only ops that launched a kernel count (issue 34: ops traced
+while compiling have shapes but run nothing). Each kernel, and each precision's part of an
+op class, is judged against its own precision's roof; a number no GPU can reach (GB/s above
+the memory bandwidth, TFLOP/s above the peak) is null with the reason in ``not_available``.
 
 Scope: the ops that start inside an included step (host span); the step time is the
 stretched step (analysis/steps.py). Peaks: analysis/peaks.py, matched on deviceProperties'
@@ -343,6 +347,7 @@ def _no_shapes(trace: TraceData, steps, na: Dict[str, str], user_peak=None) -> d
         "flops": 0.0, "bytes": None, "step_us": float(durations.sum()), "steps": int(steps.count),
         "flop_kernel_us": 0.0, "gpu_busy_us": None, "ideal_us": None,
         "devices": len(np.unique(gpu.device[in_step])) if in_step.any() else 0, "counted_calls": 0,
+        "unlaunched_calls": 0, "unlaunched_flops": 0.0,
         "uncounted_calls": {}, "peak": peak, "by_precision": {},
         "by_class": {"other": {"flops": 0.0, "bytes": None, "kernel_us": kus, "kernels": int(in_step.sum()),
                                "calls": 0, "flops_by_precision": {}}} if in_step.any() else {},
@@ -379,6 +384,29 @@ def _ancestors_marked(parent: np.ndarray, seeds: np.ndarray) -> np.ndarray:
         cur = parent[cur]
         cur = cur[cur >= 0]
     return mark
+
+
+def _launched(trace: TraceData, rows: np.ndarray, entries: np.ndarray, is_k: np.ndarray,
+              rt_of: Optional[np.ndarray], op_calls) -> Optional[np.ndarray]:
+    """Bool over the op nesting's entries: the op (or an op inside it: a runtime call
+    wholly inside its span on its thread) launched a GPU kernel that the trace recorded
+    (issue 34: ops traced while compiling carry shapes but run nothing). Only ``entries``
+    (a bool mask over the nesting) are looked at; the rest are False. None when no kernel
+    of the trace is linked to a runtime call (CPU-only traces, traces without correlation
+    ids): there is nothing to check against, and every op counts."""
+    if rt_of is None or not len(rt_of):
+        return None
+    linked = is_k & (rt_of >= 0)
+    if not linked.any():
+        return None
+    call_k = np.zeros(len(trace.runtime), bool)
+    call_k[rt_of[linked]] = True
+    sel = np.zeros(len(trace.cpu), bool)
+    sel[rows[entries]] = True
+    op, call = linking.calls_inside(trace, sel, among=op_calls if op_calls is not None else linking.op_calls(trace))
+    hit = np.zeros(len(trace.cpu), bool)
+    hit[op[call_k[call]]] = True
+    return hit[rows] & entries
 
 
 # per-op columns handed to the Operator view (``per_op``; METRICS.md "Operator view: FLOPs")
@@ -476,7 +504,25 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
         ids, n = np.unique(names[cand[mask]], return_counts=True)
         return {trace.strings[int(i)]: int(c) for i, c in zip(ids, n)}
 
-    uncounted = count_names(~ok & (step_of[cand] >= 0))
+    # ops that launched a GPU kernel (themselves or an op inside them); None when the trace
+    # has no kernel linked to a runtime call (CPU-only): every op counts, as before
+    gpu = trace.gpu
+    is_k = gpu.kind == GPU_KERNEL
+    rt_of = None
+    if len(gpu) and len(trace.runtime):
+        rt_of = linking.gpu_runtime_index(trace) if gpu_runtime is None else gpu_runtime
+        op_calls = op_calls() if callable(op_calls) else op_calls
+    launched = _launched(trace, rows, has_shape, is_k, rt_of, op_calls)
+    went = np.ones(len(rows), bool) if launched is None else launched
+    # ops with a formula that launched nothing (e.g. traced while compiling: shapes, no kernel)
+    # (each FLOP once: the innermost of them, as for the counted ops)
+    idle = np.zeros(len(rows), bool)
+    idle[cand[ok & ~went[cand] & (step_of[cand] >= 0)]] = True
+    idle &= ~_ancestors_marked(parent, np.flatnonzero(idle))
+    unlaunched_calls = int(idle.sum())
+    unlaunched_flops = float(c_flops[np.flatnonzero(idle[cand])].sum()) if unlaunched_calls else 0.0
+    ok = ok & went[cand]
+    uncounted = count_names(~u_ok[inv] & went[cand] & (step_of[cand] >= 0)) if len(cand) else {}
     # innermost counted: a candidate with a counted candidate below it is not counted
     counted_mask = np.zeros(len(rows), bool)
     counted_mask[cand[ok]] = True
@@ -485,7 +531,8 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
     # an uncounted op whose descendant was counted, or that holds another candidate
     # (aten::conv2d -> ... -> aten::cudnn_convolution: only the innermost), is not listed
     anc_cand = _ancestors_marked(parent, cand)
-    for nm, n in count_names(~ok & (anc[cand] | anc_cand[cand]) & (step_of[cand] >= 0)).items():
+    for nm, n in count_names(~u_ok[inv] & went[cand] & (anc[cand] | anc_cand[cand])
+                             & (step_of[cand] >= 0)).items():
         uncounted[nm] -= n
         if not uncounted[nm]:
             del uncounted[nm]
@@ -500,7 +547,7 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
     # byte-only ops: shaped, not a FLOP op nor an ancestor of one, no shaped child below
     shaped = has_shape & ~is_flop_name & ~anc
     below = _ancestors_marked(parent, np.flatnonzero(has_shape))
-    e_idx = np.flatnonzero(shaped & ~below & (step_of >= 0))
+    e_idx = np.flatnonzero(shaped & ~below & went & (step_of >= 0))
     e_bytes = np.zeros(len(e_idx))
     if len(e_idx):
         e_rows = rows[e_idx]
@@ -518,14 +565,10 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
         e_bytes = vals[inv]
 
     # ---------------------------------------------------------------- kernels
-    gpu = trace.gpu
-    is_k = gpu.kind == GPU_KERNEL
     n_counted = len(f_idx)
     # owner per kernel: 0..n_counted-1 counted ops, n_counted.. byte-only ops, -1 none
     owner = np.full(len(gpu), -1, np.int64)
-    if len(gpu) and len(trace.runtime):
-        rt_of = linking.gpu_runtime_index(trace) if gpu_runtime is None else gpu_runtime
-        op_calls = op_calls() if callable(op_calls) else op_calls
+    if rt_of is not None:
         all_rows = np.concatenate([rows[f_idx], rows[e_idx]])
         call_owner = np.full(len(trace.runtime), -1, np.int64)
         if len(all_rows):
@@ -637,6 +680,12 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
         ks, ke = gpu.ts[is_k], gpu.ts[is_k] + kdur[is_k]
         merged = intervals.merge(ks, ke)
         busy_us = float(intervals.covered_in(merged, steps.inc_start, steps.inc_end).sum())
+    # the precision of the counted op that launched each kernel (an index into `precisions`;
+    # -1 when none): each kernel is judged against its own precision's roof
+    k_prec = np.full(len(gpu), -1, np.int64)
+    counted_k = own_k & (owner < n_counted)
+    if counted_k.any():
+        k_prec[counted_k] = op_prec[owner[counted_k]]
     # per class
     by_class: Dict[str, dict] = {}
     for ci, c in enumerate(CLASSES):
@@ -655,6 +704,16 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
         precs = {precisions[i]: float(per_code[i]) for i in present[np.argsort(first)].tolist()}
         by_class[c] = {"flops": fl, "bytes": by if c != "other" else None, "kernel_us": kus,
                        "kernels": int(km.sum()), "calls": calls, "flops_by_precision": precs}
+        if c in FLOP_CLASSES:
+            # the class split by precision (issue 34 item 1): each part against its own roof
+            split = {}
+            for i in present[np.argsort(first)].tolist():
+                pm = mc & (op_prec == i)
+                kpm = km & (k_prec == i)
+                split[precisions[i]] = {"flops": float(per_code[i]), "bytes": float(f_bytes[pm].sum()),
+                                        "kernel_us": float(kdur[kpm].sum()), "kernels": int(kpm.sum()),
+                                        "calls": int(pm.sum())}
+            by_class[c]["by_precision"] = split
     # per kernel name (top by kernel time among the step kernels)
     top = []
     km = in_step
@@ -667,20 +726,22 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
         # each name's most frequent class (the first on ties): one 2-D count
         n_cls = len(CLASSES)
         name_cls = np.bincount(inv * n_cls + k_cls[km], minlength=len(ids) * n_cls).reshape(-1, n_cls).argmax(1)
+        # each name's precision: the one with the most kernel time (-1: launched by no counted op)
+        n_pr = len(precisions) + 1
+        name_prec = np.bincount(inv * n_pr + k_prec[km] + 1, weights=kdur[km] + 1e-12,
+                                minlength=len(ids) * n_pr).reshape(-1, n_pr).argmax(1) - 1
         order_k = np.argsort(-kus, kind="stable")[:TOP_KERNELS * 5]
         for j in order_k:
             cls = CLASSES[int(name_cls[j])]
             top.append({"name": trace.strings[int(ids[j])], "class": cls, "flops": float(kfl[j]),
                         "bytes": float(kby[j]) if cls != "other" else None, "kernel_us": float(kus[j]),
-                        "count": int(kn[j])})
+                        "count": int(kn[j]),
+                        "precision": precisions[int(name_prec[j])] if name_prec[j] >= 0 and cls in FLOP_CLASSES
+                        else None})
     if per_kernel is not None:
         # per GPU row, for the step model (analysis/step_model.py): class code (CLASSES), FLOPs,
         # bytes and the precision of the counted op that launched it (an index into
         # `precisions`; -1 when none)
-        k_prec = np.full(len(gpu), -1, np.int64)
-        counted_k = own_k & (owner < n_counted)
-        if counted_k.any():
-            k_prec[counted_k] = op_prec[owner[counted_k]]
         per_kernel.update(cls=k_cls, flops=k_flops, bytes=k_bytes, precision_code=k_prec,
                           precisions=list(precisions), peak_tflops=dict(tflops_peak), peak=peak)
     if per_op is not None and has_shape.any():
@@ -688,6 +749,7 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
                               op_kus, np.where(pk_op > 0, pk_op, np.nan), peak, na))
     section = {
         "flops": total_flops, "bytes": float(op_bytes_all.sum()) if n_own else 0.0, "step_us": step_us,
+        "unlaunched_calls": unlaunched_calls, "unlaunched_flops": unlaunched_flops,
         "steps": int(steps.count), "flop_kernel_us": float(op_kus[:n_counted].sum()) if n_counted else 0.0,
         "gpu_busy_us": busy_us, "ideal_us": ideal_us, "devices": n_dev if has_gpu else 0,
         "counted_calls": int(n_counted), "uncounted_calls": dict(sorted(uncounted.items(), key=lambda kv: -kv[1])),
@@ -771,18 +833,110 @@ def _main_precision(precs: dict) -> Optional[str]:
     return max(precs, key=precs.get) if precs else None
 
 
+_OVER = 1 + 1e-9  # float slack: a number exactly at its roof is not above it
+
+
+def _impossible(row: dict, flops, peak_tf, hbm, what: str) -> Dict[str, str]:
+    """Null the numbers of one roofline row (a class, a class's precision, a kernel) that no
+    GPU can reach (issue 34 item 9): achieved GB/s above the device's memory bandwidth means
+    its byte count (estimated from the recorded shapes) is wrong for those kernels, achieved
+    TFLOP/s above the precision's peak that its FLOP count (or kernel time) is; a roofline
+    share above 100 % is one of the two. Returns {field: reason} of what it nulled, for
+    ``not_available`` (METRICS.md §15)."""
+    out: Dict[str, str] = {}
+    gbps, tf = row.get("achieved_gbps"), row.get("achieved_tflops")
+    if hbm and gbps is not None and gbps > hbm * _OVER:
+        why = (f"{what}: {gbps:,.0f} GB/s achieved is above the memory bandwidth ({hbm:,.0f} GB/s): the byte "
+               "count estimated from the recorded shapes is wrong for these kernels (n/a, never a share above 100 %)")
+        ridge, intensity = row.get("ridge"), row.get("intensity")
+        row["achieved_gbps"] = None
+        out["achieved_gbps"] = why
+        if flops:
+            # the bytes are too many, so the true intensity is higher: compute-bound stays known
+            row["intensity"] = None
+            out["intensity"] = why
+            row["bound"] = "compute" if intensity is not None and ridge is not None and intensity >= ridge else None
+        else:
+            row["bound"] = "memory" if row.get("bound") else None  # no FLOPs: memory-bound by definition
+        if row.get("roofline_pct") is not None or row.get("attainable_tflops") is not None:
+            row["roofline_pct"] = row["attainable_tflops"] = None
+            out["roofline_pct"] = why
+    if peak_tf and tf is not None and tf > peak_tf * _OVER:
+        why = (f"{what}: {tf:,.1f} TFLOP/s achieved is above the peak ({peak_tf:,.1f} TFLOP/s): the FLOP count or "
+               "the kernel time is wrong for these kernels (n/a, never above the peak)")
+        row["achieved_tflops"] = None
+        out["achieved_tflops"] = why
+        for key in ("roofline_pct", "pct_of_peak"):
+            if row.get(key) is not None:
+                row[key] = None
+                out[key] = why
+    pct = row.get("roofline_pct")
+    if pct is not None and pct > 100 * _OVER:
+        row["roofline_pct"] = None
+        out["roofline_pct"] = f"{what}: {pct:,.0f} % of the roofline is above the roof: n/a"
+    return out
+
+
+def _blend(v: dict, split: dict, tfp: dict, fallback, hbm) -> Optional[dict]:
+    """The roofline of a class that mixes precisions (issue 34 item 1): each precision's
+    part against its own roof. The time the class's work would take at the roof is
+    Σ_p max(FLOPs_p / peak_p, bytes_p / bandwidth); ``roofline_pct`` = 100 × that / the
+    class's kernel time, ``attainable_tflops`` = FLOPs / that time, ``peak_tflops`` the
+    blended peak FLOPs / Σ_p FLOPs_p / peak_p, ``bound`` compute when Σ_p FLOPs_p / peak_p
+    ≥ bytes / bandwidth. With one precision these are the single-peak formulas. None
+    when a precision has no peak (the caller falls back to the main precision's)."""
+    flops, bytes_, kus = v.get("flops"), v.get("bytes"), v.get("kernel_us")
+    if not (hbm and flops and bytes_):
+        return None
+    comp_s = roof_s = 0.0  # seconds of the class's work at the compute roofs; at the roof of each part
+    for q, r in split.items():
+        fq, bq = r.get("flops") or 0.0, r.get("bytes") or 0.0
+        pk = tfp.get(q) or fallback
+        if fq and not pk:
+            return None
+        c_s = fq / (pk * 1e12) if fq else 0.0
+        comp_s += c_s
+        roof_s += max(c_s, bq / (hbm * 1e9))
+    mem_s = bytes_ / (hbm * 1e9)
+    if not comp_s or not roof_s:
+        return None
+    eff = flops / comp_s / 1e12
+    return {"achieved_tflops": _rate(flops, kus), "achieved_gbps": bytes_ / kus / 1e3 if kus else None,
+            "intensity": flops / bytes_, "ridge": eff * 1e12 / (hbm * 1e9), "peak_tflops": eff,
+            "attainable_tflops": flops / roof_s / 1e12, "roofline_pct": 100.0 * roof_s * 1e6 / kus if kus else None,
+            "bound": "compute" if comp_s >= mem_s else "memory"}
+
+
+def _kernel_na(bad: List[Tuple[str, Dict[str, str]]], na: Dict[str, str]) -> None:
+    """One ``not_available`` entry per nulled kernel field, naming the kernels (a few)."""
+    fields: Dict[str, List[str]] = {}
+    for name, got in bad:
+        for f, why in got.items():
+            fields.setdefault(f, []).append(why)
+    for f, whys in fields.items():
+        more = f" (and {len(whys) - 2} more kernels)" if len(whys) > 2 else ""
+        na[f"flops.kernels.{f}"] = "; ".join(whys[:2]) + more
+
+
 def derive(sec: dict, na: Optional[Dict[str, str]] = None) -> dict:
-    """Ratios of the sums: TFLOP/s, MFU, busy efficiency, the roofline per class and per
-    kernel, the step-time split by bound (METRICS.md §15)."""
+    """Ratios of the sums: TFLOP/s, MFU, busy efficiency, the roofline per class (and per
+    precision inside it) and per kernel, the step-time split by bound (METRICS.md §15).
+    Numbers no GPU can reach are null, with the reason in ``na`` (``_impossible``)."""
     na = {} if na is None else na
     peak = sec.get("peak") or {}
     tfp = peak.get("tflops") or {}
     hbm = peak.get("hbm_gbps")
+    gpu = peak.get("gpu") or "the GPU"
     step_us = sec.get("step_us")
     sec["flops_per_step"] = sec["flops"] / sec["steps"] if sec.get("steps") else None
     sec["tflops"] = _rate(sec["flops"], step_us)  # over the step time
     sec["gflops_per_s"] = sec["tflops"] * 1e3 if sec["tflops"] is not None else None
     sec["achieved_tflops"] = _rate(sec["flops"], sec.get("flop_kernel_us"))  # over the FLOP ops' kernel time
+    top_peak = max(tfp.values()) if tfp else None
+    if top_peak and sec["achieved_tflops"] is not None and sec["achieved_tflops"] > top_peak * _OVER:
+        na["flops.achieved_tflops"] = (f"{sec['achieved_tflops']:,.1f} TFLOP/s in the FLOP kernels is above every "
+                                       f"peak of {gpu} ({top_peak:,.1f} TFLOP/s): the FLOP count or kernel time is wrong")
+        sec["achieved_tflops"] = None
     ideal = sec.get("ideal_us")
     sec["mfu_pct"] = _ratio_pct(ideal, step_us) if peak and sec.get("flops") else None
     if peak and not sec.get("flops") and "flops.mfu_pct" not in na:
@@ -794,6 +948,8 @@ def derive(sec: dict, na: Optional[Dict[str, str]] = None) -> dict:
         v["achieved_tflops"] = _rate(v["flops"], v["kernel_us"])
         v["peak_tflops"] = tfp.get(p)
         v["pct_of_peak"] = _ratio_pct(v["achieved_tflops"], tfp.get(p))
+        for f, why in _impossible(v, v["flops"], tfp.get(p), None, f"{p} on {gpu}").items():
+            na[f"flops.by_precision.{p}.{f}"] = why
     # the headline peak: the precision with the most FLOPs
     main = _main_precision({p: v["flops"] for p, v in sec["by_precision"].items()})
     sec["main_precision"] = main
@@ -803,17 +959,48 @@ def derive(sec: dict, na: Optional[Dict[str, str]] = None) -> dict:
         p = _main_precision(v.get("flops_by_precision"))
         v["precision"] = p
         pk = tfp.get(p) if p else (max(tfp.values()) if tfp and v.get("flops") == 0 else None)
-        v.update(_roofline(v["flops"], v.get("bytes"), v["kernel_us"], pk, hbm))
+        split = v.get("by_precision") or {}
+        part_bad = []
+        for q, r in split.items():  # each precision against its own roof
+            r.update(_roofline(r["flops"], r.get("bytes"), r["kernel_us"], tfp.get(q), hbm))
+            r["peak_tflops"] = tfp.get(q)
+            r["pct_of_peak"] = _ratio_pct(r["achieved_tflops"], tfp.get(q)) if r["flops"] else None
+            got = _impossible(r, r["flops"], tfp.get(q), hbm, f"{c} in {q} on {gpu}")
+            for f, why in got.items():
+                na[f"flops.by_class.{c}.by_precision.{q}.{f}"] = why
+            if "roofline_pct" in got:
+                part_bad.append(got["roofline_pct"])
+        mixed = len([q for q, f in (v.get("flops_by_precision") or {}).items() if f]) > 1
+        blend = _blend(v, split, tfp, pk, hbm) if mixed else None
+        if blend is not None:
+            v.update(blend)
+        else:
+            v.update(_roofline(v["flops"], v.get("bytes"), v["kernel_us"], pk, hbm))
+            v["peak_tflops"] = pk if v.get("flops") else None
+        got = _impossible(v, v["flops"], v["peak_tflops"], hbm, f"{c} on {gpu}")
+        if part_bad and v.get("roofline_pct") is not None:  # a share made of an impossible part
+            v["roofline_pct"] = None
+            got["roofline_pct"] = part_bad[0]
+        for f, why in got.items():
+            na[f"flops.by_class.{c}.{f}"] = why
         bound_us[v["bound"] or "unknown"] += v["kernel_us"] or 0.0
         v["step_pct"] = _ratio_pct(v["kernel_us"], step_us)
     sec["bound_split_pct"] = {k: _ratio_pct(u, step_us) for k, u in bound_us.items()} if step_us else {}
     main_pk = tfp.get(main) if main else (max(tfp.values()) if tfp else None)
-    for k in sec["kernels"]:
-        p = (sec["by_class"].get(k["class"]) or {}).get("precision")
-        pk = tfp.get(p) if p else main_pk
-        k.update(_roofline(k["flops"] if k["class"] != "other" else None, k.get("bytes"), k["kernel_us"], pk, hbm))
-        k["pct_of_peak"] = _ratio_pct(k["achieved_tflops"], pk) if k["flops"] and k["class"] != "other" else None
     sec["kernels"] = sorted(sec["kernels"], key=lambda k: -(k["kernel_us"] or 0.0))[:TOP_KERNELS]
+    bad = []
+    for k in sec["kernels"]:
+        # its own precision's roof (the op that launched it), else its class's main precision's
+        p = k.get("precision") or (sec["by_class"].get(k["class"]) or {}).get("precision")
+        pk = tfp.get(p) if p else main_pk
+        fl = k["flops"] if k["class"] != "other" else None
+        k.update(_roofline(fl, k.get("bytes"), k["kernel_us"], pk, hbm))
+        k["peak_tflops"] = pk if fl else None
+        k["pct_of_peak"] = _ratio_pct(k["achieved_tflops"], pk) if fl else None
+        got = _impossible(k, fl, pk if fl else None, hbm, f"kernel {k['name'][:80]}")
+        if got:
+            bad.append((k["name"], got))
+    _kernel_na(bad, na)
     return sec
 
 
@@ -868,6 +1055,9 @@ def _unit_compute(span):
                         gpu_runtime=linking.span_gpu_runtime(span), op_calls=lambda: linking.span_op_calls(span))
 
 
+_SPLIT_SUMS = ("flops", "bytes", "kernel_us", "kernels", "calls")  # a class's per-precision sums
+
+
 def _unit_partial(report: dict) -> dict:
     sec = report.get("flops") or {}
     span, worker = report.get("span"), report.get("worker")
@@ -879,6 +1069,8 @@ def _unit_partial(report: dict) -> dict:
         "sum:gpu_busy_us": sec.get("gpu_busy_us") if sec.get("gpu_busy_us") is not None else 0.0,
         "sum:ideal_us": sec.get("ideal_us"), "max:devices": sec.get("devices") or 0,
         "sum:counted_calls": sec.get("counted_calls") or 0, "first:peak": sec.get("peak"),
+        "sum:unlaunched_calls": sec.get("unlaunched_calls") or 0,
+        "sum:unlaunched_flops": sec.get("unlaunched_flops") or 0.0,
         "all:record_shapes": bool(sec.get("record_shapes")), "any:record_shapes": bool(sec.get("record_shapes")),
         "keyed:uncounted_calls": {k: {"sum:n": v} for k, v in (sec.get("uncounted_calls") or {}).items()},
         "keyed:by_precision": {p: {"sum:flops": v.get("flops"), "sum:kernel_us": v.get("kernel_us"),
@@ -888,9 +1080,12 @@ def _unit_partial(report: dict) -> dict:
                                "sum:kernel_us": v.get("kernel_us"), "sum:kernels": v.get("kernels"),
                                "sum:calls": v.get("calls"),
                                "keyed:flops_by_precision": {p: {"sum:f": f} for p, f in
-                                                            (v.get("flops_by_precision") or {}).items()}}
+                                                            (v.get("flops_by_precision") or {}).items()},
+                               "keyed:by_precision": {p: {f"sum:{f}": r.get(f) for f in _SPLIT_SUMS}
+                                                      for p, r in (v.get("by_precision") or {}).items()}}
                            for c, v in (sec.get("by_class") or {}).items()},
-        "keyed:kernels": {k["name"]: {"first:class": k.get("class"), "sum:flops": k.get("flops"),
+        "keyed:kernels": {k["name"]: {"first:class": k.get("class"), "first:precision": k.get("precision"),
+                                      "sum:flops": k.get("flops"),
                                       "sum:bytes": k.get("bytes"), "sum:kernel_us": k.get("kernel_us"),
                                       "sum:count": k.get("count")} for k in (sec.get("kernels") or [])},
         "rows:per_step": [{"step": r.get("step"), "flops": r.get("flops") if sec.get("record_shapes") else 0.0,
@@ -914,15 +1109,22 @@ def _unit_finish(m: dict):
         "steps": int(m["sum:steps"]), "flop_kernel_us": m["sum:flop_kernel_us"],
         "gpu_busy_us": m["sum:gpu_busy_us"], "ideal_us": m["sum:ideal_us"] if m.get("first:peak") else None,
         "devices": int(m["max:devices"] or 0), "counted_calls": int(m["sum:counted_calls"] or 0),
+        "unlaunched_calls": int(m.get("sum:unlaunched_calls") or 0),
+        "unlaunched_flops": float(m.get("sum:unlaunched_flops") or 0.0),
         "uncounted_calls": {k: int(v["sum:n"] or 0) for k, v in m["keyed:uncounted_calls"].items()},
         "peak": m.get("first:peak"), "record_shapes": bool(m.get("all:record_shapes")),
         "by_precision": {p: {"flops": v["sum:flops"], "kernel_us": v["sum:kernel_us"], "ideal_us": v["sum:ideal_us"]}
                          for p, v in m["keyed:by_precision"].items()},
         "by_class": {c: {"flops": v["sum:flops"], "bytes": v.get("sum:bytes"), "kernel_us": v["sum:kernel_us"],
                          "kernels": int(v["sum:kernels"] or 0), "calls": int(v["sum:calls"] or 0),
-                         "flops_by_precision": {p: f["sum:f"] for p, f in v["keyed:flops_by_precision"].items()}}
+                         "flops_by_precision": {p: f["sum:f"] for p, f in v["keyed:flops_by_precision"].items()},
+                         **({"by_precision": {p: {f: (int(r[f"sum:{f}"] or 0) if f in ("kernels", "calls")
+                                                      else r[f"sum:{f}"]) for f in _SPLIT_SUMS}
+                                              for p, r in v["keyed:by_precision"].items()}}
+                            if "keyed:by_precision" in v and c in FLOP_CLASSES else {})}
                      for c, v in m["keyed:by_class"].items()},
-        "kernels": [{"name": n, "class": v["first:class"], "flops": v["sum:flops"], "bytes": v.get("sum:bytes"),
+        "kernels": [{"name": n, "class": v["first:class"], "precision": v.get("first:precision"),
+                     "flops": v["sum:flops"], "bytes": v.get("sum:bytes"),
                      "kernel_us": v["sum:kernel_us"], "count": int(v["sum:count"] or 0)}
                     for n, v in m["keyed:kernels"].items()],
         "per_step": per_step,

@@ -99,11 +99,30 @@ def _card_mfu(report: dict) -> dict:
     out["tflops"] = V.num(sec.get("tflops"))
     out["peak_tflops"] = V.num(sec.get("peak_tflops"))
     out["peak_source"] = peak.get("source")
+    # the MFU is a sum over precisions, each against its own peak (METRICS.md §15): its parts
+    by_prec = sec.get("by_precision") if isinstance(sec.get("by_precision"), dict) else {}
+    step_us = V.num(sec.get("step_us"))
+    split = []
+    for p, share in (sec.get("mfu_split_pct") or {}).items():
+        share, row = V.num(share), by_prec.get(p) if isinstance(by_prec.get(p), dict) else {}
+        if share is not None and share > 0:
+            fl = V.num(row.get("flops"))
+            split.append({"precision": p, "mfu_pct": share, "peak_tflops": V.num(row.get("peak_tflops")),
+                          "tflops": fl / step_us / 1e6 if fl is not None and step_us else None})
+    out["split"] = sorted(split, key=lambda r: -r["mfu_pct"])
     if value is not None:
         out["severity"] = mfu_severity(value)
-        words = f"{value:.0f} % of {peak.get('gpu')} {sec.get('main_precision') or ''} peak".replace("  ", " ")
-        if out["tflops"] is not None and out["peak_tflops"] is not None:
-            words += f" · {_fmt_tflops(out['tflops'])} of {_fmt_tflops(out['peak_tflops'])} TFLOP/s"
+        if len(out["split"]) > 1:  # e.g. fp8 and bf16 GEMMs: each part of the MFU at its own peak
+            words = f"{value:.0f} % of {peak.get('gpu')} peak · " + " + ".join(
+                f"{r['precision']} {r['mfu_pct']:.2g} %" + (f" of {_fmt_tflops(r['peak_tflops'])}"
+                                                          if r["peak_tflops"] is not None else "")
+                for r in out["split"]) + " TFLOP/s"
+            if out["tflops"] is not None:
+                words += f" · {_fmt_tflops(out['tflops'])} TFLOP/s over the step"
+        else:
+            words = f"{value:.0f} % of {peak.get('gpu')} {sec.get('main_precision') or ''} peak".replace("  ", " ")
+            if out["tflops"] is not None and out["peak_tflops"] is not None:
+                words += f" · {_fmt_tflops(out['tflops'])} of {_fmt_tflops(out['peak_tflops'])} TFLOP/s"
         if peak.get("source", "").startswith("user"):
             words += " (user-given peak)"
         out["verdict"] = words
@@ -286,6 +305,10 @@ def _card_compilation(report: dict) -> dict:
                  (f"{compilation.NAME}.compiled_pct", compilation.NAME))
     if value is not None:
         out["severity"], out["verdict"] = compilation.card_severity(sec)
+        causes = [c for c in sec.get("break_causes") or [] if isinstance(c, dict)]
+        if causes and (sec.get("breaks_per_step") or 0) >= T.COMPILE_BREAKS_PER_STEP:
+            # what broke the graph (METRICS.md §16 break_causes), beside the card's words
+            out["break_cause"] = compilation.break_cause_words(causes[0])
     return out
 
 

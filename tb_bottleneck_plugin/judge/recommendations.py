@@ -691,11 +691,18 @@ def rule_torch_compile(report) -> Optional[dict]:
                        "`torch._dynamo.config.cache_size_limit`.")
         gain += compiling
         parts.append("the time spent compiling inside the steps")
+    from ..analysis.compilation import BREAK_FIXES, break_cause_evidence, break_cause_words
+
+    causes = [c for c in comp.get("break_causes") or [] if isinstance(c, dict)]
     if breaking:
         regions = ", ".join(r["id"] for r in comp.get("broken_regions") or [])
         numbers.update(breaks_per_step=round(breaks, 2), eager_pct=round(comp.get("eager_pct") or 0.0, 2))
+        if causes:
+            numbers["break_causes"] = [{k: c.get(k) for k in ("kind", "op", "call", "per_step")} for c in causes[:3]]
+        evidence.extend(break_cause_evidence(c) for c in causes[:3])
         evidence.append(f"{breaks:g} graph break(s) per step, in compiled region(s) {regions}; "
                         f"{comp.get('eager_pct') or 0:.0f} % of the step runs eager")
+        actions.extend(dict.fromkeys(BREAK_FIXES[c["kind"]] for c in causes[:3] if c.get("kind") in BREAK_FIXES))
         actions.append("See each break's reason and line with `TORCH_LOGS=\"graph_breaks\"` or "
                        "`torch._dynamo.explain(model)(*inputs)`, then remove it (`.item()`/`.tolist()`, print or "
                        "logging, Python branches on tensor values; for `.item()`, "
@@ -706,13 +713,14 @@ def rule_torch_compile(report) -> Optional[dict]:
         gain += min(eager, idle) if idle is not None else eager
         parts.append("the eager time between the compiled graphs that the GPU waits for")
     gain = min(gain, 100.0 - float((report.get("input") or {}).get("input_bound_pct") or 0.0))
+    at = f" at {break_cause_words(causes[0])}" if causes else ""
     if steady and breaking:
-        title = (f"torch.compile breaks the graph {breaks:g}x per step and recompiles {steady}x in the profiled "
+        title = (f"torch.compile breaks the graph {breaks:g}x per step{at} and recompiles {steady}x in the profiled "
                  "steps")
     elif steady:
         title = f"torch.compile recompiles {steady}x in the profiled steps: compiling holds {compiling:.0f} % of the step"
     else:
-        title = f"torch.compile breaks the graph {breaks:g}x per step: part of every step runs eager"
+        title = f"torch.compile breaks the graph {breaks:g}x per step{at}: part of every step runs eager"
     return {
         "rule": "torch_compile", "severity": "high" if recompiling else "medium",
         "title": title, "action": " ".join(actions), "numbers": numbers, "evidence": evidence,
@@ -915,24 +923,37 @@ def rule_sync(report) -> Optional[dict]:
     pct = sync_cost_pct(sync)
     if pct is None or pct < T.SYNC_PCT:
         return None
+    if capture_only(report):
+        # CUDA graphs captured, never replayed: the captured launches ran nothing, so the GPU
+        # the syncs wait on is idle by construction; the steady state (replays) is not here
+        return None
     busy = sync.get("gpu_busy_during_sync_pct")
     ops = sync.get("top_ops") or []
     refill = sync.get("sync_refill_idle_pct")
+    unit = step_noun(report)
+    if _is_inference(report):
+        action = ("Remove host-device synchronisation from the inference loop: avoid .item(), .cpu(), .numpy(), "
+                  "print(tensor) and data-dependent shapes (torch.nonzero, boolean masks) inside the forward pass; "
+                  "keep outputs on the GPU until the batch is done and copy them back once per batch "
+                  "(`.to(\"cpu\", non_blocking=True)` into pinned memory, then one event or stream wait), so "
+                  "the host queues the next batch while the GPU runs this one.")
+    else:
+        action = ("Remove host-device synchronisation from the step: avoid .item(), .cpu(), .numpy(), "
+                  "print(tensor) and data-dependent shapes (torch.nonzero, boolean masks) in the loop; log "
+                  "metrics every N steps (keep the loss as a tensor and call .item() on a running sum); "
+                  "use non_blocking=True copies.")
     return {
         "rule": "synchronization", "severity": "high" if pct >= T.SYNC_HIGH_PCT else "medium",
-        "title": (f"Host-device synchronisation leaves the GPU idle {pct:.0f} % of the step"
+        "title": (f"Host-device synchronisation leaves the GPU idle {pct:.0f} % of the {unit}"
                   + (" (it drains the GPU's queue: the GPU waits for the host after each sync)"
                      if refill and refill >= (sync.get("sync_gpu_idle_pct") or 0) else "")),
-        "action": ("Remove host-device synchronisation from the step: avoid .item(), .cpu(), .numpy(), "
-                   "print(tensor) and data-dependent shapes (torch.nonzero, boolean masks) in the loop; log "
-                   "metrics every N steps (keep the loss as a tensor and call .item() on a running sum); "
-                   "use non_blocking=True copies."),
+        "action": action,
         "numbers": {"sync_cost_pct": round(pct, 2), "sync_gpu_idle_pct": sync.get("sync_gpu_idle_pct"),
                     "sync_refill_idle_pct": refill, "sync_pct": sync.get("sync_pct"),
                     "gpu_busy_during_sync_pct": busy, "sync_us": sync.get("sync_us")},
         "evidence": (source_lines(report, "sync") + [f"{o['op']}: {o['sync_us'] / 1000:.1f} ms" for o in ops[:5]])
         or [f"synchronisation calls: {(sync.get('sync_us') or 0) / 1000:.1f} ms, the GPU idle {pct:.1f} % "
-            "of the step during and after them"],
+            f"of the {unit} during and after them"],
         "estimated_gain_pct": round(pct, 2),
         "gain_assumption": ("the share of the step the GPU idles while the host waits in synchronisation calls "
                             "and after them until the host launches again (at most the wait)"),

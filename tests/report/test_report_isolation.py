@@ -43,7 +43,8 @@ SECTIONS = {
 # not_available keys a section writes besides its own name
 NA_PREFIX = {"gpu": "gpu.", "tensor_cores": "tensor_cores.", "occupancy": "occupancy.", "memory": "memory."}
 # fields derived from the report's own bookkeeping, compared separately
-BOOKKEEPING = {"not_available", "not_available_labels", "errors", "recommendations", "verdicts"}
+# (the verdict on top is made from the recommendations and the step: derived, like the cards)
+BOOKKEEPING = {"not_available", "not_available_labels", "errors", "recommendations", "verdicts", "verdict"}
 # A snapshot result as _find_snapshot gives it, so the snapshot step runs too.
 SNAPSHOT = {"path": "run/snapshot.pickle", "fragmentation": {"cuda:0": 12.5}}
 
