@@ -259,7 +259,10 @@ def _card_sync(report: dict) -> dict:
         value = None  # no GPU in the trace: "does the host starve the GPU" has no answer (n/a, the gpu reason)
     out = V.card(report, value, "pct", "synchronization", None,
                  ("SYNC_PCT", "SYNC_HIGH_PCT"), ("sync_pct", "sync", "gpu"))
-    if value is not None:
+    if value is not None and capture_only(report):
+        # captured CUDA graphs, never replayed: the GPU the syncs wait on is idle by construction
+        out.update(severity="none", verdict=f"not judged: {CAPTURE_ONLY_WORDS}")
+    elif value is not None:
         out["verdict"] = ("the GPU idles during or after the host's waits on it" if out["severity"] != "ok"
                           else "host waits do not starve the GPU")
     return out

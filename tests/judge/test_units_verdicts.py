@@ -10,6 +10,7 @@ import pytest
 
 from tb_bottleneck_plugin import thresholds as T
 from tb_bottleneck_plugin.judge import cards, verdicts
+from tb_bottleneck_plugin.judge import recommendations as R
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 _spec = importlib.util.spec_from_file_location("before_after_record_v",
@@ -142,6 +143,8 @@ def expected(card, r, v):
         # under the reserve floor, capacity unknown or memory to spare: not judged (uncoloured)
         return "none"
     if card == "sync":
+        if R.capture_only(r):  # captured, never replayed: not judged
+            return "none"
         # the GPU idle the syncs cause: during the wait plus after it (§8)
         s = r.get("sync") or {}
         cost = (s.get("sync_gpu_idle_pct") or 0) + (s.get("sync_refill_idle_pct") or 0)
