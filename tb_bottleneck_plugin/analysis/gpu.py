@@ -20,7 +20,7 @@ from ..trace.model import GPU_KERNEL, TraceData
 from . import intervals as iv
 from .accelerators import no_gpu_reason
 from .linking import gpu_runtime_index
-from .occupancy import blocks_per_sm, clipped_weights, shown_occupancy
+from .occupancy import blocks_per_sm, clipped_weights, shown_occupancy, weighted_mean
 from .steps import Steps, step_rows
 
 NA_NO_GPU = "CPU-only trace: no GPU activity"
@@ -28,6 +28,7 @@ NA_NO_STEPS = "no included step: no steps window"
 NA_NO_BLOCKS_PER_SM = "kernels carry no numeric 'blocks per SM' (old trace or ROCm)"
 NA_NO_OCCUPANCY = "kernels carry no 'est. achieved occupancy %' (old trace or ROCm)"
 NA_NO_KERNELS = "no kernel on this device inside the steps window"
+NA_OUT_OF_RANGE = "kernel durations beyond the float range (absurd 'dur' values)"
 NA_NO_KERNELS_IN_WINDOW = ("no kernel of this device ran inside the steps window (its kernels lie outside it; "
                            "for CUDA graphs, graph replays may not be linked to the steps)")
 
@@ -194,14 +195,18 @@ def gpu_metrics(trace: TraceData, steps: Steps, hta_compatible: bool = True, kin
             occ = shown[k]
             w = weights[k]
             good = np.isfinite(occ) & (occ >= 0)
+            with np.errstate(over="ignore"):  # Σ of absurd durations (1e308 µs) is inf, still > 0
+                w_total = w[good].sum()
             if not good.any():
                 m["est_achieved_occupancy_pct"] = None
                 not_available[f"gpu.{key}.est_achieved_occupancy_pct"] = NA_NO_OCCUPANCY
-            elif w[good].sum() <= 0:
+            elif w_total <= 0:
                 m["est_achieved_occupancy_pct"] = None
                 not_available[f"gpu.{key}.est_achieved_occupancy_pct"] = NA_NO_KERNELS
-            else:
-                m["est_achieved_occupancy_pct"] = float((occ[good] * w[good]).sum() / w[good].sum())
+            else:  # weighted_mean: absurd durations (1e308 µs) never overflow into a warning
+                m["est_achieved_occupancy_pct"] = weighted_mean(occ[good], w[good])
+                if m["est_achieved_occupancy_pct"] is None:
+                    not_available[f"gpu.{key}.est_achieved_occupancy_pct"] = NA_OUT_OF_RANGE
         idle = idle_breakdown(trace, on & sel_idle, integer_us=hta_compatible, gpu_runtime=gpu_runtime)
         idle["view"] = "hta" if hta_compatible else "all"
         m["idle"] = idle

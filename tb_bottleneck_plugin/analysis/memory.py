@@ -16,8 +16,12 @@ Public API
   has no ``[memory]`` events (see ``memory_not_available_reason``).
 - ``memory_not_available_reason(trace) -> str | None``.
 - ``memory_snapshot_fragmentation(fileobj_or_bytes) -> {device_key: pct}`` for a CUDA
-  memory snapshot (``torch.cuda.memory._dump_snapshot``); ``MEMORY_SNAPSHOT_PATTERNS``
-  names the files looked for in a run directory (discovery lives elsewhere).
+  memory snapshot (``torch.cuda.memory._dump_snapshot``), unpickled by trace/snapshot.py
+  (bounded in size, memory and time) and walked here within bounds (MAX_SNAPSHOT_BLOCKS,
+  no repeated references, counts checked); anything unusable raises ``SnapshotError``
+  with the reason (the snapshot metric is n/a, the trace's report stands);
+  ``MEMORY_SNAPSHOT_PATTERNS`` names the files looked for in a run directory (discovery
+  lives elsewhere).
 
 Definitions:
 - Each event's ``Total Allocated``/``Total Reserved`` hold until the next event of the
@@ -39,14 +43,14 @@ found by discovery (``apply_snapshot``).
 """
 from __future__ import annotations
 
-import io
-import pickle
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+import math
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .. import thresholds as T
 from ..trace.model import DEVICE_TYPE_CUDA, DEVICE_TYPE_HIP, TraceData
+from ..trace.snapshot import MAX_SNAPSHOT_BYTES, SnapshotError, reduce_snapshot  # noqa: F401 - re-exported
 from . import devices, factorize
 from .occupancy_calculator import prop_int
 
@@ -256,9 +260,15 @@ def memory_usage(trace: TraceData, step_boundaries: Optional[Iterable[Tuple[int,
             na[p + "slack_fragmentation_time_weighted_pct"] = reason
         else:
             slack = slack_pct(peak_res, peak_alloc)
-            res_int = float((reserved * hold).sum())
-            slack_int = float(((reserved - allocated) * hold).sum())
-            slack_tw = slack_time_weighted_pct(slack_int, res_int)
+            with np.errstate(over="ignore", invalid="ignore"):  # absurd durations: checked below
+                res_int = float((reserved * hold).sum())
+                slack_int = float(((reserved - allocated) * hold).sum())
+            if np.isfinite(res_int) and np.isfinite(slack_int):
+                slack_tw = slack_time_weighted_pct(slack_int, res_int)
+            else:  # an event or the trace end at an absurd time (a `dur` of 1e308 µs): no integral
+                res_int = slack_int = None
+                na[p + "slack_fragmentation_time_weighted_pct"] = (
+                    "the byte·µs integral is beyond the float range (an absurd timestamp or 'dur' in the trace)")
         na[p + "free_block_fragmentation_pct"] = ("needs a CUDA memory snapshot (torch.cuda.memory._dump_snapshot) "
                                               "in the run directory" if is_gpu else "GPU devices only")
         idx = _downsample(ts, [allocated] + ([reserved] if reserved is not None else []), max_points)
@@ -281,40 +291,92 @@ def memory_usage(trace: TraceData, step_boundaries: Optional[Iterable[Tuple[int,
     return out
 
 
-class _SafeUnpickler(pickle.Unpickler):
-    """Snapshots hold only dicts, lists, strings and numbers: refuse any class, so a
-    pickle found in a log directory cannot run code."""
+# Bounds on the snapshot walk (issue 34: bad input never costs the trace; reading itself is
+# bounded in trace/snapshot.py). Every list element of a pickle costs at least one byte of
+# it unless the pickle repeats one reference (`[s] * 30000`), so the blocks visited are at
+# most the pickle's size and MAX_SNAPSHOT_BLOCKS; a repeated reference is refused.
+MAX_SNAPSHOT_BLOCKS = 10_000_000
+# A device index in a snapshot: torch's CUDA ordinal (a handful; 2^16 is no machine).
+MAX_SNAPSHOT_DEVICE = 1 << 16
 
-    def find_class(self, module, name):
-        raise pickle.UnpicklingError(f"memory snapshot refers to {module}.{name}; only plain data is accepted")
+
+def _snapshot_int(value: Any, what: str, limit: int) -> int:
+    """A count in a snapshot (a block size, a device index): an int (or an integral
+    float) in [0, limit), else SnapshotError naming it."""
+    if type(value) is float and math.isfinite(value) and value == int(value):
+        value = int(value)
+    if type(value) is not int or not 0 <= value < limit:
+        raise SnapshotError(f"{what} {value!r:.40} is not an integer in [0, {limit})")
+    return value
 
 
-def _load_snapshot(src: Union[bytes, bytearray, Any]) -> Any:
-    if isinstance(src, dict):
-        return src
-    if isinstance(src, (bytes, bytearray, memoryview)):
-        return _SafeUnpickler(io.BytesIO(bytes(src))).load()
-    return _SafeUnpickler(src).load()
+def _segments_of(snap: Any, size: Optional[int]) -> List[Tuple[dict, list]]:
+    """The snapshot's segments as (segment, its blocks), checked before any block is
+    visited: lists, no repeated reference, and a bounded number of blocks."""
+    segments = snap.get("segments") if isinstance(snap, dict) else snap
+    if not isinstance(segments, list):
+        raise SnapshotError("no list of 'segments' (not what torch.cuda.memory._snapshot() returns)")
+    segments_seen, blocks_seen, total = set(), set(), 0
+    pairs = []
+    for seg in segments:
+        if not isinstance(seg, dict):
+            continue
+        if id(seg) in segments_seen:
+            raise SnapshotError("the same segment is listed more than once (a repeated reference, not a snapshot)")
+        segments_seen.add(id(seg))
+        blocks = seg.get("blocks")
+        if blocks is None:
+            blocks = []
+        elif not isinstance(blocks, list):
+            raise SnapshotError("a segment's 'blocks' is not a list")
+        elif blocks:
+            if id(blocks) in blocks_seen:
+                raise SnapshotError("two segments share one list of blocks (a repeated reference, not a snapshot)")
+            blocks_seen.add(id(blocks))
+        total += len(blocks)
+        pairs.append((seg, blocks))
+    limit = MAX_SNAPSHOT_BLOCKS if size is None else min(MAX_SNAPSHOT_BLOCKS, size)
+    if total > limit:
+        raise SnapshotError(f"{total:,} blocks in {len(segments):,} segments"
+                            + (f" of a {size:,}-byte pickle" if size is not None else "")
+                            + f": more than {limit:,} (repeated references or not a snapshot); not read")
+    return pairs
+
+
+def _fragmentation(pairs: List[Tuple[dict, list]]) -> Dict[str, float]:
+    largest: Dict[str, int] = {}
+    total: Dict[str, int] = {}
+    for seg, blocks in pairs:
+        key = device_key(DEVICE_TYPE_CUDA, _snapshot_int(seg.get("device", 0), "segment device", MAX_SNAPSHOT_DEVICE))
+        blocks = [b for b in blocks if isinstance(b, dict)]
+        if len(set(map(id, blocks))) != len(blocks):
+            raise SnapshotError("a segment lists the same block more than once (a repeated reference, not a snapshot)")
+        sizes = [_snapshot_int(b.get("size", 0), "block size", MAX_BYTES) for b in blocks
+                 if b.get("state") == "inactive"]
+        total[key] = total.get(key, 0) + sum(sizes)
+        largest[key] = max([largest.get(key, 0)] + sizes)
+    return {k: (100.0 * (1.0 - largest[k] / total[k]) if total[k] > 0 else 0.0) for k in total}
+
+
+def snapshot_fragmentation(snap: Any, pickle_size: Optional[int] = None) -> Dict[str, float]:
+    """Free-block fragmentation per device of an unpickled snapshot (see
+    `memory_snapshot_fragmentation`); ``pickle_size`` bounds the blocks visited. Raises
+    SnapshotError for anything unusable."""
+    return _fragmentation(_segments_of(snap, pickle_size))
 
 
 def memory_snapshot_fragmentation(src) -> Dict[str, float]:
     """Free-block fragmentation per device from a CUDA memory snapshot:
     ``100 * (1 - largest free block / total free)`` over the blocks in state
     ``inactive`` of all reserved segments (0.0 when a device has no free block).
-    ``src``: the pickle's bytes, a binary file object, or the already-loaded dict."""
-    snap = _load_snapshot(src)
-    segments = snap.get("segments", []) if isinstance(snap, dict) else (snap if isinstance(snap, list) else [])
-    largest: Dict[str, int] = {}
-    total: Dict[str, int] = {}
-    for seg in segments:
-        if not isinstance(seg, dict):
-            continue
-        key = device_key(DEVICE_TYPE_CUDA, int(seg.get("device", 0)))
-        sizes = [int(b.get("size", 0)) for b in seg.get("blocks", []) or []
-                 if isinstance(b, dict) and b.get("state") == "inactive"]
-        total[key] = total.get(key, 0) + sum(sizes)
-        largest[key] = max([largest.get(key, 0)] + sizes)
-    return {k: (100.0 * (1.0 - largest[k] / total[k]) if total[k] > 0 else 0.0) for k in total}
+    ``src``: the pickle's bytes, a binary file object, or the already-loaded dict.
+
+    Bounded (trace/snapshot.py: size, memory and time of the unpickling; here at most
+    min(MAX_SNAPSHOT_BLOCKS, the pickle's size) blocks visited). Raises
+    pickle.UnpicklingError (a pickle that names a class) or SnapshotError (a ValueError)
+    with the reason for anything else unusable: corrupt pickles, absurd counts, sizes or
+    devices, repeated references; OSError when the file cannot be read."""
+    return reduce_snapshot(src, snapshot_fragmentation)
 
 
 # ---------------------------------------------------------------- metric unit (analysis/units.py)
@@ -326,6 +388,10 @@ def apply_snapshot(mem: dict, snapshot: dict, not_available: Dict[str, str]) -> 
     """Free-block fragmentation from a snapshot ({"path", "fragmentation"} or {"path", "error"})."""
     if "error" in snapshot:
         not_available["memory.free_block_fragmentation_pct"] = snapshot["error"]
+        for key in mem:  # there is a snapshot, but not a usable one: say why, per device too
+            na_key = f"memory.{key}.free_block_fragmentation_pct"
+            if not_available.get(na_key, "").startswith("needs a CUDA memory snapshot"):
+                not_available[na_key] = snapshot["error"]
         return
     for key, pct in snapshot["fragmentation"].items():
         entry = mem.setdefault(key, {})

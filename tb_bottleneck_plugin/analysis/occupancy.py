@@ -20,6 +20,7 @@ The occupancy calculator itself (cuda_occupancy.h's rules) is in analysis/occupa
 """
 from __future__ import annotations
 
+import math
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -193,6 +194,9 @@ def _is_rocm(trace: TraceData) -> bool:
 is_rocm = _is_rocm  # public: analysis/devices.py names ROCm devices by it
 
 
+NA_OUT_OF_RANGE = "the kernels' durations add up beyond the float range (absurd 'dur' values)"
+
+
 def _not_available_reason(trace: TraceData, has_kernels: bool, calc_reasons: Optional[Dict[int, str]] = None) -> str:
     if not has_kernels:  # another accelerator's trace (MTIA, XPU) is named as such
         return no_gpu_reason(trace, "no GPU kernels in the trace (CPU-only)")
@@ -210,9 +214,36 @@ def _not_available_reason(trace: TraceData, has_kernels: bool, calc_reasons: Opt
     return "no kernel with 'est. achieved occupancy %' inside the steps window"
 
 
-def _wmean(values: np.ndarray, weights: np.ndarray) -> Optional[float]:
-    tot = float(weights.sum())
-    return float((values * weights).sum() / tot) if tot > 0 else None
+def weighted_mean(values: np.ndarray, weights: np.ndarray) -> Optional[float]:
+    """Σ v·w / Σ w (None when Σ w is not positive). Absurd weights (a kernel `dur` of 1e308
+    µs) overflow the products: then the same mean over the weights divided by their
+    largest, never a numpy warning or an infinite value; None when even that is not finite."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        tot = float(weights.sum())
+        if not tot > 0:
+            return None
+        mean = float((values * weights).sum() / tot)
+        if np.isfinite(mean) and np.isfinite(tot):
+            return mean
+        scale = float(weights.max())
+        if not (np.isfinite(scale) and scale > 0):
+            return None
+        scaled = weights / scale
+        mean = float((values * scaled).sum() / scaled.sum())
+    return mean if np.isfinite(mean) else None
+
+
+_wmean = weighted_mean
+
+
+def share_pct(part: float, whole: float) -> float:
+    """100 · part / whole (Python floats), computed as always; where 100 · part overflows
+    (absurd durations: part near 1.8e308 µs) as 100 · (part / whole) instead. Not finite
+    when part or whole is not (the report shows it as unknown)."""
+    value = 100.0 * part / whole
+    if not math.isfinite(value) and math.isfinite(part) and math.isfinite(whole):
+        value = 100.0 * (part / whole)
+    return value
 
 
 def kernel_occupancy(trace: TraceData, window: Optional[Tuple[float, float]] = None,
@@ -223,9 +254,20 @@ def kernel_occupancy(trace: TraceData, window: Optional[Tuple[float, float]] = N
     ``shown_occupancy`` (``kineto_only``: Kineto's values alone, torch-tb-profiler's
     view; ``shown``: ``shown_occupancy``'s result when the caller already has it). A value
     that has no answer is None (or empty), its reason in ``not_available`` as
-    ``occupancy.<metric>``."""
+    ``occupancy.<metric>``.
+
+    Absurd durations (several kernels of 1e308 µs) overflow sums of µs to inf: no numpy
+    warning; such a sum is not finite, so the report shows it as unknown (report._clean),
+    and a share of it is 0 (a finite part of more than 1.8e308 µs) or unknown, never wrong;
+    the mean occupancy is exact (`weighted_mean`)."""
     if not_available is None:
         not_available = {}
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _kernel_occupancy(trace, window, top_n, kineto_only, shown, not_available)
+
+
+def _kernel_occupancy(trace: TraceData, window, top_n: int, kineto_only: bool, shown,
+                      not_available: Dict[str, str]) -> Dict:
     gpu = trace.gpu
     krows = np.flatnonzero(gpu.kind == GPU_KERNEL)
     out: Dict = {"est_achieved_occupancy_pct": None, "per_device": {}, "histogram": [],
@@ -240,6 +282,9 @@ def kernel_occupancy(trace: TraceData, window: Optional[Tuple[float, float]] = N
     sel = w_all > 0
     krows, w = krows[sel], w_all[sel]
     out["weighted_kernel_us"] = float(w.sum())
+    if not np.isfinite(out["weighted_kernel_us"]):  # absurd durations (several of 1e308 µs)
+        out["weighted_kernel_us"] = None
+        not_available["occupancy.weighted_kernel_us"] = NA_OUT_OF_RANGE
     shown, source, calc_reasons = shown if shown is not None else shown_occupancy(trace, kineto_only)
     if not kineto_only:
         _artefact_notes(trace, source, calc_reasons, not_available)
@@ -250,7 +295,7 @@ def kernel_occupancy(trace: TraceData, window: Optional[Tuple[float, float]] = N
     # Achieved occupancy: weighted mean over kernels with a shown value.
     has_occ = np.isfinite(occ) & (occ >= 0)
     if has_occ.any():
-        out["calculator_kernel_time_pct"] = 100.0 * float(w[src == SOURCE_CALCULATOR].sum()) / float(w[has_occ].sum())
+        out["calculator_kernel_time_pct"] = share_pct(float(w[src == SOURCE_CALCULATOR].sum()), float(w[has_occ].sum()))
     if has_occ.any():
         out["est_achieved_occupancy_pct"] = _wmean(occ[has_occ], w[has_occ])
         for d in np.unique(dev[has_occ]):
@@ -264,7 +309,7 @@ def kernel_occupancy(trace: TraceData, window: Optional[Tuple[float, float]] = N
             lo, hi = HISTOGRAM_EDGES[i], HISTOGRAM_EDGES[i + 1]
             label = f"[{lo:g},{hi:g}]" if i == len(HISTOGRAM_EDGES) - 2 else f"[{lo:g},{hi:g})"
             out["histogram"].append({"bucket": label, "lo": lo, "hi": hi,
-                                     "pct": 100.0 * float(hist[i]) / tot if tot > 0 else 0.0,
+                                     "pct": share_pct(float(hist[i]), tot) if tot > 0 else 0.0,
                                      "us": float(hist[i])})
     else:
         reason = _not_available_reason(trace, True, calc_reasons)
@@ -275,7 +320,7 @@ def kernel_occupancy(trace: TraceData, window: Optional[Tuple[float, float]] = N
     bps = blocks_per_sm(gpu)[krows]
     numeric = np.isfinite(bps)
     if numeric.any():
-        out["grid_too_small_pct"] = 100.0 * float(w[numeric & (bps < 1)].sum()) / float(w[numeric].sum())
+        out["grid_too_small_pct"] = share_pct(float(w[numeric & (bps < 1)].sum()), float(w[numeric].sum()))
     else:
         not_available["occupancy.grid_too_small_pct"] = _not_available_reason(trace, True)
 
@@ -377,7 +422,7 @@ def _short_kernels(trace: TraceData, krows: np.ndarray, w: np.ndarray) -> Dict:
     gaps = np.maximum(gpu.ts[r][1:] - (gpu.ts[r][:-1] + gpu.dur[r][:-1]), 0.0)[both]
     total = float(w.sum())
     return {"threshold_us": SHORT_KERNEL_US, "count": int(short.sum()),
-            "time_pct": 100.0 * float(w[short].sum()) / total if total > 0 else 0.0,
+            "time_pct": share_pct(float(w[short].sum()), total) if total > 0 else 0.0,
             "mean_gap_us": float(gaps.mean()) if len(gaps) else None,
             "gap_count": int(len(gaps))}
 
@@ -397,8 +442,15 @@ def _kernel_table(trace: TraceData, krows: np.ndarray, w: np.ndarray, top_n: int
     total = np.bincount(inv, weights=w, minlength=n)
     has = np.isfinite(occ) & (occ >= 0)
     calc_w = np.bincount(inv, weights=np.where(has & (src == SOURCE_CALCULATOR), w, 0.0), minlength=n)
-    occ_w = np.bincount(inv, weights=np.where(has, occ * w, 0.0), minlength=n)
-    occ_den = np.bincount(inv, weights=np.where(has, w, 0.0), minlength=n)
+    # per group Σ occ·w / Σ w; weights scaled by the largest when absurd durations (1e308 µs)
+    # overflow the products (the same ratios, never a numpy warning or an infinite mean)
+    with np.errstate(over="ignore", invalid="ignore"):
+        occ_w = np.bincount(inv, weights=np.where(has, occ * w, 0.0), minlength=n)
+        occ_den = np.bincount(inv, weights=np.where(has, w, 0.0), minlength=n)
+        if len(w) and not (np.isfinite(occ_w).all() and np.isfinite(occ_den).all()):
+            ws = w / float(w.max())
+            occ_w = np.bincount(inv, weights=np.where(has, occ * ws, 0.0), minlength=n)
+            occ_den = np.bincount(inv, weights=np.where(has, ws, 0.0), minlength=n)
     bps = blocks_per_sm(gpu)[krows]
     bps_ok = np.isfinite(bps)
     bps_sum = np.bincount(inv, weights=np.where(bps_ok, bps, 0.0), minlength=n)
@@ -447,7 +499,7 @@ def _kernel_table(trace: TraceData, krows: np.ndarray, w: np.ndarray, top_n: int
         rows.append({
             "name": trace.strings[int(k[1])], "device": int(k[0]), "calls": int(calls[g]),
             "total_us": float(total[g]), "mean_us": float(total[g] / calls[g]),
-            "time_pct": 100.0 * float(total[g]) / grand if grand > 0 else 0.0,
+            "time_pct": share_pct(float(total[g]), grand) if grand > 0 else 0.0,
             # ROCm writes -1 for dims it does not know: no grid/block then, not [-1,-1,-1].
             "grid": [int(x) for x in k[2:5]] if grid_ok[j] else None,
             "block": [int(x) for x in k[5:8]] if block_ok[j] else None,

@@ -116,6 +116,7 @@ class _Builder:
         self.field_problems: Dict[Tuple[str, str, str], int] = {}
         self.skipped_deep = 0  # events nested beyond msgspec's recursion limit
         self.skipped_not_object = 0  # traceEvents entries that are not objects
+        self.replaced_strings = 0  # strings with invalid UTF-8 or a lone surrogate, fixed to U+FFFD
         self._shape_name_cache: Dict[int, bool] = {}
         self._decoded_cache: Dict[bytes, Any] = {}  # recorded input text -> its value (_decoded)
         # recorded input text -> its string id (_raw_ids)
@@ -128,6 +129,13 @@ class _Builder:
         """What a chunk builder whose result `merge` takes starts from (see __init__): copies,
         as a pool pickles them later, while this builder may grow."""
         return dict(self.strings), dict(self._raw_id_cache)
+
+    def problem_counts(self) -> tuple:
+        """The counters lenient decoding writes, to undo a failed attempt (events._decode_events)."""
+        return dict(self.field_problems), self.skipped_deep, self.skipped_not_object
+
+    def restore_problem_counts(self, saved: tuple) -> None:
+        self.field_problems, self.skipped_deep, self.skipped_not_object = saved
 
     def note(self, rows: str, field: str, problem: str, n: int = 1) -> None:
         key = (rows, field, problem)
@@ -203,7 +211,12 @@ class _Builder:
                     key = keys[row]
                     i = known.get(key)
                     if i is None:
-                        i = known[key] = table.setdefault(str(key, "utf-8", "replace"), len(table))
+                        try:
+                            text = str(key, "utf-8")
+                        except UnicodeDecodeError:  # raw invalid UTF-8 (msgspec skips it in a Raw value)
+                            text = str(key, "utf-8", "replace")
+                            self.replaced_strings += 1
+                        i = known[key] = table.setdefault(text, len(table))
                     ids[row] = i
         return np.fromiter(ids, np.int32, len(ids))
 
@@ -581,6 +594,7 @@ class _Builder:
             self.note(*key, n=n)
         self.skipped_deep += other.skipped_deep
         self.skipped_not_object += other.skipped_not_object
+        self.replaced_strings += getattr(other, "replaced_strings", 0)
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -611,6 +625,10 @@ class _Builder:
                                  "were skipped")
         if self.skipped_not_object:
             meta.warnings.append(f"{self.skipped_not_object} entries of traceEvents are not objects and were skipped")
+        if self.replaced_strings:
+            n = self.replaced_strings
+            meta.warnings.append(f"{n} string{'s' if n != 1 else ''} held invalid UTF-8 or a lone UTF-16 surrogate "
+                                 "(replaced by U+FFFD)")
         strings = list(self.strings)
         return model.TraceData(
             meta=meta, strings=strings,

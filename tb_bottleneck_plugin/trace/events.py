@@ -196,6 +196,49 @@ def _decode_raw(raw):
         return msgspec.json.decode(raw)
     except (msgspec.DecodeError, RecursionError):
         return None
+    except UnicodeDecodeError:  # a recorded input's text with invalid UTF-8 (counted where it was interned)
+        return _decode_raw(bytes(raw).decode("utf-8", "replace").encode("utf-8"))
+
+
+# --------------------------------------------------------------------------- bad strings
+#
+# One bad string must not cost the file (issue 34): raw invalid UTF-8 (b"\xed\xa0\xbd") and
+# lone UTF-16 surrogate escapes ("a\ud83d", which Python's json reads) make msgspec raise.
+# On that error path only, the text is sanitised (each replaced by U+FFFD, counted in the
+# builder's ``replaced_strings``: a warning) and decoded again; clean text never pays.
+
+# A JSON escape: a surrogate pair (kept), a lone surrogate (group 1: replaced) or any other
+# escape (kept; an escaped backslash is consumed whole, so the text \\ud83d, a backslash
+# and then letters, stays as it is).
+_ESCAPE = re.compile(rb'\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}'
+                     rb'|(\\u[dD][89a-fA-F][0-9a-fA-F]{2})|\\.', re.S)
+_SURROGATE_ESCAPE = re.compile(rb'\\u[dD][89a-fA-F][0-9a-fA-F]{2}')
+_REPLACEMENT_RUNS = re.compile(rb"(?:\xef\xbf\xbd)+")  # U+FFFD in UTF-8, one or more
+
+
+def _sanitised_text(text) -> Optional[Tuple[bytes, int]]:
+    """(``text`` with every lone UTF-16 surrogate escape and every invalid UTF-8 sequence
+    replaced by U+FFFD, how many strings were fixed), or None when there is nothing to fix."""
+    data = bytes(text)
+    fixed = 0
+    if _SURROGATE_ESCAPE.search(data) is not None:
+        lone = [0]
+
+        def replace(m):
+            if m.group(1) is None:
+                return m.group(0)
+            lone[0] += 1
+            return b"\\ufffd"
+
+        data = _ESCAPE.sub(replace, data)
+        fixed += lone[0]
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        before = len(_REPLACEMENT_RUNS.findall(data))
+        data = data.decode("utf-8", "replace").encode("utf-8")
+        fixed += max(1, len(_REPLACEMENT_RUNS.findall(data)) - before)
+    return (data, fixed) if fixed else None
 
 
 # --------------------------------------------------------------------------- lenient decoding
@@ -203,12 +246,39 @@ def _decode_raw(raw):
 
 def _decode_events(payload: bytes, builder) -> List[Event]:
     """The events of the JSON array text ``payload``: one typed call when the text is
-    well-formed (the fast path, every clean chunk), else event by event. A syntax
-    error (msgspec.DecodeError) is left to the caller."""
+    well-formed (the fast path, every clean chunk), else event by event. Bad strings
+    (invalid UTF-8, lone surrogates) are replaced on the error path (`_sanitised_text`);
+    any other syntax error (msgspec.DecodeError) is left to the caller."""
     try:
         return _EVENTS_DECODER.decode(payload)
     except (msgspec.ValidationError, RecursionError):
         pass
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        fixed = _sanitised_text(payload)
+        if fixed is None:
+            raise
+        return _decode_fixed(fixed, builder)
+    saved = builder.problem_counts()
+    try:
+        return _decode_leniently(payload, builder)
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        fixed = _sanitised_text(payload)
+        if fixed is None:
+            raise
+        builder.restore_problem_counts(saved)  # counted again on the fixed text
+        return _decode_fixed(fixed, builder)
+
+
+def _decode_fixed(fixed: Tuple[bytes, int], builder) -> List[Event]:
+    """The events of a sanitised text; a syntax error now is another problem (raised)."""
+    text, count = fixed
+    events = _decode_events(text, builder)
+    builder.replaced_strings += count
+    return events
+
+
+def _decode_leniently(payload, builder) -> List[Event]:
+    """Event by event (`_decode_events` after the typed call failed)."""
     payload = bytes(payload)  # the slow paths below need bytes (a chunk arrives as a view)
     try:
         raws = _RAW_LIST_DECODER.decode(payload)
@@ -380,6 +450,13 @@ def _decode_object(text: bytes, builder, meta: model.TraceMeta, source: str) -> 
         obj = _OBJECT_DECODER.decode(text)
     except (msgspec.ValidationError, RecursionError):
         pass
+    except (msgspec.DecodeError, UnicodeDecodeError):  # bad strings: replaced (see _sanitised_text)
+        fixed = _sanitised_text(text)
+        if fixed is None:
+            raise
+        events = _decode_object(fixed[0], builder, meta, source)
+        builder.replaced_strings += fixed[1]
+        return events
     else:
         _meta_from(obj, meta)
         return obj.traceEvents

@@ -35,11 +35,11 @@ import gc
 import re
 import sys
 import threading
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import msgspec
 
-from . import inductor, model
+from . import inductor, model, storage
 from ..errors import NotATraceError, TraceError, TruncatedTraceError  # noqa: F401 - re-exported
 from .columns import SHAPE_OP_MARKERS, _Builder  # noqa: F401 - re-exported
 from .events import (
@@ -50,6 +50,7 @@ from .events import (
     _decode_object,
     _loose_top_level,
     _meta_from,
+    _sanitised_text,
     _top_level_values,
 )
 from .text import _max_decompressed, _Prefetcher, _text_blocks  # noqa: F401 - _max_decompressed re-exported
@@ -111,6 +112,9 @@ def load_trace(path: str, fs=None, *, source: Optional[str] = None, progress=Non
     """
     source = source or str(path)
     gzipped = str(path).endswith(".gz")
+    what = storage.not_regular(fs, path)  # a FIFO would block the read forever
+    if what is not None:
+        raise TraceError(source, f"not a regular file ({what})")
     try:
         stream = fs.open(path, "rb") if fs is not None else open(path, "rb")
     except FileNotFoundError:
@@ -186,9 +190,7 @@ def _load_stream(stream, source: str, gzipped: bool, progress, limit: int) -> mo
                         raise NotATraceError(source, "'traceEvents' is not followed by an array within "
                                                      f"{_MAX_HEADER_BYTES >> 20} MB")
                     header = bytes(buf[:key]) + b'"traceEvents":[]}'
-                    try:
-                        _meta_from(_top_level_values(_loose_top_level(header, meta), meta)[0], meta)
-                    except (msgspec.DecodeError, UnicodeDecodeError):
+                    if not _decode_header(header, meta, builder):
                         chunk_failed = True
                         break
                     start = bracket + 1
@@ -263,6 +265,27 @@ def _load_stream(stream, source: str, gzipped: bool, progress, limit: int) -> mo
         blocks.close()
     meta.warnings.extend(notes)
     return _finish(builder, meta, source)
+
+
+def _decode_header(header: bytes, meta: model.TraceMeta, builder: _Builder) -> bool:
+    """The top-level keys before traceEvents into ``meta``; bad strings in them are
+    replaced (counted on ``builder``). False when the header is not valid JSON."""
+    warnings = len(meta.warnings)
+    try:
+        _meta_from(_top_level_values(_loose_top_level(header, meta), meta)[0], meta)
+        return True
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        fixed = _sanitised_text(header)
+    del meta.warnings[warnings:]  # the retry says them again
+    if fixed is None:
+        return False
+    try:
+        _meta_from(_top_level_values(_loose_top_level(fixed[0], meta), meta)[0], meta)
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        del meta.warnings[warnings:]
+        return False
+    builder.replaced_strings += fixed[1]
+    return True
 
 
 def _raw_size(stream) -> int:
@@ -372,12 +395,15 @@ def _load_whole(stream, source: str, gzipped: bool, data: Optional[bytes],
         repaired = _repair(text)
         if repaired is None:
             _raise_decode_error(source, exc, text)
+        fixed, bare_values, replaced = repaired
         meta = model.TraceMeta(source=source)
         builder = _Builder(source)
         try:
-            events = decode(repaired)
-            meta.warnings.append("the file is not strict JSON (bare N/A, NaN or Infinity values or invalid "
-                                 "UTF-8); repaired")
+            events = decode(fixed)
+            if bare_values:
+                meta.warnings.append("the file is not strict JSON (bare N/A, NaN or Infinity values or invalid "
+                                     "UTF-8); repaired")
+            builder.replaced_strings += replaced
         except (msgspec.DecodeError, UnicodeDecodeError):
             _raise_decode_error(source, exc, text)
     builder.add(events)
@@ -390,16 +416,20 @@ _BARE_NA = re.compile(rb":\s*N/A\b")
 _BARE_NON_FINITE = re.compile(rb"([:\[,]\s*)-?(?:NaN|Infinity)\b")
 
 
-def _repair(text: bytes) -> Optional[bytes]:
+def _repair(text: bytes) -> Optional[Tuple[bytes, bool, int]]:
     """Fix what old exporters wrote: bare N/A values, bare NaN/Infinity (as null, so
-    the field is absent) and invalid UTF-8 bytes."""
+    the field is absent), and bad strings: invalid UTF-8 bytes, lone UTF-16 surrogate
+    escapes (U+FFFD). (the text, whether bare values were fixed, how many strings were), or
+    None when there is nothing to fix."""
     fixed = _BARE_NA.sub(b': "N/A"', text)
     fixed = _BARE_NON_FINITE.sub(rb"\1null", fixed)
-    try:
-        fixed.decode("utf-8")
-    except UnicodeDecodeError:
-        fixed = fixed.decode("utf-8", errors="replace").encode("utf-8")
-    return fixed if fixed != text else None
+    bare_values = fixed != text
+    sanitised = _sanitised_text(fixed)
+    if sanitised is not None:
+        fixed, replaced = sanitised
+    else:
+        replaced = 0
+    return (fixed, bare_values, replaced) if bare_values or replaced else None
 
 
 def _finish(builder: _Builder, meta: model.TraceMeta, source: str) -> model.TraceData:

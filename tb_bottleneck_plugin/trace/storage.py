@@ -20,6 +20,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import posixpath
+import stat as _stat
 import sys
 from contextlib import contextmanager
 from typing import Any, BinaryIO, Dict, Iterator, Optional, Tuple
@@ -197,14 +198,39 @@ def is_missing(fs, path: str) -> Optional[bool]:
         return None
 
 
+def not_regular(fs, path: str) -> Optional[str]:
+    """What the local ``path`` is when it exists but is not a regular file (links followed):
+    "a FIFO", "a directory", ...; None for a regular file, a missing one (opening it says
+    so) and any path of an object store (they hold only files). Checked before opening: a
+    FIFO would block the reader forever."""
+    if fs is not None and not is_local(fs):
+        return None
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    if _stat.S_ISREG(mode):
+        return None
+    for test, what in ((_stat.S_ISDIR, "a directory"), (_stat.S_ISFIFO, "a FIFO"),
+                       (_stat.S_ISSOCK, "a socket"), (_stat.S_ISCHR, "a character device"),
+                       (_stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
 def open_binary(fs, path: str, url: Optional[str] = None, **kwargs) -> BinaryIO:
     """A readable binary stream of the raw bytes (no decompression: the loader gunzips).
 
-    Opening errors become StorageError naming the file; read errors later on surface as
-    the filesystem raises them (the caller wraps its reads with `wrap_errors`).
+    Opening errors become StorageError naming the file (a local path that is not a regular
+    file too: `not_regular`); read errors later on surface as the filesystem raises them
+    (the caller wraps its reads with `wrap_errors`).
     """
     url = url or to_url(fs, path)
     forget_listing(fs, path)
+    what = not_regular(fs, path)
+    if what is not None:
+        raise StorageError(f"{url}: cannot open: not a regular file ({what})")
     with wrap_errors(url, "open"):
         return fs.open(path, "rb", **kwargs)
 
