@@ -129,7 +129,8 @@ def test_byte_mutated_snapshots_never_cost_the_trace(tmp_path):
         assert_trace_stands(rep)
         outcomes[snapshot_outcome(rep)] += 1
     assert outcomes["section"] and outcomes["n/a"]  # both ways were taken
-    assert time.monotonic() - started < 30
+    # bounded, not timed: a hang (the repeated-reference walk took hours) fails, a busy CI does not
+    assert time.monotonic() - started < 300
 
 
 def test_a_mutated_snapshot_end_to_end(tmp_path):
@@ -145,7 +146,7 @@ def test_a_mutated_snapshot_end_to_end(tmp_path):
     for what, bad in cases.items():
         started = time.monotonic()
         rep = analyse_run(write_run(tmp_path, bad))
-        assert time.monotonic() - started < 5, what
+        assert time.monotonic() - started < 60, what  # bounded (a hang fails), not a timing
         assert_trace_stands(rep)
         assert snapshot_outcome(rep) == "n/a", what
         assert "not a readable CUDA memory snapshot" in rep["not_available"][NA_KEY]
@@ -160,7 +161,7 @@ def test_memo_bomb_is_refused_in_bounded_memory():
     started = time.monotonic()
     with pytest.raises(snapshot.SnapshotError, match="MemoryError"):
         mem.memory_snapshot_fragmentation(bomb)
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 10  # bounded: without the limit it took 14 s and 11 GB
 
 
 @pytest.mark.parametrize("segment,block,problem", [
@@ -220,7 +221,7 @@ def test_repeated_reference_snapshot_finishes_fast_with_a_reason(tmp_path):
     assert len(data) < 200_000
     started = time.monotonic()
     rep = analyse_run(write_run(tmp_path, data))
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 60  # bounded: the unbounded walk took hours
     assert_trace_stands(rep)
     assert "repeated reference" in rep["not_available"][NA_KEY]
 
@@ -270,7 +271,7 @@ def test_time_limit(monkeypatch):
     started = time.monotonic()
     with pytest.raises(snapshot.SnapshotError, match="took more than"):
         snapshot.reduce_snapshot(pickle.dumps({"segments": []}), forever)
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 60  # the deadline ends it
 
 
 def test_classes_are_still_refused():
