@@ -30,10 +30,9 @@ times, so every saving is on the same scale.
 """
 from __future__ import annotations
 
-import math
 import re
-from dataclasses import dataclass, replace
-from typing import Dict, List, Optional
+from dataclasses import dataclass
+from typing import Dict, Optional
 
 import numpy as np
 
@@ -107,6 +106,7 @@ class Graph:
     g_reduction: np.ndarray  # a reduction kernel (ends a fusion group)
     g_tc: np.ndarray         # a Tensor Core kernel (by name)
     g_misaligned: np.ndarray  # a GEMM kernel built for unaligned operands (CUTLASS alignN, N < 8 / 4)
+    g_pageable: np.ndarray   # a copy from pageable host memory ("Memcpy HtoD (Pageable -> Device)")
     step_us: np.ndarray      # measured (stretched) duration of each included step
     recorded_us: float       # the graph's span as recorded: first step start to its last end (host or GPU)
     step_numbers: np.ndarray
@@ -333,6 +333,7 @@ def build_graph(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Op
                  g_gap=g_gap, g_dur=g_dur, g_stream=g_stream, g_cls=g_cls, g_row=grows, g_ts=g_ts, g_flops=flops,
                  g_bytes=nbytes, g_prec=prec_code, precisions=prec_names, g_reduction=is_k & _name_mask(trace, gname, lambda s: REDUCTION_RE.search(s) is not None),
                  g_tc=tensor_core_kernel_mask(trace)[grows],
+                 g_pageable=memcpy & _name_mask(trace, gname, lambda s: "HtoD" in s and "Pageable" in s),
                  g_misaligned=is_k & (g_cls == C_GEMM) & _name_mask(trace, gname, lambda s: MISALIGNED_RE.search(s)
                                                                    is not None),
                  step_us=step_us, step_numbers=steps.inc_numbers[order], launch_us=launch_us,
@@ -597,7 +598,7 @@ def _apply_pinned(gr, ch):
     launch and blocks nothing; the copy runs on the copy engine while the previous step
     computes (pin_memory=True, non_blocking=True, the DataLoader's prefetch), so it leaves the
     step's graph."""
-    pageable = (gr.g_cls == C_H2D) & _pageable(gr)
+    pageable = (gr.g_cls == C_H2D) & gr.g_pageable
     if not pageable.any():
         return 0
     calls = np.unique(gr.g_launch[pageable])
@@ -607,10 +608,6 @@ def _apply_pinned(gr, ch):
     ch["g_gap"][pageable] = 0.0
     ch["g_lat"][pageable] = -np.inf
     return int(pageable.sum())
-
-
-def _pageable(gr: Graph) -> np.ndarray:
-    return gr.__dict__.get("_pageable", np.zeros(len(gr.g_dur), bool))
 
 
 def _apply_sync(gr, ch):
@@ -846,32 +843,32 @@ def _tc_speedups(peak_tflops: dict, major: Optional[int], amd: bool) -> Dict[str
 
 
 WHAT_IFS = (
-    ("input", "input_bound", "The DataLoader keeps up (enough workers)",
+    ("input", "The DataLoader keeps up (enough workers)",
      "the DataLoader wait between the host's calls → 0 (batches loaded in background workers)"),
-    ("pinned_h2d", "pageable_h2d", "Input copies from pinned memory, overlapped",
+    ("pinned_h2d", "Input copies from pinned memory, overlapped",
      "each pageable host-to-device copy → an asynchronous copy from pinned memory, prefetched while the previous "
      "step computes: the call costs one launch and blocks nothing, the copy leaves the step"),
-    ("sync", "synchronization", "No host-device synchronisation in the step",
+    ("sync", "No host-device synchronisation in the step",
      "every blocking sync call (.item(), .cpu(), nonzero, synchronize) → no wait, at most one launch's cost: "
      "the host runs ahead and the GPU no longer drains"),
-    ("cuda_graphs", None, "Launches replayed from CUDA graphs",
+    ("cuda_graphs", "Launches replayed from CUDA graphs",
      "each run of launches between syncs → one graph launch on the host; its kernels follow each "
      "other at the replay gap"),
-    ("torch_compile", None, "torch.compile: memory-bound chains fused, compiled launches",
+    ("torch_compile", "torch.compile: memory-bound chains fused, compiled launches",
      "each chain of memory-bound kernels between two compute kernels, up to a reduction → one kernel as long as "
      "its longest member (one pass over the largest tensors); GEMMs built for unaligned operands at the FLOP rate "
      "of the aligned ones (shape padding); every other launch at the compiled host cost per launch"),
-    ("bf16", "tensor_cores_unused", "fp32 matmul/conv on Tensor Cores (bf16)",
+    ("bf16", "fp32 matmul/conv on Tensor Cores (bf16)",
      "fp32/tf32 GEMM, conv and attention kernels → their time divided by the ratio of the GPU's bf16 peak "
      "to their precision's peak (fp32 keeps half of it)"),
-    ("graph_breaks", "torch_compile", "Graph breaks removed, no compiling in the steps",
+    ("graph_breaks", "Graph breaks removed, no compiling in the steps",
      "compile time inside the steps → 0; the eager region between two compiled graphs runs as the compiled "
      "regions do (their host cost per launch, no sync)"),
-    ("overlap_comm", "communication", "Communication overlapped with compute",
+    ("overlap_comm", "Communication overlapped with compute",
      "collectives on their own stream; the compute kernels no longer wait for them"),
-    ("d2d", "d2d_copies", "No device-to-device copies",
+    ("d2d", "No device-to-device copies",
      "device-to-device copies → 0"),
-    ("warmup", "warmup_outlier", "No one-off warm-up call in the steps",
+    ("warmup", "No one-off warm-up call in the steps",
      "the longest runtime call → the median cost of its kind"),
 )
 
@@ -885,8 +882,6 @@ def step_model(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Opt
     if gr is None:
         return None
     ctx = context or {}
-    # pageable copies (by the copy's name)
-    gr.__dict__["_pageable"] = _name_mask(trace, trace.gpu.name[gr.g_row], lambda s: "HtoD" in s and "Pageable" in s)
     base = simulate(gr)
     measured = float(gr.step_us.sum())
     n = gr.n_steps
@@ -920,7 +915,7 @@ def step_model(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Opt
         warm = int(np.argmax(gr.busy))
         if gr.busy[warm] < T.WARMUP_CALL_STEP_PCT / 200 * measured:  # half: busy is the call's serial part
             warm = None
-    for wid, rule, label, assumption in WHAT_IFS:
+    for wid, label, assumption in WHAT_IFS:
         ch = _changes(gr)
         if wid == "input":
             changed = _apply_input(gr, ch)
