@@ -14,6 +14,7 @@ import os
 import pytest
 
 from conftest import ORACLES, TRACES, needs_traces, real_report
+from test_flops import _shared_traces  # the same trace list as the peak checks there
 from trace_builder import H100, TraceBuilder
 
 from tb_bottleneck_plugin import report, thresholds as T
@@ -194,13 +195,6 @@ def test_a_summary_of_impossible_spans_stays_null(tmp_path):
     assert ew["roofline_pct"] is None and ew["achieved_gbps"] is None
     assert "flops.by_class.elementwise.roofline_pct" in both["not_available"]
     _na_never_beside_a_number(both)
-
-
-def _shared_traces():
-    if not TRACES.exists():
-        return []
-    return sorted(str(p.relative_to(TRACES)) for p in TRACES.rglob("*.json*")
-                  if "resnet50" not in str(p) and "df_index" not in str(p))
 
 
 @needs_traces
