@@ -313,7 +313,7 @@ def span_op_nesting(span) -> Dict[str, np.ndarray]:
 
 def _op_instances(trace: TraceData, nesting: Optional[Dict[str, np.ndarray]] = None,
                   gpu_runtime: Optional[np.ndarray] = None, op_calls=None,
-                  flop_fields: Optional[Dict[str, np.ndarray]] = None):
+                  flop_per_op: Optional[dict] = None):
     """Every CPU op / user annotation except ProfilerStep#N, with its nesting and times.
 
     Returns a dict of arrays over those rows: ``rows`` (into trace.cpu), ``total``,
@@ -321,8 +321,9 @@ def _op_instances(trace: TraceData, nesting: Optional[Dict[str, np.ndarray]] = N
     (GPU activities launched by the op or any descendant), ``gpu_self`` (launched by its
     own runtime calls), ``tc`` (Tensor Core kernels among ``gpu``). ``nesting``:
     ``op_nesting(trace)``, ``gpu_runtime``: linking.gpu_runtime_index(trace), ``op_calls``:
-    linking.op_calls(trace), when the caller has them. ``flop_fields``: flops.OP_FIELDS
-    arrays over the nesting's entries (an op merged into its parent adds to the parent's)."""
+    linking.op_calls(trace), when the caller has them. ``flop_per_op``: the flops unit's
+    sparse per-op columns (flops._per_op; an op merged into its parent adds to the parent's),
+    returned as ``flop_rows`` (kept rows) and each field's values there."""
     from . import linking, tensor_cores
 
     cpu = trace.cpu
@@ -365,18 +366,15 @@ def _op_instances(trace: TraceData, nesting: Optional[Dict[str, np.ndarray]] = N
     keep = ~merged
     out = {"rows": rows[keep], "ts": ts[keep], "total": dur[keep], "self": np.maximum(self_t, 0.0)[keep],
            "gpu": gpu[keep], "gpu_self": gpu_self[keep], "tc": tc[keep], "depth": depth[keep]}
-    if flop_fields:
-        # a merged op's numbers go to the op it is merged into: summed over those groups only
-        # (in row order, as a bincount over every row would); the other rows keep theirs
-        group = merged.copy()
-        group[alias[merged]] = True
-        g_rows = np.flatnonzero(group)
-        targets = np.unique(alias[g_rows])
-        for f, v in flop_fields.items():
-            folded = v.copy()
-            if len(g_rows):
-                folded[targets] = np.bincount(alias[g_rows], weights=v[g_rows])[targets]
-            out[f] = folded[keep]
+    if flop_per_op and flop_per_op.get("fields"):
+        # sparse (flops._per_op): a merged op's numbers go to the op it is merged into, summed
+        # in row order (the order a bincount over every row would add them); ``flop_rows``:
+        # the kept row each sum belongs to, ascending
+        targets, at = np.unique(alias[flop_per_op["index"]], return_inverse=True)
+        kept_pos = np.cumsum(keep) - 1
+        out["flop_rows"] = kept_pos[targets]
+        for f, v in flop_per_op["fields"].items():
+            out[f] = np.bincount(at.reshape(-1), weights=v, minlength=len(targets))
     return out
 
 
@@ -430,7 +428,7 @@ def operator_view(trace: TraceData, steps: Steps, span=None) -> dict:
 
         per_op = span.once("flops_per_op", dict)  # filled by the flops unit when it counted
         inst = _op_instances(trace, span_op_nesting(span), span_gpu_runtime(span), span_op_calls(span),
-                             flop_fields=per_op.get("fields"))
+                             flop_per_op=per_op)
         if per_op.get("fields") is not None:
             out.update(flops_counted=True, peak_gpu=per_op.get("peak_gpu"), peak_na=per_op.get("peak_na"))
     else:
@@ -464,8 +462,16 @@ def operator_view(trace: TraceData, steps: Steps, span=None) -> dict:
     sums = {"calls": np.bincount(inv, minlength=k).astype(np.float64),
             "top_calls": np.bincount(inv, weights=(inst["depth"][keep] == 0).astype(np.float64), minlength=k)}
     for field_name, src in (("total_us", "total"), ("self_us", "self"), ("gpu_us", "gpu"),
-                            ("gpu_self_us", "gpu_self"), ("tc_us", "tc")) + tuple((f, f) for f in FLOP_FIELDS):
-        sums[field_name] = np.bincount(inv, weights=inst[src][keep], minlength=k) if src in inst else np.zeros(k)
+                            ("gpu_self_us", "gpu_self"), ("tc_us", "tc")):
+        sums[field_name] = np.bincount(inv, weights=inst[src][keep], minlength=k)
+    # the FLOP columns are sparse (the few rows that count anything), summed in the same order
+    group_of = np.full(len(rows), -1, np.int64)
+    group_of[keep] = inv
+    flop_group = group_of[inst["flop_rows"]] if "flop_rows" in inst else np.zeros(0, np.int64)
+    in_view = flop_group >= 0
+    for f in FLOP_FIELDS:
+        sums[f] = (np.bincount(flop_group[in_view], weights=inst[f][in_view], minlength=k) if f in inst
+                   else np.zeros(k))
     # inputs: one id per distinct (dims, types) pair
     pairs, input_idx = _unique_rows(uniq[:, 2:])
     input_idx = input_idx.reshape(-1)

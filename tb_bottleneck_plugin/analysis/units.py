@@ -193,6 +193,11 @@ class SpanContext:
             self._cache[key] = fn()
         return self._cache[key]
 
+    def release(self, key: str) -> None:
+        """Forget `key` (a later `once` computes it again): for a large value whose last
+        reader has run, so that it does not add to the span's peak memory."""
+        self._cache.pop(key, None)
+
 
 ALL_PRESENT, NONE_FAILED, ALWAYS = "all_present", "none_failed", "always"
 
