@@ -121,7 +121,7 @@ def analyze_trace(trace: model.TraceData, *, run=None, worker=None, span=None, s
         "spans": [trace.meta.source],
     }
     ctx = units.SpanContext(trace=trace, report=rep, not_available=not_available, snapshot=snapshot,
-                            sections=sec, extras={"memory": {"devices": {}}})
+                            sections=sec, extras={"memory": {"devices": {}}, "timeline": timeline})
     for unit in registry.UNITS:
         rep.update(unit.defaults())
         if not sec.needs(unit.name, *unit.requires):

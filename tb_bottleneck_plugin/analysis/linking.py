@@ -147,11 +147,15 @@ def calls_inside(trace: TraceData, cpu_rows=None, among: Optional[Pairs] = None)
     total = int(counts.sum())
     if total == 0:
         return empty
-    pair_op = np.repeat(np.arange(len(cpu_rows)), counts)
-    starts = np.repeat(lo - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
-    pos = starts + np.arange(total)
+    # a few arrays of `total` at a time (in place where possible): on the 292 MB benchmark the
+    # pairs are 340k and each temporary 2.7 MB
+    pos = np.repeat(lo - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
+    pos += np.arange(total)
     pair_rt = r_order[pos]
-    ok = rt.ts[pair_rt] + rt.dur[pair_rt] <= op_end[pair_op]
+    del pos
+    pair_op = np.repeat(np.arange(len(cpu_rows)), counts)
+    call_end = rt.ts + rt.dur
+    ok = call_end[pair_rt] <= op_end[pair_op]
     return cpu_rows[pair_op[ok]], pair_rt[ok].astype(np.int64)
 
 

@@ -630,13 +630,16 @@ class _Builder:
             meta.warnings.append(f"{n} string{'s' if n != 1 else ''} held invalid UTF-8 or a lone UTF-16 surrogate "
                                  "(replaced by U+FFFD)")
         strings = list(self.strings)
-        return model.TraceData(
-            meta=meta, strings=strings,
-            gpu=model.GpuTable.concat(self.gpu), cpu=model.CpuTable.concat(self.cpu),
-            runtime=model.RuntimeTable.concat(self.runtime), memory=model.MemoryTable.concat(self.memory),
-            gpu_annotations=model.GpuAnnotationTable.concat(self.annotations),
-            op_inputs=self.op_inputs, kernel_launches=self.kernel_launches,
-        )
+        # the chunks' tables are consumed (this builder is done): one copy of each table at a time
+        tables = {}
+        for name, table_cls, attr in (("gpu", model.GpuTable, "gpu"), ("cpu", model.CpuTable, "cpu"),
+                                      ("runtime", model.RuntimeTable, "runtime"),
+                                      ("memory", model.MemoryTable, "memory"),
+                                      ("gpu_annotations", model.GpuAnnotationTable, "annotations")):
+            tables[name] = table_cls.concat(getattr(self, attr), consume=True)
+            setattr(self, attr, [])
+        return model.TraceData(meta=meta, strings=strings, **tables,
+                               op_inputs=self.op_inputs, kernel_launches=self.kernel_launches)
 
 
 _NO_DIM = (-1, -1, -1)

@@ -47,13 +47,22 @@ class _Table:
         return cls(**{f.name: np.empty(0, dtype=f.metadata.get("dtype", np.float64)) for f in fields(cls)})
 
     @classmethod
-    def concat(cls, parts: List["_Table"]) -> "_Table":
+    def concat(cls, parts: List["_Table"], consume: bool = False) -> "_Table":
+        """One table of ``parts`` in order. ``consume``: the parts are not read again (the
+        loader's chunks), so each column's pieces are dropped as soon as it is joined: the
+        peak is the table plus one column, not twice the table."""
         parts = [p for p in parts if len(p)]
         if not parts:
             return cls.empty()
         if len(parts) == 1:
             return parts[0]
-        return cls(**{f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)})
+        columns = {}
+        for f in fields(cls):
+            columns[f.name] = np.concatenate([getattr(p, f.name) for p in parts])
+            if consume:
+                for p in parts:
+                    setattr(p, f.name, None)
+        return cls(**columns)
 
 
 def _col(dtype):
