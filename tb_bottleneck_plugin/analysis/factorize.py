@@ -83,3 +83,26 @@ def _ranked(code: np.ndarray, size: int, n: int) -> Tuple[np.ndarray, np.ndarray
         return _rank_dense(code, size)
     values, inv = np.unique(code, return_inverse=True)
     return values, inv.reshape(-1)
+
+
+def thread_ids_of(*columns) -> Tuple[np.ndarray, ...]:
+    """Dense thread ids for several (pid, tid) column pairs, consistent between them and
+    numbered in (pid, tid) order: for each pair the inverse of
+    ``np.unique(np.stack([pid, tid], 1), axis=0, return_inverse=True)`` over all pairs
+    together. Rows come in runs of one thread, so only the runs' keys are hashed and the few
+    distinct threads ranked: no stacked copy of the columns, no sort of the rows."""
+    codes: dict = {}
+    runs = []
+    for pid, tid in zip(columns[::2], columns[1::2]):
+        n = len(pid)
+        if n == 0:
+            runs.append(None)
+            continue
+        starts = np.concatenate([[0], np.flatnonzero((pid[1:] != pid[:-1]) | (tid[1:] != tid[:-1])) + 1])
+        run_code = np.fromiter((codes.setdefault(k, len(codes))
+                                for k in zip(pid[starts].tolist(), tid[starts].tolist())), np.int64, len(starts))
+        runs.append((run_code, np.diff(np.append(starts, n))))
+    keys = list(codes)  # in code order; Python compares the int pairs as np.unique does
+    rank = np.empty(len(keys), np.int64)
+    rank[sorted(range(len(keys)), key=keys.__getitem__)] = np.arange(len(keys))
+    return tuple(np.zeros(0, np.int64) if r is None else np.repeat(rank[r[0]], r[1]) for r in runs)

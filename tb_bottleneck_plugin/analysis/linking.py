@@ -66,12 +66,7 @@ def runtime_gpu_rows(trace: TraceData, gpu_runtime: np.ndarray = None) -> Tuple[
 
 def _thread_ids(pid_a, tid_a, pid_b, tid_b):
     """Dense thread ids for two (pid, tid) column pairs, consistent between them."""
-    pairs = np.concatenate([np.stack([pid_a, tid_a], 1), np.stack([pid_b, tid_b], 1)])
-    if len(pairs) == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    # np.unique(pairs, axis=0)'s ids (factorize: dense keys without a sort)
-    inv = factorize.unique_rows(pairs)[1]
-    return inv[: len(pid_a)], inv[len(pid_a):]
+    return factorize.thread_ids_of(pid_a, tid_a, pid_b, tid_b)
 
 
 def _op_mask(trace: TraceData) -> np.ndarray:
@@ -147,16 +142,32 @@ def calls_inside(trace: TraceData, cpu_rows=None, among: Optional[Pairs] = None)
     total = int(counts.sum())
     if total == 0:
         return empty
-    # a few arrays of `total` at a time (in place where possible): on the 292 MB benchmark the
-    # pairs are 340k and each temporary 2.7 MB
-    pos = np.repeat(lo - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
-    pos += np.arange(total)
-    pair_rt = r_order[pos]
-    del pos
-    pair_op = np.repeat(np.arange(len(cpu_rows)), counts)
+    # the pairs in blocks of ops of about _PAIR_BLOCK candidate pairs: the temporaries are one
+    # block's, not the whole set's (on the 292 MB benchmark the candidates would be ~30 MB)
     call_end = rt.ts + rt.dur
-    ok = call_end[pair_rt] <= op_end[pair_op]
-    return cpu_rows[pair_op[ok]], pair_rt[ok].astype(np.int64)
+    cum = np.cumsum(counts)
+    cut = np.searchsorted(cum, np.arange(_PAIR_BLOCK, total, _PAIR_BLOCK), side="left") + 1
+    edges = np.unique(np.concatenate([[0], cut, [len(counts)]]))
+    out_op, out_rt = [], []
+    for i0, i1 in zip(edges[:-1].tolist(), edges[1:].tolist()):
+        c = counts[i0:i1]
+        n_pairs = int(c.sum())
+        if n_pairs == 0:
+            continue
+        first = cum[i0:i1] - c  # index of each op's first pair among all pairs
+        pos = np.repeat(lo[i0:i1] - (first - first[0]), c)
+        pos += np.arange(n_pairs)
+        pair_rt = r_order[pos]
+        pair_op = np.repeat(np.arange(i0, i1), c)
+        ok = call_end[pair_rt] <= op_end[pair_op]
+        out_op.append(cpu_rows[pair_op[ok]])
+        out_rt.append(pair_rt[ok].astype(np.int64, copy=False))
+    if not out_op:
+        return empty
+    return np.concatenate(out_op), np.concatenate(out_rt)
+
+
+_PAIR_BLOCK = 1 << 18
 
 
 def gpu_ops_pairs(trace: TraceData, cpu_rows=None, gpu_runtime: np.ndarray = None

@@ -213,8 +213,8 @@ def round3_list(values: np.ndarray) -> list:
 
 def host_nesting(trace: TraceData) -> Dict[str, np.ndarray]:
     """The nesting of every host event of one trace per thread: trace.cpu rows (every kind,
-    ProfilerStep#N included), then trace.runtime rows. ``pid``, ``tid``, ``thread``
-    (``thread_ids``), ``ts``, ``dur`` (NaN/negative as 0), ``end``, ``depth``, ``parent``
+    ProfilerStep#N included), then trace.runtime rows. ``thread`` (``thread_ids``),
+    ``thread_pid`` (the pid of each thread id), ``ts``, ``dur`` (NaN/negative as 0), ``end``, ``depth``, ``parent``
     (see ``_nesting``), ``container`` (zero-length events: the innermost positive-length
     event holding their time) and ``laminar`` (``_laminar``). Source attribution walks it; ``op_nesting`` is derived from it
     when it nests exactly, so one nesting is computed per trace. Read-only."""
@@ -231,7 +231,10 @@ def host_nesting(trace: TraceData) -> Dict[str, np.ndarray]:
         depth, parent = _nesting(pid, tid, ts, end, container, threads=thread)
     else:
         depth, parent = np.zeros(0, np.int64), np.zeros(0, np.int64)
-    return {"pid": pid, "tid": tid, "thread": thread, "ts": ts, "dur": dur, "end": end, "depth": depth,
+    # each thread's pid (not the pid/tid columns: 2 x 8 bytes per host event kept for this)
+    thread_pid = np.zeros(int(thread.max()) + 1 if n else 0, np.int64)
+    thread_pid[thread] = pid
+    return {"thread": thread, "thread_pid": thread_pid, "ts": ts, "dur": dur, "end": end, "depth": depth,
             "parent": parent, "container": container, "laminar": _laminar(ts, end, depth, parent)}
 
 

@@ -174,7 +174,7 @@ def source_view(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = Non
     # --- one nesting of every host event (cpu rows, then runtime rows) --------------------
     if host is None:
         host = host_nesting(trace)
-    pid, tid, ts, dur, end = host["pid"], host["tid"], host["ts"], host["dur"], host["end"]
+    ts, dur, end = host["ts"], host["dur"], host["end"]
     parent = host["parent"]
     n = nc + nr
     kind = np.concatenate([cpu.kind, np.full(nr, -1, np.int8)])
@@ -238,8 +238,7 @@ def source_view(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = Non
     in_bwd = _nearest(parent, is_bwd) if is_bwd.any() else None
     thr = host["thread"]  # dense thread ids, in (pid, tid) order
     n_thr = int(thr.max()) + 1 if n else 0
-    thr_pid = np.zeros(n_thr, np.int64)
-    thr_pid[thr] = pid
+    thr_pid = host["thread_pid"]
 
     def threads_of(mask) -> set:
         return set(np.flatnonzero(np.bincount(thr[mask], minlength=n_thr)).tolist())
@@ -367,7 +366,7 @@ def source_view(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = Non
     line_rows.sort(key=lambda r: -(r["cpu_us"] + r["gpu_us"]))
     # --- modules -------------------------------------------------------------------------
     modules = _modules(trace, parent, is_module, is_op, name, ts, dur, inc_node, g_node, inc_gpu, gdur, anchor,
-                       pid, nc)
+                       thr_pid[thr], nc)
     # --- record_function labels ----------------------------------------------------------
     labels, label_union = _labels(trace, steps, thr, ts, anchor, g_node, inc_gpu, gdur, h_lo, h_hi)
     section = {
