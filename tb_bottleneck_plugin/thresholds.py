@@ -111,6 +111,10 @@ STRAGGLER_STEP_SHARE_PCT = 60.0
 # balanced 2-rank run, where one of the two always waits a few µs less, is not flagged).
 STRAGGLER_MIN_WAIT_PCT = 10.0
 STRAGGLER_WAIT_HIGH_PCT = 20.0
+# The straggler's cause by difference (§12): an activity is named as the cause when the
+# straggler spends at least this share of the group's median step more in it than the
+# median of the other ranks of its group.
+STRAGGLER_CAUSE_MIN_PCT = 5.0
 
 # --- §11 comparing two runs: the noise band of a change (compare.py) --------------------
 # A change inside the band is "unchanged" (neither better nor worse, not coloured).

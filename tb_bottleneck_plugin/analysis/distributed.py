@@ -17,7 +17,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from ..trace.model import CPU_OP, CPU_USER_ANNOTATION, GPU_KERNEL, TraceData
+from ..trace.model import CPU_OP, CPU_USER_ANNOTATION, GPU_KERNEL, GPU_MEMCPY, TraceData
 from . import intervals as iv
 from .breakdown import COMM_CPU_PREFIXES, comm_kernel_mask
 from .linking import gpu_runtime_index, innermost_enclosing, span_gpu_runtime, span_op_calls
@@ -161,7 +161,9 @@ def span_partial(trace: TraceData, steps: Optional[Steps], span=None) -> dict:
     ``{"version", "rank", "world_size", "backend", "pg_count", "device": "gpu"|"cpu",
     "comm_source": "kernels"|"cpu_spans"|None, "steps": [{"step", "step_us",
     "compute_only_us", "overlapped_us", "exposed_comm_us", "other_us", "collectives":
-    {"kind": [...], "dur_us": [...], "bytes": [...]}}], "collectives_truncated": bool}``.
+    {"kind": [...], "dur_us": [...], "bytes": [...], "pg": [...], "seq": [...]},
+    "activity": {ACTIVITY key: µs}}], "process_groups": [{"name", "desc", "size", "ranks"}],
+    "collectives_truncated": bool}``.
     With no steps (or ``steps`` None after a failed steps section) ``steps`` is [] and
     ``not_available`` ({"distributed.steps": reason}, the report's convention) says why.
     ``span``: the report's per-span context (analysis/units.SpanContext), whose GPU→runtime
@@ -176,6 +178,7 @@ def span_partial(trace: TraceData, steps: Optional[Steps], span=None) -> dict:
         "backend": info.get("backend") if isinstance(info.get("backend"), str) else None,
         "pg_count": _int_or_none(info.get("pg_count")),
         "device": None, "comm_source": None, "steps": [], "collectives_truncated": False,
+        "process_groups": process_groups(trace),
     }
     if steps is None or steps.count == 0:
         out["not_available"] = {"distributed.steps": "no included step"}
@@ -186,6 +189,9 @@ def span_partial(trace: TraceData, steps: Optional[Steps], span=None) -> dict:
     gpu_trace = bool(kernels.any())
     out["device"] = "gpu" if gpu_trace else "cpu"
     coll_rows = _collective_spans(trace)
+    groups = out["process_groups"]
+    # collectives that name no process group belong to the only one the trace declares
+    default_pg = groups[0]["name"] if len(groups) == 1 else None
     if gpu_trace:
         comp = iv.merge(g.ts[kernels & ~comm_k], (g.ts + g.dur)[kernels & ~comm_k])
         comm = iv.merge(g.ts[comm_k], (g.ts + g.dur)[comm_k])
@@ -235,18 +241,24 @@ def span_partial(trace: TraceData, steps: Optional[Steps], span=None) -> dict:
                 byts.append(kernel_bytes[j])
             else:
                 byts.append(_bytes_of(trace, row) if row >= 0 else None)
+        # the process group and sequence number the kernel's collective metadata names
+        pg_ids, seq_col = g.pg_name[rows].tolist(), g.seq[rows].tolist()
+        pgs = [trace.strings[i] if i >= 0 else default_pg for i in pg_ids]
+        seqs = [int(q) if q >= 0 else None for q in seq_col]
     elif len(coll_rows):
         out["comm_source"] = "cpu_spans"
         rows = coll_rows
         starts, durs = c.ts[rows], c.dur[rows]
         kinds = [collective_kind(trace.strings[i]) for i in c.name[rows]]
         byts = [_bytes_of(trace, r) for r in rows.tolist()]
+        pgs, seqs = [default_pg] * len(rows), [None] * len(rows)
     else:
-        starts, durs, kinds, byts = np.empty(0), np.empty(0), [], []
+        starts, durs, kinds, byts, pgs, seqs = np.empty(0), np.empty(0), [], [], [], []
     order = np.argsort(starts, kind="stable")
     step_of = np.searchsorted(lo, starts[order], side="right") - 1
     inside = (step_of >= 0) & (starts[order] < hi[np.maximum(step_of, 0)])
-    per_step: List[Dict[str, list]] = [{"kind": [], "dur_us": [], "bytes": []} for _ in range(len(lo))]
+    per_step: List[Dict[str, list]] = [{"kind": [], "dur_us": [], "bytes": [], "pg": [], "seq": []}
+                                       for _ in range(len(lo))]
     for k, s, ok in zip(order.tolist(), step_of.tolist(), inside.tolist()):
         if not ok:
             continue
@@ -257,15 +269,121 @@ def span_partial(trace: TraceData, steps: Optional[Steps], span=None) -> dict:
         entry["kind"].append(kinds[k])
         entry["dur_us"].append(float(durs[k]))
         entry["bytes"].append(byts[k])
+        entry["pg"].append(pgs[k])
+        entry["seq"].append(seqs[k])
 
+    act = step_activity(trace, lo, hi, comp, gpu_trace, span)
     for i, n in enumerate(steps.inc_numbers.tolist()):
         out["steps"].append({
             "step": int(n), "step_us": float(total[i]),
             "compute_only_us": float(compute_only[i]), "overlapped_us": float(both_us[i]),
             "exposed_comm_us": float(exposed[i]), "other_us": float(other[i]),
-            "collectives": per_step[i],
+            "collectives": per_step[i], "activity": {k: float(v[i]) for k, v in act.items()},
         })
     return out
+
+
+def process_groups(trace: TraceData) -> List[dict]:
+    """The process groups a trace declares (METRICS.md §12 "Process groups"):
+    ``distributedInfo.pg_config`` (name, description, size, ranks), then the groups that only
+    the collectives' metadata names ("Process Group Name"/"Process Group Ranks" on kernels)."""
+    info = trace.meta.distributed_info if isinstance(trace.meta.distributed_info, dict) else {}
+    out: Dict[str, dict] = {}
+    for p in info.get("pg_config") or [] if isinstance(info.get("pg_config"), list) else []:
+        if not isinstance(p, dict) or p.get("pg_name") is None:
+            continue
+        ranks = p.get("ranks")
+        ranks = [int(r) for r in ranks] if isinstance(ranks, list) and all(
+            isinstance(r, int) and not isinstance(r, bool) for r in ranks) else None
+        out[str(p["pg_name"])] = {"name": str(p["pg_name"]),
+                                  "desc": p.get("pg_desc") if isinstance(p.get("pg_desc"), str) else None,
+                                  "size": _int_or_none(p.get("pg_size")) or (len(ranks) if ranks else None),
+                                  "ranks": ranks}
+    g = trace.gpu
+    named = g.pg_name >= 0
+    if named.any():
+        from .collectives import _ranks_of
+
+        pairs = np.unique(np.stack([g.pg_name[named], g.pg_ranks[named], g.group_size[named]], 1), axis=0)
+        for name_id, ranks_id, size in pairs.tolist():
+            name = trace.strings[name_id]
+            ranks = _ranks_of(trace.strings[ranks_id]) if ranks_id >= 0 else None
+            row = out.setdefault(name, {"name": name, "desc": None, "size": None, "ranks": None})
+            if row["ranks"] is None and ranks:
+                row["ranks"] = ranks
+            if row["size"] is None:
+                row["size"] = int(size) if size > 0 else (len(ranks) if ranks else None)
+    return list(out.values())
+
+
+# What one rank did in a step, besides communicating (METRICS.md §12 "The straggler's cause"):
+# the straggler's minus the median of the other ranks of its group names why it arrives late.
+ACTIVITY = ("dataloader_us", "h2d_us", "sync_us", "compute_forward_us", "compute_backward_us",
+            "compute_optimizer_us", "host_gap_us")
+BACKWARD_PREFIX = "autograd::engine::evaluate_function:"
+OPTIMIZER_PREFIX = "Optimizer.step#"
+
+
+def step_activity(trace: TraceData, lo: np.ndarray, hi: np.ndarray, comp: iv.Intervals, gpu_trace: bool,
+                  span=None) -> Dict[str, np.ndarray]:
+    """Per included step window [lo, hi): µs of each ACTIVITY (each measured on its own: the
+    parts may overlap). ``comp``: the rank's compute intervals (§12: kernels on a GPU trace,
+    host compute on a CPU-only one)."""
+    from .breakdown import dataloader_mask
+    from .signals import SYNC_CALLS, SYNC_MEMCPY_CALLS
+
+    c, g, rt = trace.cpu, trace.gpu, trace.runtime
+    host = _host_span_mask(trace)
+
+    def union(mask_or_rows, table):
+        return iv.merge(table.ts[mask_or_rows], (table.ts + table.dur)[mask_or_rows])
+
+    def cover(ints):
+        return iv.covered_in(ints, lo, hi)
+
+    loader = union(dataloader_mask(trace) & host, c)
+    backward = union(np.isin(c.name, trace.string_ids(lambda s: s.startswith(BACKWARD_PREFIX))) & host, c)
+    optimizer = union(np.isin(c.name, trace.string_ids(lambda s: s.startswith(OPTIMIZER_PREFIX))) & host, c)
+    h2d = union((g.kind == GPU_MEMCPY) & np.isin(g.name, trace.string_ids(lambda s: "HtoD" in s)), g)
+    sync = union(np.isin(rt.name, trace.string_ids(lambda s: s in SYNC_CALLS or s in SYNC_MEMCPY_CALLS)), rt)
+    if gpu_trace:
+        # a kernel's phase is that of the host call that launched it
+        kern = (g.kind == GPU_KERNEL) & ~comm_kernel_mask(trace)
+        rows = np.flatnonzero(kern)
+        rt_row = (gpu_runtime_index(trace) if span is None else span_gpu_runtime(span))[rows]
+        launched = np.where(rt_row >= 0, rt.ts[np.maximum(rt_row, 0)] if len(rt) else 0.0, np.nan)
+        in_bwd = _inside(backward, launched)
+        in_opt = _inside(optimizer, launched) & ~in_bwd
+        bwd_k, opt_k = rows[in_bwd], rows[in_opt]
+        comp_bwd, comp_opt = union(bwd_k, g), union(opt_k, g)
+        comp_rest = iv.subtract(comp, iv.merge(np.concatenate([comp_bwd[0], comp_opt[0]]),
+                                               np.concatenate([comp_bwd[1], comp_opt[1]])))
+    else:
+        comp_bwd = iv.intersect(comp, backward)
+        comp_opt = iv.subtract(iv.intersect(comp, optimizer), backward)
+        taken = iv.merge(np.concatenate([loader[0], backward[0], optimizer[0]]),
+                         np.concatenate([loader[1], backward[1], optimizer[1]]))
+        comp_rest = iv.subtract(comp, taken)
+    # host gaps: the step's time in which no host span other than communication (and the
+    # ProfilerStep itself) and no runtime call runs, on any thread
+    comm_ids = trace.string_ids(_is_comm_cpu_name)
+    step_ids = trace.string_ids(lambda s: s.startswith("ProfilerStep#"))
+    busy_mask = host & ~np.isin(c.name, comm_ids) & ~np.isin(c.name, step_ids)
+    busy = iv.merge(np.concatenate([c.ts[busy_mask], rt.ts]),
+                    np.concatenate([(c.ts + c.dur)[busy_mask], rt.ts + rt.dur]))
+    return {"dataloader_us": cover(loader), "h2d_us": cover(h2d), "sync_us": cover(sync),
+            "compute_forward_us": cover(comp_rest), "compute_backward_us": cover(comp_bwd),
+            "compute_optimizer_us": cover(comp_opt),
+            "host_gap_us": np.maximum((hi - lo) - cover(busy), 0.0)}
+
+
+def _inside(ints: iv.Intervals, t: np.ndarray) -> np.ndarray:
+    """Whether each time t (NaN: never) lies in one of the merged intervals."""
+    s, e = ints
+    if not len(s):
+        return np.zeros(len(t), bool)
+    k = np.searchsorted(s, np.nan_to_num(t, nan=-np.inf), side="right") - 1
+    return ~np.isnan(t) & (k >= 0) & (t < e[np.maximum(k, 0)])
 
 
 def _int_or_none(v) -> Optional[int]:

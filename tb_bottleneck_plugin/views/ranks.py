@@ -87,7 +87,7 @@ def rank_view(results_by_worker: Dict[str, List[dict]]) -> dict:
     view: dict = {"available": False, "rank_count": len(workers), "world_size": None, "backend": None,
                   "ranks": [], "steps": [], "collectives": [], "imbalance_pct": None, "straggler": None,
                   "flagged": False, "recommendation": None, "collective_bandwidth": None, "fewest_steps": 0,
-                  "straggler_gap": None, "not_available": na}
+                  "straggler_gap": None, "process_groups": [], "straggler_cause": None, "not_available": na}
     if len(workers) < 2:
         na["ranks"] = SINGLE_WORKER
         return view
@@ -113,6 +113,9 @@ def rank_view(results_by_worker: Dict[str, List[dict]]) -> dict:
     kinds_flat: List[str] = []
     durs_flat: List[float] = []
     bytes_flat: List[Optional[float]] = []
+    pg_flat: List[str] = []
+    seq_flat: List[int] = []
+    activity: Dict[Tuple[int, int], dict] = {}  # (rank index, step) -> the partial's activity
     seg_rank: List[int] = []  # one entry per (rank, step): rank index, step number, #collectives
     seg_step: List[int] = []
     seg_len: List[int] = []
@@ -141,6 +144,11 @@ def rank_view(results_by_worker: Dict[str, List[dict]]) -> dict:
             kinds_flat.extend(coll.get("kind") or [])
             durs_flat.extend(coll.get("dur_us") or [])
             bytes_flat.extend(coll.get("bytes") or [None] * n)
+            pgs = coll.get("pg") or [None] * n
+            pg_flat.extend(UNKNOWN_PG if g is None else str(g) for g in pgs)
+            seq_flat.extend(-1 if q is None else int(q) for q in (coll.get("seq") or [None] * n))
+            if isinstance(s.get("activity"), dict):
+                activity[(ri, int(s["step"]))] = s["activity"]
             seg_rank.append(ri)
             seg_step.append(int(s["step"]))
             seg_len.append(n)
@@ -162,43 +170,31 @@ def rank_view(results_by_worker: Dict[str, List[dict]]) -> dict:
     matched = np.zeros(len(dur), bool)
     ent_wait = np.zeros(len(dur))
     ent_transfer = np.zeros(len(dur))
-    wait_by_rank_step: Dict[Tuple[int, int], float] = {}
     straggler_steps = np.zeros(n_ranks, np.int64)
     # Per step with a straggler: (straggler's rank index, 100 * mean wait of the others /
     # mean step time); the median over steps is the wait the rank caused.
     leads: List[Tuple[int, float]] = []
     step_us_of = {(r, s): rows[r]["per_step"]["step_us"][i]
                   for r in range(n_ranks) for i, s in enumerate(rows[r]["per_step"]["steps"])}
-    steps_with_straggler = 0
     common_steps = sorted(set(seg_step))
+    pg_names, ent_pg = np.unique(np.asarray(pg_flat, dtype=object).astype(str), return_inverse=True) \
+        if pg_flat else (np.empty(0, str), np.empty(0, np.int64))
+    ent_pg = ent_pg.reshape(-1)
+    ent_seq = np.asarray(seq_flat, np.int64)
+    declared_groups = _declared_groups(partials, workers)
+    groups = _match_groups(rows, source, pg_names.tolist(), declared_groups, ent_rank, ent_step, ent_pg, ent_seq,
+                           kind, kind_names, dur, byts, seg_rank_a, seg_step_a, common_steps, step_us_of,
+                           matched, ent_wait, ent_transfer, na)
+    wait_by_rank_step: Dict[Tuple[int, int], float] = {}
+    for g in groups:
+        for key, wv in g.pop("_waits").items():
+            wait_by_rank_step[key] = wait_by_rank_step.get(key, 0.0) + wv
+    steps_with_straggler = 0
     for n in common_steps:
-        segs = np.flatnonzero(seg_step_a == n)
-        present = seg_rank_a[segs]
+        present = seg_rank_a[seg_step_a == n]
         if len(present) < 2:
             continue
-        k_max = int(seg_len_a[segs].min())
-        sel = np.flatnonzero(ent_step == n)
-        local = np.full(n_ranks, -1, np.int64)
-        local[present] = np.arange(len(present))
-        waits = np.zeros(len(present))
-        if k_max > 0:
-            sel = sel[ent_pos[sel] < k_max]
-            D = np.empty((len(present), k_max))
-            K = np.empty((len(present), k_max), np.int64)
-            D[local[ent_rank[sel]], ent_pos[sel]] = dur[sel]
-            K[local[ent_rank[sel]], ent_pos[sel]] = kind[sel]
-            same = (K == K[0]).all(axis=0)
-            k_ok = k_max if same.all() else int(np.argmin(same))
-            if k_ok > 0:
-                transfer = D[:, :k_ok].min(axis=0)
-                W = D[:, :k_ok] - transfer
-                waits = W.sum(axis=1)
-                hit = sel[ent_pos[sel] < k_ok]
-                matched[hit] = True
-                ent_transfer[hit] = transfer[ent_pos[hit]]
-                ent_wait[hit] = W[local[ent_rank[hit]], ent_pos[hit]]
-        for r, wv in zip(present.tolist(), waits.tolist()):
-            wait_by_rank_step[(r, n)] = wv
+        waits = np.array([wait_by_rank_step.setdefault((int(r), n), 0.0) for r in present.tolist()])
         if len(waits) and waits.max() > waits.min():
             lowest = np.flatnonzero(waits == waits.min())
             s_local = int(lowest[np.argmin(np.array([rows[present[i]]["rank"] for i in lowest]))])
@@ -262,8 +258,34 @@ def rank_view(results_by_worker: Dict[str, List[dict]]) -> dict:
                      "wait_caused_pct": caused}
     elif has_comm:
         na["ranks.straggler"] = "no step in which the ranks waited different times"
+    # ---- per process group: its straggler and the cause by difference ------------------
+    for g in groups:
+        st = g["straggler"]
+        if st is None:
+            continue
+        p = int(np.flatnonzero(pg_names == g["name"])[0])
+        mine = ent_pg == p
+        comm_of: Dict[Tuple[int, int], float] = {}
+        for r, n, d in zip(ent_rank[mine].tolist(), ent_step[mine].tolist(), dur[mine].tolist()):
+            comm_of[(r, n)] = comm_of.get((r, n), 0.0) + d
+        idx, members = st.pop("_index"), st.pop("_members")
+        st["cause"] = straggler_cause(idx, members, st["late_steps"], rows, activity, comm_of, g["kinds"]) \
+            if _real_straggler(st) else None
+        st["sentence"] = (f"{g['label']}: rank {st['rank']} is late in {st['late_pct']:.0f}% of its "
+                          f"{'/'.join(k.replace('_', '-') for k in g['kinds'])}s ({st['late_calls']} of "
+                          f"{st['of_calls']} matched calls; the straggler in {st['steps']} of {st['of_steps']} steps)"
+                          if st["late_pct"] is not None else f"{g['label']}: rank {st['rank']}")
+    if straggler is not None and _real_straggler(straggler):
+        top_i = next(i for i, r in enumerate(rows) if r["worker"] == straggler["worker"])
+        comm_all: Dict[Tuple[int, int], float] = {}
+        for r, n, d in zip(ent_rank.tolist(), ent_step.tolist(), dur.tolist()):
+            comm_all[(r, n)] = comm_all.get((r, n), 0.0) + d
+        late_at = [n for n in common_steps if _straggler_of_step(n, seg_rank_a, seg_step_a, wait_by_rank_step,
+                                                                  rows) == top_i]
+        view["straggler_cause"] = straggler_cause(top_i, list(range(n_ranks)), late_at, rows, activity,
+                                                  comm_all, [str(k) for k in kind_names.tolist()])
     view.update(available=True, ranks=rows, steps=common_steps, collectives=collectives,
-                imbalance_pct=imbalance, straggler=straggler)
+                imbalance_pct=imbalance, straggler=straggler, process_groups=groups)
     view["collective_bandwidth"] = _collective_bandwidth(workers, rank_of, results_by_worker, na)
     # one common step is no pattern: neither "holds the others back in 1 of 1 steps" nor an
     # imbalance banner is said from it (METRICS.md §9, MIN_STEPS_TO_COMPARE)
@@ -287,9 +309,262 @@ def rank_view(results_by_worker: Dict[str, List[dict]]) -> dict:
         view["flagged"] = True
         view["recommendation"] = _recommendation(row, straggler if straggler_fires else None, imbalance,
                                                  results_by_worker[worker], compute)
+        cause = view.get("straggler_cause")
+        if straggler_fires and cause and cause.get("activity"):
+            rec = view["recommendation"]
+            rec["difference"] = {k: cause[k] for k in ("activity", "diff_us", "hidden_compute", "sentence")}
+            rec["action"] = f"Why it is late: {cause['sentence']}. " + rec["action"]
+            rec["evidence"] = [cause["sentence"]] + list(rec.get("evidence") or [])
     # Plain JSON already: partials hold finite Python floats (span_partial), sums and
     # ratios of them are guarded against zero denominators.
     return view
+
+
+UNKNOWN_PG = "unknown"
+# Unmatched sequence numbers listed per group (the count is always complete).
+MAX_UNMATCHED_LISTED = 20
+
+
+def _declared_groups(partials: Dict[str, List[dict]], workers: List[str]) -> Dict[str, dict]:
+    """Process group name -> {desc, size, ranks} over every rank's partial (the first that
+    says each)."""
+    out: Dict[str, dict] = {}
+    for w in workers:
+        for p in partials[w]:
+            for g in p.get("process_groups") or []:
+                if not isinstance(g, dict) or g.get("name") is None:
+                    continue
+                row = out.setdefault(str(g["name"]), {"desc": None, "size": None, "ranks": None})
+                for k in ("desc", "size", "ranks"):
+                    if row[k] is None and g.get(k) is not None:
+                        row[k] = g[k]
+    return out
+
+
+def _ranks_words(ranks: List[int]) -> str:
+    """[0, 1, 2, 3] -> '0-3'; [0, 2, 4] -> '0,2,4'."""
+    if not ranks:
+        return "?"
+    rs = sorted(ranks)
+    if rs == list(range(rs[0], rs[-1] + 1)) and len(rs) > 2:
+        return f"{rs[0]}-{rs[-1]}"
+    return ",".join(str(r) for r in rs)
+
+
+def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pg, ent_seq, kind, kind_names, dur,
+                  byts, seg_rank, seg_step, common_steps, step_us_of, matched, ent_wait, ent_transfer,
+                  na) -> List[dict]:
+    """The collectives matched across the ranks of each process group (METRICS.md §12
+    "Process groups"): per group and step, by sequence number where every call carries one,
+    else by position among the rank's calls of that group in the step, with the same kind and
+    size on every rank (matching by position stops at the first call that differs). Fills
+    ``matched``, ``ent_wait``, ``ent_transfer`` (per entry) and returns one row per group with
+    its straggler; ``_waits``: {(rank index, step): wait in the group's matched calls}."""
+    n_ranks = len(rows)
+    index_of_rank = {r["rank"]: i for i, r in enumerate(rows)}
+    has_step = {}
+    for r, n in zip(seg_rank.tolist(), seg_step.tolist()):
+        has_step.setdefault(n, set()).add(r)
+    out = []
+    for p, name in enumerate(pg_names):
+        mine = ent_pg == p
+        conf = declared.get(name) or {}
+        conf_ranks = conf.get("ranks") if isinstance(conf.get("ranks"), list) else None
+        seen = set(np.unique(ent_rank[mine]).tolist())
+        if name == UNKNOWN_PG:
+            members = set(range(n_ranks))
+        elif conf_ranks and source == "distributed_info":
+            members = {index_of_rank[r] for r in conf_ranks if r in index_of_rank} | seen
+        else:
+            members = seen
+        missing = sorted(r for r in conf_ranks if r not in index_of_rank) if conf_ranks and \
+            source == "distributed_info" else []
+        late = np.zeros(n_ranks, np.int64)  # matched calls in which the rank arrived last
+        late_steps = np.zeros(n_ranks, np.int64)
+        leads: List[Tuple[int, float]] = []
+        waits: Dict[Tuple[int, int], float] = {}
+        late_step_list: Dict[int, List[int]] = {}
+        of_calls = of_steps = 0
+        by_seq = by_order = False
+        unmatched_seqs: List[int] = []
+        idx_p = np.flatnonzero(mine)
+        for n in common_steps:
+            present = np.array(sorted(members & has_step.get(n, set())), np.int64)
+            sel = idx_p[ent_step[idx_p] == n]
+            if len(present) < 2:
+                continue
+            sel = sel[np.isin(ent_rank[sel], present)]
+            local = np.full(n_ranks, -1, np.int64)
+            local[present] = np.arange(len(present))
+            w = np.zeros(len(present))
+            if len(sel):
+                seq = ent_seq[sel]
+                if (seq >= 0).all():
+                    by_seq = True
+                    cols, col = np.unique(seq, return_inverse=True)
+                    col = col.reshape(-1)
+                else:
+                    by_order = True
+                    # position among the rank's calls of this group in this step (sel is in entry order)
+                    o = np.argsort(ent_rank[sel], kind="stable")
+                    rr = ent_rank[sel][o]
+                    first = np.r_[True, rr[1:] != rr[:-1]]
+                    starts = np.flatnonzero(first)
+                    col = np.empty(len(sel), np.int64)
+                    col[o] = np.arange(len(sel)) - np.repeat(starts, np.diff(np.r_[starts, len(sel)]))
+                    cols = np.arange(col.max() + 1)
+                D = np.full((len(present), len(cols)), np.nan)
+                K = np.full((len(present), len(cols)), -1, np.int64)
+                B = np.full((len(present), len(cols)), np.nan)
+                li = local[ent_rank[sel]]
+                D[li, col] = dur[sel]
+                K[li, col] = kind[sel]
+                B[li, col] = byts[sel]
+                have = ~np.isnan(D).any(axis=0)
+                same_kind = (K == K[0]).all(axis=0)
+                with np.errstate(all="ignore"):
+                    bmax, bmin = np.nanmax(np.where(np.isnan(B), -np.inf, B), axis=0), \
+                        np.nanmin(np.where(np.isnan(B), np.inf, B), axis=0)
+                same_size = ~np.isfinite(bmax) | ~np.isfinite(bmin) | (bmax == bmin)
+                ok = have & same_kind & same_size
+                if not (seq >= 0).all():
+                    ok = np.cumprod(ok).astype(bool)  # order matching stops at the first mismatch
+                else:
+                    unmatched_seqs.extend(int(q) for q in cols[~ok].tolist())
+                if ok.any():
+                    transfer = np.nanmin(D[:, ok], axis=0)
+                    W = D[:, ok] - transfer
+                    w = W.sum(axis=1)
+                    hit = sel[ok[col]]
+                    matched[hit] = True
+                    col_pos = np.cumsum(ok) - 1
+                    ent_transfer[hit] = transfer[col_pos[col[ok[col]]]]
+                    ent_wait[hit] = W[li[ok[col]], col_pos[col[ok[col]]]]
+                    # the rank that arrived last: the shortest duration (ties: the lowest rank)
+                    spread = D[:, ok].max(axis=0) > transfer
+                    last = np.argmin(D[:, ok], axis=0)
+                    np.add.at(late, present[last[spread]], 1)
+                    of_calls += int(ok.sum())
+            for r, wv in zip(present.tolist(), w.tolist()):
+                waits[(r, n)] = wv
+            if len(w) and w.max() > w.min():
+                lowest = np.flatnonzero(w == w.min())
+                s_local = int(lowest[np.argmin([rows[present[i]]["rank"] for i in lowest])])
+                s_rank = int(present[s_local])
+                late_steps[s_rank] += 1
+                late_step_list.setdefault(s_rank, []).append(n)
+                of_steps += 1
+                base = float(np.mean([step_us_of[(int(r), n)] for r in present]))
+                leads.append((s_rank, 100.0 * float(np.delete(w, s_local).mean()) / base if base > 0 else 0.0))
+        calls = int(mine.sum())
+        m_calls = int((matched & mine).sum())
+        ranks_declared = sorted(conf_ranks) if conf_ranks else None
+        ranks_present = sorted(rows[i]["rank"] for i in members)
+        label_ranks = ranks_declared or ranks_present
+        desc = conf.get("desc")
+        row = {"name": name, "desc": desc,
+               "label": f"{desc or ('process group ' + name)} (ranks {_ranks_words(label_ranks)})",
+               "size": conf.get("size") or (len(conf_ranks) if conf_ranks else len(members) or None),
+               "ranks": ranks_declared, "ranks_present": ranks_present, "missing_ranks": missing,
+               "kinds": sorted({str(kind_names[k]) for k in np.unique(kind[mine]).tolist()}),
+               "match_by": "seq" if by_seq and not by_order else ("order" if by_order and not by_seq else
+                                                                  ("seq_and_order" if by_seq else None)),
+               "calls": calls, "matched_calls": m_calls, "unmatched_calls": calls - m_calls,
+               "unmatched_seqs": sorted(set(unmatched_seqs))[:MAX_UNMATCHED_LISTED],
+               "straggler": None, "_waits": waits}
+        if missing:
+            na[f"ranks.process_groups.{name}"] = (
+                f"no trace for rank(s) {', '.join(map(str, missing))} of {row['label']}: its calls are matched "
+                f"over the {len(ranks_present)} ranks present")
+        if of_steps:
+            top = int(np.argmax(late_steps))
+            caused = float(np.median([lead if r == top else 0.0 for r, lead in leads]))
+            row["straggler"] = {"rank": rows[top]["rank"], "worker": rows[top]["worker"],
+                                "late_calls": int(late[top]), "of_calls": of_calls,
+                                "late_pct": 100.0 * late[top] / of_calls if of_calls else None,
+                                "steps": int(late_steps[top]), "of_steps": of_steps,
+                                "wait_caused_pct": caused, "late_steps": late_step_list.get(top, []),
+                                "_index": top, "_members": sorted(members)}
+        out.append(row)
+    out.sort(key=lambda g: (-(g["calls"] or 0), g["name"]))
+    return out
+
+
+# The activities a cause is named from (analysis/distributed.ACTIVITY), in words.
+CAUSE_WORDS = {
+    "dataloader_us": "in the DataLoader",
+    "h2d_us": "in host-to-device copies",
+    "sync_us": "in host synchronisation (cuda*Synchronize/blocking copies)",
+    "compute_forward_us": "computing outside backward and the optimizer (forward)",
+    "compute_backward_us": "computing backward",
+    "compute_optimizer_us": "in the optimizer step",
+    "host_gap_us": "with its host idle (host gaps: no op running)",
+}
+COMPUTE_ACTIVITIES = ("compute_forward_us", "compute_backward_us", "compute_optimizer_us")
+
+
+def straggler_cause(rank_index: int, members: List[int], steps: List[int], rows: List[dict],
+                    activity: Dict[Tuple[int, int], dict], comm_of: Dict[Tuple[int, int], float],
+                    kinds: List[str]) -> Optional[dict]:
+    """What the straggler did more than the other ranks of its group (METRICS.md §12 "The
+    straggler's cause by difference"): per step where it was late, each activity's µs on the
+    straggler minus the median over the other members; the median over those steps (one
+    descheduled step of a busy host does not make a cause)."""
+    others = [m for m in members if m != rank_index]
+    use = [n for n in steps if (rank_index, n) in activity and all((m, n) in activity for m in others)]
+    if not others or not use:
+        return None
+    keys = [k for k in CAUSE_WORDS if all(k in activity[(rank_index, n)] for n in use)]
+    diff, own, med = {}, {}, {}
+    for k in keys:
+        mine = np.array([activity[(rank_index, n)][k] for n in use])
+        theirs = np.array([np.median([activity[(m, n)][k] for m in others]) for n in use])
+        diff[k], own[k], med[k] = float(np.median(mine - theirs)), float(np.median(mine)), float(np.median(theirs))
+    step_med = float(np.median([np.median([rows[m]["per_step"]["step_us"][rows[m]["per_step"]["steps"].index(n)]
+                                           for m in members]) for n in use]))
+    comm_own = float(np.median([comm_of.get((rank_index, n), 0.0) for n in use]))
+    comm_med = float(np.median([np.median([comm_of.get((m, n), 0.0) for m in others]) for n in use]))
+    top = max(diff, key=lambda k: diff[k]) if diff else None
+    named = top is not None and step_med > 0 and 100.0 * diff[top] / step_med >= T.STRAGGLER_CAUSE_MIN_PCT
+    r = rows[rank_index]["rank"]
+    out = {"rank": r, "steps": use, "diff_us_per_step": diff, "straggler_us_per_step": own,
+           "median_others_us_per_step": med, "step_us": step_med, "activity": top if named else None,
+           "diff_us": diff[top] if named else None, "comm_us_per_step": comm_own,
+           "median_others_comm_us_per_step": comm_med, "hidden_compute": False}
+    if named:
+        out["sentence"] = (f"rank {r} spends {diff[top] / 1000:.1f} ms more per step {CAUSE_WORDS[top]} than the "
+                           f"median of the other ranks of its group ({own[top] / 1000:.1f} vs {med[top] / 1000:.1f} ms)")
+        if top in COMPUTE_ACTIVITIES and comm_own < comm_med:
+            what = "/".join(k.replace("_", "-") for k in kinds) or "collective"
+            out["hidden_compute"] = True
+            out["sentence"] += (f": a compute straggler hidden by the {what}: its own {what} time looks short "
+                                f"({comm_own / 1000:.1f} vs {comm_med / 1000:.1f} ms per step) because it arrives "
+                                f"last and waits for no one")
+    else:
+        out["sentence"] = (f"no activity of rank {r} exceeds the other ranks' median by "
+                           f"{T.STRAGGLER_CAUSE_MIN_PCT:g}% of a step (DataLoader, copies, sync, compute, host gaps)")
+    return out
+
+
+def _real_straggler(st: dict) -> bool:
+    """A straggler worth a cause: late in STRAGGLER_STEP_SHARE_PCT of the steps that have one,
+    the others waiting STRAGGLER_MIN_WAIT_PCT of a step for it (the straggler rule's test)."""
+    share = st.get("share_pct")
+    if share is None and st.get("of_steps"):
+        share = 100.0 * st["steps"] / st["of_steps"]
+    return (share or 0.0) >= T.STRAGGLER_STEP_SHARE_PCT and (st.get("wait_caused_pct") or 0.0) >= \
+        T.STRAGGLER_MIN_WAIT_PCT
+
+
+def _straggler_of_step(n, seg_rank, seg_step, wait_by_rank_step, rows) -> Optional[int]:
+    """The rank index that waited least in step n (ties: the lowest rank), None without one."""
+    present = seg_rank[seg_step == n].tolist()
+    if len(present) < 2:
+        return None
+    waits = [wait_by_rank_step.get((r, n), 0.0) for r in present]
+    if max(waits) <= min(waits):
+        return None
+    return min((w, rows[r]["rank"], r) for w, r in zip(waits, present))[2]
 
 
 def straggler_gap(rows: List[dict], na: Dict[str, str], enough: bool = True) -> dict:
@@ -543,6 +818,19 @@ def format_ranks_text(view: dict, indent: str = "") -> str:
         lines.append(f"{indent}  {c['kind']}: {c['calls']} calls{size}, {c['total_us'] / 1000:.2f} ms "
                      f"(transfer {c['transfer_us'] / 1000:.2f} ms, wait {c['wait_us'] / 1000:.2f} ms"
                      + (f", {c['unmatched_calls']} unmatched" if c.get("unmatched_calls") else "") + ")")
+    for g in view.get("process_groups") or []:
+        st = g.get("straggler")
+        head = (f"{indent}  group {g['label']}: {g['calls']} calls, {g['matched_calls']} matched"
+                + (f" by {g['match_by']}" if g.get("match_by") else "")
+                + (f", {g['unmatched_calls']} unmatched" if g.get("unmatched_calls") else "")
+                + (f" (Seq {', '.join(map(str, g['unmatched_seqs']))})" if g.get("unmatched_seqs") else "")
+                + (f"; no trace for rank(s) {', '.join(map(str, g['missing_ranks']))}" if g.get("missing_ranks")
+                   else ""))
+        lines.append(head)
+        if st:
+            lines.append(f"{indent}    {st['sentence']}")
+            if st.get("cause"):
+                lines.append(f"{indent}    cause: {st['cause']['sentence']}")
     cb = view.get("collective_bandwidth") or {}
     link = cb.get("link") or {}
     for g in (cb.get("groups") or [])[:12]:
