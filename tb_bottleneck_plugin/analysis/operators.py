@@ -327,8 +327,6 @@ def _op_instances(trace: TraceData, nesting: Optional[Dict[str, np.ndarray]] = N
     linking.op_calls(trace), when the caller has them. ``flop_per_op``: the flops unit's
     sparse per-op columns (flops._per_op; an op merged into its parent adds to the parent's),
     returned as ``flop_rows`` (kept rows) and each field's values there."""
-    from . import linking, tensor_cores
-
     cpu = trace.cpu
     nest = op_nesting(trace) if nesting is None else nesting
     rows, ts, dur = nest["rows"], nest["ts"], nest["dur"]
@@ -339,33 +337,10 @@ def _op_instances(trace: TraceData, nesting: Optional[Dict[str, np.ndarray]] = N
     parent = np.where(parent >= 0, alias[np.maximum(parent, 0)], -1)
     child = np.flatnonzero((parent >= 0) & ~merged)
     self_t = dur - np.bincount(parent[child], weights=dur[child], minlength=n) if n else dur.copy()
-    gpu = np.zeros(n)
-    gpu_self = np.zeros(n)
-    tc = np.zeros(n)
+    gpu = gpu_self = tc = np.zeros(n)
     if n and len(trace.runtime):
-        local = np.full(len(cpu), -1, np.int64)
-        local[rows] = np.arange(n)
-        op, call = linking.calls_inside(trace, rows, among=op_calls)
-        op = local[op]
-        # the innermost op around each call (the deepest of its enclosing ops; a merged
-        # op's calls belong to the op it was merged into)
-        best = linking.first_per_call(op, call, len(trace.runtime), (-depth,))
-        inner_call = np.flatnonzero(best >= 0)
-        inner_op = alias[best[inner_call]]
-        op, call = op[~merged[op]], call[~merged[op]]
-        rt_dur = np.maximum(np.nan_to_num(trace.runtime.dur, nan=0.0), 0.0)
-        self_t -= np.bincount(inner_op, weights=rt_dur[inner_call], minlength=n)
-        gpu_rt = linking.gpu_runtime_index(trace) if gpu_runtime is None else gpu_runtime
-        linked = np.flatnonzero(gpu_rt >= 0)
-        if len(linked) and len(call):
-            g_dur = np.maximum(np.nan_to_num(trace.gpu.dur, nan=0.0), 0.0)
-            tc_mask = tensor_cores.tensor_core_kernel_mask(trace)
-            per_call = np.bincount(gpu_rt[linked], weights=g_dur[linked], minlength=len(trace.runtime))
-            per_call_tc = np.bincount(gpu_rt[linked], weights=np.where(tc_mask[linked], g_dur[linked], 0.0),
-                                      minlength=len(trace.runtime))
-            gpu = np.bincount(op, weights=per_call[call], minlength=n)
-            tc = np.bincount(op, weights=per_call_tc[call], minlength=n)
-            gpu_self = np.bincount(inner_op, weights=per_call[inner_call], minlength=n)
+        gpu, gpu_self, tc, rt_self = _launched_times(trace, rows, depth, alias, merged, gpu_runtime, op_calls)
+        self_t -= rt_self
     keep = ~merged
     out = {"rows": rows[keep], "ts": ts[keep], "total": dur[keep], "self": np.maximum(self_t, 0.0)[keep],
            "gpu": gpu[keep], "gpu_self": gpu_self[keep], "tc": tc[keep], "depth": depth[keep]}
@@ -379,6 +354,46 @@ def _op_instances(trace: TraceData, nesting: Optional[Dict[str, np.ndarray]] = N
         for f, v in flop_per_op["fields"].items():
             out[f] = np.bincount(at.reshape(-1), weights=v, minlength=len(targets))
     return out
+
+
+def _launched_times(trace: TraceData, rows, depth, alias, merged, gpu_runtime, op_calls):
+    """Per op of ``rows``: the GPU time it launched (itself and through its descendants),
+    the part its own runtime calls launched, the Tensor Core part, and the time of the
+    runtime calls it made directly (subtracted from its self time). Apart from
+    ``_op_instances`` so that its temporaries are gone before the view is built."""
+    from . import linking, tensor_cores
+
+    cpu = trace.cpu
+    n = len(rows)
+    gpu = np.zeros(n)
+    gpu_self = np.zeros(n)
+    tc = np.zeros(n)
+    local = np.full(len(cpu), -1, np.int64)
+    local[rows] = np.arange(n)
+    op, call = linking.calls_inside(trace, rows, among=op_calls)
+    op = local[op]
+    del local
+    # the innermost op around each call (the deepest of its enclosing ops; a merged
+    # op's calls belong to the op it was merged into)
+    best = linking.first_per_call(op, call, len(trace.runtime), (-depth,))
+    inner_call = np.flatnonzero(best >= 0)
+    inner_op = alias[best[inner_call]]
+    del best
+    op, call = op[~merged[op]], call[~merged[op]]
+    rt_dur = np.maximum(np.nan_to_num(trace.runtime.dur, nan=0.0), 0.0)
+    rt_self = np.bincount(inner_op, weights=rt_dur[inner_call], minlength=n)
+    gpu_rt = linking.gpu_runtime_index(trace) if gpu_runtime is None else gpu_runtime
+    linked = np.flatnonzero(gpu_rt >= 0)
+    if len(linked) and len(call):
+        g_dur = np.maximum(np.nan_to_num(trace.gpu.dur, nan=0.0), 0.0)
+        tc_mask = tensor_cores.tensor_core_kernel_mask(trace)
+        per_call = np.bincount(gpu_rt[linked], weights=g_dur[linked], minlength=len(trace.runtime))
+        per_call_tc = np.bincount(gpu_rt[linked], weights=np.where(tc_mask[linked], g_dur[linked], 0.0),
+                                  minlength=len(trace.runtime))
+        gpu = np.bincount(op, weights=per_call[call], minlength=n)
+        tc = np.bincount(op, weights=per_call_tc[call], minlength=n)
+        gpu_self = np.bincount(inner_op, weights=per_call[inner_call], minlength=n)
+    return gpu, gpu_self, tc, rt_self
 
 
 def _merged_into(parent, name, kind) -> np.ndarray:
@@ -450,16 +465,22 @@ def operator_view(trace: TraceData, steps: Steps, span=None) -> dict:
     jc = np.maximum(j, 0)
     inside = (j >= 0) & (ts < hi[jc])
     keep = np.flatnonzero(inside)
-    step = order[jc[keep]]
+    # the (step, name, dims, types) key written in place, and each temporary dropped once
+    # read: this view runs last, on top of every cached column of the span (peak memory)
     cpu = trace.cpu
-    name = cpu.name[rows[keep]].astype(np.int64)
-    dims = cpu.input_dims[rows[keep]].astype(np.int64)
-    types = cpu.input_types[rows[keep]].astype(np.int64)
-    out["record_shapes"] = bool((dims >= 0).any())
-    key = np.stack([step, name, dims, types], 1)
+    kept_rows = rows[keep]
+    key = np.empty((len(keep), 4), np.int64)
+    key[:, 0] = order[jc[keep]]
+    del j, jc, inside
+    key[:, 1] = cpu.name[kept_rows]
+    key[:, 2] = cpu.input_dims[kept_rows]
+    key[:, 3] = cpu.input_types[kept_rows]
+    del kept_rows
+    out["record_shapes"] = bool((key[:, 2] >= 0).any())
     if len(key) == 0:
         return out
     uniq, inv = _unique_rows(key)
+    del key
     inv = inv.reshape(-1)
     k = len(uniq)
     sums = {"calls": np.bincount(inv, minlength=k).astype(np.float64),
@@ -475,6 +496,7 @@ def operator_view(trace: TraceData, steps: Steps, span=None) -> dict:
     for f in FLOP_FIELDS:
         sums[f] = (np.bincount(flop_group[in_view], weights=inst[f][in_view], minlength=k) if f in inst
                    else np.zeros(k))
+    del inst, group_of, inv, keep, rows, ts
     # inputs: one id per distinct (dims, types) pair
     pairs, input_idx = _unique_rows(uniq[:, 2:])
     input_idx = input_idx.reshape(-1)
