@@ -86,6 +86,7 @@ export function renderRanksPanel(view, {selectedWorker = null, onPick = null, lo
       sub("Ranks", renderRankTable(rows, {selectedWorker, onPick,
         flaggedWorker: view.flagged && view.recommendation ? view.recommendation.worker : null})),
       sub("Collectives", renderCollectives(view.collectives || [])),
+      sub("Process groups", renderGroups(view.process_groups || [])),
       sub("Collective bandwidth against the link", rankCollectivesSection(view)));
     if (loadReports) children.push(renderRankCards(view, rows, loadReports));
   }
@@ -504,4 +505,36 @@ function renderCollectives(colls) {
     h("thead", {}, h("tr", {}, COLL_COLS.map((c) => h("th", {class: c.text ? null : "num"}, c.label)))),
     h("tbody", {}, colls.map((row) => h("tr", {}, COLL_COLS.map((c) => h("td", {class: [c.text ? null : "num", `col-${c.key}`]},
       c.fmt(row[c.key])))))));
+}
+
+// One row per process group (ranks.py process_groups, METRICS.md §12 "Process groups"): its calls
+// matched across its ranks, its straggler and the server's sentence for the cause by difference.
+const GROUP_COLS = [
+  {key: "label", label: "Group", text: true, fmt: (v) => String(v == null ? "" : v)},
+  {key: "kinds", label: "Collectives", text: true, fmt: (v) => (Array.isArray(v) ? v.join(", ") : "")},
+  {key: "calls", label: "Calls", fmt: fmtCount},
+  {key: "matched_calls", label: "Matched", fmt: fmtCount},
+  {key: "unmatched_calls", label: "Unmatched", fmt: fmtCount},
+  {key: "match_by", label: "Matched by", text: true, fmt: (v) => (v == null ? "n/a" : String(v))},
+];
+
+function renderGroups(groups) {
+  if (!groups.length) return h("p", {class: "note muted"}, "No collectives in the ranks' steps.");
+  const table = h("table", {class: "grid-table groups-table"},
+    h("thead", {}, h("tr", {}, GROUP_COLS.map((c) => h("th", {class: c.text ? null : "num"}, c.label)))),
+    h("tbody", {}, groups.map((g) => h("tr", {}, GROUP_COLS.map((c) => h("td", {class: [c.text ? null : "num", `col-${c.key}`]},
+      c.fmt(g[c.key])))))));
+  const notes = [];
+  for (const g of groups) {
+    const st = g.straggler;
+    if (st && st.sentence) notes.push(h("p", {class: "note group-straggler"}, String(st.sentence)));
+    if (st && st.cause && st.cause.sentence) notes.push(h("p", {class: "note group-cause"}, `Why: ${st.cause.sentence}`));
+    if (Array.isArray(g.unmatched_seqs) && g.unmatched_seqs.length) {
+      notes.push(h("p", {class: "note muted"}, `${g.label}: sequence numbers not seen on every rank: ${g.unmatched_seqs.join(", ")}`));
+    }
+    if (Array.isArray(g.missing_ranks) && g.missing_ranks.length) {
+      notes.push(h("p", {class: "note muted"}, `${g.label}: no trace for rank(s) ${g.missing_ranks.join(", ")}`));
+    }
+  }
+  return h("div", {}, table, ...notes);
 }
