@@ -234,3 +234,31 @@ def test_demo_straggler_cause_matches_the_demo_settings():
     balanced = _view(DEMO_LOGS, "ddp_balanced_2rank")
     assert balanced["straggler_cause"] is None
     assert all(g["straggler"] is None or g["straggler"]["cause"] is None for g in balanced["process_groups"])
+
+
+def test_busbw_per_group(tmp_path):
+    """collective_bandwidth per process group: each tp group's 4 calls (Seq 2-5) matched over
+    its two ranks; transfer = the shorter duration, 10 ms; 1024 floats = 4096 B, factor
+    2(n-1)/n = 1 for n = 2: busbw = 4096 B / 10 ms = 4.096e-4 GB/s."""
+    view = _view(_write_run(tmp_path), "tp4")
+    rows = {g["process_group"]: g for g in view["collective_bandwidth"]["groups"]}
+    assert set(rows) == {"tp01", "tp23"}
+    for g in rows.values():
+        assert (g["calls"], g["matched_calls"], g["group_size"], g["bytes_per_call"]) == (4, 4, 2, 4096.0)
+        assert g["transfer_us"] == pytest.approx(4 * 10 * MS)
+        assert g["busbw_gbps"] == pytest.approx(4096 / (10 * MS) / 1e3)
+
+
+def test_run_table_needs_the_same_size_on_every_rank():
+    """Two ranks, one group, no Seq: call 0 has 4096 B on both (matched); call 1 has 4096 B on
+    rank 0 and 8192 B on rank 1 (not the same call: unmatched)."""
+    from tb_bottleneck_plugin.analysis import collectives as C
+
+    def rows(b1, d):
+        return {"kind": ["all_reduce"] * 2, "process_group": ["0"] * 2, "seq": [None] * 2, "step": [1, 1],
+                "bytes": [4096.0, b1], "dur_us": d, "group_size": [2, 2], "bus_factor": [1.0, 1.0]}
+
+    table = C.run_table([rows(4096.0, [10.0, 20.0]), rows(8192.0, [30.0, 5.0])])
+    assert (table["calls"], table["matched_calls"], table["unmatched_calls"]) == (2, 1, 1)
+    (g,) = table["groups"]
+    assert g["transfer_us"] == 10.0 and g["bytes"] == 4096.0
