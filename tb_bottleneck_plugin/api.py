@@ -8,7 +8,7 @@
     rep                                         # in Jupyter: the headline cards and recommendations
     rep.cards["input_bound"]["value"]           # the server's verdicts (report["verdicts"])
     rep.recommendations                         # most important first
-    rep.steps_df(); rep.kernels_df(); rep.operators_df(); rep.memory_df(); rep.ranks_df()
+    rep.steps_df(); rep.kernels_df(); rep.operators_df(); rep.memory_df(); rep.ranks_df(); rep.groups_df()
     rep.to_dict()                               # exactly what `tb-bottlenecks report PATH --json` prints
     rep.write_html("report.html")               # the single-file HTML report (`report --html`)
     compare("runs/baseline", "runs/num_workers_4").metrics_df()  # `tb-bottlenecks diff`
@@ -291,6 +291,26 @@ class Report:
             for row in (((entry or {}).get("ranks") or {}).get("ranks") or []):
                 rows.append({"run": run, **{k: v for k, v in row.items() if not isinstance(v, (dict, list))}})
         return self._frame(rows, ("run", "rank", "worker"))
+
+    def groups_df(self):
+        """One row per process group of each multi-worker run (METRICS.md §12 "Process
+        groups"): its calls, how they were matched, its straggler, how often it was late and
+        the cause by difference (``cause``: the server's sentence; ``cause_activity``,
+        ``cause_diff_us``: the activity and its difference per step)."""
+        rows = []
+        for run, _, entry in self._run_reports():
+            for g in (((entry or {}).get("ranks") or {}).get("process_groups") or []):
+                st = g.get("straggler") or {}
+                cause = st.get("cause") or {}
+                rows.append({"run": run, "group": g.get("name"), "label": g.get("label"), "size": g.get("size"),
+                             "calls": g.get("calls"), "matched_calls": g.get("matched_calls"),
+                             "unmatched_calls": g.get("unmatched_calls"), "match_by": g.get("match_by"),
+                             "missing_ranks": g.get("missing_ranks"), "straggler_rank": st.get("rank"),
+                             "late_pct": st.get("late_pct"), "wait_caused_pct": st.get("wait_caused_pct"),
+                             "straggler": st.get("sentence"), "cause": cause.get("sentence"),
+                             "cause_activity": cause.get("activity"), "cause_diff_us": cause.get("diff_us"),
+                             "hidden_compute": cause.get("hidden_compute")})
+        return self._frame(rows, ("run", "group"))
 
     def _section_rows(self, section: str, table: str, key_name: Optional[str] = None):
         """Rows of ``report[section][table]`` per run (a list of dicts, or a dict keyed by

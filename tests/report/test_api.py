@@ -100,6 +100,24 @@ def test_kernels_memory_ranks_df_are_the_cli_numbers(logdir):
     assert len(ranks) == 2 and set(kernels["run"]) == {"resnet50_v100_nw0"}  # the CPU demo runs have no kernels
 
 
+def test_groups_df_names_each_group_straggler_and_cause(logdir):
+    """groups_df: one row per process group of the multi-worker runs, the CLI's --json
+    ranks.process_groups (issue 37): the demo straggler's group names rank 1 and the DataLoader."""
+    cli, rep = logdir
+    groups = rep.groups_df()
+    want = [(entry["run"], g) for entry in cli["runs"] for g in (entry.get("ranks") or {}).get("process_groups") or []]
+    assert len(groups) == len(want) > 0
+    for i, (run, g) in enumerate(want):
+        row = groups.iloc[i]
+        assert (row["run"], row["group"], row["calls"]) == (run, g["name"], g["calls"])
+        st = g["straggler"] or {}
+        assert _same(st.get("rank"), row["straggler_rank"])
+        assert _same((st.get("cause") or {}).get("sentence"), row["cause"])
+    slow = groups[groups["run"] == "ddp_straggler_2rank"].iloc[0]
+    assert slow["straggler_rank"] == 1 and slow["cause_activity"] == "dataloader_us"
+    assert slow["cause"].startswith("rank 1 spends 1")
+
+
 def test_operators_df_is_the_operator_view(logdir):
     from tb_bottleneck_plugin.analysis import operators
 
