@@ -441,6 +441,7 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
     k = np.searchsorted(hs_s, ts, side="right") - 1
     inside = (k >= 0) & (ts < he_s[np.maximum(k, 0)])
     step_of = np.where(inside, order[np.maximum(k, 0)], -1)
+    del ts, k, inside  # arrays over every op: this unit's temporaries set the span's peak memory
 
     dec = _Decoder(trace)
     has_shape = cpu.input_dims[rows] >= 0
@@ -543,6 +544,7 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
     f_bytes = c_bytes[pos[f_idx]]
     f_prec = c_prec[pos[f_idx]]
     f_cls = c_cls[pos[f_idx]]
+    del pos
 
     # byte-only ops: shaped, not a FLOP op nor an ancestor of one, no shaped child below
     shaped = has_shape & ~is_flop_name & ~anc
@@ -584,8 +586,10 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
             byte_only = np.zeros(len(cpu), bool)
             byte_only[rows[e_idx]] = True
             best = linking.first_per_call(op, call, len(trace.runtime), (-cpu.ts, byte_only))
+            del op, call, sel, byte_only
             got = best >= 0
             call_owner[got] = idx_of_row[best[got]]
+            del best, got, idx_of_row
         linked = is_k & (rt_of >= 0)
         owner[linked] = call_owner[rt_of[linked]]
     kdur = np.where(is_k, np.nan_to_num(gpu.dur, nan=0.0), 0.0)
