@@ -144,9 +144,8 @@ def rank_view(results_by_worker: Dict[str, List[dict]]) -> dict:
             kinds_flat.extend(coll.get("kind") or [])
             durs_flat.extend(coll.get("dur_us") or [])
             bytes_flat.extend(coll.get("bytes") or [None] * n)
-            pgs = coll.get("pg") or [None] * n
-            pg_flat.extend(UNKNOWN_PG if g is None else str(g) for g in pgs)
-            seq_flat.extend(-1 if q is None else int(q) for q in (coll.get("seq") or [None] * n))
+            pg_flat.extend(coll.get("pg") or [None] * n)  # None: the group "unknown" (below)
+            seq_flat.extend(coll.get("seq") or [None] * n)
             if isinstance(s.get("activity"), dict):
                 activity[(ri, int(s["step"]))] = s["activity"]
             seg_rank.append(ri)
@@ -174,27 +173,43 @@ def rank_view(results_by_worker: Dict[str, List[dict]]) -> dict:
     # Per step with a straggler: (straggler's rank index, 100 * mean wait of the others /
     # mean step time); the median over steps is the wait the rank caused.
     leads: List[Tuple[int, float]] = []
-    step_us_of = {(r, s): rows[r]["per_step"]["step_us"][i]
-                  for r in range(n_ranks) for i, s in enumerate(rows[r]["per_step"]["steps"])}
     common_steps = sorted(set(seg_step))
-    pg_names, ent_pg = np.unique(np.asarray(pg_flat, dtype=object).astype(str), return_inverse=True) \
-        if pg_flat else (np.empty(0, str), np.empty(0, np.int64))
-    ent_pg = ent_pg.reshape(-1)
-    ent_seq = np.asarray(seq_flat, np.int64)
+    # step time per (rank index, step column of common_steps); a (rank, step) seen twice keeps the last
+    step_us_of = np.full((n_ranks, len(common_steps)), np.nan)
+    rank_cols = (np.empty(0, np.int64), np.empty(0, np.int64))
+    if common_steps:
+        rr = np.repeat(np.arange(n_ranks), [len(r["per_step"]["steps"]) for r in rows])
+        cc = np.searchsorted(np.asarray(common_steps), np.array([n for r in rows for n in r["per_step"]["steps"]],
+                                                                np.int64))
+        step_us_of[rr, cc] = [v for r in rows for v in r["per_step"]["step_us"]]
+        rank_cols = (rr, cc)
+    # group codes: a C-level lookup per call in a table of the few distinct names (None: "unknown")
+    names_of = {v: UNKNOWN_PG if v is None else str(v) for v in set(pg_flat)}
+    name_list = sorted(set(names_of.values()))
+    code_of = {v: name_list.index(nm) for v, nm in names_of.items()}
+    pg_names = np.array(name_list, dtype=object).astype(str) if name_list else np.empty(0, str)
+    ent_pg = np.zeros(len(pg_flat), np.int64) if len(name_list) <= 1 else \
+        np.fromiter(map(code_of.__getitem__, pg_flat), np.int64, len(pg_flat))
+    ent_seq = np.full(len(seq_flat), -1, np.int64) if seq_flat.count(None) == len(seq_flat) else \
+        np.nan_to_num(np.array(seq_flat, dtype=np.float64), nan=-1.0).astype(np.int64)
     declared_groups = _declared_groups(partials, workers)
-    groups = _match_groups(rows, source, pg_names.tolist(), declared_groups, ent_rank, ent_step, ent_pg, ent_seq,
+    groups = _match_groups(rows, source, pg_names.tolist(), declared_groups, ent_rank, ent_step, ent_pos, ent_pg,
+                           ent_seq,
                            kind, kind_names, dur, byts, seg_rank_a, seg_step_a, common_steps, step_us_of,
                            matched, ent_wait, ent_transfer, na)
-    wait_by_rank_step: Dict[Tuple[int, int], float] = {}
+    wait_mat = np.full((n_ranks, len(common_steps)), np.nan)
     for g in groups:
-        for key, wv in g.pop("_waits").items():
-            wait_by_rank_step[key] = wait_by_rank_step.get(key, 0.0) + wv
+        w = g.pop("_waits")
+        wait_mat = np.where(np.isnan(wait_mat), w, wait_mat + np.nan_to_num(w))
     steps_with_straggler = 0
+    col_of_step = {n: j for j, n in enumerate(common_steps)}
     for n in common_steps:
         present = seg_rank_a[seg_step_a == n]
         if len(present) < 2:
             continue
-        waits = np.array([wait_by_rank_step.setdefault((int(r), n), 0.0) for r in present.tolist()])
+        j = col_of_step[n]
+        waits = np.nan_to_num(wait_mat[present, j])  # a rank in none of the step's matched groups: 0
+        wait_mat[present, j] = waits
         if len(waits) and waits.max() > waits.min():
             lowest = np.flatnonzero(waits == waits.min())
             s_local = int(lowest[np.argmin(np.array([rows[present[i]]["rank"] for i in lowest]))])
@@ -202,7 +217,7 @@ def rank_view(results_by_worker: Dict[str, List[dict]]) -> dict:
             straggler_steps[s_rank] += 1
             steps_with_straggler += 1
             others = np.delete(waits, s_local)
-            base = float(np.mean([step_us_of[(int(r), n)] for r in present]))
+            base = float(step_us_of[present, col_of_step[n]].mean())
             leads.append((s_rank, 100.0 * float(others.mean()) / base if base > 0 else 0.0))
 
     has_comm = len(dur) > 0
@@ -213,13 +228,18 @@ def rank_view(results_by_worker: Dict[str, List[dict]]) -> dict:
     rank_transfer = np.bincount(ent_rank[matched], weights=ent_transfer[matched], minlength=n_ranks) \
         if has_comm else np.zeros(n_ranks)
     rank_comm = np.bincount(ent_rank, weights=dur, minlength=n_ranks) if has_comm else np.zeros(n_ranks)
+    # each rank's waits in the order of its per_step lists (rank_cols: built with step_us_of)
+    step_waits = wait_mat[rank_cols].tolist() if has_comm and common_steps else []
+    at = 0
     for r, row in enumerate(rows):
         row["straggler_steps"] = int(straggler_steps[r])
         row["wait_us"] = float(rank_wait[r]) if has_comm else None
         row["transfer_us"] = float(rank_transfer[r]) if has_comm else None
         row["comm_us"] = float(rank_comm[r]) if has_comm else None
-        row["per_step"]["wait_us"] = [wait_by_rank_step.get((r, s)) if has_comm else None
-                                      for s in row["per_step"]["steps"]]
+        k = len(row["per_step"]["steps"])
+        row["per_step"]["wait_us"] = [None if v != v else v for v in step_waits[at:at + k]] if has_comm \
+            else [None] * k
+        at += k
 
     collectives = []
     for k, name in enumerate(kind_names.tolist()):
@@ -263,25 +283,21 @@ def rank_view(results_by_worker: Dict[str, List[dict]]) -> dict:
         st = g["straggler"]
         if st is None:
             continue
-        p = int(np.flatnonzero(pg_names == g["name"])[0])
-        mine = ent_pg == p
-        comm_of: Dict[Tuple[int, int], float] = {}
-        for r, n, d in zip(ent_rank[mine].tolist(), ent_step[mine].tolist(), dur[mine].tolist()):
-            comm_of[(r, n)] = comm_of.get((r, n), 0.0) + d
         idx, members = st.pop("_index"), st.pop("_members")
-        st["cause"] = straggler_cause(idx, members, st["late_steps"], rows, activity, comm_of, g["kinds"]) \
-            if _real_straggler(st) else None
+        st["cause"] = None
+        if _real_straggler(st):
+            p = int(np.flatnonzero(pg_names == g["name"])[0])
+            comm_of = _comm_per_rank_step(ent_pg == p, ent_rank, ent_step, dur, n_ranks, common_steps)
+            st["cause"] = straggler_cause(idx, members, st["late_steps"], rows, activity, comm_of, g["kinds"])
         st["sentence"] = (f"{g['label']}: rank {st['rank']} is late in {st['late_pct']:.0f}% of its "
                           f"{'/'.join(k.replace('_', '-') for k in g['kinds'])}s ({st['late_calls']} of "
                           f"{st['of_calls']} matched calls; the straggler in {st['steps']} of {st['of_steps']} steps)"
                           if st["late_pct"] is not None else f"{g['label']}: rank {st['rank']}")
     if straggler is not None and _real_straggler(straggler):
         top_i = next(i for i, r in enumerate(rows) if r["worker"] == straggler["worker"])
-        comm_all: Dict[Tuple[int, int], float] = {}
-        for r, n, d in zip(ent_rank.tolist(), ent_step.tolist(), dur.tolist()):
-            comm_all[(r, n)] = comm_all.get((r, n), 0.0) + d
-        late_at = [n for n in common_steps if _straggler_of_step(n, seg_rank_a, seg_step_a, wait_by_rank_step,
-                                                                  rows) == top_i]
+        comm_all = _comm_per_rank_step(np.ones(len(dur), bool), ent_rank, ent_step, dur, n_ranks, common_steps)
+        late_at = [n for n in common_steps
+                   if _straggler_of_step(n, seg_rank_a, seg_step_a, wait_mat[:, col_of_step[n]], rows) == top_i]
         view["straggler_cause"] = straggler_cause(top_i, list(range(n_ranks)), late_at, rows, activity,
                                                   comm_all, [str(k) for k in kind_names.tolist()])
     view.update(available=True, ranks=rows, steps=common_steps, collectives=collectives,
@@ -329,9 +345,14 @@ def _declared_groups(partials: Dict[str, List[dict]], workers: List[str]) -> Dic
     """Process group name -> {desc, size, ranks} over every rank's partial (the first that
     says each)."""
     out: Dict[str, dict] = {}
+    last = None
     for w in workers:
         for p in partials[w]:
-            for g in p.get("process_groups") or []:
+            groups = p.get("process_groups") or []
+            if groups == last:  # most ranks declare the same groups: one C-level comparison
+                continue
+            last = groups
+            for g in groups:
                 if not isinstance(g, dict) or g.get("name") is None:
                     continue
                 row = out.setdefault(str(g["name"]), {"desc": None, "size": None, "ranks": None})
@@ -351,7 +372,8 @@ def _ranks_words(ranks: List[int]) -> str:
     return ",".join(str(r) for r in rs)
 
 
-def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pg, ent_seq, kind, kind_names, dur,
+def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pos, ent_pg, ent_seq, kind, kind_names,
+                  dur,
                   byts, seg_rank, seg_step, common_steps, step_us_of, matched, ent_wait, ent_transfer,
                   na) -> List[dict]:
     """The collectives matched across the ranks of each process group (METRICS.md §12
@@ -359,22 +381,41 @@ def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pg, 
     else by position among the rank's calls of that group in the step, with the same kind and
     size on every rank (matching by position stops at the first call that differs). Fills
     ``matched``, ``ent_wait``, ``ent_transfer`` (per entry) and returns one row per group with
-    its straggler; ``_waits``: {(rank index, step): wait in the group's matched calls}."""
+    its straggler; ``_waits``: (rank index x step column of ``common_steps``) the wait in the
+    group's matched calls, NaN where the rank has no part in the group's step."""
     n_ranks = len(rows)
     index_of_rank = {r["rank"]: i for i, r in enumerate(rows)}
-    has_step = {}
-    for r, n in zip(seg_rank.tolist(), seg_step.tolist()):
-        has_step.setdefault(n, set()).add(r)
+    step_col = {n: j for j, n in enumerate(common_steps)}
+    has_step = np.zeros((n_ranks, max(len(common_steps), 1)), bool)  # (rank index, step column)
+    if len(seg_rank):
+        has_step[seg_rank, np.searchsorted(np.asarray(common_steps), seg_step)] = True
+    # once for all groups: each call's position among its rank's calls of its group in its step
+    # (entries are in rank, step, start order), and the entries sorted by (group, step)
+    m = len(ent_rank)
+    if len(pg_names) <= 1:  # one group: the position in the rank's step, entries by step
+        pos, by_group_step = ent_pos, np.argsort(ent_step, kind="stable")
+    else:
+        pos = np.zeros(m, np.int64)
+        o = np.lexsort((np.arange(m), ent_pg, ent_step, ent_rank))
+        brk = np.r_[True, (np.diff(ent_rank[o]) != 0) | (np.diff(ent_step[o]) != 0) | (np.diff(ent_pg[o]) != 0)]
+        starts = np.flatnonzero(brk)
+        pos[o] = np.arange(m) - np.repeat(starts, np.diff(np.r_[starts, m]))
+        by_group_step = np.lexsort((np.arange(m), ent_step, ent_pg))
+    gs_pg, gs_step = ent_pg[by_group_step], ent_step[by_group_step]
     out = []
     for p, name in enumerate(pg_names):
+        lo_p, hi_p = np.searchsorted(gs_pg, p, "left"), np.searchsorted(gs_pg, p, "right")
+        idx_p = by_group_step[lo_p:hi_p]
+        steps_p = gs_step[lo_p:hi_p]
         mine = ent_pg == p
         conf = declared.get(name) or {}
         conf_ranks = conf.get("ranks") if isinstance(conf.get("ranks"), list) else None
-        seen = set(np.unique(ent_rank[mine]).tolist())
+        seen = np.bincount(ent_rank[idx_p], minlength=n_ranks) > 0
         if name == UNKNOWN_PG:
-            members = set(range(n_ranks))
+            members = np.ones(n_ranks, bool)
         elif conf_ranks and source == "distributed_info":
-            members = {index_of_rank[r] for r in conf_ranks if r in index_of_rank} | seen
+            members = seen.copy()
+            members[[index_of_rank[r] for r in conf_ranks if r in index_of_rank]] = True
         else:
             members = seen
         missing = sorted(r for r in conf_ranks if r not in index_of_rank) if conf_ranks and \
@@ -382,18 +423,20 @@ def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pg, 
         late = np.zeros(n_ranks, np.int64)  # matched calls in which the rank arrived last
         late_steps = np.zeros(n_ranks, np.int64)
         leads: List[Tuple[int, float]] = []
-        waits: Dict[Tuple[int, int], float] = {}
+        # wait per (rank index, step column) in the group's matched calls; NaN: not in the group's step
+        waits = np.full((n_ranks, len(common_steps)), np.nan)
         late_step_list: Dict[int, List[int]] = {}
         of_calls = of_steps = 0
         by_seq = by_order = False
         unmatched_seqs: List[int] = []
-        idx_p = np.flatnonzero(mine)
+        everyone = bool(members.all())
         for n in common_steps:
-            present = np.array(sorted(members & has_step.get(n, set())), np.int64)
-            sel = idx_p[ent_step[idx_p] == n]
+            present = np.flatnonzero(members & has_step[:, step_col[n]])
             if len(present) < 2:
                 continue
-            sel = sel[np.isin(ent_rank[sel], present)]
+            sel = idx_p[np.searchsorted(steps_p, n, "left"):np.searchsorted(steps_p, n, "right")]
+            if not everyone:
+                sel = sel[np.isin(ent_rank[sel], present)]
             local = np.full(n_ranks, -1, np.int64)
             local[present] = np.arange(len(present))
             w = np.zeros(len(present))
@@ -405,13 +448,7 @@ def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pg, 
                     col = col.reshape(-1)
                 else:
                     by_order = True
-                    # position among the rank's calls of this group in this step (sel is in entry order)
-                    o = np.argsort(ent_rank[sel], kind="stable")
-                    rr = ent_rank[sel][o]
-                    first = np.r_[True, rr[1:] != rr[:-1]]
-                    starts = np.flatnonzero(first)
-                    col = np.empty(len(sel), np.int64)
-                    col[o] = np.arange(len(sel)) - np.repeat(starts, np.diff(np.r_[starts, len(sel)]))
+                    col = pos[sel]
                     cols = np.arange(col.max() + 1)
                 D = np.full((len(present), len(cols)), np.nan)
                 K = np.full((len(present), len(cols)), -1, np.int64)
@@ -445,8 +482,7 @@ def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pg, 
                     last = np.argmin(D[:, ok], axis=0)
                     np.add.at(late, present[last[spread]], 1)
                     of_calls += int(ok.sum())
-            for r, wv in zip(present.tolist(), w.tolist()):
-                waits[(r, n)] = wv
+            waits[present, step_col[n]] = w
             if len(w) and w.max() > w.min():
                 lowest = np.flatnonzero(w == w.min())
                 s_local = int(lowest[np.argmin([rows[present[i]]["rank"] for i in lowest])])
@@ -454,17 +490,17 @@ def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pg, 
                 late_steps[s_rank] += 1
                 late_step_list.setdefault(s_rank, []).append(n)
                 of_steps += 1
-                base = float(np.mean([step_us_of[(int(r), n)] for r in present]))
+                base = float(step_us_of[present, step_col[n]].mean())
                 leads.append((s_rank, 100.0 * float(np.delete(w, s_local).mean()) / base if base > 0 else 0.0))
         calls = int(mine.sum())
         m_calls = int((matched & mine).sum())
         ranks_declared = sorted(conf_ranks) if conf_ranks else None
-        ranks_present = sorted(rows[i]["rank"] for i in members)
+        ranks_present = sorted(rows[i]["rank"] for i in np.flatnonzero(members).tolist())
         label_ranks = ranks_declared or ranks_present
         desc = conf.get("desc")
         row = {"name": name, "desc": desc,
                "label": f"{desc or ('process group ' + name)} (ranks {_ranks_words(label_ranks)})",
-               "size": conf.get("size") or (len(conf_ranks) if conf_ranks else len(members) or None),
+               "size": conf.get("size") or (len(conf_ranks) if conf_ranks else int(members.sum()) or None),
                "ranks": ranks_declared, "ranks_present": ranks_present, "missing_ranks": missing,
                "kinds": sorted({str(kind_names[k]) for k in np.unique(kind[mine]).tolist()}),
                "match_by": "seq" if by_seq and not by_order else ("order" if by_order and not by_seq else
@@ -484,7 +520,7 @@ def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pg, 
                                 "late_pct": 100.0 * late[top] / of_calls if of_calls else None,
                                 "steps": int(late_steps[top]), "of_steps": of_steps,
                                 "wait_caused_pct": caused, "late_steps": late_step_list.get(top, []),
-                                "_index": top, "_members": sorted(members)}
+                                "_index": top, "_members": np.flatnonzero(members).tolist()}
         out.append(row)
     out.sort(key=lambda g: (-(g["calls"] or 0), g["name"]))
     return out
@@ -504,7 +540,7 @@ COMPUTE_ACTIVITIES = ("compute_forward_us", "compute_backward_us", "compute_opti
 
 
 def straggler_cause(rank_index: int, members: List[int], steps: List[int], rows: List[dict],
-                    activity: Dict[Tuple[int, int], dict], comm_of: Dict[Tuple[int, int], float],
+                    activity: Dict[Tuple[int, int], dict], comm_of: "_CommPerRankStep",
                     kinds: List[str]) -> Optional[dict]:
     """What the straggler did more than the other ranks of its group (METRICS.md §12 "The
     straggler's cause by difference"): per step where it was late, each activity's µs on the
@@ -546,6 +582,24 @@ def straggler_cause(rank_index: int, members: List[int], steps: List[int], rows:
     return out
 
 
+class _CommPerRankStep:
+    """Σ collective durations per (rank index, step): ``get((rank, step), default)``."""
+
+    def __init__(self, mat: np.ndarray, steps: List[int]):
+        self.mat, self.col = mat, {n: i for i, n in enumerate(steps)}
+
+    def get(self, key, default=0.0):
+        j = self.col.get(key[1])
+        return default if j is None else float(self.mat[key[0], j])
+
+
+def _comm_per_rank_step(mask, ent_rank, ent_step, dur, n_ranks, steps) -> _CommPerRankStep:
+    mat = np.zeros((n_ranks, max(len(steps), 1)))
+    if mask.any() and steps:
+        np.add.at(mat, (ent_rank[mask], np.searchsorted(np.asarray(steps), ent_step[mask])), dur[mask])
+    return _CommPerRankStep(mat, steps)
+
+
 def _real_straggler(st: dict) -> bool:
     """A straggler worth a cause: late in STRAGGLER_STEP_SHARE_PCT of the steps that have one,
     the others waiting STRAGGLER_MIN_WAIT_PCT of a step for it (the straggler rule's test)."""
@@ -556,12 +610,12 @@ def _real_straggler(st: dict) -> bool:
         T.STRAGGLER_MIN_WAIT_PCT
 
 
-def _straggler_of_step(n, seg_rank, seg_step, wait_by_rank_step, rows) -> Optional[int]:
+def _straggler_of_step(n, seg_rank, seg_step, step_waits, rows) -> Optional[int]:
     """The rank index that waited least in step n (ties: the lowest rank), None without one."""
     present = seg_rank[seg_step == n].tolist()
     if len(present) < 2:
         return None
-    waits = [wait_by_rank_step.get((r, n), 0.0) for r in present]
+    waits = [0.0 if w != w else w for w in step_waits[present].tolist()]
     if max(waits) <= min(waits):
         return None
     return min((w, rows[r]["rank"], r) for w, r in zip(waits, present))[2]
