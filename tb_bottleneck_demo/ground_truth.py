@@ -221,6 +221,107 @@ def run_stack(torch, outdir: str, device: str = "cpu") -> str:
     return run_dir
 
 
+# --------------------------------------------------------------------------------------
+# Issue 36: who holds the memory at the peak (a model, optimizer and batch known to the byte)
+# --------------------------------------------------------------------------------------
+
+MEMORY_RUN = "memory_peak_adamw"
+MEM_IN, MEM_HIDDEN, MEM_OUT, MEM_BATCH, MEM_BLOCKS = 64, 1024, 8, 1024, 2
+
+
+def _make_memory_model(torch):
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self, d_in: int, d_out: int):
+            super().__init__()
+            self.linear = nn.Linear(d_in, d_out)
+
+        def forward(self, x):
+            return torch.relu(self.linear(x))
+
+    class MemNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            dims = [MEM_IN] + [MEM_HIDDEN] * MEM_BLOCKS
+            self.blocks = nn.ModuleList(Block(a, b) for a, b in zip(dims[:-1], dims[1:]))
+            self.head = nn.Linear(MEM_HIDDEN, MEM_OUT)
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = block(x)
+            return self.head(x)
+
+    return MemNet()
+
+
+def run_memory_peak(torch, outdir: str, device: str = "cpu") -> str:
+    """Issue 36's run (``memory_peak_adamw``): fp32 MLP blocks, AdamW (single-tensor), a fixed
+    batch made before profiling, ``zero_grad(set_to_none=True)`` at the end of each step (no
+    gradient outlives its step); the first ``opt.step()`` runs in the first recorded step, so
+    AdamW's state is allocated inside the window. Truth, measured in this process: parameter
+    bytes, AdamW state bytes (exp_avg + exp_avg_sq, = 2 x parameters; the step counters apart),
+    the batch, the gradient bytes after backward, the activations saved for backward
+    (autograd's own ``saved_tensors_hooks``: distinct storages that are not parameters or the
+    batch), and by hand the live set at the peak of the second recorded step (``at_peak``):
+    backward of ``blocks[1].linear``, where Block_0's ReLU output (saved) and the loss are the
+    activations, ``blocks[1]`` and ``head`` have their gradients, two B x H gradient buffers
+    (ReLU's grad and the mm's grad input) are temporaries, and AdamW's state is held."""
+    torch.manual_seed(0)
+    model = _make_memory_model(torch).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    x = torch.randn(MEM_BATCH, MEM_IN, device=device)
+    params = {p.data_ptr() for p in model.parameters()} | {x.data_ptr()}
+    measured: dict = {}
+
+    def step(i: int) -> None:
+        saved: dict = {}
+
+        def pack(t):
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in params:
+                saved[ptr] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = model(x).square().mean()
+        measured["saved_activation_bytes"] = sum(saved.values())
+        measured["loss_bytes"] = loss.untyped_storage().nbytes()
+        loss.backward()
+        measured["gradient_bytes"] = sum(p.grad.untyped_storage().nbytes() for p in model.parameters())
+        if i >= WAIT + WARMUP:  # the first step() (AdamW's state) in the first recorded step
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def truth() -> dict:
+        param_bytes = sum(p.untyped_storage().nbytes() for p in model.parameters())
+        state = [s for s in opt.state.values()]
+        moments = sum(s[k].untyped_storage().nbytes() for s in state for k in ("exp_avg", "exp_avg_sq"))
+        steps = sum(s["step"].untyped_storage().nbytes() for s in state if torch.is_tensor(s.get("step")))
+        hidden_bytes = MEM_BATCH * MEM_HIDDEN * 4
+        later = [p for m in list(model.blocks)[1:] + [model.head] for p in m.parameters()]
+        at_peak = {"activations": hidden_bytes + measured["loss_bytes"],
+                   "gradients": sum(p.untyped_storage().nbytes() for p in later),
+                   "other_temporaries": 2 * hidden_bytes, "optimizer_state": moments + steps,
+                   "where": "backward of blocks[1].linear (the second recorded step)"}
+        return dict(measured, at_peak=at_peak, parameter_bytes=param_bytes, adamw_state_bytes=moments, adamw_step_bytes=steps,
+                    batch_bytes=x.untyped_storage().nbytes(), parameter_tensors=len(list(model.parameters())),
+                    # by hand: each Block's ReLU output (B x H fp32) is saved (by ReLU's and the next
+                    # Linear's backward), the head's output by square()
+                    activation_bytes_by_hand=MEM_BLOCKS * hidden_bytes + MEM_BATCH * MEM_OUT * 4,
+                    block_activation_bytes=hidden_bytes, module_class="Block")
+
+    settings = dict(story=MEMORY_RUN, device=device, batch=MEM_BATCH, hidden=MEM_HIDDEN, blocks=MEM_BLOCKS,
+                    optimizer="AdamW(foreach=False)", dtype="float32", with_stack=True, record_shapes=True)
+    run_dir = _prepare(outdir, MEMORY_RUN, f"{WORKER_NAME}.*.pt.trace.json*")
+    started = time.perf_counter()
+    for i in range(2):  # warm-up outside the profiler: AdamW's state exists before the window
+        step(-1 - i)
+    _profiled(torch, run_dir, MEMORY_RUN, step, settings=settings, truth_fn=truth, with_stack=True)
+    _done(MEMORY_RUN, run_dir, started)
+    return run_dir
+
+
 def _done(name: str, run_dir: str, started: float, worker: str = WORKER_NAME) -> None:
     files = _files(run_dir, worker) if worker == WORKER_NAME else sorted(
         glob.glob(os.path.join(run_dir, "rank*.pt.trace.json.gz")))

@@ -52,6 +52,10 @@ SLACK_MIN_RESERVED_BYTES = 1 << 30
 # device capacity (deviceProperties totalGlobalMem). Below it the slack costs nothing (the
 # H100 demo pairs reserve 7-12 GiB of 79 GiB); with the capacity unknown the rule is silent.
 MEMORY_PRESSURE_PCT = 85.0
+# Memory at the peak (METRICS.md §7): the memory_peak rule fires when the peak allocated is at
+# least this share of the device's capacity (high at MEMORY_PEAK_HIGH_PCT).
+MEMORY_PEAK_PCT = 85.0
+MEMORY_PEAK_HIGH_PCT = 95.0
 # GPU idle caused by host-device synchronisation (during the wait, and after it until the
 # host launches again; sync_cost_pct, §8), % of step time. A host that waits on a busy GPU
 # and refills its queue at once costs nothing.

@@ -60,6 +60,15 @@ class TraceBuilder:
         corr = self.runtime(call, ts, call_dur)
         return self.kernel(name, kernel_ts, kernel_dur, correlation=corr, **args)
 
+    def memory(self, ts, nbytes, addr, total, device=0, device_type=1, reserved=None, tid=1):
+        """A ``[memory]`` event as the profiler writes it (``Bytes`` < 0 for a free)."""
+        self.events.append({"ph": "i", "s": "t", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1,
+                            "tid": tid, "ts": ts,
+                            "args": {"Device Type": device_type, "Device Id": device, "Bytes": nbytes,
+                                     "Total Allocated": total, "Addr": addr,
+                                     "Total Reserved": total if reserved is None else reserved}})
+        return self
+
     def to_json(self):
         doc = {"schemaVersion": 1, "deviceProperties": self.props, "traceEvents": self.events}
         if self.distributed_info is not None:

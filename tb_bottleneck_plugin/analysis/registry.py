@@ -11,6 +11,7 @@ from . import flops
 from . import source
 from . import collectives
 from . import copies
+from . import memory_peak
 from . import step_model
 from .units import Unit
 
@@ -29,6 +30,8 @@ UNITS: List[Unit] = [
     collectives.UNIT,   # collectives (bytes, algbw/busbw per collective vs the link, exposed; METRICS.md)
     context.UNIT,       # context (training/inference, graphs, compile, distributed)
     compilation.UNIT,   # compilation (torch.compile regions, breaks, recompiles, Triton kernels, CUDA graphs)
+    memory_peak.UNIT,   # memory_peak (who holds memory at the peak; METRICS.md §7): before source, which
+                        # releases the host nesting both read
     source.UNIT,        # source_attribution (user source lines, nn.Module tree, record_function labels; §17)
     step_model.UNIT,    # step_model (dependency graph, critical path, what-ifs; METRICS.md §19)
 ]

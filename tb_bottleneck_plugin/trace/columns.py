@@ -496,6 +496,7 @@ class _Builder:
             total_allocated=self._ints([a.total_allocated for a in args], rows, "Total Allocated", min_value=-1),
             total_reserved=self._ints([a.total_reserved for a in args], rows, "Total Reserved", min_value=-1),
             addr=self._ints([a.addr for a in args], rows, "Addr"),
+            pid=_int_col([e.pid for e in evs]), tid=_int_col([e.tid for e in evs]),
         )
         if not keep.all():
             self.dropped_bad_ts += int((~keep).sum())

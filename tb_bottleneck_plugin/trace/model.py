@@ -172,6 +172,15 @@ class MemoryTable(_Table):
     total_allocated: np.ndarray = _col(np.int64)  # -1 when absent (2021 format)
     total_reserved: np.ndarray = _col(np.int64)
     addr: np.ndarray = _col(np.int64)
+    # The thread that allocated or freed (the op running there is the event's op; METRICS.md
+    # §7 "Memory at the peak"); -1 where absent or not an integer. Optional in the constructor.
+    pid: np.ndarray = field(default=None, metadata={"dtype": np.int64})
+    tid: np.ndarray = field(default=None, metadata={"dtype": np.int64})
+
+    def __post_init__(self):
+        for name in ("pid", "tid"):
+            if getattr(self, name) is None:
+                setattr(self, name, np.full(len(self.ts), -1, np.int64))
 
 
 @dataclass
