@@ -9,6 +9,7 @@
     rep.cards["input_bound"]["value"]           # the server's verdicts (report["verdicts"])
     rep.recommendations                         # most important first
     rep.steps_df(); rep.kernels_df(); rep.operators_df(); rep.memory_df(); rep.ranks_df(); rep.groups_df()
+    rep.memory_holders_df()                     # who holds the memory at the peak (category, op, module, line)
     rep.to_dict()                               # exactly what `tb-bottlenecks report PATH --json` prints
     rep.write_html("report.html")               # the single-file HTML report (`report --html`)
     compare("runs/baseline", "runs/num_workers_4").metrics_df()  # `tb-bottlenecks diff`
@@ -267,6 +268,24 @@ class Report:
                     rows.append({"run": run, "device": dev,
                                  **{k: v for k, v in sec.items() if not isinstance(v, (dict, list))}})
         return self._frame(rows, ("run", "device"))
+
+    def memory_holders_df(self):
+        """Who holds the memory at the peak (METRICS.md §7 "Memory at the peak"): one row per
+        device and holder (category, op, nn.Module, source line) of the live set at the
+        instant of peak allocated, most bytes first, with ``peak_allocated_bytes``,
+        ``peak_step`` and ``pct_of_peak``; the categories alone are in
+        ``report["memory_peak"][device]["categories"]``."""
+        rows = []
+        for run, rep, _ in self._run_reports():
+            for dev, sec in ((rep or {}).get("memory_peak") or {}).items():
+                if not isinstance(sec, dict):
+                    continue
+                peak = sec.get("peak_allocated_bytes")
+                for h in sec.get("holders") or []:
+                    share = 100.0 * h["bytes"] / peak if peak else None
+                    rows.append({"run": run, "device": dev, **h, "pct_of_peak": share,
+                                 "peak_allocated_bytes": peak, "peak_step": sec.get("peak_step")})
+        return self._frame(rows, ("run", "device", "category", "op", "module", "line", "bytes"))
 
     def memory_timeline_df(self):
         """Allocated/reserved bytes over time (µs) per device, for runs of one trace file

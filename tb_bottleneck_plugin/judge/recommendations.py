@@ -54,7 +54,7 @@ def recommend(report: dict) -> List[dict]:
 
 
 # Advice that buys memory, not time: never priced in step time, never made "info" for it.
-MEMORY_RULES = ("allocator_slack", "memory_growth")
+MEMORY_RULES = ("allocator_slack", "memory_growth", "memory_peak")
 
 
 def what_if_of(rule: str, report) -> Optional[str]:
@@ -915,6 +915,61 @@ def rule_memory_growth(report) -> Optional[dict]:
     return None
 
 
+def memory_peak_device(report) -> Optional[tuple]:
+    """(device key, its memory_peak entry) of the GPU device whose peak allocated is the
+    largest share of its capacity, when that share is >= MEMORY_PEAK_PCT; else None."""
+    worst = None
+    for dev, e in (report.get("memory_peak") or {}).items():
+        pct = e.get("peak_pct_of_capacity") if isinstance(e, dict) else None
+        if dev == "cpu" or not isinstance(pct, (int, float)) or pct < T.MEMORY_PEAK_PCT:
+            continue
+        if worst is None or pct > worst[1]["peak_pct_of_capacity"]:
+            worst = (dev, e)
+    return worst
+
+
+def rule_memory_peak(report) -> Optional[dict]:
+    """The peak allocated near capacity (METRICS.md §7 "Memory at the peak"): what holds it and
+    what frees it, priced by the bytes it frees (memory, not step time). Checkpointing the
+    modules whose activations hold most at the peak frees those bytes for a recomputation of
+    their forward in backward."""
+    found = memory_peak_device(report)
+    if found is None:
+        return None
+    key, e = found
+    dev = device_label(key, report)
+    gib = 1 << 30
+    cats = e.get("categories") or {}
+    cands = e.get("checkpoint_candidates") or []
+    frees = sum(c.get("activation_bytes") or 0 for c in cands)
+    held = ", ".join(f"{k.replace('_', ' ')} {v / gib:.2f} GiB" for k, v in cats.items() if v)
+    if cands:
+        names = ", ".join(c["module"] for c in cands)
+        action = (f"Wrap the modules whose activations hold most at the peak ({names}) in "
+                  "torch.utils.checkpoint.checkpoint(module, x, use_reentrant=False): their activations are "
+                  f"recomputed in backward instead of kept, freeing about {frees / gib:.2f} GiB at the peak for "
+                  "one more forward of those modules. Or lower the batch size (activations scale with it).")
+    else:
+        action = ("Lower the batch size (activations scale with it), or record with "
+                  "torch.profiler.profile(with_stack=True) to name the modules whose activations to "
+                  "checkpoint with torch.utils.checkpoint.checkpoint(..., use_reentrant=False).")
+    pct = e["peak_pct_of_capacity"]
+    return {
+        "rule": "memory_peak", "severity": "high" if pct >= T.MEMORY_PEAK_HIGH_PCT else "medium",
+        "title": f"The peak allocated on {dev} is {pct:.0f} % of its memory",
+        "action": action,
+        "numbers": {"peak_allocated_bytes": e.get("peak_allocated_bytes"), "capacity_bytes": e.get("capacity_bytes"),
+                    "peak_pct_of_capacity": round(pct, 2), "frees_bytes": frees or None},
+        "evidence": [f"{dev} at the peak: {held}" if held else f"{dev}: peak {e['peak_allocated_bytes'] / gib:.2f} GiB"]
+        + [f"{c['module']}: {c['activation_bytes'] / gib:.2f} GiB of activations" for c in cands[:3]],
+        "device": key,
+        "frees_bytes": frees or None,
+        "estimated_gain_pct": 0.0,  # memory headroom, not time
+        "gain_assumption": "none in step time: the fix frees memory at the peak (frees_bytes), at the cost of "
+                           "recomputing the checkpointed modules' forward",
+    }
+
+
 def rule_sync(report) -> Optional[dict]:
     """Fires on the GPU idle time synchronisation causes (§8): during the wait, and after it
     until the host launches again; not on the sync time: a host that waits on a busy GPU
@@ -1145,6 +1200,6 @@ def _mean_gpu(report, key) -> Optional[float]:
 RULES: List[Callable[[dict], Optional[dict]]] = [
     rule_input_bound, rule_pageable_copies, rule_tensor_cores, rule_warmup_outlier, rule_torch_compile, rule_low_mfu,
     rule_small_kernels,
-    rule_allocator_slack, rule_memory_growth, rule_sync, rule_communication, rule_ddp_buckets, rule_fsdp_prefetch,
+    rule_allocator_slack, rule_memory_growth, rule_memory_peak, rule_sync, rule_communication, rule_ddp_buckets, rule_fsdp_prefetch,
     rule_d2d_copies,
 ]

@@ -167,6 +167,8 @@ def format_report(rep: dict, indent: str = "", heading: Optional[str] = None) ->
         if m.get("slack_fragmentation_pct") is not None:
             text += f", allocator slack {m['slack_fragmentation_pct']:.1f}%"
         add(text)
+    for line in _memory_peak_lines(rep):
+        add(f"{indent}{line}")
     for line in _headline_lines(rep):
         add(f"{indent}{line}")
     for rec in rep.get("recommendations") or []:
@@ -180,6 +182,43 @@ def format_report(rep: dict, indent: str = "", heading: Optional[str] = None) ->
     for why, what in by_cause.items():
         add(f"{indent}n/a {'; '.join(what)}: {why}")
     return "\n".join(lines)
+
+
+_HOLDER_WORDS = {"resident_before_window": "resident", "activations": "activations", "gradients": "gradients",
+                 "optimizer_state": "optimizer state", "optimizer_temporaries": "optimizer temporaries",
+                 "other_temporaries": "other temporaries"}
+
+
+def _memory_peak_lines(rep: dict) -> List[str]:
+    """Memory at the peak (METRICS.md §7): the live set by category, the top holders, the
+    checkpointing candidates and what fits."""
+    out = []
+    devices = rep.get("memory_peak") or {}
+    gpu = any(k != "cpu" for k in devices)
+    for key, e in devices.items():
+        if not isinstance(e, dict) or (gpu and key == "cpu"):  # the host's few bytes beside a GPU's
+            continue
+        cats = e.get("categories") or {}
+        parts = [f"{_HOLDER_WORDS.get(k, k)} {size(v)}" for k, v in cats.items() if v]
+        if cats.get("resident_before_window") is None:
+            parts.append("resident n/a")
+        where = f" (step {e['peak_step']})" if e.get("peak_step") is not None else ""
+        text = f"memory at the peak {device_label(key, rep)}{where}: {size(e.get('peak_allocated_bytes'))} = " \
+            + ", ".join(parts)
+        if e.get("headroom_bytes") is not None:
+            text += f"; headroom {size(e['headroom_bytes'])}"
+        scale = e.get("batch_scale_fit_estimate")
+        if isinstance(scale, (int, float)):
+            text += f"; a batch {scale:.1f}x as large would fit (estimate: activations linear in the batch)"
+        out.append(text)
+        for h in (e.get("holders") or [])[:3]:
+            out.append(f"    {size(h['bytes'])} {_HOLDER_WORDS.get(h['category'], h['category'])}: {h['op']}"
+                       f" in {h['module']} at {h['line']}")
+        cands = e.get("checkpoint_candidates") or []
+        if cands:
+            out.append("    activation-checkpointing candidates: "
+                       + ", ".join(f"{c['module']} {size(c['activation_bytes'])}" for c in cands))
+    return out
 
 
 def verdict_lines(rep: dict) -> List[str]:
@@ -204,6 +243,8 @@ def verdict_lines(rep: dict) -> List[str]:
 def _gain_words(rec: dict) -> str:
     """ " (predicted step 46.9 -> 21.0 ms, -55 %)" from the step model, else the rule's estimate."""
     gain, before, after = rec.get("estimated_gain_pct"), rec.get("step_ms"), rec.get("predicted_step_ms")
+    if rec.get("gain_source") == "memory" and isinstance(rec.get("frees_bytes"), (int, float)):
+        return f" (frees about {size(rec['frees_bytes'])} at the peak)"
     if not isinstance(gain, (int, float)):
         return ""
     if isinstance(before, (int, float)) and isinstance(after, (int, float)):

@@ -152,3 +152,50 @@ def test_gpt2_h100_activations_lead_and_live_set_sums_to_peak():
     # the six transformer blocks are the checkpointing candidates
     assert {c["module"].rsplit("_", 1)[0] for c in sec["checkpoint_candidates"]} == {"GPT2Block"}
     assert any(h["op"] == "aten::_log_softmax" and h["category"] == "activations" for h in sec["holders"])
+
+
+def _peak_report(pct: float, cands=True) -> dict:
+    cap = 80 << 30
+    peak = int(cap * pct / 100)
+    act = peak // 2
+    entry = {"peak_allocated_bytes": peak, "capacity_bytes": cap, "peak_pct_of_capacity": pct,
+             "categories": {"resident_before_window": peak - act, "activations": act, "gradients": 0,
+                            "optimizer_state": 0, "optimizer_temporaries": 0, "other_temporaries": 0},
+             "checkpoint_candidates": ([{"module": "Block_0", "activation_bytes": act // 4, "pct_of_activations": 25.0},
+                                        {"module": "Block_1", "activation_bytes": act // 4, "pct_of_activations": 25.0}]
+                                       if cands else [])}
+    return {"memory_peak": {"cuda:0": entry}, "device_labels": {"cuda:0": "GPU 0"}}
+
+
+def test_memory_peak_advice_only_near_capacity_priced_in_bytes():
+    from tb_bottleneck_plugin import thresholds as T
+    from tb_bottleneck_plugin.judge import recommendations as R
+
+    assert R.rule_memory_peak(_peak_report(T.MEMORY_PEAK_PCT - 0.1)) is None
+    rec = R.rule_memory_peak(_peak_report(T.MEMORY_PEAK_PCT))
+    assert rec["severity"] == "medium" and rec["device"] == "cuda:0"
+    act = _peak_report(T.MEMORY_PEAK_PCT)["memory_peak"]["cuda:0"]["categories"]["activations"]
+    assert rec["frees_bytes"] == 2 * (act // 4) == rec["numbers"]["frees_bytes"]
+    assert "torch.utils.checkpoint.checkpoint" in rec["action"] and "Block_0, Block_1" in rec["action"]
+    assert R.price(rec, {})["gain_source"] == "memory"
+    assert R.rule_memory_peak(_peak_report(T.MEMORY_PEAK_HIGH_PCT))["severity"] == "high"
+    bare = R.rule_memory_peak(_peak_report(90.0, cands=False))
+    assert bare["frees_bytes"] is None and "with_stack=True" in bare["action"]
+    # the GPT-2 H100 run uses 11 % of its 79 GiB: no advice
+
+
+@pytest.mark.skipif(not GPT2.is_dir(), reason="needs ../shared/traces/h100")
+def test_api_holders_frame_and_cli_text():
+    pytest.importorskip("pandas")
+    import tb_bottleneck_plugin as tbb
+    from tb_bottleneck_plugin.views.text_report import format_report
+
+    rep = tbb.analyze(str(GPT2))
+    df = rep.memory_holders_df()
+    gpu = df[df.device == "cuda:0"]
+    sec = rep.report["memory_peak"]["cuda:0"]
+    assert list(gpu.bytes) == [h["bytes"] for h in sec["holders"]]
+    assert gpu.iloc[0].op == "aten::_log_softmax" and gpu.iloc[0].peak_allocated_bytes == sec["peak_allocated_bytes"]
+    text = format_report(rep.report)
+    assert "memory at the peak GPU 0" in text and "activation-checkpointing candidates: GPT2Block_" in text
+    assert "memory at the peak CPU" not in text  # the host's bytes beside a GPU's are left out
