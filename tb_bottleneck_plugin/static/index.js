@@ -36,6 +36,7 @@ import "./static/roofline.js";
 import "./static/source_view.js";
 import "./static/compilation_view.js";
 import "./static/collectives_view.js";
+import "./static/memory_peak_view.js";
 // ---- end of registered panels
 
 const RUNS_POLL_MS = 10000;

@@ -22,6 +22,7 @@ import {renderCards, setCards} from "./cards.js";
 import {renderError} from "./states.js";
 import {renderRanksPanel} from "./ranks.js";
 import {mountPanel} from "./panels.js";
+import {renderMemoryPeak} from "./memory_peak_view.js";
 
 const NOT_HERE = "not part of this offline report (open the run in TensorBoard's Bottlenecks tab)";
 
@@ -61,6 +62,9 @@ function reportView(container, view) {
   const ctx = {sel, spans: [], signal: new AbortController().signal, data: offlineData(view), report: rep,
     onPickSpan: null, run: sel.run, worker: sel.worker, span: sel.span, isSummary: sel.span === null};
   renderReport(container, rep, ctx);
+  // the tab's registered "Memory at the peak" panel, from the embedded report
+  mountPanel(container, {title: "Memory at the peak", id: "bn-panel-memory_peak", cls: "bn-registered",
+    attrs: {"data-panel": "memory_peak"}, ctx, render: (body) => renderMemoryPeak(body, rep)});
   // the tab's registered Operators panel (no "?": the offline page has no other registered panel)
   mountPanel(container, {title: "Operators", id: "bn-panel-operators", cls: "bn-registered", attrs: {"data-panel": "operators"}, ctx,
     render: view.operators ? renderOperators

@@ -1,0 +1,57 @@
+"""The "Memory at the peak" panel (static/memory_peak_view.js) in the offline HTML report of the
+shared GPT-2 H100 trace: it renders the server's numbers (the stacked bar's segments are the
+report's categories, the holders table its holders), decides nothing itself."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+GPT2 = REPO.parent / "shared" / "traces" / "h100" / "gpt2_bf16_eager"
+
+PANEL_JS = """() => {
+  const p = document.querySelector('#bn-panel-memory_peak');
+  if (!p) return null;
+  return {
+    devices: [...p.querySelectorAll('.mem-peak-device')].map((d) => d.dataset.device),
+    segments: [...p.querySelectorAll('.split-seg')].map((s) => [s.dataset.category, parseFloat(s.style.width)]),
+    ops: [...p.querySelectorAll('table.mem-holders tbody tr')].map((r) => r.children[1].textContent),
+    text: p.innerText,
+  };
+}"""
+
+
+@pytest.mark.skipif(not GPT2.is_dir(), reason="needs ../shared/traces/h100")
+def test_memory_peak_panel_renders_the_reports_live_set(tmp_path, chromium):
+    out = tmp_path / "gpt2.html"
+    trace = next(GPT2.glob("*.pt.trace.json.gz"))
+    for args in (["report", str(GPT2), "--html", str(out)], ["report", str(trace), "--json"]):
+        done = subprocess.run([sys.executable, "-m", "tb_bottleneck_plugin.cli", *args], capture_output=True,
+                              text=True, timeout=600, cwd=REPO)
+        assert done.returncode == 0, done.stderr[-2000:]
+    sec = json.loads(done.stdout)["memory_peak"]["cuda:0"]
+    page = chromium.new_page(viewport={"width": 1280, "height": 900})
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(out.resolve().as_uri())
+        page.locator("#bn-panel-memory_peak .mem-peak-device").first.wait_for(timeout=60_000)
+        got = page.evaluate(PANEL_JS)
+    finally:
+        page.close()
+    assert not errors, errors
+    assert got["devices"] == ["cuda:0"]  # the host's bytes beside a GPU are left out
+    cats = {k: v for k, v in sec["categories"].items() if v}
+    total = sum(cats.values())
+    assert [c for c, _ in got["segments"]] == list(cats)
+    for c, width in got["segments"]:
+        assert width == pytest.approx(100 * cats[c] / total, abs=0.01), c
+    assert got["ops"] == [h["op"] for h in sec["holders"]]
+    for c in sec["checkpoint_candidates"]:
+        assert c["module"] in got["text"]
+    assert "estimate" in got["text"]
