@@ -237,6 +237,7 @@ _SECTION_LABELS = {
     "communication": "Communication", "launch": "Kernel launches", "recommendations": "Recommendations",
     "kernels": "Kernel table", "kernel_names": "Kernel times by name", "memory_curves": "Memory over time", "operator_view": "Operator view",
     "context": "Workload context", "distributed": "Distributed run", "verdicts": "Card verdicts",
+    "memory_peak": "Memory at the peak",
 }
 _METRIC_LABELS = {
     "utilization_pct": "utilization", "est_sm_efficiency_pct": "estimated SM efficiency",
@@ -279,6 +280,9 @@ def not_available_label(key: str, report: Optional[dict] = None) -> str:
     head = _SECTION_LABELS.get(section) or _words(section).capitalize()
     if section in ("gpu", "memory") and len(rest) >= 2:
         head = devices.label(rest[0], report) + (" memory" if section == "memory" else "")
+        rest = rest[1:]
+    elif section == "memory_peak" and rest:  # memory_peak.<device>[.<metric>]
+        head = devices.label(rest[0], report) + " memory at the peak"
         rest = rest[1:]
     if not rest:
         return head

@@ -370,10 +370,8 @@ def peak_holders(trace: TraceData, steps=None, host: Optional[dict] = None,
         if not (mod_s >= 0).any():
             na[f"{NAME}.{key}.by_module"] = ("no nn.Module frame encloses the live blocks' allocations: record "
                                              "with torch.profiler.profile(with_stack=True)")
-        if capacity is None:
-            na[f"{NAME}.{key}.capacity_bytes"] = ("traces do not record the host's memory size"
-                                                  if dtype not in GPU_DEVICE_TYPES
-                                                  else "no deviceProperties totalGlobalMem for this device")
+        if capacity is None and dtype in GPU_DEVICE_TYPES:  # (the host's: memory.cpu.capacity_bytes says why)
+            na[f"{NAME}.{key}.capacity_bytes"] = "no deviceProperties totalGlobalMem for this device"
     return out
 
 
