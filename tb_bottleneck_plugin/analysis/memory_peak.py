@@ -442,6 +442,32 @@ def fit(peak: Optional[float], cats: Optional[dict], capacity: Optional[float]) 
     return out
 
 
+def join_recompute(report: dict) -> None:
+    """Each checkpoint candidate's recomputation cost (METRICS.md §7): its forward GPU time
+    per step from the module tree (§17, ``source_attribution.modules[].gpu_fwd_us`` over the
+    included steps / their count) as ``recompute_gpu_us_per_step`` and as a share of the
+    mean step, ``recompute_step_pct``; None where the module tree does not have it. A join
+    (registry.JOINS): span and summary alike, after every unit."""
+    peaks = report.get(NAME)
+    if not isinstance(peaks, dict):
+        return
+    sa = report.get("source_attribution")
+    mods = {m.get("module"): m for m in ((sa or {}).get("modules") or []) if isinstance(m, dict)} \
+        if isinstance(sa, dict) else {}
+    count = (report.get("steps") or {}).get("count") if isinstance(report.get("steps"), dict) else None
+    avg = report.get("avg_step_us")
+    for e in peaks.values():
+        for c in (e.get("checkpoint_candidates") or []) if isinstance(e, dict) else []:
+            if not isinstance(c, dict):
+                continue
+            fwd = (mods.get(c.get("module")) or {}).get("gpu_fwd_us")
+            per = float(fwd) / count if isinstance(fwd, (int, float)) and isinstance(count, int) and count > 0 \
+                else None
+            c["recompute_gpu_us_per_step"] = per
+            c["recompute_step_pct"] = (100.0 * per / avg if per is not None and isinstance(avg, (int, float))
+                                       and avg > 0 else None)
+
+
 # ---------------------------------------------------------------- metric unit (analysis/units.py)
 
 

@@ -37,7 +37,7 @@ UNITS: List[Unit] = [
 ]
 
 # Cross-section links, run after every unit (span and summary alike).
-JOINS = [tensor_cores.join_gpu]
+JOINS = [tensor_cores.join_gpu, memory_peak.join_recompute]
 
 
 def by_name(name: str) -> Unit:

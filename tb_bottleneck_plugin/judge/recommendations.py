@@ -945,10 +945,13 @@ def rule_memory_peak(report) -> Optional[dict]:
     held = ", ".join(f"{k.replace('_', ' ')} {v / gib:.2f} GiB" for k, v in cats.items() if v)
     if cands:
         names = ", ".join(c["module"] for c in cands)
+        costs = [c.get("recompute_gpu_us_per_step") for c in cands]
+        cost = (f" (about {sum(costs) / 1000:.1f} ms of GPU time per step, their forward)"
+                if all(isinstance(v, (int, float)) for v in costs) else "")
         action = (f"Wrap the modules whose activations hold most at the peak ({names}) in "
                   "torch.utils.checkpoint.checkpoint(module, x, use_reentrant=False): their activations are "
                   f"recomputed in backward instead of kept, freeing about {frees / gib:.2f} GiB at the peak for "
-                  "one more forward of those modules. Or lower the batch size (activations scale with it).")
+                  f"one more forward of those modules{cost}. Or lower the batch size (activations scale with it).")
     else:
         action = ("Lower the batch size (activations scale with it), or record with "
                   "torch.profiler.profile(with_stack=True) to name the modules whose activations to "

@@ -5,7 +5,7 @@
 // (text only).
 
 import {h, mount} from "./dom.js";
-import {isNum, fmtPct, fmtBytes, fmtCount, fmtNum} from "./format.js";
+import {isNum, fmtPct, fmtBytes, fmtCount, fmtNum, fmtUs} from "./format.js";
 import {note, naReason, kv, memDeviceLabel} from "./common.js";
 import {withTooltip} from "./charts.js";
 import {registerPanel} from "./panels.js";
@@ -62,7 +62,8 @@ function devicePeak(report, key, e) {
       isNum(e.headroom_bytes) ? ["Headroom", `${fmtBytes(e.headroom_bytes)} of ${fmtBytes(e.capacity_bytes)} (peak ${fmtPct(e.peak_pct_of_capacity)} of capacity)`] : null,
       isNum(e.batch_scale_fit_estimate) ? ["Batch that would fit",
         `about ${fmtNum(e.batch_scale_fit_estimate, 1)}× the batch (estimate: activations grow linearly with the batch, nothing else does)`] : null,
-      cands.length ? ["Activation-checkpointing candidates", cands.map((c) => `${c.module} ${fmtBytes(c.activation_bytes)}`).join(" · ")] : null,
+      cands.length ? ["Activation-checkpointing candidates", cands.map((c) => `${c.module} ${fmtBytes(c.activation_bytes)}`
+        + (isNum(c.recompute_gpu_us_per_step) ? ` (recompute ${fmtUs(c.recompute_gpu_us_per_step)}/step)` : "")).join(" · ")] : null,
     ]),
     holdersTable(Array.isArray(e.holders) ? e.holders : [], e.peak_allocated_bytes));
 }

@@ -217,7 +217,10 @@ def _memory_peak_lines(rep: dict) -> List[str]:
         cands = e.get("checkpoint_candidates") or []
         if cands:
             out.append("    activation-checkpointing candidates: "
-                       + ", ".join(f"{c['module']} {size(c['activation_bytes'])}" for c in cands))
+                       + ", ".join(f"{c['module']} {size(c['activation_bytes'])}"
+                                   + (f" (recompute {duration(c['recompute_gpu_us_per_step'])}/step)"
+                                      if isinstance(c.get("recompute_gpu_us_per_step"), (int, float)) else "")
+                                   for c in cands))
     return out
 
 

@@ -199,3 +199,17 @@ def test_api_holders_frame_and_cli_text():
     text = format_report(rep.report)
     assert "memory at the peak GPU 0" in text and "activation-checkpointing candidates: GPT2Block_" in text
     assert "memory at the peak CPU" not in text  # the host's bytes beside a GPU's are left out
+
+
+@pytest.mark.skipif(not GPT2.is_dir(), reason="needs ../shared/traces/h100")
+def test_gpt2_candidates_carry_their_recompute_cost():
+    """A candidate's recompute cost is its forward GPU time per step: the module tree's
+    gpu_fwd_us (§17) over the 3 recorded steps, and that share of the mean step."""
+    path = next(GPT2.glob("*.pt.trace.json.gz"))
+    rep = report.analyze_trace(load_trace(str(path)))["report"]
+    mods = {m["module"]: m for m in rep["source_attribution"]["modules"]}
+    assert rep["steps"]["count"] == 3
+    for c in rep["memory_peak"]["cuda:0"]["checkpoint_candidates"]:
+        assert c["recompute_gpu_us_per_step"] == pytest.approx(mods[c["module"]]["gpu_fwd_us"] / 3)
+        assert c["recompute_step_pct"] == pytest.approx(100 * c["recompute_gpu_us_per_step"] / rep["avg_step_us"])
+        assert 0 < c["recompute_step_pct"] < 10  # one transformer block's forward: a few % of the step
