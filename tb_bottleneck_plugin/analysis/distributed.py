@@ -273,6 +273,7 @@ def span_partial(trace: TraceData, steps: Optional[Steps], span=None) -> dict:
         entry["seq"].append(seqs[k])
 
     act = step_activity(trace, lo, hi, comp, gpu_trace, span)
+    p2p = point_to_point(trace, lo, hi, comp, gpu_trace, span)
     for i, n in enumerate(steps.inc_numbers.tolist()):
         out["steps"].append({
             "step": int(n), "step_us": float(total[i]),
@@ -280,7 +281,67 @@ def span_partial(trace: TraceData, steps: Optional[Steps], span=None) -> dict:
             "exposed_comm_us": float(exposed[i]), "other_us": float(other[i]),
             "collectives": per_step[i], "activity": {k: float(v[i]) for k, v in act.items()},
         })
+        if p2p is not None:
+            out["steps"][-1].update(p2p=p2p["calls"][i], bubble_us=float(p2p["bubble_us"][i]),
+                                    microbatches=p2p["microbatches"][i])
     return out
+
+
+# c10d point-to-point ops (their peer: trace.op_inputs.peers) and the backend spans they run
+P2P_OPS = ("c10d::send", "c10d::recv_", "c10d::recv_any_source_")
+P2P_SPANS = ("gloo:send", "gloo:recv", "nccl:send", "nccl:recv", "rccl:send", "rccl:recv")
+_MICROBATCH = re.compile(r"^(?:Forward (\d+)|PP:\d+F(\d+))$")
+
+
+def point_to_point(trace: TraceData, lo: np.ndarray, hi: np.ndarray, comp: iv.Intervals, gpu_trace: bool,
+                   span=None) -> Optional[dict]:
+    """Per included step (METRICS.md §12 "Pipeline parallelism"): the c10d point-to-point
+    calls in start order ({"kind", "peer", "dur_us", "bytes"}), the bubble (µs blocked in
+    point-to-point communication, not computing) and the microbatches torch.distributed.pipelining
+    labelled ("Forward i", "PP:<stage>F<i>"; None without labels). None without any call."""
+    c = trace.cpu
+    host = _host_span_mask(trace)
+    ops = np.flatnonzero(np.isin(c.name, trace.string_ids(lambda s: s in P2P_OPS)) & host)
+    if not len(ops):
+        return None
+    ops = ops[np.argsort(c.ts[ops], kind="stable")]
+    step_of = np.searchsorted(lo, c.ts[ops], side="right") - 1
+    inside = (step_of >= 0) & (c.ts[ops] < hi[np.maximum(step_of, 0)])
+    calls: List[Dict[str, list]] = [{"kind": [], "peer": [], "dur_us": [], "bytes": []} for _ in range(len(lo))]
+    peers = trace.op_inputs.peers
+    for row, st, ok in zip(ops.tolist(), step_of.tolist(), inside.tolist()):
+        if not ok or len(calls[st]["kind"]) >= MAX_COLLECTIVES_PER_STEP:
+            continue
+        name = trace.strings[c.name[row]]
+        calls[st]["kind"].append("send" if name == "c10d::send" else "recv")
+        calls[st]["peer"].append(peers.get(row))
+        calls[st]["dur_us"].append(float(c.dur[row]))
+        calls[st]["bytes"].append(_bytes_of(trace, row))
+    op_ints = iv.merge(c.ts[ops], (c.ts + c.dur)[ops])
+    if gpu_trace:
+        # the stream waits in the send/recv kernels the c10d ops launched
+        g, rt = trace.gpu, trace.runtime
+        rows = np.flatnonzero(comm_kernel_mask(trace))
+        rt_row = (gpu_runtime_index(trace) if span is None else span_gpu_runtime(span))[rows]
+        launched = np.where(rt_row >= 0, rt.ts[np.maximum(rt_row, 0)] if len(rt) else 0.0, np.nan)
+        rows = rows[_inside(op_ints, launched)]
+        blocked = iv.merge(g.ts[rows], (g.ts + g.dur)[rows])
+    else:
+        spans = np.flatnonzero(np.isin(c.name, trace.string_ids(lambda s: s in P2P_SPANS)) & host)
+        blocked = iv.merge(np.concatenate([op_ints[0], c.ts[spans]]), np.concatenate([op_ints[1], (c.ts + c.dur)[spans]]))
+    bubble = iv.covered_in(iv.subtract(blocked, comp), lo, hi)
+    labels = np.flatnonzero(np.isin(c.name, trace.string_ids(lambda s: bool(_MICROBATCH.match(s)))) & host)
+    micro: List[Optional[int]] = [None] * len(lo)
+    if len(labels):
+        st = np.searchsorted(lo, c.ts[labels], side="right") - 1
+        seen: Dict[int, set] = {}
+        for row, k in zip(labels.tolist(), st.tolist()):
+            if k >= 0 and c.ts[row] < hi[k]:
+                m = _MICROBATCH.match(trace.strings[c.name[row]])
+                seen.setdefault(k, set()).add(int(m.group(1) or m.group(2)))
+        for k, mbs in seen.items():
+            micro[k] = len(mbs)
+    return {"calls": calls, "bubble_us": bubble, "microbatches": micro}
 
 
 def process_groups(trace: TraceData) -> List[dict]:
@@ -302,18 +363,30 @@ def process_groups(trace: TraceData) -> List[dict]:
     g = trace.gpu
     named = g.pg_name >= 0
     if named.any():
-        from .collectives import _ranks_of
-
         pairs = np.unique(np.stack([g.pg_name[named], g.pg_ranks[named], g.group_size[named]], 1), axis=0)
         for name_id, ranks_id, size in pairs.tolist():
             name = trace.strings[name_id]
-            ranks = _ranks_of(trace.strings[ranks_id]) if ranks_id >= 0 else None
+            ranks = _ranks_text(trace.strings[ranks_id]) if ranks_id >= 0 else None
             row = out.setdefault(name, {"name": name, "desc": None, "size": None, "ranks": None})
             if row["ranks"] is None and ranks:
                 row["ranks"] = ranks
             if row["size"] is None:
                 row["size"] = int(size) if size > 0 else (len(ranks) if ranks else None)
     return list(out.values())
+
+
+def _ranks_text(text: str) -> Optional[List[int]]:
+    """'"[0, 1]"' or '[0, 1]' (the raw JSON text of "Process Group Ranks") -> [0, 1]; None if not that."""
+    import json
+
+    try:
+        v = json.loads(text)
+        if isinstance(v, str):
+            v = json.loads(v)
+    except (ValueError, TypeError):
+        return None
+    return [int(x) for x in v] if isinstance(v, list) and all(
+        isinstance(x, int) and not isinstance(x, bool) for x in v) else None
 
 
 # What one rank did in a step, besides communicating (METRICS.md §12 "The straggler's cause"):

@@ -87,6 +87,7 @@ export function renderRanksPanel(view, {selectedWorker = null, onPick = null, lo
         flaggedWorker: view.flagged && view.recommendation ? view.recommendation.worker : null})),
       sub("Collectives", renderCollectives(view.collectives || [])),
       sub("Process groups", renderGroups(view.process_groups || [])),
+      ...(view.pipeline && view.pipeline.available ? [sub("Pipeline stages", renderPipeline(view.pipeline))] : []),
       sub("Collective bandwidth against the link", rankCollectivesSection(view)));
     if (loadReports) children.push(renderRankCards(view, rows, loadReports));
   }
@@ -537,4 +538,29 @@ function renderGroups(groups) {
     }
   }
   return h("div", {}, table, ...notes);
+}
+
+// Pipeline parallelism (ranks.py pipeline, views/pipeline.py; METRICS.md §12): one row per stage
+// with its bubble, the measured and theoretical bubble side by side, and the server's priced advice.
+const STAGE_COLS = [
+  {key: "stage", label: "Stage", fmt: fmtCount},
+  {key: "ranks", label: "Ranks", text: true, fmt: (v) => (Array.isArray(v) ? v.join(", ") : "")},
+  {key: "bubble_us_per_step", label: "Bubble per step", fmt: fmtUs},
+  {key: "bubble_pct", label: "Bubble share", fmt: fmtPct},
+  {key: "busy_us_per_step", label: "Busy per step", fmt: fmtUs},
+];
+
+function renderPipeline(pp) {
+  const head = [`${fmtCount(pp.stages)} stages × ${fmtCount((pp.pipelines || []).length)} replica(s)`];
+  if (isNum(pp.microbatches)) head.push(`${fmtCount(pp.microbatches)} microbatches`);
+  if (pp.schedule) head.push(`schedule ${pp.schedule}`);
+  if (isNum(pp.bubble_pct)) head.push(`bubble ${fmtPct(pp.bubble_pct)} of the step`);
+  if (isNum(pp.theoretical_bubble_pct)) head.push(`theoretical (p−1)/(m+p−1) = ${fmtPct(pp.theoretical_bubble_pct)}`);
+  const table = h("table", {class: "grid-table stages-table"},
+    h("thead", {}, h("tr", {}, STAGE_COLS.map((c) => h("th", {class: c.text ? null : "num"}, c.label)))),
+    h("tbody", {}, (pp.per_stage || []).map((st) => h("tr", {}, STAGE_COLS.map((c) => h("td", {class: [c.text ? null : "num", `col-${c.key}`]},
+      c.fmt(st[c.key])))))));
+  const advice = (pp.advice || []).map((a) => h("p", {class: "note pipeline-advice"},
+    `${a.title} (saves about ${fmtUs(a.saving_us_per_step)} per step, ${fmtPct(a.saving_pct)}): ${a.action}`));
+  return h("div", {}, h("p", {class: "note pipeline-head"}, head.join(" · ")), table, ...advice);
 }

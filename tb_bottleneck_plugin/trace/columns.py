@@ -33,6 +33,21 @@ SHAPE_OP_MARKERS = (
     "c10d::", "_c10d_functional::",
 )
 
+# c10d point-to-point ops whose "Concrete Inputs" name the peer rank (third argument).
+P2P_OPS = ("c10d::send", "c10d::recv_", "c10d::recv_any_source_")
+
+
+def _peer_of(concrete) -> Optional[int]:
+    """The peer rank in a c10d send/recv op's decoded "Concrete Inputs" (["", "", "1", "0"])."""
+    if isinstance(concrete, list) and len(concrete) >= 3:
+        v = concrete[2]
+        if isinstance(v, str) and v.strip().lstrip("-").isdigit():
+            return int(v)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+    return None
+
+
 # Raw (lower-cased) categories -> what the event is. See trace-format.md §4.
 _GPU_KIND = {"kernel": model.GPU_KERNEL, "gpu_memcpy": model.GPU_MEMCPY, "memcpy": model.GPU_MEMCPY,
              "gpu_memset": model.GPU_MEMSET, "memset": model.GPU_MEMSET}
@@ -447,12 +462,17 @@ class _Builder:
                 wanted = cache[nid] = any(m in low for m in SHAPE_OP_MARKERS)
             flags.append(wanted)
         picked = np.flatnonzero(np.array(flags, dtype=np.bool_)[inverse]) if flags else np.empty(0, np.int64)
+        p2p_ids = {self.strings[n] for n in P2P_OPS if n in self.strings}
         for local, row in zip(picked.tolist(), rows[picked].tolist()):
             index = self.cpu_rows + local
             if dims[row]:
                 self.op_inputs.dims[index] = self._decoded(dims[row])
             if types[row]:
                 self.op_inputs.types[index] = self._decoded(types[row])
+            if p2p_ids and len(args[row].concrete_inputs) and int(table.name[local]) in p2p_ids:
+                peer = _peer_of(self._decoded(args[row].concrete_inputs))
+                if peer is not None:
+                    self.op_inputs.peers[index] = peer
         files = list(map(_KERNEL_FILE, args))  # Inductor launches only (few): one C-level pass
         if files.count(None) != len(files):
             self._add_kernel_launches(args, files, keep)
@@ -578,6 +598,8 @@ class _Builder:
             self.op_inputs.dims[self.cpu_rows + row] = dims
         for row, types in other.op_inputs.types.items():
             self.op_inputs.types[self.cpu_rows + row] = types
+        for row, peer in other.op_inputs.peers.items():
+            self.op_inputs.peers[self.cpu_rows + row] = peer
         for row, launch in other.kernel_launches.items():
             self.kernel_launches[self.cpu_rows + row] = launch
         self.cpu_rows += other.cpu_rows

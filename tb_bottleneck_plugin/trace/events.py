@@ -70,6 +70,8 @@ class Args(msgspec.Struct, omit_defaults=True, gc=False):
     input_dims: msgspec.Raw = msgspec.field(default=_EMPTY_RAW, name="Input Dims")
     input_dims_2020: msgspec.Raw = msgspec.field(default=_EMPTY_RAW, name="Input dims")
     input_type: msgspec.Raw = msgspec.field(default=_EMPTY_RAW, name="Input type")
+    # record_shapes' scalar arguments; read only for c10d point-to-point ops (their peer rank)
+    concrete_inputs: msgspec.Raw = msgspec.field(default=_EMPTY_RAW, name="Concrete Inputs")
     # Source attribution (METRICS.md §17): the old (<= torch 1.x) per-op Python stack, left
     # undecoded like the inputs (a few hundred distinct texts), and the autograd sequence
     # number that ties a backward op to the forward op that made its node.

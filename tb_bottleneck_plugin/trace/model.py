@@ -204,6 +204,9 @@ class OpInputs:
 
     dims: Dict[int, Any] = field(default_factory=dict)
     types: Dict[int, Any] = field(default_factory=dict)
+    # c10d point-to-point ops (c10d::send, c10d::recv_, ...): the peer rank, the third of
+    # their "Concrete Inputs" (dst of a send, src of a recv; group-local rank)
+    peers: Dict[int, int] = field(default_factory=dict)
 
 
 class KernelLaunch(NamedTuple):

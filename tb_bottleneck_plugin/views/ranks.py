@@ -22,6 +22,7 @@ import numpy as np
 from .. import thresholds as T
 from ..analysis.devices import label as device_label
 from ..analysis.units import HIGHER, LOWER, Metric, path
+from .pipeline import NO_P2P, format_pipeline_text, pipeline_view
 
 SPLIT = ("compute_only_us", "overlapped_us", "exposed_comm_us", "other_us")
 SINGLE_WORKER = "single worker: no ranks to compare"
@@ -87,7 +88,8 @@ def rank_view(results_by_worker: Dict[str, List[dict]]) -> dict:
     view: dict = {"available": False, "rank_count": len(workers), "world_size": None, "backend": None,
                   "ranks": [], "steps": [], "collectives": [], "imbalance_pct": None, "straggler": None,
                   "flagged": False, "recommendation": None, "collective_bandwidth": None, "fewest_steps": 0,
-                  "straggler_gap": None, "process_groups": [], "straggler_cause": None, "not_available": na}
+                  "straggler_gap": None, "process_groups": [], "straggler_cause": None, "pipeline": None,
+                  "not_available": na}
     if len(workers) < 2:
         na["ranks"] = SINGLE_WORKER
         return view
@@ -302,6 +304,10 @@ def rank_view(results_by_worker: Dict[str, List[dict]]) -> dict:
                                                   comm_all, [str(k) for k in kind_names.tolist()])
     view.update(available=True, ranks=rows, steps=common_steps, collectives=collectives,
                 imbalance_pct=imbalance, straggler=straggler, process_groups=groups)
+    view["pipeline"] = pipeline_view(rows, {rank_of[w]: [s for p in partials[w] for s in p.get("steps") or []]
+                                            for w in workers})
+    if view["pipeline"]["not_available"] not in (None, NO_P2P):
+        na["ranks.pipeline"] = view["pipeline"]["not_available"]
     view["collective_bandwidth"] = _collective_bandwidth(workers, rank_of, results_by_worker, na)
     # one common step is no pattern: neither "holds the others back in 1 of 1 steps" nor an
     # imbalance banner is said from it (METRICS.md §9, MIN_STEPS_TO_COMPARE)
@@ -337,6 +343,8 @@ def rank_view(results_by_worker: Dict[str, List[dict]]) -> dict:
 
 
 UNKNOWN_PG = "unknown"
+# Point-to-point kinds: a send on one rank pairs with a recv on another (the pipeline view)
+P2P_KINDS = ("send", "recv")
 # Unmatched sequence numbers listed per group (the count is always complete).
 MAX_UNMATCHED_LISTED = 20
 
@@ -402,12 +410,16 @@ def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pos,
         pos[o] = np.arange(m) - np.repeat(starts, np.diff(np.r_[starts, m]))
         by_group_step = np.lexsort((np.arange(m), ent_step, ent_pg))
     gs_pg, gs_step = ent_pg[by_group_step], ent_step[by_group_step]
+    p2p_kind = np.isin(kind, [i for i, k in enumerate(kind_names.tolist()) if k in P2P_KINDS])
     out = []
     for p, name in enumerate(pg_names):
         lo_p, hi_p = np.searchsorted(gs_pg, p, "left"), np.searchsorted(gs_pg, p, "right")
         idx_p = by_group_step[lo_p:hi_p]
         steps_p = gs_step[lo_p:hi_p]
-        mine = ent_pg == p
+        if p2p_kind.any():  # send/recv pair across ranks (the pipeline view), never matched here
+            keep = ~p2p_kind[idx_p]
+            idx_p, steps_p = idx_p[keep], steps_p[keep]
+        mine = (ent_pg == p) & ~p2p_kind
         conf = declared.get(name) or {}
         conf_ranks = conf.get("ranks") if isinstance(conf.get("ranks"), list) else None
         seen = np.bincount(ent_rank[idx_p], minlength=n_ranks) > 0
@@ -506,6 +518,7 @@ def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pos,
                "match_by": "seq" if by_seq and not by_order else ("order" if by_order and not by_seq else
                                                                   ("seq_and_order" if by_seq else None)),
                "calls": calls, "matched_calls": m_calls, "unmatched_calls": calls - m_calls,
+               "p2p_calls": int(((ent_pg == p) & p2p_kind).sum()),
                "unmatched_seqs": sorted(set(unmatched_seqs))[:MAX_UNMATCHED_LISTED],
                "straggler": None, "_waits": waits}
         if missing:
@@ -885,6 +898,7 @@ def format_ranks_text(view: dict, indent: str = "") -> str:
             lines.append(f"{indent}    {st['sentence']}")
             if st.get("cause"):
                 lines.append(f"{indent}    cause: {st['cause']['sentence']}")
+    lines.extend(format_pipeline_text(view.get("pipeline") or {}, indent))
     cb = view.get("collective_bandwidth") or {}
     link = cb.get("link") or {}
     for g in (cb.get("groups") or [])[:12]:
