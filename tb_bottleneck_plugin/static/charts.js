@@ -215,7 +215,7 @@ function lastIndexAtOrBefore(xs, x) {
  * A value holds until the next point when step is true (memory totals).
  */
 export function lineChart({width, height = 240, series, xFormat, leftFormat, rightFormat, leftLabel = "",
-  rightLabel = "", xLabel = "", rightMin = 0, rightMax = null, leftTickUnit = null}) {
+  rightLabel = "", xLabel = "", rightMin = 0, rightMax = null, leftTickUnit = null, markers = []}) {
   const hasRight = series.some((sr) => sr.axis === "right");
   const m = {l: 62, r: hasRight ? 54 : 14, t: 12, b: 38};
   const pw = Math.max(10, width - m.l - m.r);
@@ -272,6 +272,15 @@ export function lineChart({width, height = 240, series, xFormat, leftFormat, rig
     }
     if (sr.step && pen) d += `H${(m.l + pw).toFixed(1)}`;
     svg.appendChild(s("path", {d, class: "series", style: {stroke: sr.color, "stroke-dasharray": sr.dash || null}}));
+  }
+  // markers: [{x, label, title}] vertical lines at given x values (e.g. the memory peak's instant)
+  for (const mk of Array.isArray(markers) ? markers : []) {
+    if (!mk || !isNum(mk.x) || mk.x < xmin || mk.x > xmax) continue;
+    const mx = x(mk.x);
+    const g = s("g", {class: "chart-marker", "data-marker": String(mk.label ?? "")});
+    g.appendChild(s("line", {x1: mx, x2: mx, y1: m.t, y2: m.t + ph, class: "marker-line"}));
+    if (mk.label) g.appendChild(axisText(mx + 3, m.t + 10, String(mk.label), "start"));
+    svg.appendChild(g);
   }
   // Hover: a cursor line and the values at that time.
   const cursor = s("line", {x1: 0, x2: 0, y1: m.t, y2: m.t + ph, class: "cursor", visibility: "hidden"});

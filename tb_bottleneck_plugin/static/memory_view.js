@@ -71,8 +71,11 @@ function renderMemoryCharts(body, data, report) {
       || (key.startsWith("cuda:") ? "reserved memory not recorded in this trace" : null));
     const legend = h("div", {class: "legend"}, series.map((sr) => h("span", {class: "legend-item"},
       h("span", {class: ["swatch", sr.dash ? "swatch-dash" : null], style: {background: sr.color}}), h("span", {}, sr.name))));
+    // the instant of peak allocated whose live set the "Memory at the peak" panel decomposes
+    const mp = (report.memory_peak || {})[key];
+    const markers = mp && isNum(mp.peak_ts_us) ? [{x: (mp.peak_ts_us - traceStart) / 1000, label: "peak"}] : [];
     const chart = responsive(h("div", {class: "chart-box"}), (w) => lineChart({
-      width: w, height: 210, series, xFormat: fmtMs, leftFormat: fmtBytes, rightFormat: (v) => fmtPct(v, 0),
+      width: w, height: 210, series, markers, xFormat: fmtMs, leftFormat: fmtBytes, rightFormat: (v) => fmtPct(v, 0),
       rightLabel: res ? "slack %" : "",
       leftTickUnit: (max) => (BINARY_UNITS.find(([, f]) => max >= f) || ["B", 1])[1], xLabel: "time since trace start", rightMin: 0, rightMax: 100}));
     const block = h("div", {class: "mem-device"},

@@ -42,6 +42,10 @@ def test_memory_peak_panel_renders_the_reports_live_set(tmp_path, chromium):
         page.goto(out.resolve().as_uri())
         page.locator("#bn-panel-memory_peak .mem-peak-device").first.wait_for(timeout=60_000)
         got = page.evaluate(PANEL_JS)
+        # the peak's instant is marked on the memory curve of that device
+        page.locator(".mem-device .chart-marker").first.wait_for(timeout=30_000)
+        markers = page.evaluate("() => [...document.querySelectorAll('.mem-device .chart-marker')]"
+                                ".map((g) => g.dataset.marker)")
     finally:
         page.close()
     assert not errors, errors
@@ -55,3 +59,4 @@ def test_memory_peak_panel_renders_the_reports_live_set(tmp_path, chromium):
     for c in sec["checkpoint_candidates"]:
         assert c["module"] in got["text"]
     assert "estimate" in got["text"]
+    assert "peak" in markers
