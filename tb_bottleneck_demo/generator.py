@@ -724,9 +724,30 @@ class _SleepyBatches:
         return self.x, self.y
 
 
+def _slow_backward(torch):
+    """Identity in forward; its backward sleeps ``ms`` first (the injected extra backward work
+    of the compute straggler: a sleep inside an autograd node is exact on a loaded machine and
+    shows in the trace as that node's backward span)."""
+
+    class SlowBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, ms):
+            ctx.ms = ms
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            time.sleep(ctx.ms / 1000.0)
+            return grad, None
+
+    return SlowBackward
+
+
 def _ddp_worker(rank: int, world: int, port: int, run_dir: str, name: str, load_ms: List[float],
-                active: int) -> None:
-    """One rank of a gloo DDP run under the profiler (started by torch.multiprocessing)."""
+                active: int, backward_ms: Optional[List[float]] = None) -> None:
+    """One rank of a gloo DDP run under the profiler (started by torch.multiprocessing).
+    ``backward_ms``: per rank, extra time its backward spends (a sleep in an autograd node
+    after the first layer), None: none."""
     import torch
     import torch.distributed as dist
 
@@ -737,8 +758,15 @@ def _ddp_worker(rank: int, world: int, port: int, run_dir: str, name: str, load_
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         dim = 256
+        extra = (backward_ms or [0.0] * world)[rank]
+        slow = _slow_backward(torch)
+
+        class _Extra(torch.nn.Module):
+            def forward(self, x):
+                return slow.apply(x, extra) if extra > 0 else x
+
         model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(
-            torch.nn.Linear(dim, dim), torch.nn.ReLU(), torch.nn.Linear(dim, dim), torch.nn.ReLU(),
+            torch.nn.Linear(dim, dim), _Extra(), torch.nn.ReLU(), torch.nn.Linear(dim, dim), torch.nn.ReLU(),
             torch.nn.Linear(dim, 10)))
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         warm = 2
@@ -767,8 +795,10 @@ def _ddp_worker(rank: int, world: int, port: int, run_dir: str, name: str, load_
             for _ in range(total):
                 if prof.current_action == torch.profiler.ProfilerAction.RECORD_AND_SAVE:
                     prof.add_metadata("demo_run", name)
-                    prof.add_metadata_json("demo_settings", json.dumps(
-                        {"load_ms": load_ms, "rank": rank, "world_size": world}, sort_keys=True))
+                    settings = {"load_ms": load_ms, "rank": rank, "world_size": world}
+                    if backward_ms:
+                        settings["backward_ms"] = backward_ms
+                    prof.add_metadata_json("demo_settings", json.dumps(settings, sort_keys=True))
                 step()
                 prof.step()
     finally:
@@ -789,7 +819,8 @@ def ddp_load_ms(straggler: bool) -> List[float]:
             for r in range(DDP_WORLD_SIZE)]
 
 
-def _run_ddp(torch, outdir: str, name: str, straggler: bool, quick: bool) -> str:
+def _run_ddp(torch, outdir: str, name: str, straggler: bool, quick: bool,
+             backward_ms: Optional[List[float]] = None) -> str:
     import torch.multiprocessing as mp
 
     run_dir = os.path.join(outdir, name)
@@ -799,10 +830,11 @@ def _run_ddp(torch, outdir: str, name: str, straggler: bool, quick: bool) -> str
     load_ms = ddp_load_ms(straggler)
     active = DDP_ACTIVE_QUICK if quick else DDP_ACTIVE_FULL
     started = time.perf_counter()
-    mp.spawn(_ddp_worker, args=(DDP_WORLD_SIZE, _free_port(), run_dir, name, load_ms, active),
+    mp.spawn(_ddp_worker, args=(DDP_WORLD_SIZE, _free_port(), run_dir, name, load_ms, active, backward_ms),
              nprocs=DDP_WORLD_SIZE, join=True)
     files = sorted(glob.glob(os.path.join(run_dir, "rank*.pt.trace.json.gz")))
-    _log(f"{name}: {DDP_WORLD_SIZE} gloo ranks, data loading {load_ms} ms per batch, {active} profiled "
+    _log(f"{name}: {DDP_WORLD_SIZE} gloo ranks, data loading {load_ms} ms per batch"
+         + (f", extra backward {backward_ms} ms" if backward_ms else "") + f", {active} profiled "
          f"steps in {time.perf_counter() - started:.1f} s -> {len(files)} trace file(s) in {run_dir}")
     return run_dir
 
@@ -815,6 +847,27 @@ def generate_distributed(outdir: str, *, quick: bool = False) -> List[str]:
     os.makedirs(outdir, exist_ok=True)
     return [_run_ddp(torch, outdir, DDP_PAIR[0], straggler=True, quick=quick),
             _run_ddp(torch, outdir, DDP_PAIR[1], straggler=False, quick=quick)]
+
+
+# The compute straggler (issue 37): the same DDP job, the same data loading on both ranks, and
+# rank 1's backward DDP_EXTRA_BACKWARD_MS longer (a sleep in an autograd node): rank 0 waits
+# for it in the gradient all-reduce, and rank 1's own all-reduce looks short (it arrives last).
+DDP_COMPUTE_STRAGGLER = "ddp_compute_straggler_2rank"
+DDP_EXTRA_BACKWARD_MS = 100.0
+
+
+def ddp_backward_ms() -> List[float]:
+    """Per-rank extra backward time of the compute-straggler demo run (ms)."""
+    return [DDP_EXTRA_BACKWARD_MS if r == DDP_SLOW_RANK else 0.0 for r in range(DDP_WORLD_SIZE)]
+
+
+def generate_compute_straggler(outdir: str, *, quick: bool = False) -> str:
+    """``ddp_compute_straggler_2rank``: 2 gloo processes on CPU, rank 1's backward slower."""
+    torch = _import_torch()
+    outdir = os.path.abspath(outdir)
+    os.makedirs(outdir, exist_ok=True)
+    return _run_ddp(torch, outdir, DDP_COMPUTE_STRAGGLER, straggler=False, quick=quick,
+                    backward_ms=ddp_backward_ms())
 
 
 # --------------------------------------------------------------------------------------
@@ -853,6 +906,7 @@ def generate(outdir: str, *, quick: bool = False, device: Optional[str] = None,
         )
     if distributed:
         runs += generate_distributed(outdir, quick=quick)
+        runs.append(generate_compute_straggler(outdir, quick=quick))
     _log(f"done in {time.perf_counter() - started:.1f} s: {len(runs)} runs. "
          f"View them with: tensorboard --logdir {outdir}")
     return runs

@@ -335,7 +335,10 @@ def rank_view(results_by_worker: Dict[str, List[dict]]) -> dict:
         if straggler_fires and cause and cause.get("activity"):
             rec = view["recommendation"]
             rec["difference"] = {k: cause[k] for k in ("activity", "diff_us", "hidden_compute", "sentence")}
-            rec["action"] = f"Why it is late: {cause['sentence']}. " + rec["action"]
+            fix = CAUSE_FIX[cause["activity"]].format(rank=rec["rank"])
+            rec["action"] = f"Why it is late: {cause['sentence']}. {fix}. " + rec["action"].replace(
+                f"Fix rank {rec['rank']} first: its own report's top finding is",
+                "Its own report's top finding (which the other ranks may share) is", 1)
             rec["evidence"] = [cause["sentence"]] + list(rec.get("evidence") or [])
     # Plain JSON already: partials hold finite Python floats (span_partial), sums and
     # ratios of them are guarded against zero denominators.
@@ -550,6 +553,24 @@ CAUSE_WORDS = {
     "host_gap_us": "with its host idle (host gaps: no op running)",
 }
 COMPUTE_ACTIVITIES = ("compute_forward_us", "compute_backward_us", "compute_optimizer_us")
+# What to do about each cause, said of the late rank.
+CAUSE_FIX = {
+    "dataloader_us": "Make rank {rank}'s input as fast as the others' (its data shard, its DataLoader's "
+                     "num_workers, prefetch_factor and pin_memory)",
+    "h2d_us": "Make rank {rank}'s host-to-device copies cheaper (pin_memory=True and .to(device, "
+              "non_blocking=True), or fewer, larger copies)",
+    "sync_us": "Remove the host synchronisation on rank {rank} (.item(), .cpu(), .tolist(), "
+               "torch.cuda.synchronize() inside the step)",
+    "compute_forward_us": "Balance the forward work across ranks: look for uneven batch shapes or sequence "
+                          "lengths, a slower device or host CPU contention on rank {rank}",
+    "compute_backward_us": "Balance the backward work across ranks: look for uneven batch shapes or sequence "
+                           "lengths, extra gradient work (hooks, checkpointing), a slower device or host CPU "
+                           "contention on rank {rank}",
+    "compute_optimizer_us": "Balance the optimizer step across ranks (uneven parameter sharding, or extra "
+                            "optimizer work on rank {rank})",
+    "host_gap_us": "Rank {rank}'s host sits idle: look for CPU contention, a descheduled process or a slow "
+                   "filesystem on its host",
+}
 
 
 def straggler_cause(rank_index: int, members: List[int], steps: List[int], rows: List[dict],

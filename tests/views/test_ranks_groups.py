@@ -262,3 +262,25 @@ def test_run_table_needs_the_same_size_on_every_rank():
     assert (table["calls"], table["matched_calls"], table["unmatched_calls"]) == (2, 1, 1)
     (g,) = table["groups"]
     assert g["transfer_us"] == 10.0 and g["bytes"] == 4096.0
+
+
+def test_demo_compute_straggler_is_named_as_hidden_by_the_all_reduce():
+    """ddp_compute_straggler_2rank: both ranks load their batch in 150 ms; rank 1's backward
+    sleeps backward_ms[1] = 100 ms longer (demo_settings): the cause is backward compute, about
+    100 ms more per step (within 10 %), a compute straggler hidden by the all-reduce (rank 1's
+    own all-reduce time is the shorter one)."""
+    run = DEMO_LOGS / "ddp_compute_straggler_2rank"
+    with gzip.open(sorted(run.glob("*.gz"))[0], "rt") as fh:
+        settings = json.load(fh)["demo_settings"]
+    assert settings["load_ms"][0] == settings["load_ms"][1]
+    truth_ms = settings["backward_ms"][1] - settings["backward_ms"][0]
+    view = _view(DEMO_LOGS, "ddp_compute_straggler_2rank")
+    cause = view["straggler_cause"]
+    assert cause["rank"] == 1 and cause["activity"] == "compute_backward_us"
+    assert cause["diff_us"] / MS == pytest.approx(truth_ms, rel=0.10)
+    assert cause["hidden_compute"] and cause["comm_us_per_step"] < cause["median_others_comm_us_per_step"]
+    assert abs(cause["diff_us_per_step"]["dataloader_us"]) < 0.1 * cause["diff_us"]
+    rec = view["recommendation"]
+    assert rec["difference"]["activity"] == "compute_backward_us"
+    assert "compute straggler hidden by the all-reduce" in rec["action"]
+    assert "Balance the backward work across ranks" in rec["action"]
