@@ -263,7 +263,7 @@ def call_table(trace: TraceData, steps, span=None) -> Optional[dict]:
     numpy columns kind (str), pg (str), seq, step, bytes (NaN unknown), dur_us,
     group_size (-1 unknown), factor (NaN unknown), exposed_us, bytes_source. None without any."""
     from .breakdown import comm_kernel_mask
-    from .distributed import _DTYPE_BYTES, _bytes_of, _collective_spans, collective_kind
+    from .distributed import _DTYPE_BYTES, _collective_spans, collective_kind
 
     g = trace.gpu
     if not len(g) or steps is None or steps.count == 0:
@@ -293,30 +293,39 @@ def call_table(trace: TraceData, steps, span=None) -> Optional[dict]:
     for nm, cn in zip(g.name[rows].tolist(), g.coll_name[rows].tolist()):
         k = collective_kind(strings[cn]) if cn >= 0 else "other"
         kind.append(k if k != "other" else collective_kind(strings[nm]))
-    # Kernels without metadata whose kind the name does not tell (ROCm ncclDevKernel_Generic)
-    # or whose size is unknown: the launching nccl: CPU span (as analysis/distributed does).
+    # Kernels without metadata (no `Collective name`, no `In msg nelems`): kind and size from
+    # the ops that launched them (issue 34 item 8: NCCL runs all_to_all as `SendRecv` kernels,
+    # ROCm names every kernel ncclDevKernel_Generic): the c10d op (c10d::alltoall_base_, its
+    # output and input), record_param_comms and the nccl: span (the input).
     cpu_of = np.full(len(rows), -1, np.int64)
-    need = (g.msg_nelems[rows] < 0)
+    c10d_of = np.full(len(rows), -1, np.int64)
+    rpc_of = np.full(len(rows), -1, np.int64)
+    need = (g.msg_nelems[rows] < 0) | (g.coll_name[rows] < 0)
     if need.any():
-        coll_rows = _collective_spans(trace)
-        if len(coll_rows):
-            from .linking import gpu_runtime_index, innermost_enclosing, span_gpu_runtime, span_op_calls
+        from .linking import gpu_runtime_index, innermost_enclosing, span_gpu_runtime, span_op_calls
 
-            rt = (gpu_runtime_index(trace) if span is None else span_gpu_runtime(span))[rows]
-            linked = need & (rt >= 0)
-            if linked.any():
-                cpu_of[linked] = innermost_enclosing(trace, coll_rows, rt[linked],
-                                                     among=None if span is None else span_op_calls(span))
+        rt = (gpu_runtime_index(trace) if span is None else span_gpu_runtime(span))[rows]
+        linked = need & (rt >= 0)
+        among = None if span is None else span_op_calls(span)
+        for out, launchers in ((cpu_of, _collective_spans(trace)), (c10d_of, _launching_ops(trace, C10D_PREFIXES)),
+                               (rpc_of, _launching_ops(trace, (RECORD_PARAM_COMMS,)))):
+            if linked.any() and len(launchers):
+                out[linked] = innermost_enclosing(trace, launchers, rt[linked], among=among)
     n_col = g.group_size[rows].copy()
     pg_col = []
     byts = np.full(len(rows), np.nan)
     source = []
     pg_ranks_cache: Dict[int, Optional[List[int]]] = {}
     spans: List[Optional[bool]] = []
+    coll_named = g.coll_name[rows] >= 0
     for j, r in enumerate(rows.tolist()):
-        if kind[j] == "other" and cpu_of[j] >= 0:
-            kind[j] = collective_kind(strings[trace.cpu.name[cpu_of[j]]])
-        n = int(n_col[j]) if n_col[j] > 0 else default_n
+        if not coll_named[j]:  # the launching op names the collective, not the kernel's name
+            for op in (c10d_of[j], cpu_of[j]):
+                k = collective_kind(strings[trace.cpu.name[op]]) if op >= 0 else "other"
+                if k != "other":
+                    kind[j] = k
+                    break
+        n = int(n_col[j]) if n_col[j] > 0 else (_c10d_group_size(trace, kind[j], int(c10d_of[j])) or default_n)
         n_col[j] = n if n is not None else -1
         pgn = int(g.pg_name[r])
         pg_col.append(strings[pgn] if pgn >= 0 else (str(pgs[0].get("pg_name")) if len(pgs) == 1 else "unknown"))
@@ -330,11 +339,10 @@ def call_table(trace: TraceData, steps, span=None) -> Optional[dict]:
         b = message_bytes(kind[j], int(g.msg_nelems[r]), int(g.msg_out_nelems[r]), size, n)
         if b is not None:
             byts[j], src = b, "kernel_args"
-        elif cpu_of[j] >= 0 and kind[j] in ("all_reduce", "broadcast", "reduce"):
-            b = _bytes_of(trace, int(cpu_of[j]))
-            byts[j], src = (b, "cpu_input") if b is not None else (np.nan, None)
         else:
-            src = None
+            b, src = _launcher_bytes(trace, kind[j], int(cpu_of[j]), int(c10d_of[j]), int(rpc_of[j]), n)
+            if b is not None:
+                byts[j] = b
         source.append(src)
     factor = np.array([np.nan if (f := busbw_factor(k, int(n) if n > 0 else None)) is None else f
                        for k, n in zip(kind, n_col.tolist())], dtype=np.float64)
@@ -358,6 +366,91 @@ def call_table(trace: TraceData, steps, span=None) -> Optional[dict]:
             else np.full(len(rows), -1, np.int64), "bytes": byts, "dur_us": g.dur[rows].astype(np.float64),
             "group_size": n_col, "factor": factor, "exposed_us": exposed, "bytes_source": source,
             "spans_nodes": spans, "comm_union_us": comm_union, "exposed_union_us": max(exposed_union, 0.0)}
+
+
+RECORD_PARAM_COMMS = "record_param_comms"
+# kinds whose nccl-tests size is the launching op's input (the nccl: span's, record_param_comms')
+_INPUT_SIZED = ("all_reduce", "broadcast", "reduce", "all_to_all", "send_recv", "send", "recv")
+
+
+def _launching_ops(trace: TraceData, prefixes) -> np.ndarray:
+    """Rows of trace.cpu (ops, annotations) whose name starts with one of ``prefixes``."""
+    from .distributed import _host_span_mask
+
+    ids = trace.string_ids(lambda s: s.startswith(tuple(prefixes)))
+    return np.flatnonzero(np.isin(trace.cpu.name, ids) & _host_span_mask(trace)) if len(ids) \
+        else np.empty(0, np.int64)
+
+
+def _recorded_inputs(trace: TraceData, row: int):
+    """(dims, types) an op recorded (record_shapes): op_inputs where the loader kept them,
+    else the row's raw Input Dims / Input type text; (None, None) when absent."""
+    dims, types = trace.op_inputs.dims.get(row), trace.op_inputs.types.get(row)
+    if dims is None:
+        dims, types = _decode(trace, int(trace.cpu.input_dims[row])), _decode(trace, int(trace.cpu.input_types[row]))
+    return (dims, types) if isinstance(dims, list) and isinstance(types, list) else (None, None)
+
+
+def _decode(trace: TraceData, sid: int):
+    if sid < 0:
+        return None
+    try:
+        return json.loads(trace.strings[sid])
+    except (ValueError, TypeError, IndexError):
+        return None
+
+
+def _c10d_tensor_bytes(trace: TraceData, c10d_row: int) -> List[float]:
+    """Bytes of each plain tensor argument a c10d op recorded (``_allgather_base_(output,
+    input)``: both), in order; [] when none or unknown."""
+    from .distributed import _tensor_bytes
+
+    if c10d_row < 0:
+        return []
+    dims, types = _recorded_inputs(trace, c10d_row)
+    sizes = [_tensor_bytes(d, t) for d, t in zip(dims or [], types or [])
+             if isinstance(d, list) and d and all(isinstance(x, int) for x in d)]
+    return [x for x in sizes if x is not None]
+
+
+def _c10d_group_size(trace: TraceData, kind: str, c10d_row: int) -> Optional[int]:
+    """The group size an all-gather or reduce-scatter op implies: its full array over its
+    shard (``_reduce_scatter_base_`` output [8192, 384], input [65536, 384]: 8); None when the
+    op did not record both or they do not divide."""
+    if kind not in ("all_gather", "reduce_scatter"):
+        return None
+    sizes = _c10d_tensor_bytes(trace, c10d_row)
+    if len(sizes) != 2 or min(sizes) <= 0 or max(sizes) % min(sizes):
+        return None
+    n = int(max(sizes) // min(sizes))
+    return n if n > 1 else None
+
+
+def _launcher_bytes(trace: TraceData, kind: str, nccl_row: int, c10d_row: int, rpc_row: int,
+                    n: Optional[int]):
+    """(bytes, source) of a kernel without size metadata, from the ops that launched it, in
+    nccl-tests' convention (METRICS.md "Collective bandwidth"): all_gather and reduce_scatter the
+    full array, the largest tensor of the c10d op (``_allgather_base_(output, input)``,
+    ``_reduce_scatter_base_(output, input)``; ``launching_op``), else the input (x n for an
+    all_gather); all_reduce, broadcast, reduce, all_to_all, send/recv the input: the nccl: span's,
+    else record_param_comms' first tensor (``cpu_input``). (None, None) when unknown."""
+    from .distributed import _bytes_of, _tensor_bytes
+
+    if kind in ("all_gather", "reduce_scatter"):
+        sizes = _c10d_tensor_bytes(trace, c10d_row)
+        if len(sizes) >= 2:
+            return max(sizes), "launching_op"
+    if kind not in _INPUT_SIZED + ("all_gather", "reduce_scatter"):
+        return None, None
+    b = _bytes_of(trace, nccl_row) if nccl_row >= 0 else None
+    if b is None and rpc_row >= 0:
+        dims, types = _recorded_inputs(trace, rpc_row)
+        b = _tensor_bytes(dims[0], types[0]) if dims and types and isinstance(dims[0], list) and dims[0] else None
+    if b is None:
+        return None, None
+    if kind == "all_gather":
+        return (b * n, "cpu_input_x_group_size") if n else (None, None)
+    return b, "cpu_input"
 
 
 # ---------------------------------------------------------------- the CPU path (gloo)

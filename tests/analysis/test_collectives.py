@@ -280,6 +280,10 @@ SHARED = ["hta/negative_queue_length_values_check/rank0.json.gz", "hta/nccl_pars
           "tracelens/mi300/resnet_act_checkpoint.json.gz"]
 
 
+# bytes from the launching ops (no kernel metadata) on a 2-node group: busbw above one NIC
+MULTI_RAIL = ("hta/negative_queue_length_values_check/rank0.json.gz",)
+
+
 def _raw_kernels_with_args(path):
     doc = json.load(gzip.open(path))
     events = doc["traceEvents"] if isinstance(doc, dict) else doc
@@ -317,17 +321,24 @@ def test_shared_traces_bytes_and_busbw_within_link(name):
         if key in raw:
             assert src == "kernel_args" and b == raw[key][1], (name, ts)
             seen += 1
-    assert seen == sec["calls_with_bytes"] - sum(1 for s in t["bytes_source"] if s == "cpu_input")
+    # the rest: sizes from the launching ops (issue 34 item 8; pinned in test_collectives_launching_op.py)
+    assert seen == sec["calls_with_bytes"] - sum(1 for s in t["bytes_source"] if s and s != "kernel_args")
     if not raw:
-        assert sec["calls_with_bytes"] == 0 or sec["bytes_sources"] == ["cpu_input"]
+        assert sec["calls_with_bytes"] == 0 or "kernel_args" not in sec["bytes_sources"]
     if sec["calls_with_bytes"] == 0:
         assert "In msg nelems" in rep["not_available"]["collectives.bytes"]
         assert all(k["busbw_gbps"] is None for k in sec["kinds"])
     peak = sec["link"]["gbps"]
     assert peak, sec["link"]
     for r in sec["groups"] + sec["kinds"]:
-        if r["busbw_gbps"] is not None:
-            assert r["busbw_gbps"] <= peak * 1.05, (name, r)
+        if r["busbw_gbps"] is None:
+            continue
+        if name in MULTI_RAIL and r["kind"] in ("all_reduce", "all_gather", "reduce_scatter"):
+            # 16 ranks on two 8-GPU nodes: NCCL spreads inter-node traffic over the node's 8 NICs (and
+            # the 8-rank groups stay in a node): busbw passes one NIC's 25 GB/s (METRICS.md: not an error)
+            assert r["link_pct"] == pytest.approx(100 * r["busbw_gbps"] / peak), r
+            continue
+        assert r["busbw_gbps"] <= peak * 1.05, (name, r)
     json.dumps(sec, allow_nan=False)
 
 
