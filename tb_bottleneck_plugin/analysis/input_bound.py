@@ -37,6 +37,48 @@ def verdict_for(pct: Optional[float]):
     return VERDICT_NONE, "ok"
 
 
+_LOUDER = {"high": 3, "medium": 2, "low": 1, "ok": 0}
+
+
+def transfer_severity(pct: Optional[float]) -> str:
+    """The severity of host-to-device input copies no kernel hides (``input_transfer_pct``),
+    on the input-bound scale (XProf counts them as input too): >= INPUT_BOUND_HIGH_PCT high,
+    >= INPUT_BOUND_MODERATE_PCT medium, >= INPUT_TRANSFER_PCT low, else ok."""
+    if pct is None or pct < T.INPUT_TRANSFER_PCT:
+        return "ok"
+    return "high" if pct >= T.INPUT_BOUND_HIGH_PCT else "medium" if pct >= T.INPUT_BOUND_MODERATE_PCT else "low"
+
+
+def synchronous_transfer_pct(inp: Optional[dict]) -> Optional[float]:
+    """The share of the step in input copies that pin_memory would make asynchronous: the
+    input transfer % when the steps copy from pageable memory and it reaches
+    INPUT_TRANSFER_PCT, else None (the finding of rule pageable_h2d)."""
+    inp = inp if isinstance(inp, dict) else {}
+    pct = inp.get("input_transfer_pct")
+    pageable = (inp.get("evidence") or {}).get("pageable_h2d_copies") or 0
+    if not pageable or not isinstance(pct, (int, float)) or pct < T.INPUT_TRANSFER_PCT:
+        return None
+    return float(pct)
+
+
+def input_finding(inp: Optional[dict]):
+    """(words, severity) of the input finding, made once for the Input card and the input
+    advice (rules input_bound and pageable_h2d; issue 34 item 4): the DataLoader wait by
+    ``verdict_for``, synchronous (pageable) input copies by ``transfer_severity``; the louder
+    of the two. (None, None) without an input-bound %."""
+    inp = inp if isinstance(inp, dict) else {}
+    words, severity = verdict_for(inp.get("input_bound_pct"))
+    if words is None:
+        return None, None
+    transfer = synchronous_transfer_pct(inp)
+    if transfer is None:
+        return words, severity
+    copies = f"{transfer:.1f} % of the step in synchronous input copies (pageable memory)"
+    words = f"{words}, but {copies}" if severity == "ok" else f"{words}; {copies}"
+    louder = max((severity, transfer_severity(transfer)), key=_LOUDER.get)
+    return words, louder
+
+
 def input_bound_pct(wait_us: float, step_us: float) -> float:
     """The one ratio of §3: 100 * Σ waiting µs / Σ step µs (0 without step time); spans
     and summaries (``UNIT.finish``) both use it."""

@@ -14,7 +14,7 @@ from typing import Callable, Dict, Tuple
 from .. import thresholds as T
 from ..analysis import compilation, registry
 from ..analysis.flops import mfu_severity, roofline_efficient
-from ..analysis.input_bound import verdict_for
+from ..analysis.input_bound import input_finding
 from . import verdicts as V
 from .recommendations import (CAPTURE_ONLY_WORDS, KERNEL_EVIDENCE_CARDS, capture_only, gpu_utilization_not_judged,
                               reserved_of_capacity_pct, steps_words, sync_cost_pct, too_little_data)
@@ -41,9 +41,12 @@ def _card_input_bound(report: dict) -> dict:
     inp = report.get("input") or {}
     value = V.num(inp.get("input_bound_pct"))
     out = V.card(report, value, "pct", "input_bound", None,
-                 ("INPUT_BOUND_HIGH_PCT", "INPUT_BOUND_MODERATE_PCT"), ("input_bound_pct", "input"))
+                 ("INPUT_BOUND_HIGH_PCT", "INPUT_BOUND_MODERATE_PCT", "INPUT_TRANSFER_PCT"), ("input_bound_pct", "input"))
     if value is not None:
-        out["verdict"], out["severity"] = verdict_for(value)
+        # one severity for the card and the input advice (rules input_bound, pageable_h2d):
+        # the DataLoader wait and the synchronous input copies, the louder of the two
+        out["verdict"], out["severity"] = input_finding(inp)
+        out["input_transfer_pct"] = V.num(inp.get("input_transfer_pct"))
     return out
 
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 from typing import Callable, List, Optional
 
 from .. import thresholds as T
-from ..analysis.input_bound import verdict_for
+from ..analysis.flops import mfu_severity
+from ..analysis.input_bound import input_finding, transfer_severity, verdict_for
 from ..analysis.devices import label as device_label
 
 _SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2, "info": 3}
@@ -266,9 +267,11 @@ def source_lines(report, kind: str, limit: int = 2) -> List[str]:
 def rule_input_bound(report) -> Optional[dict]:
     inp = report.get("input") or {}
     pct = inp.get("input_bound_pct")
-    _, severity = verdict_for(pct)  # the input-bound verdict is made once, in analysis/input_bound.py
-    if severity not in ("high", "medium"):
+    if verdict_for(pct)[1] not in ("high", "medium"):
         return None
+    # the Input card's severity (analysis/input_bound.py input_finding: the wait and any
+    # synchronous input copies), so the card and this advice never differ
+    _, severity = input_finding(inp)
     ev = inp.get("evidence") or {}
     evidence = []
     iters = ev.get("dataloader_iterators") or []
@@ -328,7 +331,7 @@ def rule_pageable_copies(report) -> Optional[dict]:
     if not pageable or transfer < T.INPUT_TRANSFER_PCT or (inp.get("input_bound_pct") or 0) >= T.INPUT_BOUND_MODERATE_PCT:
         return None  # the input-bound rule already says pin_memory
     return {
-        "rule": "pageable_h2d", "severity": "medium",
+        "rule": "pageable_h2d", "severity": transfer_severity(transfer),  # the Input card's (input_finding)
         "title": "Host-to-device copies of the input are synchronous (pageable memory)",
         "action": "Use DataLoader(..., pin_memory=True) and tensor.to(device, non_blocking=True).",
         "numbers": {"input_transfer_pct": round(transfer, 2), "pageable_h2d_copies": pageable},
@@ -755,7 +758,7 @@ def rule_low_mfu(report) -> Optional[dict]:
               + "; check the result with the Compilation card (graph breaks leave parts eager).")
     gain = memory * (1 - 1 / T.FUSION_SPEEDUP)
     return {
-        "rule": "low_mfu", "severity": "high" if mfu < T.MFU_LOW_PCT else "medium",
+        "rule": "low_mfu", "severity": mfu_severity(mfu),  # the MFU card's own scale (METRICS §15)
         "title": f"MFU {mfu:.0f} %: memory-bound kernels hold {memory:.0f} % of the step",
         "action": action,
         "numbers": {"mfu_pct": round(mfu, 2), "memory_bound_step_pct": round(memory, 2),

@@ -27,6 +27,11 @@ statement that another part of the same report (or arithmetic) refutes:
 - ``verdict_disagrees`` (issue 35): a healthy verdict above a high or medium card or
   recommendation, or a verdict whose sentence and fix are not the first time-saving
   recommendation's;
+- ``severity_disagrees`` (issue 34 item 4): one finding judged twice with two severities: the
+  MFU card and the low-MFU advice, the Input card and the input advice (``input_bound``,
+  ``pageable_h2d``: a green "not input-bound" card beside a pageable-copy recommendation). The
+  advice's severity is the card's, lowered only by the step model's price (``R.price``:
+  under ``T.GAIN_INFO_PCT`` info, under ``T.VERDICT_MIN_GAIN_PCT`` at most low);
 - ``one_window_words``: a trace without ProfilerStep whose words name a "step 0" or "the
   steps", or whose per-step n/a gives another reason than the steps' own (METRICS.md §1).
 
@@ -53,7 +58,7 @@ from tb_bottleneck_plugin.judge import recommendations as R
 
 CHECKS = ("launch_bound_capture", "share_over_100", "banner_few_steps", "green_card_rule_fired",
           "green_low_utilization", "na_with_number", "step_longer_than_activity", "confident_on_little_data",
-          "one_window_words", "unpriced_confident_advice", "verdict_disagrees")
+          "one_window_words", "unpriced_confident_advice", "verdict_disagrees", "severity_disagrees")
 
 # "launch-bound", "launch- or latency-bound", but not "latency-bound, not launch-bound"
 LAUNCH_BOUND = re.compile(r"(?<!not )\blaunch-(?:bound|\s+or\s+latency-bound)", re.IGNORECASE)
@@ -70,6 +75,8 @@ CARD_SOURCE = {"input_bound": ("input", "input_bound_pct"), "tensor_cores": ("te
 # The same metric kept twice: a section total and its per-device copies.
 PER_DEVICE_COPY = {"tensor_cores.tensor_core_pct": "tensor_core_pct",
                    "occupancy.est_achieved_occupancy_pct": "est_achieved_occupancy_pct"}
+# A card and the advice that judge the same finding (issue 34 item 4): one severity.
+SAME_FINDING = {"mfu": ("low_mfu",), "input_bound": ("input_bound", "pageable_h2d")}
 EPS_US = 1.0  # µs of slack for sums of floats compared with spans
 STEP_ZERO = re.compile(r"\bsteps?\s*#?0\b")
 
@@ -279,6 +286,34 @@ def check_verdict_disagrees(rep: dict) -> List[str]:
         if first is None or v.get("sentence") != first.get("title") or fix.get("rule") != first.get("rule"):
             out.append(f"the verdict names {fix.get('rule')}, the first recommendation is "
                        f"{first.get('rule') if first else None}")
+    return out
+
+
+def _as_priced(severity: str, rec: dict) -> str:
+    """A card's severity as the advice for the same finding must read once the step model
+    priced it (the demotion of ``R.price``)."""
+    gain = rec.get("estimated_gain_pct")
+    if rec.get("gain_source") != "step_model" or not isinstance(gain, (int, float)) or severity == "ok":
+        return severity
+    if gain < T.GAIN_INFO_PCT:
+        return "info"
+    return "low" if gain < T.VERDICT_MIN_GAIN_PCT and severity in ("high", "medium") else severity
+
+
+def check_severity_disagrees(rep: dict) -> List[str]:
+    out, fired = [], _fired(rep)
+    for card, rules in SAME_FINDING.items():
+        v = (rep.get("verdicts") or {}).get(card)
+        if not isinstance(v, dict) or v.get("severity") in (None, "na", "none"):
+            continue
+        for rule in rules:
+            rec = fired.get(rule)
+            if rec is None:
+                continue
+            want = _as_priced(v["severity"], rec)
+            if rec.get("severity") != want:
+                out.append(f"card {card} is {v['severity']} ({v.get('verdict')!r}) but rule {rule} is "
+                           f"{rec.get('severity')} (priced at {rec.get('estimated_gain_pct')} %): {rec.get('title')!r}")
     return out
 
 
@@ -681,6 +716,12 @@ def _bad_reports():
     r["recommendations"] = [{"rule": "synchronization", "severity": "medium", "numbers": {}, "title": "Sync",
                              "estimated_gain_pct": 3.0, "gain_source": "rule"}]
     out.append(("verdict_disagrees", r, None))
+    r = _clean_report()  # issue 34 item 4: a green Input card beside a pageable-copy advice
+    r["verdicts"]["input_bound"] = {"value": 0.8, "severity": "ok", "verdict": "not input-bound", "rule": "input_bound"}
+    r["recommendations"] = [{"rule": "pageable_h2d", "severity": "medium", "numbers": {}, "title": "Pageable copies",
+                             "estimated_gain_pct": 6.7, "gain_source": "step_model", "what_if": "pinned_h2d",
+                             "step_ms": 10.0, "predicted_step_ms": 9.33}]
+    out.append(("severity_disagrees", r, None))
     return out
 
 
@@ -788,3 +829,53 @@ def test_one_step_of_two_ranks_gets_no_straggler_banner(tmp_path):
     three = rank_results(3)
     assert three["flagged"] and three["recommendation"] is not None
     assert check_banner_few_steps(three) == []
+
+
+# ------------------------------------------------------------------------------ issue 34 item 4: one severity
+
+def test_mfu_card_and_low_mfu_advice_one_level_apart_is_found():
+    """Before issue 34 the MFU card used MFU_LOW_PCT/MFU_MODERATE_PCT as medium/low while rule
+    low_mfu used them as high/medium: 29 % MFU read "low" on the card and "medium" in the
+    advice (the H100 bf16 demo run), 8.7 % "medium" and "high" (GPT-2 eager)."""
+    r = _clean_report()
+    r["verdicts"]["mfu"] = {"value": 29.3, "severity": "low", "verdict": "29 % of H100 SXM bf16 peak", "rule": "low_mfu"}
+    r["recommendations"] = [{"rule": "low_mfu", "severity": "medium", "numbers": {"mfu_pct": 29.3}, "title": "MFU 29 %",
+                             "estimated_gain_pct": 46.8, "gain_source": "step_model", "what_if": "torch_compile",
+                             "step_ms": 10.0, "predicted_step_ms": 5.32}]
+    assert [f.split(":")[0] for f in contradictions(r)] == ["severity_disagrees"]
+    r["recommendations"][0]["severity"] = "low"
+    assert contradictions(r) == []
+    # priced under VERDICT_MIN_GAIN_PCT the advice may read lower than the card, never louder
+    r["verdicts"]["mfu"]["severity"] = "medium"
+    r["recommendations"][0].update(severity="low", estimated_gain_pct=3.0, predicted_step_ms=9.7)
+    assert contradictions(r) == []
+
+
+@needs_traces
+def test_one_severity_per_finding_on_the_shared_traces():
+    """The MFU card and rule low_mfu, the Input card and rules input_bound/pageable_h2d, read
+    one severity (issue 34 item 4); the values here are computed from the report's numbers
+    with the thresholds, independently of analysis/input_bound.py and flops.mfu_severity."""
+    seen = set()
+    for rel in SHARED:
+        rep = real_report(rel)
+        recs = {r["rule"]: r for r in rep["recommendations"]}
+        mfu = rep["verdicts"]["mfu"]
+        if "low_mfu" in recs:
+            value = rep["flops"]["mfu_pct"]
+            want = "medium" if value < T.MFU_LOW_PCT else "low"
+            assert mfu["severity"] == want and recs["low_mfu"]["severity"] in (want, "info"), (rel, mfu, recs["low_mfu"])
+            seen.add("low_mfu")
+        if "pageable_h2d" in recs:
+            inp = rep["input"]
+            transfer = inp["input_transfer_pct"]
+            want = "high" if transfer >= 20 else "medium" if transfer >= 5 else "low"
+            card = rep["verdicts"]["input_bound"]
+            assert inp["input_bound_pct"] < T.INPUT_BOUND_MODERATE_PCT
+            assert card["severity"] == want != "ok", (rel, card)  # before: a green "not input-bound"
+            assert f"{transfer:.1f} % of the step in synchronous input copies" in card["verdict"], card
+            assert card["input_transfer_pct"] == pytest.approx(transfer)
+            assert recs["pageable_h2d"]["severity"] in (want, "info"), (rel, recs["pageable_h2d"])
+            seen.add("pageable_h2d")
+        assert check_severity_disagrees(rep) == [], rel
+    assert seen == {"low_mfu", "pageable_h2d"}  # GPT-2 eager, bf16 demo; resnet50 num_workers=4

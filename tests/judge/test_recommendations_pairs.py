@@ -177,7 +177,9 @@ def test_gpt2_eager_gets_fusion_first_from_the_roofline():
     for rel in spans("gpt2_bf16_eager"):
         rep = real_report(rel)
         first = rep["recommendations"][0]
-        assert first["rule"] == "low_mfu" and first["severity"] == "high", first
+        # one severity with the MFU card (issue 34 item 4: the advice read "high" beside a
+        # "medium" card): MFU below MFU_LOW_PCT is medium on both
+        assert first["rule"] == "low_mfu" and first["severity"] == "medium" == rep["verdicts"]["mfu"]["severity"], first
         assert "model = torch.compile(model)" in first["action"]
         assert first["numbers"]["mfu_pct"] == pytest.approx(rep["flops"]["mfu_pct"], abs=0.01)
         assert 8.0 < first["numbers"]["mfu_pct"] < 10.0

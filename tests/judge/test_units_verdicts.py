@@ -112,7 +112,17 @@ def expected(card, r, v):
         return "none"
     reasons, sk_severity = _small_kernel_reasons(r)
     if card == "input_bound":
-        return _level(value, T.INPUT_BOUND_MODERATE_PCT, T.INPUT_BOUND_HIGH_PCT)
+        # the wait, or synchronous (pageable) input copies of INPUT_TRANSFER_PCT or more on the
+        # same scale (issue 34 item 4), the louder
+        wait = _level(value, T.INPUT_BOUND_MODERATE_PCT, T.INPUT_BOUND_HIGH_PCT)
+        inp = r.get("input") or {}
+        transfer = inp.get("input_transfer_pct") or 0.0
+        if not (inp.get("evidence") or {}).get("pageable_h2d_copies") or transfer < T.INPUT_TRANSFER_PCT:
+            return wait
+        copies = "low" if transfer < T.INPUT_BOUND_MODERATE_PCT else _level(transfer, T.INPUT_BOUND_MODERATE_PCT,
+                                                                             T.INPUT_BOUND_HIGH_PCT)
+        order = ("ok", "low", "medium", "high")
+        return max(wait, copies, key=order.index)
     if card == "gpu_utilization":
         if "gpu" in reasons:
             return sk_severity
