@@ -35,6 +35,7 @@ MAX_STEP_ROWS = 1000  # per-step decompositions (each one pass over the device's
 NO_OP, NO_MODULE, NO_LINE = "(no op)", "(no module frame)", "(no user frame)"
 RESIDENT_WHAT = ("allocated before profiling started (parameters, optimizer state, anything kept from "
                  "earlier): a trace cannot split it further")
+NO_TOTALS = "[memory] events carry no Total Allocated (2021 format): the live set cannot be checked"
 CPU_RESIDENT = ("CPU [memory] events count from 0 at profiling start: blocks allocated before it "
                 "(parameters, optimizer state) are not seen")
 # Phases of an allocation (METRICS.md): where it happened decides its category with its lifetime.
@@ -183,7 +184,7 @@ def _module_label(text: str) -> str:
 def _check(b, ta, addr):
     """The device's events in time order: the reason they cannot be decomposed, or None."""
     if (ta < 0).any():
-        return "[memory] events carry no Total Allocated (2021 format): the live set cannot be checked"
+        return NO_TOTALS
     if (np.abs(b) >= MAX_BYTES).any() or (ta >= MAX_BYTES).any():
         return "a [memory] event's Bytes or Total Allocated is at or beyond 2^53 (a corrupt counter)"
     if ((b != 0) & (addr < 0)).any():
@@ -273,8 +274,13 @@ def peak_holders(trace: TraceData, steps=None, host: Optional[dict] = None,
     labels = None
     uniq, inv = factorize.unique_rows(np.stack([mem.device_type.astype(np.int64),
                                                 mem.device_id.astype(np.int64)], axis=1))
+    # devices whose events carry no Total Allocated (2021 traces): n/a before any copy of their rows
+    no_totals = np.bincount(inv, weights=mem.total_allocated < 0, minlength=len(uniq)) > 0
     for j, (dtype, did) in enumerate(uniq.tolist()):
         key = device_key(dtype, did)
+        if no_totals[j]:
+            na[f"{NAME}.{key}"] = NO_TOTALS
+            continue
         rows = np.flatnonzero(inv == j)
         rows = rows[np.argsort(mem.ts[rows], kind="stable")]
         ts, b, ta, addr = mem.ts[rows], mem.bytes[rows], mem.total_allocated[rows], mem.addr[rows]
