@@ -28,6 +28,13 @@ run                                construction and ground truth
                                    (``dist.all_gather_into_tensor``) and reduce-scatters
                                    their gradients (``dist.reduce_scatter_tensor``);
                                    bytes per call from the code (metrics §12, §18).
+``memory_peak_adamw``              fp32 MLP blocks, single-tensor AdamW whose state is made in
+                                   the first recorded step, ``with_stack=True``: parameter,
+                                   AdamW-state, gradient and saved-activation bytes measured
+                                   from the tensors, and the live set at the peak by hand
+                                   (metrics §7 "Memory at the peak"). Not part of
+                                   ``--ground-truth``: ``run_memory_peak(torch, outdir)``
+                                   (tests/corpus/test_memory_peak_demo.py).
 =================================  ====================================================
 
 torch is imported inside the functions only (the package imports without it).
