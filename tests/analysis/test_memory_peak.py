@@ -213,3 +213,29 @@ def test_gpt2_candidates_carry_their_recompute_cost():
         assert c["recompute_gpu_us_per_step"] == pytest.approx(mods[c["module"]]["gpu_fwd_us"] / 3)
         assert c["recompute_step_pct"] == pytest.approx(100 * c["recompute_gpu_us_per_step"] / rep["avg_step_us"])
         assert 0 < c["recompute_step_pct"] < 10  # one transformer block's forward: a few % of the step
+
+
+def test_same_address_on_two_devices_is_two_blocks(tmp_path):
+    """Pairing is per device: address 1 live on GPU 0 and GPU 1 at once is no reuse."""
+    tb = TraceBuilder(props=(H100, dict(H100, id=1)))
+    tb.step(1, 0, 100)
+    tb.memory(10, 100, 1, 100, device=0).memory(11, 300, 1, 300, device=1)
+    tb.memory(20, -100, 1, 0, device=0).memory(21, -300, 1, 0, device=1)
+    na = {}
+    sec = _section(tb.load(tmp_path), na)
+    assert sec["cuda:0"]["peak_allocated_bytes"] == 100 and sec["cuda:1"]["peak_allocated_bytes"] == 300
+    # freed at 21, inside a step without backward whose forward lasts to the step's end: a temporary
+    assert sec["cuda:1"]["categories"]["other_temporaries"] == 300
+    assert not any(k in na for k in ("memory_peak.cuda:0", "memory_peak.cuda:1"))
+
+
+def test_summary_keeps_the_largest_span_peak(tmp_path):
+    results = []
+    for i, size in enumerate((400, 900)):
+        tb = TraceBuilder(props=(H100,))
+        tb.step(1, 0, 100)
+        tb.memory(10, size, 1, size).memory(20, -size, 1, 0)
+        results.append(report.analyze_trace(tb.load(tmp_path, f"s{i}.pt.trace.json"), worker="w", span=f"s{i}"))
+    summary = report.combine_results(results, run="r", worker="w")["report"]
+    sec = summary["memory_peak"]["cuda:0"]
+    assert sec["peak_allocated_bytes"] == 900 and sec["span"] == "s1" and sec["per_step"] == []
