@@ -953,6 +953,16 @@ def derive(sec: dict, na: Optional[Dict[str, str]] = None) -> dict:
     sec["mfu_pct"] = _ratio_pct(ideal, step_us) if peak and sec.get("flops") else None
     if peak and not sec.get("flops") and "flops.mfu_pct" not in na:
         na["flops.mfu_pct"] = "no FLOPs counted in the steps (no GEMM, convolution or attention with shapes)"
+    # One scale to compare and gate runs on (issue 34 item 11): every FLOP against the GPU's
+    # dense bf16/fp16 Tensor Core peak, whatever precision ran it (an fp32 run's MFU above is
+    # against the fp32 peak: 69 % there is 5 % here)
+    bf16 = tfp.get("bf16") or tfp.get("fp16")
+    sec["bf16_peak_tflops"] = bf16
+    devices = max(int(sec.get("devices") or 0), 1)
+    sec["mfu_bf16_peak_pct"] = (_ratio_pct(sec["flops"] / (bf16 * 1e12 * devices) * 1e6, step_us)
+                                if bf16 and sec["mfu_pct"] is not None else None)
+    if sec["mfu_pct"] is not None and not bf16:
+        na["flops.mfu_bf16_peak_pct"] = f"no dense bf16/fp16 peak for {gpu} (give one: --peak-tflops bf16=...)"
     sec["busy_efficiency_pct"] = _ratio_pct(ideal, sec.get("gpu_busy_us")) if sec["mfu_pct"] is not None else None
     sec["mfu_split_pct"] = {p: _ratio_pct(v.get("ideal_us"), step_us) for p, v in sec["by_precision"].items()
                             if v.get("ideal_us") is not None} if sec["mfu_pct"] is not None else {}
@@ -1163,8 +1173,12 @@ def _unit():
                 "FlopCounterMode counts them) over the step time, divided by the GPU's dense peak for each "
                 "precision. Roofline: FLOPs per byte against the ridge point peak / memory bandwidth.")
     metrics = (
-        Metric("mfu_pct", "MFU", "%", HIGHER, path("flops", "mfu_pct"), ("flops.mfu_pct", "flops.flops", "flops"),
-               card=card, text=False, order=80),
+        # compare and gate on one peak for every run (issue 34 item 11); the card's MFU (each
+        # precision at its own peak) is the detail row beside it
+        Metric("mfu_pct", "MFU of the dense bf16/fp16 peak", "%", HIGHER, path("flops", "mfu_bf16_peak_pct"),
+               ("flops.mfu_bf16_peak_pct", "flops.mfu_pct", "flops.flops", "flops"), text=False, order=80),
+        Metric("mfu_own_peak_pct", "MFU, each precision at its own peak", "%", None, path("flops", "mfu_pct"),
+               ("flops.mfu_pct", "flops.flops", "flops"), card=card, text=False, order=81),
         Metric("tflops", "TFLOP/s over the step time", "TFLOP/s", HIGHER, path("flops", "tflops"),
                ("flops.flops", "flops"), text=False, order=90),
         Metric("achieved_tflops", "TFLOP/s in FLOP kernels", "TFLOP/s", HIGHER, path("flops", "achieved_tflops"),

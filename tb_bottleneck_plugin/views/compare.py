@@ -111,10 +111,29 @@ def _verdict(better: Optional[str], delta: Optional[float], band: Optional[float
     return "better" if (delta < 0) == (better == LOWER) else "worse"
 
 
+def _one_peak_words(base_rep: dict, cand_rep: dict) -> str:
+    """The peak the MFU row compares both runs on (issue 34 item 11), for its label:
+    " (H100 SXM, 989 TFLOP/s)", or each side's where they differ; "" where neither has one."""
+    def peak(rep):
+        f = rep.get("flops") if isinstance(rep.get("flops"), dict) else {}
+        tf = f.get("bf16_peak_tflops")
+        return f"{(f.get('peak') or {}).get('gpu') or 'GPU'}, {tf:.0f} TFLOP/s" if isinstance(tf, (int, float)) else None
+    b, c = peak(base_rep), peak(cand_rep)
+    if b is None and c is None:
+        return ""
+    return f" ({b})" if b == c else f" ({b or 'n/a'} vs {c or 'n/a'})"
+
+
+# rows whose label names the peak they are on (the headline's one-peak MFU)
+_PEAK_LABELLED = ("mfu_pct",)
+
+
 def _metric_rows(base_rep, cand_rep, batch_sizes) -> Tuple[List[dict], Dict[str, str]]:
     rows, not_available = [], {}
     for m in headline.metrics():
         key, label, unit, better = m.key, m.label, m.unit, m.direction
+        if key in _PEAK_LABELLED:
+            label += _one_peak_words(base_rep, cand_rep)
         b = _value(base_rep, m, batch_sizes[0])
         c = _value(cand_rep, m, batch_sizes[1])
         delta = c - b if b is not None and c is not None else None
