@@ -42,7 +42,7 @@ import time
 import warnings
 import zlib
 from dataclasses import asdict, dataclass
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -870,6 +870,119 @@ def generate_compute_straggler(outdir: str, *, quick: bool = False) -> str:
                     backward_ms=ddp_backward_ms())
 
 
+# Pipeline parallelism (issue 37): 4 gloo ranks on CPU as 2 data-parallel replicas x 2
+# pipeline stages (torch.distributed.pipelining, ScheduleGPipe, PP_MICROBATCHES microbatches),
+# groups as a (dp=2, pp=2) mesh: pipelines [0, 1] and [2, 3], gradients all-reduced over [0, 2]
+# and [1, 3]. Each rank measures in-process, per step, the time its host spends inside the
+# schedule's point-to-point calls (issuing them and waiting for them: the bubble, METRICS.md
+# §12), recorded in the trace as demo_truth.
+PIPELINE_RUN = "pipeline_2x2_4rank"
+PP_WORLD, PP_STAGES, PP_MICROBATCHES = 4, 2, 4
+PP_WARM, PP_WARMUP, PP_ACTIVE = 2, 1, 3
+
+
+def _pipeline_worker(rank: int, world: int, port: int, run_dir: str, name: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+        import torch.distributed.pipelining.schedules as schedules
+
+        pp_groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+        dp_groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+        pp, dp = pp_groups[rank // PP_STAGES], dp_groups[rank % PP_STAGES]
+        stage_index = rank % PP_STAGES
+        dim = 512
+        module = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(dim, dim), torch.nn.ReLU())
+                                       for _ in range(4)])
+        stage = PipelineStage(module, stage_index, PP_STAGES, torch.device("cpu"), group=pp)
+        schedule = ScheduleGPipe(stage, n_microbatches=PP_MICROBATCHES,
+                                 loss_fn=lambda out, target: ((out - target) ** 2).mean())
+        blocked = [0.0]
+
+        def timed(fn):
+            def call(*args, **kwargs):
+                started = time.perf_counter()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    blocked[0] += time.perf_counter() - started
+            return call
+
+        # the schedule's own point-to-point helpers: issuing the ops, waiting for them
+        schedules._sorted_batch_p2p = timed(schedules._sorted_batch_p2p)
+        schedules._wait_batch_p2p = timed(schedules._wait_batch_p2p)
+        g = torch.Generator().manual_seed(rank // PP_STAGES)
+        x = torch.randn(32 * PP_MICROBATCHES, dim, generator=g)
+        y = torch.randn(32 * PP_MICROBATCHES, dim, generator=g)
+
+        def step() -> Tuple[float, float]:
+            blocked[0] = 0.0
+            started = time.perf_counter()
+            if stage_index == 0:
+                schedule.step(x)
+            else:
+                schedule.step(target=y)
+            p2p = blocked[0]
+            for p in module.parameters():
+                if p.grad is not None:
+                    dist.all_reduce(p.grad, group=dp)
+            return time.perf_counter() - started, p2p
+
+        for _ in range(PP_WARM):
+            step()
+        measured: List[Tuple[float, float]] = []
+        with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU],
+            schedule=torch.profiler.schedule(wait=0, warmup=PP_WARMUP, active=PP_ACTIVE, repeat=1),
+            on_trace_ready=torch.profiler.tensorboard_trace_handler(run_dir, worker_name=f"rank{rank}",
+                                                                    use_gzip=True),
+            record_shapes=True,
+        ) as prof:
+            for i in range(PP_WARMUP + PP_ACTIVE):
+                last = prof.current_action == torch.profiler.ProfilerAction.RECORD_AND_SAVE
+                measured.append(step())
+                if last:  # ProfilerStep#0 is the warm-up step: the recorded steps are 1..
+                    steps = list(range(PP_WARMUP, PP_WARMUP + PP_ACTIVE))
+                    prof.add_metadata("demo_run", name)
+                    prof.add_metadata_json("demo_settings", json.dumps(
+                        {"rank": rank, "world_size": world, "stages": PP_STAGES, "stage": stage_index,
+                         "microbatches": PP_MICROBATCHES, "schedule": "ScheduleGPipe",
+                         "pipelines": [[0, 1], [2, 3]]}, sort_keys=True))
+                    prof.add_metadata_json("demo_truth", json.dumps(
+                        {"steps": steps, "stage": stage_index,
+                         "p2p_blocked_ms": [1000.0 * b for _, b in measured[PP_WARMUP:]],
+                         "step_ms": [1000.0 * t for t, _ in measured[PP_WARMUP:]],
+                         "how": "time.perf_counter around torch.distributed.pipelining.schedules."
+                                "_sorted_batch_p2p and _wait_batch_p2p, per step, in the rank's process"},
+                        sort_keys=True))
+                prof.step()
+    finally:
+        dist.destroy_process_group()
+
+
+def generate_pipeline(outdir: str) -> str:
+    """``pipeline_2x2_4rank``: 4 gloo processes on CPU, 2 replicas x 2 GPipe stages."""
+    import torch.multiprocessing as mp
+
+    _import_torch()
+    run_dir = os.path.join(os.path.abspath(outdir), PIPELINE_RUN)
+    os.makedirs(run_dir, exist_ok=True)
+    for old in glob.glob(os.path.join(run_dir, "rank*.pt.trace.json*")):
+        os.remove(old)
+    started = time.perf_counter()
+    mp.spawn(_pipeline_worker, args=(PP_WORLD, _free_port(), run_dir, PIPELINE_RUN), nprocs=PP_WORLD, join=True)
+    _log(f"{PIPELINE_RUN}: {PP_WORLD} gloo ranks, {PP_STAGES} stages x 2 replicas, {PP_MICROBATCHES} microbatches, "
+         f"{PP_ACTIVE} profiled steps in {time.perf_counter() - started:.1f} s -> {run_dir}")
+    return run_dir
+
+
 # --------------------------------------------------------------------------------------
 # Entry points
 # --------------------------------------------------------------------------------------
@@ -907,6 +1020,7 @@ def generate(outdir: str, *, quick: bool = False, device: Optional[str] = None,
     if distributed:
         runs += generate_distributed(outdir, quick=quick)
         runs.append(generate_compute_straggler(outdir, quick=quick))
+        runs.append(generate_pipeline(outdir))
     _log(f"done in {time.perf_counter() - started:.1f} s: {len(runs)} runs. "
          f"View them with: tensorboard --logdir {outdir}")
     return runs

@@ -327,8 +327,20 @@ def point_to_point(trace: TraceData, lo: np.ndarray, hi: np.ndarray, comp: iv.In
         rows = rows[_inside(op_ints, launched)]
         blocked = iv.merge(g.ts[rows], (g.ts + g.dur)[rows])
     else:
-        spans = np.flatnonzero(np.isin(c.name, trace.string_ids(lambda s: s in P2P_SPANS)) & host)
-        blocked = iv.merge(np.concatenate([op_ints[0], c.ts[spans]]), np.concatenate([op_ints[1], (c.ts + c.dur)[spans]]))
+        # compute = the CPU ops that are not communication (the labels around a microbatch, user
+        # annotations such as "Forward 0", enclose its waits)
+        ops_comp = (c.kind == CPU_OP) & ~np.isin(c.name, trace.string_ids(_is_comm_cpu_name))
+        comp = iv.merge(c.ts[ops_comp], (c.ts + c.dur)[ops_comp])
+        recv = np.flatnonzero(np.isin(c.name, trace.string_ids(lambda s: s in P2P_SPANS and "recv" in s)) & host)
+        send = np.flatnonzero(np.isin(c.name, trace.string_ids(lambda s: s in P2P_SPANS and "send" in s)) & host)
+        # a send span lasts from enqueue to completion while the thread goes on with the next
+        # microbatch: only its part after the last compute that ends inside it is waiting for it
+        a, b = c.ts[send], (c.ts + c.dur)[send]
+        k = np.searchsorted(comp[0], b, side="left") - 1  # the last compute interval starting before b
+        last_end = np.where(k >= 0, comp[1][np.maximum(k, 0)] if len(comp[0]) else a, a)
+        a = np.maximum(a, np.minimum(last_end, b))
+        blocked = iv.merge(np.concatenate([op_ints[0], c.ts[recv], a]),
+                           np.concatenate([op_ints[1], (c.ts + c.dur)[recv], b]))
     bubble = iv.covered_in(iv.subtract(blocked, comp), lo, hi)
     labels = np.flatnonzero(np.isin(c.name, trace.string_ids(lambda s: bool(_MICROBATCH.match(s)))) & host)
     micro: List[Optional[int]] = [None] * len(lo)

@@ -39,9 +39,53 @@ def theoretical_bubble(p: int, m: int) -> Optional[float]:
     return (p - 1) / (m + p - 1) if p >= 1 and m >= 1 else None
 
 
-def pipeline_view(rows: List[dict], steps_by_rank: Dict[int, List[dict]]) -> dict:
+def _global_peers(have: Dict[int, List[dict]], groups_by_rank: Dict[int, List[dict]]) -> Dict[int, Dict[int, int]]:
+    """Per rank, group-local peer number -> rank of the run. A c10d op records its peer as a rank
+    of the group it ran in; the group is not recorded, so each rank takes the one of its groups
+    (``pg_config``) under which its sends and receives are answered by the peers' (a send to X
+    that X receives from it), the smallest group on a tie; the identity when no group answers
+    better (the default group)."""
+    ranks = set(have)
+
+    def candidates(r):
+        out = [{q: q for q in ranks}]  # the default group: peers are ranks of the run
+        for g in sorted(groups_by_rank.get(r) or [], key=lambda g: len(g.get("ranks") or [])):
+            rs = g.get("ranks")
+            if isinstance(rs, list) and r in rs and 2 <= len(rs) < len(ranks):
+                out.append({i: q for i, q in enumerate(rs)})
+        return out
+
+    def pairs(r, mapping):
+        got = Counter()
+        for s in have[r]:
+            for kind, peer in zip(s["p2p"]["kind"], s["p2p"]["peer"]):
+                q = mapping.get(peer) if peer is not None else None
+                if q is not None and q != r:
+                    got[(kind, q)] += 1
+        return got
+
+    cand = {r: candidates(r) for r in ranks}
+    seen = {r: [pairs(r, m) for m in cand[r]] for r in ranks}
+    chosen: Dict[int, Dict[int, int]] = {}
+    for r in ranks:
+        def answered(i):
+            n = 0
+            for (kind, q), k in seen[r][i].items():
+                back = "recv" if kind == "send" else "send"
+                if q in seen and any(p.get((back, r)) for p in seen[q]):
+                    n += k
+            return n
+        scores = [answered(i) for i in range(len(cand[r]))]
+        best = max(range(len(scores)), key=lambda i: (scores[i], i > 0, -i))
+        chosen[r] = cand[r][best] if scores[best] > 0 else cand[r][0]
+    return chosen
+
+
+def pipeline_view(rows: List[dict], steps_by_rank: Dict[int, List[dict]],
+                  groups_by_rank: Optional[Dict[int, List[dict]]] = None) -> dict:
     """``rows``: the rank view's rows (``rank``, ``worker``); ``steps_by_rank``: rank number ->
-    its partial steps (with ``p2p``)."""
+    its partial steps (with ``p2p``); ``groups_by_rank``: rank number -> its process groups
+    (the partial's ``process_groups``), to read group-local peer numbers."""
     out: dict = {"available": False, "pipelines": [], "stages": None, "microbatches": None, "schedule": None,
                  "per_stage": [], "per_step": [], "bubble_pct": None, "theoretical_bubble_pct": None,
                  "advice": [], "not_available": None}
@@ -54,6 +98,9 @@ def pipeline_view(rows: List[dict], steps_by_rank: Dict[int, List[dict]]) -> dic
     if not any(p is not None for st in have.values() for s in st for p in s["p2p"].get("peer") or []):
         out["not_available"] = NO_PEER
         return out
+    mapping = _global_peers({r: st for r, st in have.items() if st}, groups_by_rank or {})
+    have = {r: [dict(s, p2p=dict(s["p2p"], peer=[None if q is None else mapping[r].get(q) for q in s["p2p"]["peer"]]))
+                for s in st] for r, st in have.items() if st}
     succ: Dict[int, int] = {}
     for r, st in have.items():
         votes = Counter(_successor(s["p2p"], r, ranks) for s in st)

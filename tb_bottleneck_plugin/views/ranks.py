@@ -305,7 +305,9 @@ def rank_view(results_by_worker: Dict[str, List[dict]]) -> dict:
     view.update(available=True, ranks=rows, steps=common_steps, collectives=collectives,
                 imbalance_pct=imbalance, straggler=straggler, process_groups=groups)
     view["pipeline"] = pipeline_view(rows, {rank_of[w]: [s for p in partials[w] for s in p.get("steps") or []]
-                                            for w in workers})
+                                            for w in workers},
+                                     {rank_of[w]: next((p.get("process_groups") for p in partials[w]
+                                                        if p.get("process_groups")), []) for w in workers})
     if view["pipeline"]["not_available"] not in (None, NO_P2P):
         na["ranks.pipeline"] = view["pipeline"]["not_available"]
     view["collective_bandwidth"] = _collective_bandwidth(workers, rank_of, results_by_worker, na)

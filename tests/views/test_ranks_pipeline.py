@@ -110,3 +110,38 @@ def test_without_peers_the_pipeline_is_not_available(tmp_path):
     view = _view(tmp_path, with_peer=False)
     assert not view["pipeline"]["available"]
     assert "record_shapes=True" in view["not_available"]["ranks.pipeline"]
+
+
+def test_demo_pipeline_2x2_bubbles_match_the_in_process_truth():
+    """demo_logs/pipeline_2x2_4rank: 4 gloo ranks, 2 replicas x 2 GPipe stages
+    (torch.distributed.pipelining, 4 microbatches, pipelines [0, 1] and [2, 3] on their own
+    process groups, so the recorded peers are group-local). Each rank measured in-process the
+    time inside the schedule's point-to-point calls per step (demo_truth.p2p_blocked_ms): per
+    stage, the bubble read from the traces is within 10 % of it."""
+    import gzip
+    import json
+
+    from conftest import DEMO_LOGS
+
+    run = DEMO_LOGS / "pipeline_2x2_4rank"
+    truth = {}
+    for f in sorted(run.glob("*.pt.trace.json.gz")):
+        with gzip.open(f, "rt") as fh:
+            doc = json.load(fh)
+        truth[doc["distributedInfo"]["rank"]] = doc["demo_truth"]
+        settings = doc["demo_settings"]
+    scanned = discovery.scan_logdir(str(DEMO_LOGS))
+    run_ = next(x for x in scanned.runs if x.name == "pipeline_2x2_4rank")
+    results = {w.name: [report.analyze_span(str(DEMO_LOGS), run_, s) for s in w.spans] for w in run_.workers}
+    pp = ranks.rank_view(results)["pipeline"]
+    assert pp["pipelines"] == settings["pipelines"] == [[0, 1], [2, 3]]
+    assert (pp["stages"], pp["microbatches"], pp["schedule"]) == (2, settings["microbatches"], "GPipe")
+    assert pp["theoretical_bubble_pct"] == pytest.approx(100 * 1 / (4 + 1))
+    for stage in pp["per_stage"]:
+        ours = sum(s["bubble_us"] for s in pp["per_step"] if s["stage"] == stage["stage"])
+        want = sum(ms * MS for r in stage["ranks"] for ms in truth[r]["p2p_blocked_ms"])
+        assert ours == pytest.approx(want, rel=0.10), (stage["stage"], ours, want)
+        assert sorted(stage["ranks"]) == sorted(r for r, t in truth.items() if t["stage"] == stage["stage"])
+    for s in pp["per_step"]:  # each rank's steps are the ones it measured
+        assert s["step"] in truth[s["rank"]]["steps"]
+    assert pp["advice"] and pp["advice"][0]["saving_us_per_step"] >= pp["advice"][-1]["saving_us_per_step"]
