@@ -28,6 +28,7 @@ import pytest
 from conftest import ARTIFACTS, DEMO_LOGS as DEMO, ROUTE_SCHEMA_PATH, http_get, route_validator
 
 STRAGGLER, BALANCED, SINGLE = "ddp_straggler_2rank", "ddp_balanced_2rank", "input_bound_nw0"
+PIPELINE = "pipeline_2x2_4rank"
 SCHEMA = json.loads(ROUTE_SCHEMA_PATH.read_text())
 
 
@@ -35,7 +36,7 @@ SCHEMA = json.loads(ROUTE_SCHEMA_PATH.read_text())
 def tensorboard(tmp_path_factory, tensorboard_server):
     """A real TensorBoard (conftest.tensorboard_server) over the two DDP demo runs and one single-worker run."""
     logdir = tmp_path_factory.mktemp("logdir")
-    for name in (STRAGGLER, BALANCED, SINGLE):
+    for name in (STRAGGLER, BALANCED, SINGLE, PIPELINE):
         shutil.copytree(DEMO / name, logdir / name)  # copies: symlinks leaving the logdir are skipped
     return tensorboard_server(logdir)
 
@@ -311,6 +312,31 @@ RENDER_JS = """async (view) => {
   host.remove();
   return out;
 }"""
+
+
+def test_pipeline_stages_in_the_ranks_panel(tensorboard, browser_page):
+    """pipeline_2x2_4rank: the Ranks panel's "Pipeline stages" section shows the route's stages,
+    bubbles, the theoretical bubble beside the measured one and the priced advice (issue 37)."""
+    base = tensorboard
+    view = _ranks(base, PIPELINE)
+    pp = view["pipeline"]
+    assert pp["available"] and pp["pipelines"] == [[0, 1], [2, 3]]
+    w, page, frame = _open(browser_page, base)
+    frame.locator("#bn-run").select_option(PIPELINE)
+    iframe = _iframe(page)
+    iframe.wait_for_function("() => document.querySelector('#bn-ranks table.stages-table')", timeout=60_000)
+    got = iframe.evaluate("""() => ({
+      rows: [...document.querySelectorAll('#bn-ranks table.stages-table tbody tr')].map(
+        tr => [...tr.children].map(td => td.textContent)),
+      head: (document.querySelector('#bn-ranks p.pipeline-head') || {}).textContent,
+      advice: [...document.querySelectorAll('#bn-ranks p.pipeline-advice')].map(p => p.textContent)})""")
+    assert [r[:2] for r in got["rows"]] == [[str(s["stage"]), ", ".join(map(str, s["ranks"]))] for s in pp["per_stage"]]
+    assert [r[3] for r in got["rows"]] == [fmt_pct(s["bubble_pct"]) for s in pp["per_stage"]]
+    assert "2 stages × 2 replica(s)" in got["head"] and "schedule GPipe" in got["head"]
+    assert f"theoretical (p−1)/(m+p−1) = {fmt_pct(pp['theoretical_bubble_pct'])}" in got["head"]
+    assert len(got["advice"]) == len(pp["advice"]) and got["advice"][0].startswith(pp["advice"][0]["title"])
+    page.screenshot(path=str(ARTIFACTS / f"ranks_{PIPELINE}.png"), full_page=True)
+    w.check_clean()
 
 
 def test_ranks_panel_render_time_at_1024_ranks(tensorboard, browser_page):
