@@ -36,7 +36,7 @@ from .. import thresholds as T
 from ..trace.model import GPU_KERNEL, TraceData
 from . import linking
 from .accelerators import no_gpu_reason
-from . import peaks
+from . import peaks, precision
 from .factorize import unique_inverse, unique_rows
 from .operators import NA_FLOPS_NO_SHAPES
 
@@ -44,15 +44,8 @@ CLASSES = ("gemm", "conv", "attention", "elementwise", "other")
 FLOP_CLASSES = ("gemm", "conv", "attention")
 TOP_KERNELS = 10
 
-# dtype text of "Input type" -> (precision, bytes per element)
-_DTYPES = {
-    "float": ("fp32", 4), "double": ("fp64", 8), "c10::BFloat16": ("bf16", 2), "c10::Half": ("fp16", 2),
-    "c10::Float8_e4m3fn": ("fp8", 1), "c10::Float8_e5m2": ("fp8", 1), "c10::Float8_e4m3fnuz": ("fp8", 1),
-    "c10::Float8_e5m2fnuz": ("fp8", 1), "c10::Float8_e8m0fnu": ("fp8", 1), "c10::Float4_e2m1fn_x2": ("fp8", 1),
-    "long int": ("int", 8), "long": ("int", 8), "int": ("int", 4), "short int": ("int", 2), "short": ("int", 2),
-    "signed char": ("int", 1), "unsigned char": ("int", 1), "bool": ("int", 1),
-    "c10::complex<float>": ("fp32", 8), "c10::complex<double>": ("fp64", 16), "c10::ComplexHalf": ("fp16", 4),
-}
+# dtype text of "Input type" -> (precision, bytes per element): the one table (analysis/precision.py)
+_DTYPES = precision.DTYPES
 
 _GEMM_AB = {"mm", "_scaled_mm", "matmul", "_int_mm", "bmm"}  # (a, b, ...)
 _GEMM_BIAS = {"addmm", "_addmm_activation", "baddbmm", "addbmm"}  # (self, a, b, ...)
@@ -605,13 +598,11 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
     op_prec = f_prec  # codes into `precisions`, per counted op
     # fp32 GEMMs/convs that ran TF32 Tensor Core kernels count as tf32
     if n_counted and own_k.any():
-        from .tensor_cores import precision_of_name
-
         tf32_name = np.zeros(len(trace.strings), bool)
         seen = np.zeros(len(trace.strings), bool)
         seen[gpu.name[own_k]] = True
-        for nid in np.flatnonzero(seen):
-            tf32_name[nid] = precision_of_name(trace.strings[int(nid)]) == "tf32"
+        for nid in np.flatnonzero(seen):  # the Tensor Core card's decoder: an fp32 op on a TF32 kernel
+            tf32_name[nid] = precision.kernel_precision(trace.strings[int(nid)], "fp32") == "tf32"
         tf = own_k & tf32_name[gpu.name]
         has_tf = np.bincount(owner[tf], minlength=n_own) > 0
         op_prec = np.where((op_prec == prec_code["fp32"]) & has_tf[:n_counted], prec_code["tf32"], op_prec)

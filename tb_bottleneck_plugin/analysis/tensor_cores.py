@@ -23,15 +23,16 @@ correlation id and time containment, not the External id.
 """
 from __future__ import annotations
 
-import functools
+import json
 import re
 from typing import Dict, List, NamedTuple, Optional
 
 import numpy as np
 
 from ..trace.model import GPU_KERNEL, TraceData
-from . import linking
+from . import linking, precision
 from .accelerators import no_gpu_reason
+from .factorize import unique_rows
 
 
 class TcPattern(NamedTuple):
@@ -172,6 +173,11 @@ TC_PATTERNS = (
               "igemm_fwd_gtcx3_nhwc_bf16_bx0_ex1_bt64x128x32_wt32x32x8_ws1x1_wr2x1_ta1x8x1x1_1x4x1x64_"
               "tb1x8x2x1_1x4x1x64_gkgs",
               "trace: tracelens/mi300; igemm_*_gtc_ (no x) are the non-MFMA variants"),
+    TcPattern(r"^_?attn_(?:fwd|bwd)(?:_dkdv|_dq)?$|^bwd_kernel_(?:dk_dv|dq|fuse)$",
+              "AMD AOTriton / Triton flash attention (tl.dot: MFMA on CDNA, MMA on NVIDIA)",
+              "attn_fwd",
+              "trace: tracelens/torch_compile_triton (MI300X bf16 SDPA: aten::_flash_attention_forward); "
+              "AOTriton's backward kernels are bwd_kernel_dk_dv / bwd_kernel_dq / attn_bwd"),
     TcPattern(r"(?i)mfma", "AMD kernels named after the MFMA instruction",
               "miopenSp3AsmConv_v30_3_1_gfx11_fp16_mfma_stride1",
               "naming: MIOpen/rocBLAS kernels named after MFMA"),
@@ -202,28 +208,18 @@ ELIGIBLE_OP_RE = re.compile(
     r"|_?(?:cudnn_|miopen_)?(?:lstm|gru|rnn)\w*|_thnn_fused_(?:lstm|gru)\w*)$"
 )
 
-# Precision split (first match wins, narrowest type first).
-PRECISIONS = ("fp8", "bf16", "fp16", "tf32", "fp32", "unknown")
-_PRECISION_RES = (
-    ("fp8", re.compile(r"(?i)fp8|e4m3|e5m2|e2m1|fp4|float8")),
-    ("bf16", re.compile(r"(?i)bf16|bfloat16")),
-    ("fp16", re.compile(r"(?i)fp16|half|(?<![a-z])h(?:884|1688|16816)|hgemm|f16f16|(?<![bt])f16_|__half")),
-    ("tf32", re.compile(r"(?i)tf32|tfloat32|s1688")),
-    ("fp32", re.compile(r"(?i)sgemm|scudnn|fp32|f32f32|<float\b|\bfloat>|\bfloat,")),
-)
+# Precision split: the one decoder of kernel and op precisions (analysis/precision.py)
+PRECISIONS = precision.PRECISIONS
+precision_of_name = precision.precision_of_name
+# ops whose recorded dtype is the precision of the kernels they launch (the split): the eligible
+# ops and the scaled / integer GEMMs (cuBLASLt nvjet fp8 kernels name no dtype)
+_PRECISION_OP_RE = re.compile(ELIGIBLE_OP_RE.pattern[:-2] + r"|_scaled_mm|_scaled_grouped_mm|_int_mm"
+                              r"|_addmm_activation|_grouped_mm)$")
 
 
 def is_tensor_core_name(name: str) -> bool:
     """Whether a kernel name is a Tensor Core (matrix core) kernel by the list."""
     return bool(_TC_RE.search(name)) and not TC_EXCLUDE.search(name)
-
-
-@functools.lru_cache(maxsize=1 << 14)  # kernel names repeat across uses and spans
-def precision_of_name(name: str) -> str:
-    for key, rx in _PRECISION_RES:
-        if rx.search(name):
-            return key
-    return "unknown"
 
 
 def _kernel_name_ids(trace: TraceData) -> np.ndarray:
@@ -312,6 +308,80 @@ def _op_details(trace: TraceData, name: str, rows: np.ndarray, limit: int = 64):
     return types, (all(verdicts) if verdicts else None), len(verdicts)
 
 
+def _recorded_types(trace: TraceData, row: int):
+    """The ``Input type`` list an op recorded (record_shapes); None when absent."""
+    types = trace.op_inputs.types.get(row)
+    if types is None:
+        sid = int(trace.cpu.input_types[row])
+        if sid >= 0:
+            try:
+                types = json.loads(trace.strings[sid])
+            except (ValueError, TypeError, IndexError):
+                types = None
+    return types if isinstance(types, list) else None
+
+
+def _innermost_rows(trace: TraceData, rows: np.ndarray) -> np.ndarray:
+    """The rows among ``rows`` (CPU ops) with none of the others inside them on their thread,
+    sorted. Ops nest (a span holds another wholly or not at all), so in (thread, start, longer
+    first) order an op holds another iff the next one on its thread starts before it ends."""
+    if not len(rows):
+        return rows
+    cpu = trace.cpu
+    ts, end = cpu.ts[rows], cpu.ts[rows] + np.nan_to_num(cpu.dur[rows], nan=0.0)
+    order = np.lexsort((ts - end, ts, cpu.tid[rows], cpu.pid[rows]))
+    r, ts, end = rows[order], ts[order], end[order]
+    same = (cpu.pid[r][1:] == cpu.pid[r][:-1]) & (cpu.tid[r][1:] == cpu.tid[r][:-1])
+    holds = np.zeros(len(r), bool)
+    holds[:-1] = same & (ts[1:] < end[:-1])
+    return np.sort(r[~holds])
+
+
+def _kernel_precisions(trace: TraceData, prec_name: np.ndarray, rt_of_gpu: np.ndarray, is_kernel: np.ndarray,
+                       op_calls=None) -> np.ndarray:
+    """Index into PRECISIONS per GPU row (analysis/precision.kernel_precision): the recorded
+    dtype of the matmul/conv/attention op whose call launched the kernel, else (no such op, no
+    shapes recorded) what the kernel's name says. As the FLOPs section owns kernels (§15): an
+    innermost such op (none inside it: aten::addmm, not the aten::linear around it, whose cast
+    kernels keep their names) owns every kernel launched inside it. Non-kernel rows: their
+    name's."""
+    k_prec = prec_name[trace.gpu.name].astype(np.int64)
+    linked = np.flatnonzero(is_kernel & (rt_of_gpu >= 0))
+    if not len(linked) or not len(trace.runtime):
+        return k_prec
+    ids = trace.string_ids(lambda s: _PRECISION_OP_RE.match(s) is not None)
+    if not len(ids):
+        return k_prec
+    leaf = _innermost_rows(trace, np.flatnonzero(np.isin(trace.cpu.name, ids)))
+    if not len(leaf):
+        return k_prec
+    pair_op, pair_rt = linking.calls_inside(trace, np.sort(leaf), among=op_calls)
+    inner = linking.first_per_call(pair_op, pair_rt, len(trace.runtime), (trace.cpu.dur, -trace.cpu.ts))
+    k_op = inner[rt_of_gpu[linked]]
+    hit = k_op >= 0
+    linked, k_op = linked[hit], k_op[hit]
+    if not len(linked):
+        return k_prec
+    # op calls with a TF32 kernel: an fp32 call ran tf32, all its kernels (precision.kernel_precision)
+    cpu = trace.cpu
+    tf32_call = np.zeros(len(cpu), bool)
+    tf32_call[k_op[prec_name[trace.gpu.name[linked]] == PRECISIONS.index("tf32")]] = True
+    # one decode per distinct (op name, Input type text, kernel name, TF32 call)
+    keys = np.stack([cpu.name[k_op], np.where(cpu.input_types[k_op] >= 0, cpu.input_types[k_op], -2 - k_op),
+                     trace.gpu.name[linked], tf32_call[k_op]], axis=1)
+    uniq, inv = unique_rows(keys)
+    first = np.zeros(len(uniq), np.int64)
+    first[inv[::-1]] = np.arange(len(inv) - 1, -1, -1)
+    codes = np.empty(len(uniq), np.int64)
+    for u, j in enumerate(first.tolist()):
+        row = int(k_op[j])
+        op_prec = precision.op_precision(trace.strings[int(cpu.name[row])], _recorded_types(trace, row))
+        got = precision.kernel_precision(trace.strings[int(uniq[u, 2])], op_prec, bool(uniq[u, 3]))
+        codes[u] = PRECISIONS.index(got) if got in PRECISIONS else int(prec_name[uniq[u, 2]])
+    k_prec[linked] = codes[inv]
+    return k_prec
+
+
 def tensor_core_usage(trace: TraceData, top_n: int = 10, not_available: Optional[Dict[str, str]] = None,
                       gpu_runtime: Optional[np.ndarray] = None, op_calls=None) -> Dict:
     """§5 over the whole trace (all kernel time, not clipped to steps). A share that has
@@ -354,11 +424,12 @@ def tensor_core_usage(trace: TraceData, top_n: int = 10, not_available: Optional
     d_all = np.bincount(dinv, weights=dur, minlength=len(devs))
     d_tc = np.bincount(dinv, weights=np.where(tc, dur, 0.0), minlength=len(devs))
     out["per_device"] = {str(int(d)): _pct(t, a) for d, a, t in zip(devs, d_all, d_tc) if a > 0}
-    prec = np.bincount(prec_name[gpu.name], weights=dur, minlength=len(PRECISIONS))
+    rt_of_gpu = linking.gpu_runtime_index(trace) if gpu_runtime is None else gpu_runtime
+    k_prec = _kernel_precisions(trace, prec_name, rt_of_gpu, is_kernel, op_calls)
+    prec = np.bincount(k_prec, weights=dur, minlength=len(PRECISIONS))
     out["precision_split_pct"] = {k: 100.0 * float(prec[j]) / kernel_us for j, k in enumerate(PRECISIONS)}
 
     # Eligible but not using: non-TC kernels whose launching call lies inside an eligible op.
-    rt_of_gpu = linking.gpu_runtime_index(trace) if gpu_runtime is None else gpu_runtime
     candidates = np.flatnonzero(is_kernel & ~tc & (rt_of_gpu >= 0))
     if len(trace.runtime) == 0:
         not_available["tensor_cores.eligible_not_using_pct"] = "trace has no runtime calls to link kernels to ops"

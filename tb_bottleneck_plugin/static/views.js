@@ -254,7 +254,7 @@ function tensorCorePanel(report, cpuOnly) {
     const entries = Object.entries(split).filter(([, v]) => isNum(v) && v > 0);
     const total = entries.reduce((a, [, v]) => a + v, 0) || 1;
     splitBar = h("div", {class: "split"},
-      h("div", {class: "split-label muted"}, "Precision of kernel time (from kernel names)"),
+      h("div", {class: "split-label muted"}, "Precision of kernel time (the launching op's dtype, else the kernel name)"),
       h("div", {class: "split-bar"}, entries.map(([k, v]) => withTooltip(
         h("span", {class: "split-seg", style: {width: `${(100 * v) / total}%`, background: `var(--c-prec-${k}, var(--c-prec-unknown))`}}),
         [`${k}: ${fmtPct(v)} of kernel time`]))),
