@@ -46,6 +46,16 @@ GRAPH_CAPTURE_CALLS = frozenset({"cudaStreamBeginCapture", "cudaStreamEndCapture
                                  "cudaGraphInstantiateWithFlags", "hipStreamBeginCapture", "hipStreamEndCapture",
                                  "hipGraphInstantiate", "cuStreamBeginCapture", "cuGraphInstantiate",
                                  "cudaStreamBeginCapture_v10000", "cudaGraphInstantiate_v12000"})
+def short_kernel_bound(cuda_graphs) -> str:
+    """How short kernels and the gaps between them are classified: "latency" on a trace that
+    replays CUDA/HIP graphs (``context.cuda_graphs``: its launches are replays, so it is
+    latency-bound, not launch-bound), else "launch". One classification for the short-kernel
+    card, rule small_kernels and the step timeline's idle causes (issue 34 item 12: the
+    CUDA-graph demo run's cards said "latency-bound, not launch-bound" while its timeline
+    shaded the gaps between its eager short kernels "launch-bound")."""
+    return "latency" if cuda_graphs else "launch"
+
+
 TRITON_RE = re.compile(r"^triton_|triton_(poi|red|per|tem)_")
 COMPILED_REGION_RE = re.compile(r"^CompiledFunction(Backward)?$|^Torch-Compiled Region|^torch_compile|"
                                 r"^TorchDynamo|^CompiledFxGraph")

@@ -58,7 +58,7 @@ from .. import thresholds as T
 from ..trace.model import CPU_OP, CPU_USER_ANNOTATION, GPU_KERNEL, GPU_MEMCPY, TraceData
 from . import intervals as iv
 from .breakdown import cumulative_unions, dataloader_mask
-from .context import GRAPH_LAUNCH_CALLS
+from .context import GRAPH_LAUNCH_CALLS, short_kernel_bound
 from .linking import gpu_runtime_index, innermost_enclosing, span_gpu_runtime, span_op_calls
 from .operators import op_nesting, span_op_nesting
 from .signals import op_names, sync_rows
@@ -66,7 +66,8 @@ from .steps import find_steps
 
 # 2: CPU lanes from the Operator view's op nesting (operators.op_nesting): an op that starts
 # with a zero-length op is no longer put on its parent's lane
-STORE_VERSION = 2
+# 3: no launch-bound gap on a trace that replays CUDA graphs (context.short_kernel_bound)
+STORE_VERSION = 3
 
 ROW_CPU, ROW_DATALOADER, ROW_RUNTIME, ROW_GPU, ROW_IDLE = 0, 1, 2, 3, 4
 ROW_KINDS = ("cpu", "dataloader", "runtime", "gpu", "idle")
@@ -146,15 +147,13 @@ def _cause_sets(trace: TraceData, unions: Optional[dict] = None, gpu_runtime: Op
     kr = np.flatnonzero(k)
     order = kr[np.lexsort((g.ts[kr], g.stream[kr], g.device[kr]))]
     short = g.dur[order] < T.SHORT_KERNEL_US
-    # kernels replayed from a CUDA/HIP graph have no launch of their own: gaps between
-    # them are not launch-bound (rule small_kernels says latency-bound for such runs)
+    # a trace that replays CUDA/HIP graphs is latency-bound, not launch-bound: no gap of it
+    # is shaded launch-bound, as the short-kernel card and rule small_kernels say
+    # (context.short_kernel_bound, the one classification; its eager kernels' gaps are "other")
     graph_ids = trace.string_ids(lambda s: s in GRAPH_LAUNCH_CALLS)
-    if len(graph_ids) and len(order):
-        is_graph_launch = np.isin(rt.name, graph_ids)
-        if is_graph_launch.any():
-            g_rt = gpu_runtime_index(trace) if gpu_runtime is None else gpu_runtime
-            replayed = (g_rt >= 0) & is_graph_launch[np.maximum(g_rt, 0)]
-            short &= ~replayed[order]
+    replays = bool(len(graph_ids)) and bool(np.isin(rt.name, graph_ids).any())
+    if short_kernel_bound(replays) == "latency":
+        short[:] = False
     same = (g.device[order][1:] == g.device[order][:-1]) & (g.stream[order][1:] == g.stream[order][:-1])
     both = same & short[1:] & short[:-1]
     gap_s = (g.ts[order] + g.dur[order])[:-1][both]

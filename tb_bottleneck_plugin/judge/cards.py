@@ -13,6 +13,7 @@ from typing import Callable, Dict, Tuple
 
 from .. import thresholds as T
 from ..analysis import compilation, registry
+from ..analysis.context import short_kernel_bound
 from ..analysis.flops import mfu_severity, roofline_efficient
 from ..analysis.input_bound import input_finding
 from . import verdicts as V
@@ -171,10 +172,11 @@ def _card_short_kernels(report: dict) -> dict:
         out["severity"] = "none"
         out["verdict"] = f"short kernels {V.pct_words(value)} of kernel time, not judged: {CAPTURE_ONLY_WORDS}"
     elif value is not None and out["severity"] != "none":  # "none": verdicts.card's "not judged" words
-        graphs = bool((report.get("context") or {}).get("cuda_graphs"))
         # CUDA graph replays have no per-kernel launch: small kernels there are latency-bound
-        # (the words of rule small_kernels for such runs)
-        bound = "latency-bound (replayed from CUDA graphs)" if graphs else "launch-bound"
+        # (the one classification of the rule and the step timeline: context.short_kernel_bound)
+        graphs = (report.get("context") or {}).get("cuda_graphs")
+        bound = ("latency-bound (replayed from CUDA graphs)" if short_kernel_bound(graphs) == "latency"
+                 else "launch-bound")
         out["verdict"] = (f"short kernels: {bound}" if out["severity"] != "ok"
                           else f"short kernels below {T.SHORT_KERNEL_TIME_PCT:g} % of kernel time")
     out["count"] = short.get("count")

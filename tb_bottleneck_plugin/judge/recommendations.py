@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Callable, List, Optional
 
 from .. import thresholds as T
+from ..analysis.context import short_kernel_bound
 from ..analysis.flops import mfu_severity
 from ..analysis.input_bound import input_finding, transfer_severity, verdict_for
 from ..analysis.devices import label as device_label
@@ -583,8 +584,9 @@ def rule_small_kernels(report) -> Optional[dict]:
         title = (f"The GPU is idle {100 - gpu_util:.0f} % of {steps_words(report)}, and not because of input: "
                  "the host does not keep it busy")
         action = _host_bound_action(report)
-    elif _context(report).get("cuda_graphs"):
-        # CUDA graphs already replay the launches: the kernels are small, not launch-bound.
+    elif short_kernel_bound(_context(report).get("cuda_graphs")) == "latency":
+        # CUDA graphs already replay the launches: the kernels are small, not launch-bound
+        # (the one classification of the short-kernel card and the step timeline).
         title = "Many small or low-occupancy kernels inside CUDA graphs: the GPU is latency-bound, not launch-bound"
         action = _small_kernels_action(report)
     elif capture_only(report):  # only low occupancy can have fired: latency, not launches
