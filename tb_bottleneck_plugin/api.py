@@ -8,7 +8,7 @@
     rep                                         # in Jupyter: the headline cards and recommendations
     rep.cards["input_bound"]["value"]           # the server's verdicts (report["verdicts"])
     rep.recommendations                         # most important first
-    rep.steps_df(); rep.kernels_df(); rep.operators_df(); rep.memory_df(); rep.ranks_df(); rep.groups_df()
+    rep.steps_df(); rep.kernels_df(); rep.operators_df(); rep.memory_df(); rep.ranks_df(); rep.groups_df(); rep.pipeline_df()
     rep.memory_holders_df()                     # who holds the memory at the peak (category, op, module, line)
     rep.to_dict()                               # exactly what `tb-bottlenecks report PATH --json` prints
     rep.write_html("report.html")               # the single-file HTML report (`report --html`)
@@ -330,6 +330,23 @@ class Report:
                              "cause_activity": cause.get("activity"), "cause_diff_us": cause.get("diff_us"),
                              "hidden_compute": cause.get("hidden_compute")})
         return self._frame(rows, ("run", "group"))
+
+    def pipeline_df(self):
+        """One row per pipeline stage of each multi-worker run (METRICS.md §12 "Pipeline
+        parallelism"): its ranks, bubble per step and share, beside the run's stage count,
+        microbatches, schedule and theoretical bubble."""
+        rows = []
+        for run, _, entry in self._run_reports():
+            pp = ((entry or {}).get("ranks") or {}).get("pipeline") or {}
+            if not pp.get("available"):
+                continue
+            for st in pp.get("per_stage") or []:
+                rows.append({"run": run, "stage": st.get("stage"), "ranks": st.get("ranks"),
+                             "bubble_us_per_step": st.get("bubble_us_per_step"), "bubble_pct": st.get("bubble_pct"),
+                             "busy_us_per_step": st.get("busy_us_per_step"), "stages": pp.get("stages"),
+                             "microbatches": pp.get("microbatches"), "schedule": pp.get("schedule"),
+                             "theoretical_bubble_pct": pp.get("theoretical_bubble_pct")})
+        return self._frame(rows, ("run", "stage"))
 
     def _section_rows(self, section: str, table: str, key_name: Optional[str] = None):
         """Rows of ``report[section][table]`` per run (a list of dicts, or a dict keyed by

@@ -118,6 +118,21 @@ def test_groups_df_names_each_group_straggler_and_cause(logdir):
     assert slow["cause"].startswith("rank 1 spends 1")
 
 
+def test_pipeline_df_is_the_pipeline_section(tmp_path):
+    """pipeline_df: one row per stage of the 4-rank pipeline demo, the Ranks view's numbers."""
+    from tb_bottleneck_plugin.views import ranks
+
+    link_demo_run(tmp_path, "pipeline_2x2_4rank", "pipeline_2x2_4rank")
+    rep = tbb.analyze(str(tmp_path), jobs=1)
+    df = rep.pipeline_df()
+    entry = rep.run("pipeline_2x2_4rank")._run_reports()[0][2]
+    pp = entry["ranks"]["pipeline"]
+    assert list(df["stage"]) == [s["stage"] for s in pp["per_stage"]] == [0, 1]
+    assert list(df["bubble_pct"]) == pytest.approx([s["bubble_pct"] for s in pp["per_stage"]])
+    assert set(df["schedule"]) == {"GPipe"} and set(df["stages"]) == {2} and set(df["microbatches"]) == {4}
+    assert "pipeline: 2 stages x 2 replica(s)" in ranks.format_ranks_text(entry["ranks"])
+
+
 def test_operators_df_is_the_operator_view(logdir):
     from tb_bottleneck_plugin.analysis import operators
 
