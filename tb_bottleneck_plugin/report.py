@@ -59,7 +59,8 @@ def _find_snapshot(fs, run_dir: str) -> Optional[dict]:
     for path in discovery.files_matching(fs, run_dir, memory.MEMORY_SNAPSHOT_PATTERNS):
         try:
             with storage.open_binary(fs, path) as f:
-                return {"path": path, "fragmentation": memory.memory_snapshot_fragmentation(f)}
+                summary = memory.memory_snapshot_summary(f)  # fragmentation, and the holders for memory_peak
+                return {"path": path, "fragmentation": summary["fragmentation"], "holders": summary["holders"]}
         except (OSError, BottleneckError, pickle.UnpicklingError, EOFError, ValueError, KeyError, TypeError) as exc:
             return {"path": path, "error": f"{path}: not a readable CUDA memory snapshot ({exc})"}
     return None

@@ -365,6 +365,75 @@ def snapshot_fragmentation(snap: Any, pickle_size: Optional[int] = None) -> Dict
     return _fragmentation(_segments_of(snap, pickle_size))
 
 
+SNAPSHOT_HOLDERS = 10  # largest allocated blocks kept per device (METRICS.md §7 "Memory at the peak")
+SNAPSHOT_FRAMES = 8  # frames kept per block, the user's first
+
+
+def _frame_text(frame: Any) -> Optional[str]:
+    """A snapshot frame ({filename, line, name}) as ``file(line): name``; None if malformed."""
+    if not isinstance(frame, dict):
+        return None
+    path, line, name = frame.get("filename"), frame.get("line"), frame.get("name")
+    if not isinstance(path, str) or type(line) is not int:
+        return None
+    return f"{path[-300:]}({line}): {str(name)[:120]}"
+
+
+def _snapshot_holders(pairs: List[Tuple[dict, list]]) -> Dict[str, dict]:
+    """Per device: reserved (all blocks of its segments), allocated (``active_allocated``)
+    and free (``inactive``) bytes, and the SNAPSHOT_HOLDERS largest allocated blocks with
+    their allocation frames (the user's frames first, then the rest, SNAPSHOT_FRAMES)."""
+    import heapq
+
+    from .source import is_user_frame
+
+    out: Dict[str, dict] = {}
+    tops: Dict[str, list] = {}
+    order = 0
+    for seg, blocks in pairs:
+        key = device_key(DEVICE_TYPE_CUDA, _snapshot_int(seg.get("device", 0), "segment device", MAX_SNAPSHOT_DEVICE))
+        d = out.setdefault(key, {"reserved_bytes": 0, "allocated_bytes": 0, "free_bytes": 0, "blocks": 0})
+        top = tops.setdefault(key, [])
+        for b in blocks:
+            if not isinstance(b, dict):
+                continue
+            size = _snapshot_int(b.get("size", 0), "block size", MAX_BYTES)
+            d["reserved_bytes"] += size
+            if b.get("state") == "inactive":
+                d["free_bytes"] += size
+            elif b.get("state") == "active_allocated":
+                d["allocated_bytes"] += size
+                d["blocks"] += 1
+                order += 1
+                item = (size, -order, b)
+                if len(top) < SNAPSHOT_HOLDERS:
+                    heapq.heappush(top, item)
+                elif item > top[0]:
+                    heapq.heapreplace(top, item)
+    for key, top in tops.items():
+        rows = []
+        for size, _, b in sorted(top, reverse=True):
+            frames = b.get("frames") if isinstance(b.get("frames"), list) else []
+            texts = [t for t in map(_frame_text, frames[:10_000]) if t is not None]
+            user = [t for t in texts if is_user_frame(t)]
+            rows.append({"bytes": size, "frames": (user + [t for t in texts if t not in user])[:SNAPSHOT_FRAMES]})
+        out[key]["largest_blocks"] = rows
+    return out
+
+
+def snapshot_summary(snap: Any, pickle_size: Optional[int] = None) -> dict:
+    """What a snapshot tells (see `memory_snapshot_summary`): ``fragmentation`` per device
+    (as `snapshot_fragmentation`) and ``holders`` per device (`_snapshot_holders`)."""
+    pairs = _segments_of(snap, pickle_size)
+    return {"fragmentation": _fragmentation(pairs), "holders": _snapshot_holders(pairs)}
+
+
+def memory_snapshot_summary(src) -> dict:
+    """`snapshot_summary` of a CUDA memory snapshot, read as `memory_snapshot_fragmentation`
+    reads it (bounded; the same errors)."""
+    return reduce_snapshot(src, snapshot_summary)
+
+
 def memory_snapshot_fragmentation(src) -> Dict[str, float]:
     """Free-block fragmentation per device from a CUDA memory snapshot:
     ``100 * (1 - largest free block / total free)`` over the blocks in state

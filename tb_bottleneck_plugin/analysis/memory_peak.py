@@ -255,11 +255,36 @@ def _categories(phase, phase_end, free_ts):
     return cat
 
 
+def _snapshot_entry(key: str, holders: Optional[dict], reserved: np.ndarray, capacity, na: Dict[str, str]):
+    """The snapshot's view of a device (largest allocated blocks and their stacks, free space
+    in its segments), or None with the reason when the snapshot cannot be this run's: no
+    such device, or it reserves less than the trace's last [memory] event did (the caching
+    allocator keeps what it reserved unless emptied) or more than the device holds."""
+    if holders is None:
+        return None
+    h = holders.get(key)
+    if not isinstance(h, dict):
+        na[f"{NAME}.{key}.snapshot"] = "the CUDA memory snapshot has no segment on this device (a snapshot of another run?)"
+        return None
+    last = [int(v) for v in reserved[::-1][:1].tolist() if v >= 0]
+    if last and h["reserved_bytes"] < last[0]:
+        na[f"{NAME}.{key}.snapshot"] = (
+            f"the CUDA memory snapshot reserves {h['reserved_bytes']:,} B, less than the {last[0]:,} B the trace's last "
+            "[memory] event reserved: a snapshot of another run (or taken after torch.cuda.empty_cache())")
+        return None
+    if capacity and h["reserved_bytes"] > capacity:
+        na[f"{NAME}.{key}.snapshot"] = (f"the CUDA memory snapshot reserves {h['reserved_bytes']:,} B, more than the "
+                                        f"device's {capacity:,} B: not a snapshot of this device")
+        return None
+    return {k: h[k] for k in ("reserved_bytes", "allocated_bytes", "free_bytes", "blocks", "largest_blocks") if k in h}
+
+
 def peak_holders(trace: TraceData, steps=None, host: Optional[dict] = None,
-                 not_available: Optional[Dict[str, str]] = None) -> Dict[str, dict]:
+                 not_available: Optional[Dict[str, str]] = None, snapshot: Optional[dict] = None) -> Dict[str, dict]:
     """The section (module docstring; METRICS.md §7 "Memory at the peak"). ``steps``:
     analysis.steps.Steps (host windows of the included steps), ``host``:
-    operators.host_nesting(trace) when the caller has it."""
+    operators.host_nesting(trace) when the caller has it, ``snapshot``: the run directory's
+    CUDA memory snapshot as report._find_snapshot reads it ({"path", "holders", ...})."""
     na = {} if not_available is None else not_available
     mem, S = trace.memory, trace.strings
     out: Dict[str, dict] = {}
@@ -370,6 +395,10 @@ def peak_holders(trace: TraceData, steps=None, host: Optional[dict] = None,
             "per_step": per_step,
             **fit(peak, cats, capacity),
         }
+        if dtype in GPU_DEVICE_TYPES and isinstance(snapshot, dict) and "holders" in snapshot:
+            snap = _snapshot_entry(key, snapshot.get("holders"), mem.total_reserved[rows], capacity, na)
+            if snap is not None:
+                out[key]["snapshot"] = snap
         if not (line_s >= 0).any():
             na[f"{NAME}.{key}.by_line"] = ("the trace has no Python stacks at the allocations: record with "
                                            "torch.profiler.profile(with_stack=True)")
@@ -486,7 +515,7 @@ def _unit_compute(span):
         return None
     host = span_host_nesting(span) if len(trace.cpu) else None
     na: Dict[str, str] = {}
-    out = peak_holders(trace, span.found, host=host, not_available=na)
+    out = peak_holders(trace, span.found, host=host, not_available=na, snapshot=span.snapshot)
     span.not_available.update(na)
     if not out and NAME not in span.not_available:
         span.not_available[NAME] = "no device's [memory] events could be decomposed (see the per-device reasons)"

@@ -65,7 +65,25 @@ function devicePeak(report, key, e) {
       cands.length ? ["Activation-checkpointing candidates", cands.map((c) => `${c.module} ${fmtBytes(c.activation_bytes)}`
         + (isNum(c.recompute_gpu_us_per_step) ? ` (recompute ${fmtUs(c.recompute_gpu_us_per_step)}/step)` : "")).join(" · ")] : null,
     ]),
-    holdersTable(Array.isArray(e.holders) ? e.holders : [], e.peak_allocated_bytes));
+    holdersTable(Array.isArray(e.holders) ? e.holders : [], e.peak_allocated_bytes),
+    snapshotBlocks(report, key, e.snapshot));
+}
+
+function snapshotBlocks(report, key, snap) {
+  if (!snap || typeof snap !== "object") {
+    const why = naReason(report, `memory_peak.${key}.snapshot`);
+    return why ? note(`CUDA memory snapshot: n/a (${why})`, "na") : null;
+  }
+  const blocks = Array.isArray(snap.largest_blocks) ? snap.largest_blocks : [];
+  return h("div", {class: "mem-snapshot"},
+    h("h3", {class: "sub-h"}, `CUDA memory snapshot: ${fmtBytes(snap.allocated_bytes)} allocated, `
+      + `${fmtBytes(snap.free_bytes)} free inside ${fmtBytes(snap.reserved_bytes)} reserved (when it was dumped)`),
+    blocks.length ? h("div", {class: "table-scroll"}, h("table", {class: "grid-table compact wrap mem-snapshot-blocks"},
+      h("thead", {}, h("tr", {}, h("th", {class: "num"}, "Block"), h("th", {}, "Allocated at (user frames first)"))),
+      h("tbody", {}, blocks.map((b) => h("tr", {}, h("td", {class: "num"}, fmtBytes(b.bytes)),
+        h("td", {class: "mono"}, Array.isArray(b.frames) && b.frames.length ? b.frames.map(String).join(" ← ")
+          : "(no frames: record with torch.cuda.memory._record_memory_history(stacks=\"python\"))"))))))
+      : note("No allocated block in the snapshot."));
 }
 
 /** The panel body for one report. */

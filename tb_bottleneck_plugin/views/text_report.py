@@ -214,6 +214,12 @@ def _memory_peak_lines(rep: dict) -> List[str]:
         for h in (e.get("holders") or [])[:3]:
             out.append(f"    {size(h['bytes'])} {_HOLDER_WORDS.get(h['category'], h['category'])}: {h['op']}"
                        f" in {h['module']} at {h['line']}")
+        snap = e.get("snapshot") if isinstance(e.get("snapshot"), dict) else None
+        if snap:
+            out.append(f"    CUDA memory snapshot: {size(snap.get('allocated_bytes'))} allocated, "
+                       f"{size(snap.get('free_bytes'))} free in {size(snap.get('reserved_bytes'))} reserved")
+            for b in (snap.get("largest_blocks") or [])[:3]:
+                out.append(f"      {size(b.get('bytes'))} block allocated at {(b.get('frames') or ['(no frames)'])[0]}")
         cands = e.get("checkpoint_candidates") or []
         if cands:
             out.append("    activation-checkpointing candidates: "

@@ -239,3 +239,43 @@ def test_summary_keeps_the_largest_span_peak(tmp_path):
     summary = report.combine_results(results, run="r", worker="w")["report"]
     sec = summary["memory_peak"]["cuda:0"]
     assert sec["peak_allocated_bytes"] == 900 and sec["span"] == "s1" and sec["per_step"] == []
+
+
+def _snapshot(reserved_free: int):
+    """torch.cuda.memory._snapshot()'s structure: one segment on device 0 with two allocated
+    blocks (their allocation frames, innermost first) and a free one of ``reserved_free``."""
+    frames = [{"filename": "/usr/lib/python3/site-packages/torch/nn/modules/linear.py", "line": 125, "name": "forward"},
+              {"filename": "train.py", "line": 42, "name": "step"}]
+    blocks = [{"size": 600, "state": "active_allocated", "frames": frames},
+              {"size": 200, "state": "active_allocated", "frames": frames[1:]},
+              {"size": reserved_free, "state": "inactive"}]
+    return {"segments": [{"device": 0, "address": 1 << 40, "total_size": sum(b["size"] for b in blocks),
+                          "blocks": blocks}], "device_traces": [[]]}
+
+
+@pytest.mark.parametrize("free, ok", [(1200, True), (100, False)])
+def test_snapshot_blocks_with_stacks_or_na_for_another_run(tmp_path, free, ok):
+    """The run directory's snapshot adds its largest blocks with their frames (the user's
+    first) and its free space; one that reserves less than the trace's last [memory] event
+    (2000 B here) cannot be this run's: n/a with the reason, the breakdown stands."""
+    import pickle
+
+    tb = TraceBuilder(props=(H100,))
+    tb.step(1, 0, 100)
+    tb.memory(10, 800, 1, 800, reserved=2000).memory(20, -800, 1, 0, reserved=2000)
+    run = tmp_path / "run"
+    tb.write(run / "worker0.1700000000000.pt.trace.json")
+    (run / "memory_snapshot.pickle").write_bytes(pickle.dumps(_snapshot(free)))
+    import tb_bottleneck_plugin as tbb
+
+    rep = tbb.analyze(str(run), jobs=1).report
+    sec = rep["memory_peak"]["cuda:0"]
+    assert sec["peak_allocated_bytes"] == 800
+    if ok:
+        snap = sec["snapshot"]
+        assert (snap["reserved_bytes"], snap["allocated_bytes"], snap["free_bytes"]) == (2000, 800, 1200)
+        assert [b["bytes"] for b in snap["largest_blocks"]] == [600, 200]
+        assert snap["largest_blocks"][0]["frames"][0] == "train.py(42): step"  # the user's frame first
+    else:
+        assert "snapshot" not in sec
+        assert "another run" in rep["not_available"]["memory_peak.cuda:0.snapshot"]

@@ -60,3 +60,35 @@ def test_memory_peak_panel_renders_the_reports_live_set(tmp_path, chromium):
         assert c["module"] in got["text"]
     assert "estimate" in got["text"]
     assert "peak" in markers
+
+
+def test_memory_peak_panel_lists_the_snapshots_blocks(tmp_path, chromium):
+    """With a CUDA memory snapshot in the run directory the panel lists its largest blocks
+    and their frames, as text (the frames come from the pickle)."""
+    import pickle
+
+    from tests.analysis.test_memory_peak import _snapshot
+    from tests.trace_builder import H100, TraceBuilder
+
+    tb = TraceBuilder(props=(H100,))
+    tb.step(1, 0, 100)
+    tb.memory(10, 800, 1, 800, reserved=2000).memory(20, -800, 1, 0, reserved=2000)
+    run = tmp_path / "run"
+    tb.write(run / "worker0.1700000000000.pt.trace.json")
+    (run / "memory_snapshot.pickle").write_bytes(pickle.dumps(_snapshot(1200)))
+    out = tmp_path / "snap.html"
+    done = subprocess.run([sys.executable, "-m", "tb_bottleneck_plugin.cli", "report", str(run), "--html", str(out)],
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    page = chromium.new_page(viewport={"width": 1280, "height": 900})
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(out.resolve().as_uri())
+        rows = page.locator("#bn-panel-memory_peak table.mem-snapshot-blocks tbody tr")
+        rows.first.wait_for(timeout=60_000)
+        texts = rows.all_inner_texts()
+    finally:
+        page.close()
+    assert not errors, errors
+    assert len(texts) == 2 and texts[0].startswith("600 B") and "train.py(42): step" in texts[0]
