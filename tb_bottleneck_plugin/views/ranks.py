@@ -416,6 +416,7 @@ def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pos,
         by_group_step = np.lexsort((np.arange(m), ent_step, ent_pg))
     gs_pg, gs_step = ent_pg[by_group_step], ent_step[by_group_step]
     p2p_kind = np.isin(kind, [i for i, k in enumerate(kind_names.tolist()) if k in P2P_KINDS])
+    p2p_per_group = np.bincount(ent_pg[p2p_kind], minlength=len(pg_names))
     out = []
     for p, name in enumerate(pg_names):
         lo_p, hi_p = np.searchsorted(gs_pg, p, "left"), np.searchsorted(gs_pg, p, "right")
@@ -424,7 +425,6 @@ def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pos,
         if p2p_kind.any():  # send/recv pair across ranks (the pipeline view), never matched here
             keep = ~p2p_kind[idx_p]
             idx_p, steps_p = idx_p[keep], steps_p[keep]
-        mine = (ent_pg == p) & ~p2p_kind
         conf = declared.get(name) or {}
         conf_ranks = conf.get("ranks") if isinstance(conf.get("ranks"), list) else None
         seen = np.bincount(ent_rank[idx_p], minlength=n_ranks) > 0
@@ -453,7 +453,7 @@ def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pos,
                 continue
             sel = idx_p[np.searchsorted(steps_p, n, "left"):np.searchsorted(steps_p, n, "right")]
             if not everyone:
-                sel = sel[np.isin(ent_rank[sel], present)]
+                sel = sel[members[ent_rank[sel]] & has_step[ent_rank[sel], step_col[n]]]
             local = np.full(n_ranks, -1, np.int64)
             local[present] = np.arange(len(present))
             w = np.zeros(len(present))
@@ -509,8 +509,8 @@ def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pos,
                 of_steps += 1
                 base = float(step_us_of[present, step_col[n]].mean())
                 leads.append((s_rank, 100.0 * float(np.delete(w, s_local).mean()) / base if base > 0 else 0.0))
-        calls = int(mine.sum())
-        m_calls = int((matched & mine).sum())
+        calls = len(idx_p)
+        m_calls = int(matched[idx_p].sum())
         ranks_declared = sorted(conf_ranks) if conf_ranks else None
         ranks_present = sorted(rows[i]["rank"] for i in np.flatnonzero(members).tolist())
         label_ranks = ranks_declared or ranks_present
@@ -519,11 +519,11 @@ def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pos,
                "label": f"{desc or ('process group ' + name)} (ranks {_ranks_words(label_ranks)})",
                "size": conf.get("size") or (len(conf_ranks) if conf_ranks else int(members.sum()) or None),
                "ranks": ranks_declared, "ranks_present": ranks_present, "missing_ranks": missing,
-               "kinds": sorted({str(kind_names[k]) for k in np.unique(kind[mine]).tolist()}),
+               "kinds": sorted({str(kind_names[k]) for k in np.unique(kind[idx_p]).tolist()}),
                "match_by": "seq" if by_seq and not by_order else ("order" if by_order and not by_seq else
                                                                   ("seq_and_order" if by_seq else None)),
                "calls": calls, "matched_calls": m_calls, "unmatched_calls": calls - m_calls,
-               "p2p_calls": int(((ent_pg == p) & p2p_kind).sum()),
+               "p2p_calls": int(p2p_per_group[p]),
                "unmatched_seqs": sorted(set(unmatched_seqs))[:MAX_UNMATCHED_LISTED],
                "straggler": None, "_waits": waits}
         if missing:
