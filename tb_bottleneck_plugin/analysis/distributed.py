@@ -283,7 +283,8 @@ def span_partial(trace: TraceData, steps: Optional[Steps], span=None) -> dict:
         })
         if p2p is not None:
             out["steps"][-1].update(p2p=p2p["calls"][i], bubble_us=float(p2p["bubble_us"][i]),
-                                    microbatches=p2p["microbatches"][i])
+                                    microbatches=p2p["microbatches"][i], pp_stages=p2p["pp_stages"][i],
+                                    pp_actions=p2p["pp_actions"][i])
     return out
 
 
@@ -291,6 +292,8 @@ def span_partial(trace: TraceData, steps: Optional[Steps], span=None) -> dict:
 P2P_OPS = ("c10d::send", "c10d::recv_", "c10d::recv_any_source_")
 P2P_SPANS = ("gloo:send", "gloo:recv", "nccl:send", "nccl:recv", "rccl:send", "rccl:recv")
 _MICROBATCH = re.compile(r"^(?:Forward (\d+)|PP:\d+F(\d+))$")
+# torch.distributed.pipelining's action labels: PP:<stage><computation><microbatch> ("PP:2I1")
+_PP_ACTION = re.compile(r"^PP:(\d+)([A-Z]+)(\d+)$")
 
 
 def point_to_point(trace: TraceData, lo: np.ndarray, hi: np.ndarray, comp: iv.Intervals, gpu_trace: bool,
@@ -353,7 +356,23 @@ def point_to_point(trace: TraceData, lo: np.ndarray, hi: np.ndarray, comp: iv.In
                 seen.setdefault(k, set()).add(int(m.group(1) or m.group(2)))
         for k, mbs in seen.items():
             micro[k] = len(mbs)
-    return {"calls": calls, "bubble_us": bubble, "microbatches": micro}
+    # the schedule's actions: the stages this rank runs (several: an interleaved schedule) and
+    # the computations (I and W: backward split into input and weight gradients, zero bubble)
+    acts = np.flatnonzero(np.isin(c.name, trace.string_ids(lambda s: bool(_PP_ACTION.match(s)))) & host)
+    stages: List[Optional[list]] = [None] * len(lo)
+    kinds: List[Optional[list]] = [None] * len(lo)
+    if len(acts):
+        st = np.searchsorted(lo, c.ts[acts], side="right") - 1
+        found: Dict[int, tuple] = {}
+        for row, k in zip(acts.tolist(), st.tolist()):
+            if k >= 0 and c.ts[row] < hi[k]:
+                m = _PP_ACTION.match(trace.strings[c.name[row]])
+                got = found.setdefault(k, (set(), set()))
+                got[0].add(int(m.group(1)))
+                got[1].add(m.group(2))
+        for k, (sts, kds) in found.items():
+            stages[k], kinds[k] = sorted(sts), sorted(kds)
+    return {"calls": calls, "bubble_us": bubble, "microbatches": micro, "pp_stages": stages, "pp_actions": kinds}
 
 
 def process_groups(trace: TraceData) -> List[dict]:

@@ -137,6 +137,14 @@ def pipeline_view(rows: List[dict], steps_by_rank: Dict[int, List[dict]],
     schedule = None
     if gpipe_votes:
         schedule = "GPipe" if sum(gpipe_votes) * 2 > len(gpipe_votes) else "1F1B"
+    # torch.distributed.pipelining's action labels, when present, say more: several stages on
+    # one rank (interleaved), backward split into input (I) and weight (W) gradients (zero bubble)
+    labelled_stages = [len(s.get("pp_stages") or []) for st in have.values() for s in st]
+    actions = {a for st in have.values() for s in st for a in s.get("pp_actions") or []}
+    interleaved = any(n > 1 for n in labelled_stages)
+    zero_bubble = "W" in actions or "I" in actions
+    if interleaved or zero_bubble:
+        schedule = ("Interleaved " if interleaved else "") + ("zero bubble" if zero_bubble else "1F1B")
     worker_of = {r["rank"]: r["worker"] for r in rows}
     per_stage, per_step = [], []
     tot_b = tot_s = 0.0

@@ -34,7 +34,7 @@ def _p2p(kind, ts, dur, peer, with_peer=True):
                args={"Input Dims": [[64, 256]], "Input type": ["float"]})]
 
 
-def _rank(rank, with_peer=True):
+def _rank(rank, with_peer=True, names=None):
     """One step of 100 ms per ProfilerStep (steps 1 and 2, the same pattern). GPipe with two
     microbatches (m = 2) over two stages (p = 2); compute is aten::mm.
 
@@ -58,16 +58,17 @@ def _rank(rank, with_peer=True):
     for step in (1, 2):
         t0 = (step - 1) * 100
         events.append(_x(f"ProfilerStep#{step}", t0, 100, cat="user_annotation"))
-        events += [_x(n, t0 + a, d, cat="user_annotation") for n, a, d in labels]
+        events += [_x(n if names is None else names[rank][i], t0 + a, d, cat="user_annotation")
+                   for i, (n, a, d) in enumerate(labels)]
         for what, a, d in plan:
             events += [_x("aten::mm", t0 + a, d)] if what == "mm" else _p2p(what, t0 + a, d, peer, with_peer)
     return events
 
 
-def _view(tmp_path: Path, with_peer=True):
+def _view(tmp_path: Path, with_peer=True, names=None):
     run = tmp_path / "pp2"
     for r in (0, 1):
-        write_trace(run / f"rank{r}.1795000000000000000.pt.trace.json.gz", _rank(r, with_peer),
+        write_trace(run / f"rank{r}.1795000000000000000.pt.trace.json.gz", _rank(r, with_peer, names),
                     distributed_info={"backend": "gloo", "rank": r, "world_size": 2, "pg_count": 1,
                                       "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 2,
                                                      "ranks": [0, 1]}]})
@@ -145,3 +146,15 @@ def test_demo_pipeline_2x2_bubbles_match_the_in_process_truth():
     for s in pp["per_step"]:  # each rank's steps are the ones it measured
         assert s["step"] in truth[s["rank"]]["steps"]
     assert pp["advice"] and pp["advice"][0]["saving_us_per_step"] >= pp["advice"][-1]["saving_us_per_step"]
+
+
+@pytest.mark.parametrize("names, schedule", [
+    # the runtime schedules' action labels: two stages per rank (0 and 2 on rank 0): interleaved
+    ({0: ["PP:0F0", "PP:2F0", "PP:2B0", "PP:0B0"], 1: ["PP:1F0", "PP:3F0", "PP:3B0", "PP:1B0"]}, "Interleaved 1F1B"),
+    # backward split into input (I) and weight (W) gradients: zero bubble
+    ({0: ["PP:0F0", "PP:0F1", "PP:0I0", "PP:0W0"], 1: ["PP:1F0", "PP:1F1", "PP:1I0", "PP:1W0"]}, "zero bubble"),
+])
+def test_schedule_from_the_action_labels(tmp_path, names, schedule):
+    pp = _view(tmp_path, names=names)["pipeline"]
+    assert pp["schedule"] == schedule
+    assert pp["bubble_pct"] == pytest.approx(26.0)  # labels are not compute: the bubble is unchanged
