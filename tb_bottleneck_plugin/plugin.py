@@ -17,7 +17,7 @@ from . import routes
 from .serving.scheduler import parse_bytes
 from .analysis import peaks
 from .serving.cache import cache_max_bytes
-from .serving.service import Analyzer, default_cache_dir
+from .serving.service import DEFAULT_RESCAN_SECONDS, Analyzer, default_cache_dir
 
 PLUGIN_NAME = "bottlenecks"  # the tab's name in TensorBoard and in its /data/plugin/<name>/ URLs
 
@@ -94,7 +94,7 @@ class BottlenecksPlugin(base_plugin.TBPlugin):
         cache_mb = getattr(flags, "bottlenecks_cache_max_mb", None) if flags else None
         cache_mb = cache_mb if isinstance(cache_mb, (int, float)) and not isinstance(cache_mb, bool) \
             and 0 < cache_mb < float("inf") else None  # fix_flags refuses others
-        self.analyzer = Analyzer(self._logdir, cache_dir=cache_dir, rescan_seconds=rescan or 30.0,
+        self.analyzer = Analyzer(self._logdir, cache_dir=cache_dir, rescan_seconds=rescan or DEFAULT_RESCAN_SECONDS,
                                  cache_max_bytes=cache_max_bytes(cache_mb),
                                  follow_symlinks=follow, max_workers=jobs + 1 if jobs else None,
                                  memory_budget=parse_bytes(memory) if memory else None,

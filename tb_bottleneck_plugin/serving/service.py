@@ -52,6 +52,10 @@ SAME_FILE_RETRIES = 2
 # error names the file. A scan that no longer lists it drops the span (no stale error).
 MISSING_FILE_RETRIES = 3
 MISSING_FILE_BACKOFF_S = 1.0
+# How often the logdir is rescanned for new trace files unless --bottlenecks_rescan_seconds
+# says otherwise (plugin_loader's flag default is this number; the README says it:
+# tests/project/test_documented_claims.py).
+DEFAULT_RESCAN_SECONDS = 30.0
 
 
 _live_analyzers: "weakref.WeakSet" = weakref.WeakSet()  # started Analyzers, stopped at exit
@@ -96,7 +100,7 @@ class Analyzer:
     """The analysed state of one logdir (local path or fsspec URL)."""
 
     def __init__(self, logdir: str, *, cache_dir=None, max_workers: Optional[int] = None,
-                 rescan_seconds: float = 30.0, analyze_span: Optional[Callable] = None,
+                 rescan_seconds: float = DEFAULT_RESCAN_SECONDS, analyze_span: Optional[Callable] = None,
                  cache_max_bytes: int = DEFAULT_CACHE_BYTES, processes: Optional[bool] = None,
                  follow_symlinks: bool = False, memory_budget: Optional[int] = None,
                  dask_scheduler: Optional[str] = None):
@@ -474,6 +478,7 @@ class Analyzer:
             return {
                 "logdir": self.logdir,
                 "scan": {"state": self._scan_state, "error": rel(self._scan_error), "scanned_at": self._scanned_at,
+                         "rescan_seconds": self.rescan_seconds,
                          "notes": [rel(note) for note in
                                    (list(self._logdir_obj.notes) if self._logdir_obj else []) + self._notes]},
                 "runs": runs,

@@ -41,6 +41,13 @@ import "./static/memory_peak_view.js";
 
 const RUNS_POLL_MS = 10000;
 const RUNS_POLL_FAST_MS = 2000; // while the first scan runs
+
+/** How new runs reach this list: the server's rescan period (the /runs answer's
+ * scan.rescan_seconds, --bottlenecks_rescan_seconds) and this page's re-read of the list. */
+function rescanWords(scan) {
+  const every = scan && typeof scan.rescan_seconds === "number" ? `the server rescans the logdir every ${scan.rescan_seconds} s and ` : "";
+  return `New runs appear here automatically: ${every}this list is re-read every ${RUNS_POLL_MS / 1000} s.`;
+}
 const ALL = "all";
 const NAME_CHARS = 40; // run/worker names longer than this are shortened in the menus (full name on hover)
 
@@ -431,7 +438,7 @@ async function loadView(run) {
           ", and any other ", h("code", {}, "*.json"), " / ", h("code", {}, "*.json.gz"), " whose content is a Kineto trace) under ",
           h("code", {}, String(p.logdir || "the logdir")), ". Record some with:"),
         h("pre", {class: "code"}, h("code", {}, TRACE_HOWTO.replace("LOGDIR", String(p.logdir || "logdir")))),
-        h("p", {class: "note"}, "New runs appear here automatically (the list is re-read every 10 s)."),
+        h("p", {class: "note"}, rescanWords(scan)),
       ]});
     }
     return;
