@@ -31,7 +31,6 @@ CATEGORIES = ("resident_before_window", "activations", "gradients", "optimizer_s
 TOP_HOLDERS = 20  # rows of the holders table (category, op, module, line), most bytes first
 TOP_GROUPS = 10  # rows of by_op / by_module / by_line
 TOP_CANDIDATES = 5  # checkpointing candidates
-MAX_STEP_ROWS = 1000  # per-step decompositions (each one pass over the device's blocks)
 NO_OP, NO_MODULE, NO_LINE = "(no op)", "(no module frame)", "(no user frame)"
 RESIDENT_WHAT = ("allocated before profiling started (parameters, optimizer state, anything kept from "
                  "earlier): a trace cannot split it further")
@@ -242,6 +241,28 @@ def _decompose(at: int, ts, b, allocs, frees, pre, base, cat):
     return out, live, resident
 
 
+def _categories_at(points: np.ndarray, b, allocs, frees, pre, base: int, cat) -> np.ndarray:
+    """Bytes per category (columns in CATEGORIES order) of the live set after each event index
+    in ``points`` (ascending), as `_decompose` counts it, by prefix sums over the blocks'
+    allocations and frees in event order: O((blocks + points) log blocks), no pass per point."""
+    out = np.zeros((len(points), len(CATEGORIES)), np.int64)
+
+    def upto(pos, values):  # Σ values at positions <= each point (pos ascending)
+        if not len(pos):
+            return 0
+        k = np.searchsorted(pos, points, side="right")
+        return np.where(k > 0, np.cumsum(values)[np.maximum(k - 1, 0)], 0)
+
+    out[:, 0] = base + upto(pre, b[pre])  # pre-window frees are negative
+    sizes = b[allocs]
+    for c in range(1, len(CATEGORIES)):
+        m = cat == c
+        f = frees[m]
+        fo = np.argsort(f, kind="stable")
+        out[:, c] = upto(allocs[m], sizes[m]) - upto(f[fo], sizes[m][fo])  # a never-freed block's index is n
+    return out
+
+
 def _categories(phase, phase_end, free_ts):
     """Category index per block (CATEGORIES): a block that outlives the phase it was
     allocated in is an activation (forward), gradient (backward) or optimizer state;
@@ -361,17 +382,24 @@ def peak_holders(trace: TraceData, steps=None, host: Optional[dict] = None,
         holders = _holders(lcat, op_s, mod_s, line_s, sizes, S)
         act = lcat == CATEGORIES.index("activations")
         candidates = _candidates(mod_chain, act, sizes, S) if mod_chain is not None else []
+        # per included step: its peak (the first event of the largest Total Allocated in its
+        # host window; events are in time order, so a window is one slice)
+        first = np.searchsorted(ts, s_lo, side="left")
+        last = np.searchsorted(ts, s_hi, side="left")
+        steps_at = [(k, int(i + np.argmax(ta[i:j]))) for k, (i, j) in enumerate(zip(first.tolist(), last.tolist()))
+                    if j > i]
         per_step = []
-        for k in range(len(s_lo) if len(s_lo) <= MAX_STEP_ROWS else 0):
-            inside = np.flatnonzero((ts >= s_lo[k]) & (ts < s_hi[k]))
-            if not len(inside):
-                continue
-            at = int(inside[np.argmax(ta[inside])])
-            c, _, _ = _decompose(at, ts, b, allocs, frees, pre, base, cat)
-            if cats["resident_before_window"] is None:
-                c["resident_before_window"] = None
-            per_step.append({"step": int(s_num[k]), "peak_allocated_bytes": int(ta[at]), "ts_us": float(ts[at]),
-                             "categories": c})
+        if steps_at:
+            points = np.array([at for _, at in steps_at], np.int64)
+            order = np.argsort(points, kind="stable")
+            table = np.empty((len(points), len(CATEGORIES)), np.int64)
+            table[order] = _categories_at(points[order], b, allocs, frees, pre, base, cat)
+            for (k, at), row in zip(steps_at, table.tolist()):
+                c = dict(zip(CATEGORIES, row))
+                if cats["resident_before_window"] is None:
+                    c["resident_before_window"] = None
+                per_step.append({"step": int(s_num[k]), "peak_allocated_bytes": int(ta[at]), "ts_us": float(ts[at]),
+                                 "categories": c})
         step_at = _inside(np.array([ts[peak_at]]), s_lo, s_hi)[0] if len(s_lo) else -1
         capacity = None
         if dtype in GPU_DEVICE_TYPES:

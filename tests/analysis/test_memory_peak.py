@@ -279,3 +279,24 @@ def test_snapshot_blocks_with_stacks_or_na_for_another_run(tmp_path, free, ok):
     else:
         assert "snapshot" not in sec
         assert "another run" in rep["not_available"]["memory_peak.cuda:0.snapshot"]
+
+
+@pytest.mark.skipif(not GPT2.is_dir(), reason="needs ../shared/traces/h100")
+def test_live_set_sums_to_total_allocated_at_every_instant():
+    """At any event, the live set by category (prefix sums, as per step) sums to that event's
+    Total Allocated read from the trace, and equals the direct count of live blocks."""
+    import numpy as np
+
+    mem = load_trace(str(next(GPT2.glob("*.pt.trace.json.gz")))).memory
+    rows = np.flatnonzero(mem.device_type == 1)
+    rows = rows[np.argsort(mem.ts[rows], kind="stable")]
+    b, ta, addr, ts = mem.bytes[rows], mem.total_allocated[rows], mem.addr[rows], mem.ts[rows]
+    allocs, frees, pre = mp._blocks(b, addr)
+    base = int(ta[0]) - int(b[0])
+    cat = np.arange(len(allocs)) % (len(mp.CATEGORIES) - 1) + 1  # any labelling: the sums must hold
+    points = np.arange(0, len(b), 7)
+    fast = mp._categories_at(points, b, allocs, frees, pre, base, cat)
+    assert (fast.sum(axis=1) == ta[points]).all()
+    for at in points[:: max(1, len(points) // 25)].tolist():
+        slow, _, _ = mp._decompose(at, ts, b, allocs, frees, pre, base, cat)
+        assert fast[points.tolist().index(at)].tolist() == [slow[c] for c in mp.CATEGORIES]
