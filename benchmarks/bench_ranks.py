@@ -7,7 +7,7 @@ by its own ~ N(1, 0.2), and one rank (the last) gets 30 % more compute, so the v
 straggler to find. No trace file is written: the rank view reads only the partials (and the
 straggler's report), as the service does.
 
-    python benchmarks/bench_ranks.py [--trace PATH] [--ranks 256 1024] [--repeat 5]
+    python benchmarks/bench_ranks.py [--trace PATH] [--ranks 256 1024] [--repeat 5] [--group-size 8]
 
 Prints, per size: rank_view time (min and median of --repeat runs), the view's JSON size,
 the size of one span partial, and the rank the view names.
@@ -30,7 +30,9 @@ from tb_bottleneck_plugin import report
 DEFAULT = Path(__file__).resolve().parents[2] / "shared/traces/hta/nccl_parser_config/nccl_data.json.gz"
 
 
-def jittered(result: dict, n: int, seed: int = 0) -> dict:
+def jittered(result: dict, n: int, seed: int = 0, group_size: int = 0) -> dict:
+    """``group_size`` > 0: every rank's collectives run in its own group of that many ranks
+    ("tp<r // group_size>", declared in its process_groups), e.g. 128 TP groups of 8 at 1,024."""
     rng = np.random.default_rng(seed)
     out = {}
     base = result["distributed"]
@@ -38,6 +40,13 @@ def jittered(result: dict, n: int, seed: int = 0) -> dict:
         part = copy.deepcopy(base)
         part["rank"] = r
         part["world_size"] = n
+        if group_size > 0:
+            first = r // group_size * group_size
+            name = f"tp{r // group_size}"
+            part["process_groups"] = [{"name": name, "desc": "TP", "size": group_size,
+                                       "ranks": list(range(first, min(first + group_size, n)))}]
+            for s in part["steps"]:
+                s["collectives"]["pg"] = [name] * len(s["collectives"]["kind"])
         slow = 1.3 if r == n - 1 else 1.0
         for s in part["steps"]:
             f = max(0.5, rng.normal(1.0, 0.05))
@@ -57,6 +66,8 @@ def main() -> int:
     ap.add_argument("--trace", default=str(DEFAULT))
     ap.add_argument("--ranks", type=int, nargs="+", default=[256, 1024])
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--group-size", type=int, default=0,
+                    help="put each rank's collectives in a process group of this many ranks (default: one group)")
     args = ap.parse_args()
     trace = loader.load_trace(args.trace)
     result = report.analyze_trace(trace)
@@ -65,7 +76,7 @@ def main() -> int:
     print(f"partial of {Path(args.trace).name}: {len(result['distributed']['steps'])} steps, "
           f"{n_coll} collectives, {part_bytes / 1024:.1f} KB of JSON")
     for n in args.ranks:
-        runs = jittered(result, n)
+        runs = jittered(result, n, group_size=args.group_size)
         times = []
         for _ in range(args.repeat):
             t0 = time.perf_counter()

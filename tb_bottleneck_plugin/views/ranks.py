@@ -348,6 +348,8 @@ def rank_view(results_by_worker: Dict[str, List[dict]]) -> dict:
 
 
 UNKNOWN_PG = "unknown"
+# The terminal lists at most this many process groups (the tab and --json: all).
+MAX_GROUP_LINES = 12
 # Point-to-point kinds: a send on one rank pairs with a recv on another (the pipeline view)
 P2P_KINDS = ("send", "recv")
 # Unmatched sequence numbers listed per group (the count is always complete).
@@ -908,7 +910,11 @@ def format_ranks_text(view: dict, indent: str = "") -> str:
         lines.append(f"{indent}  {c['kind']}: {c['calls']} calls{size}, {c['total_us'] / 1000:.2f} ms "
                      f"(transfer {c['transfer_us'] / 1000:.2f} ms, wait {c['wait_us'] / 1000:.2f} ms"
                      + (f", {c['unmatched_calls']} unmatched" if c.get("unmatched_calls") else "") + ")")
-    for g in view.get("process_groups") or []:
+    groups = view.get("process_groups") or []
+    # at most MAX_GROUP_LINES groups: those whose straggler causes the most wait first
+    shown_groups = groups if len(groups) <= MAX_GROUP_LINES else sorted(
+        groups, key=lambda g: -((g.get("straggler") or {}).get("wait_caused_pct") or -1.0))[:MAX_GROUP_LINES]
+    for g in shown_groups:
         st = g.get("straggler")
         head = (f"{indent}  group {g['label']}: {g['calls']} calls, {g['matched_calls']} matched"
                 + (f" by {g['match_by']}" if g.get("match_by") else "")
@@ -921,6 +927,8 @@ def format_ranks_text(view: dict, indent: str = "") -> str:
             lines.append(f"{indent}    {st['sentence']}")
             if st.get("cause"):
                 lines.append(f"{indent}    cause: {st['cause']['sentence']}")
+    if len(groups) > len(shown_groups):
+        lines.append(f"{indent}  ... {len(groups) - len(shown_groups)} more process groups (--json has all)")
     lines.extend(format_pipeline_text(view.get("pipeline") or {}, indent))
     cb = view.get("collective_bandwidth") or {}
     link = cb.get("link") or {}
