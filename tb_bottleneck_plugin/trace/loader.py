@@ -56,7 +56,8 @@ from .events import (
 from .text import _max_decompressed, _Prefetcher, _text_blocks  # noqa: F401 - _max_decompressed re-exported
 from .decode_workers import _ChunkSink
 
-CHUNK_BYTES = 8 << 20  # decoded text per chunk: big enough to amortise, small for memory
+CHUNK_BYTES = 4 << 20  # decoded text per chunk: big enough to amortise, small for memory (8 MB
+# chunks: the same CPU, 12 MB more peak RSS on the 292 MB benchmark; benchmarks/README.md)
 # ... with decode workers: every process holds one chunk's events at a time, so smaller
 PARALLEL_CHUNK_BYTES = 2 << 20
 # No-progress limits: a header (the keys before traceEvents) of MBs, or a single event
