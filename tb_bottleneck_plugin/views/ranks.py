@@ -557,6 +557,8 @@ CAUSE_WORDS = {
     "host_gap_us": "with its host idle (host gaps: no op running)",
 }
 COMPUTE_ACTIVITIES = ("compute_forward_us", "compute_backward_us", "compute_optimizer_us")
+# The cause by difference reads at most this many of the straggler's late steps (evenly spaced).
+MAX_CAUSE_STEPS = 64
 # What to do about each cause, said of the late rank.
 CAUSE_FIX = {
     "dataloader_us": "Make rank {rank}'s input as fast as the others' (its data shard, its DataLoader's "
@@ -585,17 +587,22 @@ def straggler_cause(rank_index: int, members: List[int], steps: List[int], rows:
     straggler minus the median over the other members; the median over those steps (one
     descheduled step of a busy host does not make a cause)."""
     others = [m for m in members if m != rank_index]
+    if len(steps) > MAX_CAUSE_STEPS:  # a long run: evenly spaced late steps (the medians barely move)
+        steps = [steps[i] for i in np.linspace(0, len(steps) - 1, MAX_CAUSE_STEPS).round().astype(int).tolist()]
     use = [n for n in steps if (rank_index, n) in activity and all((m, n) in activity for m in others)]
     if not others or not use:
         return None
     keys = [k for k in CAUSE_WORDS if all(k in activity[(rank_index, n)] for n in use)]
     diff, own, med = {}, {}, {}
+    # (members x steps) per activity: one median per step over the other members
+    grid = {k: np.array([[activity[(m, n)][k] for n in use] for m in others]) for k in keys}
     for k in keys:
         mine = np.array([activity[(rank_index, n)][k] for n in use])
-        theirs = np.array([np.median([activity[(m, n)][k] for m in others]) for n in use])
+        theirs = np.median(grid[k], axis=0)
         diff[k], own[k], med[k] = float(np.median(mine - theirs)), float(np.median(mine)), float(np.median(theirs))
-    step_med = float(np.median([np.median([rows[m]["per_step"]["step_us"][rows[m]["per_step"]["steps"].index(n)]
-                                           for m in members]) for n in use]))
+    step_of = [{n: i for i, n in enumerate(rows[m]["per_step"]["steps"])} for m in members]
+    step_med = float(np.median([np.median([rows[m]["per_step"]["step_us"][step_of[j][n]]
+                                           for j, m in enumerate(members)]) for n in use]))
     comm_own = float(np.median([comm_of.get((rank_index, n), 0.0) for n in use]))
     comm_med = float(np.median([np.median([comm_of.get((m, n), 0.0) for m in others]) for n in use]))
     top = max(diff, key=lambda k: diff[k]) if diff else None
@@ -607,7 +614,8 @@ def straggler_cause(rank_index: int, members: List[int], steps: List[int], rows:
            "median_others_comm_us_per_step": comm_med, "hidden_compute": False}
     if named:
         out["sentence"] = (f"rank {r} spends {diff[top] / 1000:.1f} ms more per step {CAUSE_WORDS[top]} than the "
-                           f"median of the other ranks of its group ({own[top] / 1000:.1f} vs {med[top] / 1000:.1f} ms)")
+                           f"median of the other ranks of its group ({own[top] / 1000:.1f} vs "
+                           f"{med[top] / 1000:.1f} ms)")
         if top in COMPUTE_ACTIVITIES and comm_own < comm_med:
             what = "/".join(k.replace("_", "-") for k in kinds) or "collective"
             out["hidden_compute"] = True
