@@ -36,7 +36,7 @@ from .. import thresholds as T
 from ..trace.model import GPU_KERNEL, TraceData
 from . import linking
 from .accelerators import no_gpu_reason
-from . import peaks, precision
+from . import graph_replays, peaks, precision
 from .factorize import unique_inverse, unique_rows
 from .operators import NA_FLOPS_NO_SHAPES
 
@@ -344,7 +344,7 @@ def _no_shapes(trace: TraceData, steps, na: Dict[str, str], user_peak=None) -> d
         "uncounted_calls": {}, "peak": peak, "by_precision": {},
         "by_class": {"other": {"flops": 0.0, "bytes": None, "kernel_us": kus, "kernels": int(in_step.sum()),
                                "calls": 0, "flops_by_precision": {}}} if in_step.any() else {},
-        "kernels": [], "record_shapes": False,
+        "kernels": [], "record_shapes": False, "graph_replays": None,
         "per_step": [{"step": int(n), "flops": 0.0, "step_us": float(d), "ideal_us": None, "tflops": 0.0,
                       "mfu_pct": None} for n, d in zip(steps.inc_numbers, durations)],
     }
@@ -400,6 +400,101 @@ def _launched(trace: TraceData, rows: np.ndarray, entries: np.ndarray, is_k: np.
     hit = np.zeros(len(trace.cpu), bool)
     hit[op[call_k[call]]] = True
     return hit[rows] & entries
+
+
+def _holds_calls(trace: TraceData, rows: np.ndarray, entries: np.ndarray, calls: Optional[np.ndarray],
+                 op_calls) -> np.ndarray:
+    """Bool over the op nesting's entries (only ``entries`` looked at): the op holds one of the
+    runtime ``calls`` (a launch of a CUDA graph capture) on its thread."""
+    out = np.zeros(len(rows), bool)
+    if calls is None or not len(calls) or not entries.any():
+        return out
+    sel = np.zeros(len(trace.cpu), bool)
+    sel[rows[entries]] = True
+    op, call = linking.calls_inside(trace, sel, among=op_calls if op_calls is not None else linking.op_calls(trace))
+    is_cap = np.zeros(len(trace.runtime), bool)
+    is_cap[calls] = True
+    hit = np.zeros(len(trace.cpu), bool)
+    hit[op[is_cap[call]]] = True
+    return hit[rows] & entries
+
+
+def _capture_templates(trace: TraceData, rows, parent, cand, shape_ok, captured, has_shape, is_flop_name, pos,
+                       cols, gr, op_calls) -> Optional[dict]:
+    """The capture-time ops a CUDA graph's kernels come from (issue 34 item 2), as the eager
+    path owns kernels: per capture launch call, the innermost op with a FLOP formula whose shapes
+    fit around it, else the innermost shaped op without one (bytes only). ``{"owner": template
+    index per runtime row (-1 none), "entry", "flops", "bytes", "prec", "cls", "counted": bool per
+    template}``; None without a recorded capture."""
+    if gr is None or not len(gr["capture_calls"]):
+        return None
+    c_flops, c_bytes, c_prec, c_cls = cols
+    cpu = trace.cpu
+    flop_op = np.zeros(len(rows), bool)
+    flop_op[cand[shape_ok & captured[cand]]] = True
+    flop_op &= ~_ancestors_marked(parent, np.flatnonzero(flop_op))
+    byte_op = captured & has_shape & ~is_flop_name & ~_ancestors_marked(parent, np.flatnonzero(flop_op))
+    byte_op &= ~_ancestors_marked(parent, np.flatnonzero(captured & has_shape))
+    f_e, b_e = np.flatnonzero(flop_op), np.flatnonzero(byte_op)
+    if not len(f_e) and not len(b_e):
+        return None
+    b_bytes = np.zeros(len(b_e))
+    for i, e in enumerate(b_e.tolist()):
+        r = int(rows[e])
+        got = op_flops(trace.strings[int(cpu.name[r])], *_Decoder(trace).row(r))
+        b_bytes[i] = got[1] if got else 0.0
+    entry = np.concatenate([f_e, b_e])
+    sel = np.zeros(len(cpu), bool)
+    sel[rows[entry]] = True
+    op, call = linking.calls_inside(trace, sel, among=op_calls if op_calls is not None else linking.op_calls(trace))
+    keep = np.isin(call, gr["capture_calls"])
+    op, call = op[keep], call[keep]
+    byte_only = np.zeros(len(cpu), bool)
+    byte_only[rows[b_e]] = True
+    best = linking.first_per_call(op, call, len(trace.runtime), (-cpu.ts, byte_only))
+    t_of_row = np.full(len(cpu), -1, np.int64)
+    t_of_row[rows[entry]] = np.arange(len(entry))
+    owner = np.where(best >= 0, t_of_row[np.maximum(best, 0)], -1)
+    at = pos[f_e]
+    return {"owner": owner, "entry": entry, "counted": np.arange(len(entry)) < len(f_e),
+            "flops": np.concatenate([c_flops[at], np.zeros(len(b_e))]),
+            "bytes": np.concatenate([c_bytes[at], b_bytes]),
+            "prec": np.concatenate([c_prec[at], np.zeros(len(b_e), np.int64)]),
+            "cls": np.concatenate([c_cls[at], np.full(len(b_e), CLASSES.index("elementwise"), np.int64)])}
+
+
+def _replay_ops(trace: TraceData, gr, tmpl, hs_s, he_s, order) -> Optional[dict]:
+    """One virtual op call per (capture-time op, graph replay in an included step): the op's
+    FLOPs, bytes, precision and class, counted once per replay, in the step the replay was
+    launched in; ``kernel``/``kernel_op``: each replayed kernel and its virtual op (counted
+    ones first: ``f_*``, then byte-only: ``e_*``). None when nothing is attributed."""
+    if gr is None or tmpl is None:
+        return None
+    cc = gr["capture_call"]
+    k = np.flatnonzero(cc >= 0)
+    t = tmpl["owner"][cc[k]] if len(k) else k
+    k, t = k[t >= 0], t[t >= 0]
+    if not len(k):
+        return None
+    replay = gr["replay"][k]
+    ts = trace.runtime.ts[replay]
+    j = np.searchsorted(hs_s, ts, side="right") - 1
+    inside = (j >= 0) & (ts < he_s[np.maximum(j, 0)])
+    k, t, replay, step = k[inside], t[inside], replay[inside], order[np.maximum(j, 0)][inside]
+    if not len(k):
+        return None
+    counted = tmpl["counted"][t]
+    # counted virtual ops first: the key sorts (not counted, template, replay)
+    pairs, inv = unique_rows(np.stack([~counted, t, replay], axis=1).astype(np.int64))
+    first = np.zeros(len(pairs), np.int64)
+    first[inv[::-1]] = np.arange(len(inv) - 1, -1, -1)
+    vt, vstep = pairs[:, 1], step[first]
+    nf = int((pairs[:, 0] == 0).sum())
+    f, e = slice(0, nf), slice(nf, len(pairs))
+    return {"kernel": gr["kernels"][k], "kernel_op": inv,
+            "f_entry": tmpl["entry"][vt[f]], "f_flops": tmpl["flops"][vt[f]], "f_bytes": tmpl["bytes"][vt[f]],
+            "f_prec": tmpl["prec"][vt[f]], "f_cls": tmpl["cls"][vt[f]], "f_step": vstep[f],
+            "e_entry": tmpl["entry"][vt[e]], "e_bytes": tmpl["bytes"][vt[e]]}
 
 
 # per-op columns handed to the Operator view (``per_op``; METRICS.md "Operator view: FLOPs")
@@ -510,11 +605,15 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
     went = np.ones(len(rows), bool) if launched is None else launched
     # ops with a formula that launched nothing (e.g. traced while compiling: shapes, no kernel)
     # (each FLOP once: the innermost of them, as for the counted ops)
+    # CUDA graph replays and the launches of their recorded capture (analysis/graph_replays.py)
+    gr = graph_replays.replays(trace, rt_of) if rt_of is not None else None
+    captured = _holds_calls(trace, rows, has_shape, gr["capture_calls"] if gr else None, op_calls)
     idle = np.zeros(len(rows), bool)
-    idle[cand[ok & ~went[cand] & (step_of[cand] >= 0)]] = True
+    idle[cand[ok & ~went[cand] & ~captured[cand] & (step_of[cand] >= 0)]] = True
     idle &= ~_ancestors_marked(parent, np.flatnonzero(idle))
     unlaunched_calls = int(idle.sum())
     unlaunched_flops = float(c_flops[np.flatnonzero(idle[cand])].sum()) if unlaunched_calls else 0.0
+    shape_ok = ok
     ok = ok & went[cand]
     uncounted = count_names(~u_ok[inv] & went[cand] & (step_of[cand] >= 0)) if len(cand) else {}
     # innermost counted: a candidate with a counted candidate below it is not counted
@@ -537,6 +636,9 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
     f_bytes = c_bytes[pos[f_idx]]
     f_prec = c_prec[pos[f_idx]]
     f_cls = c_cls[pos[f_idx]]
+    f_step = step_of[f_idx]
+    tmpl = _capture_templates(trace, rows, parent, cand, shape_ok, captured, has_shape, is_flop_name, pos,
+                              (c_flops, c_bytes, c_prec, c_cls), gr, op_calls)
     del pos
 
     # byte-only ops: shaped, not a FLOP op nor an ancestor of one, no shaped child below
@@ -559,12 +661,25 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
             vals[u] = got[1] if got else 0.0
         e_bytes = vals[inv]
 
+    # kernels replayed from CUDA graphs: one virtual op call per (capture-time op, replay)
+    n_f_real, n_e_real = len(f_idx), len(e_idx)
+    virt = _replay_ops(trace, gr, tmpl, hs_s, he_s, order)
+    if virt is not None:
+        f_idx = np.concatenate([f_idx, virt["f_entry"]])
+        f_flops = np.concatenate([f_flops, virt["f_flops"]])
+        f_bytes = np.concatenate([f_bytes, virt["f_bytes"]])
+        f_prec = np.concatenate([f_prec, virt["f_prec"]])
+        f_cls = np.concatenate([f_cls, virt["f_cls"]])
+        f_step = np.concatenate([f_step, virt["f_step"]])
+        e_idx = np.concatenate([e_idx, virt["e_entry"]])
+        e_bytes = np.concatenate([e_bytes, virt["e_bytes"]])
+
     # ---------------------------------------------------------------- kernels
     n_counted = len(f_idx)
     # owner per kernel: 0..n_counted-1 counted ops, n_counted.. byte-only ops, -1 none
     owner = np.full(len(gpu), -1, np.int64)
     if rt_of is not None:
-        all_rows = np.concatenate([rows[f_idx], rows[e_idx]])
+        all_rows = np.concatenate([rows[f_idx[:n_f_real]], rows[e_idx[:n_e_real]]])
         call_owner = np.full(len(trace.runtime), -1, np.int64)
         if len(all_rows):
             among = op_calls if op_calls is not None else linking.op_calls(trace)
@@ -572,7 +687,8 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
             sel[all_rows] = True
             op, call = linking.calls_inside(trace, sel, among=among)
             idx_of_row = np.full(len(cpu), -1, np.int64)
-            idx_of_row[all_rows] = np.arange(len(all_rows))
+            # counted ops first, then the byte-only ops (after the virtual counted ones)
+            idx_of_row[all_rows] = np.r_[np.arange(n_f_real), n_counted + np.arange(len(all_rows) - n_f_real)]
             # a call inside a counted op is that op's (counted ops are disjoint; byte-only ops
             # inside it, e.g. cudnn_convolution_backward_input, do not take its kernels);
             # else the innermost byte-only op (latest start)
@@ -585,6 +701,10 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
             del best, got, idx_of_row
         linked = is_k & (rt_of >= 0)
         owner[linked] = call_owner[rt_of[linked]]
+        if virt is not None:  # replayed kernels: their virtual op (counted, else byte-only)
+            vk, vo = virt["kernel"], virt["kernel_op"]
+            owner[vk] = np.where(vo < len(virt["f_entry"]), n_f_real + vo,
+                                 n_counted + n_e_real + vo - len(virt["f_entry"]))
     kdur = np.where(is_k, np.nan_to_num(gpu.dur, nan=0.0), 0.0)
     n_own = n_counted + len(e_idx)
     own_k = owner >= 0
@@ -624,6 +744,7 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
         inc_idx = np.flatnonzero(steps.included)
         in_step |= is_k & np.isin(steps.gpu_step, inc_idx)
     in_step &= is_k
+    replay_stats = _replay_stats(gr, in_step, owner, kdur)
     cls_names = np.array(list(CLASSES))
     k_cls = np.full(len(gpu), CLASSES.index("other"), np.int64)
     k_cls[own_k] = cls_of_op[owner[own_k]]
@@ -638,7 +759,6 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
     step_us = float(step_us_each.sum())
     total_flops = float(f_flops.sum())
     by_prec: Dict[str, dict] = {}
-    f_step = step_of[f_idx]
     for code in np.flatnonzero(np.bincount(op_prec, minlength=len(precisions))).tolist():
         p = precisions[code]
         m = op_prec == code
@@ -749,8 +869,9 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
         "gpu_busy_us": busy_us, "ideal_us": ideal_us, "devices": n_dev if has_gpu else 0,
         "counted_calls": int(n_counted), "uncounted_calls": dict(sorted(uncounted.items(), key=lambda kv: -kv[1])),
         "peak": peak, "by_precision": by_prec, "by_class": by_class, "kernels": top, "per_step": per_step,
-        "record_shapes": bool(has_shape.any()),
+        "record_shapes": bool(has_shape.any()), "graph_replays": replay_stats,
     }
+    _replay_na(replay_stats, total_flops, peak, na)
     if not has_shape.any():
         na["flops.flops"] = NA_NO_SHAPES
         return flops_unknown(derive(section, na))
@@ -762,6 +883,44 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
         na["flops.roofline"] = no_gpu_reason(trace, "no GPU kernels (CPU-only): no roofline; GFLOP/s over the step "
                                              "time only")
     return derive(section, na)
+
+
+def _replay_stats(gr, in_step, owner, kdur) -> Optional[dict]:
+    """The kernels of the included steps replayed from CUDA graphs (METRICS.md §15): ``kernels``,
+    ``kernel_us``, those attributed to a recorded capture's ops (``attributed``,
+    ``attributed_kernel_us``) and how many captures the trace records; None without replays."""
+    if gr is None:
+        return None
+    k = gr["kernels"][in_step[gr["kernels"]]]
+    got = k[(gr["capture_call"][in_step[gr["kernels"]]] >= 0) & (owner[k] >= 0)]
+    return {"kernels": int(len(k)), "kernel_us": float(kdur[k].sum()), "attributed": int(len(got)),
+            "attributed_kernel_us": float(kdur[got].sum()), "captures": int(gr["captures"]),
+            "step_kernel_us": float(kdur[in_step].sum())}
+
+
+def replay_reason(stats: Optional[dict]) -> Optional[str]:
+    """Why the FLOPs miss the kernels replayed from CUDA graphs (None when none is missed)."""
+    if not stats or stats["kernels"] <= stats["attributed"]:
+        return None
+    n = stats["kernels"] - stats["attributed"]
+    us = stats["kernel_us"] - stats["attributed_kernel_us"]
+    total = stats.get("step_kernel_us")
+    share = f", {100 * us / total:.0f} % of the steps' kernel time" if total else ""
+    where = ("no capture recorded in this trace matches them" if stats["captures"]
+             else "the trace does not record their capture")
+    return (f"{n} kernels replayed from CUDA graphs ({us:,.0f} µs{share}) carry no shapes and {where}: their FLOPs "
+            f"are not counted; {graph_replays.HOW_TO_RECORD}")
+
+
+def _replay_na(stats, total_flops, peak, na) -> None:
+    """Say what the FLOPs miss under CUDA graphs: the MFU's reason when nothing was counted, else
+    ``flops.graph_replays`` (the count is partial)."""
+    why = replay_reason(stats)
+    if why is None:
+        return
+    na["flops.graph_replays"] = ("FLOPs and MFU are partial: " if total_flops else "") + why
+    if not total_flops and peak:
+        na["flops.mfu_pct"] = "no FLOPs counted in the steps: " + why
 
 
 def _per_op(f_idx, e_idx, inner, f_flops, op_bytes, op_kus, pk, peak, na) -> dict:
@@ -783,13 +942,17 @@ def _per_op(f_idx, e_idx, inner, f_flops, op_bytes, op_kus, pk, peak, na) -> dic
     index = np.unique(np.concatenate([own, inner_idx]))
     at_f, at_own = np.searchsorted(index, f_idx), np.searchsorted(index, own)
     fields = {f: np.zeros(len(index)) for f in OP_FIELDS}
-    fields["flops"][at_f] = f_flops
-    fields["flop_bytes"][at_own] = op_bytes
-    fields["flop_kernel_us"][at_own] = op_kus
-    fields["peak_us"][at_f] = np.where(f_flops > 0, f_flops / (pk * 1e12) * 1e6, 0.0)
-    fields["hbm_us"][at_own] = op_bytes / (hbm * 1e9) * 1e6 if hbm else np.nan
-    fields["flop_calls"][at_f] = 1.0
-    fields["byte_calls"][np.searchsorted(index, e_idx)] = 1.0
+    # added, not set: a CUDA graph's capture-time op holds one call per replay (issue 34 item 2)
+    np.add.at(fields["flops"], at_f, f_flops)
+    np.add.at(fields["flop_bytes"], at_own, op_bytes)
+    np.add.at(fields["flop_kernel_us"], at_own, op_kus)
+    np.add.at(fields["peak_us"], at_f, np.where(f_flops > 0, f_flops / (pk * 1e12) * 1e6, 0.0))
+    if hbm:
+        np.add.at(fields["hbm_us"], at_own, op_bytes / (hbm * 1e9) * 1e6)
+    else:
+        fields["hbm_us"][at_own] = np.nan
+    np.add.at(fields["flop_calls"], at_f, 1.0)
+    np.add.at(fields["byte_calls"], np.searchsorted(index, e_idx), 1.0)
     fields["inner_calls"][np.searchsorted(index, inner_idx)] = 1.0
     peak_na = None
     if not peak:
@@ -1085,6 +1248,8 @@ def _unit_partial(report: dict) -> dict:
         "sum:unlaunched_calls": sec.get("unlaunched_calls") or 0,
         "sum:unlaunched_flops": sec.get("unlaunched_flops") or 0.0,
         "all:record_shapes": bool(sec.get("record_shapes")), "any:record_shapes": bool(sec.get("record_shapes")),
+        "keyed:graph_replays": {"all": {f"sum:{f}": v for f, v in sec["graph_replays"].items()}}
+        if isinstance(sec.get("graph_replays"), dict) else {},
         "keyed:uncounted_calls": {k: {"sum:n": v} for k, v in (sec.get("uncounted_calls") or {}).items()},
         "keyed:by_precision": {p: {"sum:flops": v.get("flops"), "sum:kernel_us": v.get("kernel_us"),
                                    "sum:ideal_us": v.get("ideal_us")}
@@ -1126,6 +1291,9 @@ def _unit_finish(m: dict):
         "unlaunched_flops": float(m.get("sum:unlaunched_flops") or 0.0),
         "uncounted_calls": {k: int(v["sum:n"] or 0) for k, v in m["keyed:uncounted_calls"].items()},
         "peak": m.get("first:peak"), "record_shapes": bool(m.get("all:record_shapes")),
+        "graph_replays": {f[4:]: (v if f.endswith("_us") else int(v))
+                          for f, v in m["keyed:graph_replays"]["all"].items()}
+        if (m.get("keyed:graph_replays") or {}).get("all") else None,
         "by_precision": {p: {"flops": v["sum:flops"], "kernel_us": v["sum:kernel_us"], "ideal_us": v["sum:ideal_us"]}
                          for p, v in m["keyed:by_precision"].items()},
         "by_class": {c: {"flops": v["sum:flops"], "bytes": v.get("sum:bytes"), "kernel_us": v["sum:kernel_us"],

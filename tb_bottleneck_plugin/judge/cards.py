@@ -129,6 +129,10 @@ def _card_mfu(report: dict) -> dict:
                 words += f" · {_fmt_tflops(out['tflops'])} of {_fmt_tflops(out['peak_tflops'])} TFLOP/s"
         if peak.get("source", "").startswith("user"):
             words += " (user-given peak)"
+        gr = sec.get("graph_replays") if isinstance(sec.get("graph_replays"), dict) else {}
+        missed = (V.num(gr.get("kernels")) or 0) - (V.num(gr.get("attributed")) or 0)
+        if missed > 0:  # the analysis's reason: not_available["flops.graph_replays"]
+            words += f" · partial: {missed:.0f} kernels replayed from CUDA graphs not counted"
         out["verdict"] = words
     elif V.num(sec.get("tflops")) is not None and sec.get("flops"):
         # FLOPs but no peak (CPU-only, unknown GPU): the rate, uncoloured

@@ -58,7 +58,8 @@ from tb_bottleneck_plugin.judge import recommendations as R
 
 CHECKS = ("launch_bound_capture", "share_over_100", "banner_few_steps", "green_card_rule_fired",
           "green_low_utilization", "na_with_number", "step_longer_than_activity", "confident_on_little_data",
-          "one_window_words", "unpriced_confident_advice", "verdict_disagrees", "severity_disagrees")
+          "one_window_words", "unpriced_confident_advice", "verdict_disagrees", "severity_disagrees",
+          "graph_flops")
 
 # "launch-bound", "launch- or latency-bound", but not "latency-bound, not launch-bound"
 LAUNCH_BOUND = re.compile(r"(?<!not )\blaunch-(?:bound|\s+or\s+latency-bound)", re.IGNORECASE)
@@ -315,6 +316,17 @@ def check_severity_disagrees(rep: dict) -> List[str]:
                 out.append(f"card {card} is {v['severity']} ({v.get('verdict')!r}) but rule {rule} is "
                            f"{rec.get('severity')} (priced at {rec.get('estimated_gain_pct')} %): {rec.get('title')!r}")
     return out
+
+
+def check_graph_flops(rep: dict) -> List[str]:
+    """Issue 34 item 2: the MFU card says the steps ran no GEMM/convolution/attention while the
+    compilation card counts kernels replayed from CUDA graphs (which carry no shapes)."""
+    comp = rep.get("compilation") if isinstance(rep.get("compilation"), dict) else {}
+    n = comp.get("graph_kernels") or 0
+    words = ((rep.get("verdicts") or {}).get("mfu") or {}).get("verdict")
+    if n and isinstance(words, str) and "no GEMM, convolution or attention" in words:
+        return [f"MFU card says {words!r} beside {n} kernels replayed from CUDA graphs"]
+    return []
 
 
 def contradictions(rep: dict, ranks: Optional[dict] = None) -> List[str]:
@@ -722,6 +734,11 @@ def _bad_reports():
                              "estimated_gain_pct": 6.7, "gain_source": "step_model", "what_if": "pinned_h2d",
                              "step_ms": 10.0, "predicted_step_ms": 9.33}]
     out.append(("severity_disagrees", r, None))
+    r = _clean_report()  # issue 34 item 2: the demo's reduce-overhead run before the fix
+    r["compilation"] = {"graph_kernels": 140}
+    r["verdicts"]["mfu"] = {"value": None, "severity": "na", "rule": "low_mfu",
+                            "verdict": "no FLOPs counted in the steps (no GEMM, convolution or attention with shapes)"}
+    out.append(("graph_flops", r, None))
     return out
 
 

@@ -1,0 +1,157 @@
+"""Issue 34 item 2: kernels replayed from CUDA graphs (METRICS.md §15 "CUDA graph replays").
+
+A replayed kernel carries the cudaGraphLaunch's correlation id, no shapes. When the trace
+records the capture (cudaStreamBeginCapture .. EndCapture: the ops with their shapes, their
+launch calls putting kernels in the graph), each replay's i-th kernel is attributed to the op
+of the capture's i-th launch: FLOPs counted once per replay. When it does not, the MFU's
+n/a reason says the kernels were replayed from CUDA graphs and how to record the capture, and
+the compilation card (graph_kernels) and the MFU card do not contradict each other.
+
+Ground truth: hand-built traces whose FLOPs follow from the shapes written here (2·M·N·K per
+GEMM, FlopCounterMode's formula), and the real H100 torch.compile(mode="reduce-overhead")
+run in demo_logs (its capture happened before the profiler started), whose replayed kernel
+count is read from the raw JSON here."""
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from conftest import DEMO_LOGS, TRACES, needs_traces, real_report
+from trace_builder import H100, TraceBuilder
+
+from tb_bottleneck_plugin import report
+from tb_bottleneck_plugin.trace.loader import load_trace
+
+BF16, F16 = "c10::BFloat16", "c10::Half"
+M, K, N = 1024, 2048, 4096          # aten::addmm: [M] + [M, K] @ [K, N], bf16
+M2, K2, N2 = 512, 1024, 256         # aten::mm: [M2, K2] @ [K2, N2], fp16
+GEMM1 = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_cublas"
+ADD = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16> >"
+GEMM2 = "sm80_xmma_gemm_f16f16_f16f32_f32_nn_n_tilesize64x64x32_cublas"
+PER_REPLAY = 2 * M * N * K + 2 * M2 * N2 * K2  # 17,179,869,184 + 268,435,456
+
+
+def _replay(b, ts):
+    """One cudaGraphLaunch at ``ts`` replaying the graph's three kernels (400, 50, 100 µs)."""
+    corr = b.runtime("cudaGraphLaunch", ts, 20)
+    b.kernel(GEMM1, ts + 30, 400, correlation=corr)
+    b.kernel(ADD, ts + 440, 50, correlation=corr)
+    b.kernel(GEMM2, ts + 500, 100, correlation=corr)
+
+
+def _graph_trace(capture=True):
+    """Three 2 ms steps, each ending with an eager aten::mul (20 µs kernel). In step 1 the capture (when ``capture``): aten::addmm (bf16), aten::add,
+    aten::mm (fp16), each with one launch call that runs nothing (captured), between
+    cudaStreamBeginCapture and cudaStreamEndCapture; then the replay cudagraph trees does right
+    after recording. Steps 2 and 3: one replay each."""
+    b = TraceBuilder(props=(H100,))
+    for s in range(3):
+        t0 = 10_000 + s * 2000
+        b.step(s + 1, t0, 1990)
+        if s == 0 and capture:
+            b.runtime("cudaStreamBeginCapture", t0 + 10, 5)
+            b.cpu("aten::addmm", t0 + 20, 40, **{"Input Dims": [[N], [M, K], [K, N], [], []],
+                                                  "Input type": [BF16, BF16, BF16, "Scalar", "Scalar"]})
+            b.runtime("cudaLaunchKernel", t0 + 30, 5)
+            b.cpu("aten::add", t0 + 70, 30, **{"Input Dims": [[M, N], [M, N], []],
+                                                "Input type": [BF16, BF16, "Scalar"]})
+            b.runtime("cudaLaunchKernel", t0 + 80, 5)
+            b.cpu("aten::mm", t0 + 110, 30, **{"Input Dims": [[M2, K2], [K2, N2]], "Input type": [F16, F16]})
+            b.runtime("cudaLaunchKernel", t0 + 120, 5)
+            b.runtime("cudaStreamEndCapture", t0 + 150, 5)
+        _replay(b, t0 + 200)
+        # an eager op with shapes after the graph (the loss): record_shapes was on
+        b.cpu("aten::mul", t0 + 900, 30, **{"Input Dims": [[M, N], []], "Input type": [BF16, "Scalar"]})
+        b.launch("void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<mul> >",
+                 t0 + 905, t0 + 950, 20, call_dur=5)
+    return b
+
+
+def test_replays_attributed_to_the_capture_time_ops(tmp_path):
+    rep = report.analyze_trace(_graph_trace().load(tmp_path))["report"]
+    sec = rep["flops"]
+    # before issue 34: 0 FLOPs, MFU n/a "no GEMM, convolution or attention with shapes"
+    assert sec["flops"] == 3 * PER_REPLAY
+    assert [r["flops"] for r in sec["per_step"]] == [PER_REPLAY] * 3
+    assert sec["by_precision"]["bf16"]["flops"] == 3 * 2 * M * N * K
+    assert sec["by_precision"]["fp16"]["flops"] == 3 * 2 * M2 * N2 * K2
+    kernels = {k["name"]: k for k in sec["kernels"]}
+    assert kernels[GEMM1]["class"] == "gemm" and kernels[GEMM1]["precision"] == "bf16"
+    assert kernels[GEMM1]["flops"] == 3 * 2 * M * N * K and kernels[GEMM1]["count"] == 3
+    assert kernels[GEMM2]["precision"] == "fp16" and kernels[GEMM2]["flops"] == 3 * 2 * M2 * N2 * K2
+    assert kernels[ADD]["class"] == "elementwise" and kernels[ADD]["flops"] == 0
+    assert sec["by_class"]["gemm"]["kernel_us"] == 3 * (400 + 100)
+    assert sec["flop_kernel_us"] == 3 * (400 + 100)
+    # the capture-time ops ran nothing themselves: not "unlaunched", not counted on their own
+    assert sec["unlaunched_calls"] == 0 and sec["counted_calls"] == 3 * 2
+    assert sec["by_class"]["elementwise"]["calls"] == 3 + 3  # the replayed add (3x) and the eager mul
+    assert sec["graph_replays"] == {"kernels": 9, "kernel_us": 3 * 550.0, "attributed": 9,
+                                    "attributed_kernel_us": 3 * 550.0, "captures": 1,
+                                    "step_kernel_us": 3 * (550.0 + 20)}
+    assert "flops.graph_replays" not in rep["not_available"]
+    assert rep["flops"]["mfu_pct"] is not None
+
+
+def test_replay_of_another_graph_is_not_attributed(tmp_path):
+    """A replay whose kernel count differs from every recorded capture stays unattributed."""
+    b = _graph_trace()
+    corr = b.runtime("cudaGraphLaunch", 15_000, 20)  # step 3: a two-kernel graph never captured here
+    b.kernel(GEMM1, 15_900, 30, correlation=corr)
+    b.kernel(ADD, 15_940, 10, correlation=corr)
+    rep = report.analyze_trace(b.load(tmp_path))["report"]
+    sec = rep["flops"]
+    assert sec["flops"] == 3 * PER_REPLAY
+    assert sec["graph_replays"]["kernels"] == 11 and sec["graph_replays"]["attributed"] == 9
+    why = rep["not_available"]["flops.graph_replays"]
+    assert why.startswith("FLOPs and MFU are partial: 2 kernels replayed from CUDA graphs")
+    assert "no capture recorded in this trace matches them" in why
+
+
+def test_no_capture_recorded_says_how_to_record_it(tmp_path):
+    rep = report.analyze_trace(_graph_trace(capture=False).load(tmp_path))["report"]
+    sec = rep["flops"]
+    assert sec["flops"] == 0 and sec["mfu_pct"] is None
+    why = rep["not_available"]["flops.mfu_pct"]
+    assert "9 kernels replayed from CUDA graphs" in why and "the trace does not record their capture" in why
+    assert "start the profiler before the first call that captures" in why
+    assert "no GEMM, convolution or attention" not in why
+
+
+def _raw_replayed(path):
+    ev = json.load(gzip.open(path))["traceEvents"]
+    launches = {e["args"]["correlation"] for e in ev if e.get("name") == "cudaGraphLaunch"}
+    return [e for e in ev if e.get("cat") == "kernel" and e["args"].get("correlation") in launches]
+
+
+@pytest.mark.skipif(not (DEMO_LOGS / "h100_compiled_cuda_graphs").exists(), reason="demo run missing")
+def test_real_reduce_overhead_run_says_cuda_graphs():
+    """The H100 torch.compile(mode="reduce-overhead") demo run: its graphs were captured before the
+    profiler started, so no replayed kernel can be attributed; the MFU card says so, and does not
+    claim there was no GEMM while the compilation card counts the graph kernels."""
+    for path in sorted((DEMO_LOGS / "h100_compiled_cuda_graphs").glob("*.pt.trace.json.gz")):
+        rep = report.analyze_trace(load_trace(str(path)))["report"]
+        raw = _raw_replayed(path)
+        gr = rep["flops"]["graph_replays"]
+        assert gr["kernels"] == rep["compilation"]["graph_kernels"] == len(raw) == 140  # all in the 2 steps
+        assert gr["attributed"] == 0 and gr["captures"] == 0
+        assert gr["kernel_us"] == pytest.approx(sum(e["dur"] for e in raw))
+        why = rep["not_available"]["flops.mfu_pct"]
+        # before issue 34: "no FLOPs counted in the steps (no GEMM, convolution or attention with shapes)"
+        assert "140 kernels replayed from CUDA graphs" in why and "record the capture" in why
+        assert rep["verdicts"]["mfu"]["verdict"] == why
+
+
+@needs_traces
+def test_real_trace_with_graph_replays_says_the_mfu_is_partial():
+    """The 16-rank A100 trace: 70 cudaGraphLaunch replaying 135 kernels (cutlass GEMMs among them),
+    no capture in the trace: FLOPs from the eager ops only, said to be partial."""
+    rel = "hta/negative_queue_length_values_check/rank0.json.gz"
+    rep = real_report(rel)
+    gr = rep["flops"]["graph_replays"]
+    raw = _raw_replayed(TRACES / rel)
+    assert gr["kernels"] == len(raw) == 135 and gr["attributed"] == 0
+    assert rep["not_available"]["flops.graph_replays"].startswith(
+        "FLOPs and MFU are partial: 135 kernels replayed from CUDA graphs")
+    assert "partial: 135 kernels" in rep["verdicts"]["mfu"]["verdict"]
