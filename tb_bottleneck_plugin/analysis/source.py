@@ -296,6 +296,15 @@ def source_view(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = Non
             np.zeros(0, bool)
     else:
         inc_gpu = _at(inc_node, g_node, False)
+    # kernels replayed from a CUDA graph whose capture the trace records: the capture-time launch
+    # call (inside its op, module and line) instead of the cudaGraphLaunch (issue 34 item 2;
+    # the step stays the replay's)
+    from .graph_replays import replays
+
+    gr = replays(trace, gpu_runtime)
+    if gr is not None and (gr["capture_call"] >= 0).any():
+        hit = gr["capture_call"] >= 0
+        g_node[gr["kernels"][hit]] = nc + gr["capture_call"][hit]
     gdur = np.maximum(np.nan_to_num(gpu.dur, nan=0.0), 0.0)
     g_key = _at(key, g_node, -1)
     gpu_us = float(gdur[inc_gpu].sum())

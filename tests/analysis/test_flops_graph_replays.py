@@ -155,3 +155,21 @@ def test_real_trace_with_graph_replays_says_the_mfu_is_partial():
     assert rep["not_available"]["flops.graph_replays"].startswith(
         "FLOPs and MFU are partial: 135 kernels replayed from CUDA graphs")
     assert "partial: 135 kernels" in rep["verdicts"]["mfu"]["verdict"]
+
+
+def test_replayed_kernels_take_the_capture_time_source_line_and_module(tmp_path):
+    """With with_stack frames around the capture (model.py(7): forward > nn.Module: Block_0 >
+    the three ops), the replays' kernel time (3 x 550 µs) goes to that line and module, as an
+    eager run's would; before issue 34 it was unattributed (the cudaGraphLaunch has no frame)."""
+    from tb_bottleneck_plugin.analysis import source
+    from tb_bottleneck_plugin.analysis.steps import find_steps
+
+    b = _graph_trace()
+    b.cpu("model.py(7): forward", 10_015, 140, cat="python_function")
+    b.cpu("nn.Module: Block_0", 10_016, 138, cat="python_function")
+    trace = b.load(tmp_path)
+    sec = source.source_view(trace, find_steps(trace), not_available={})
+    line = next(r for r in sec["lines"] if r["frame"] == "model.py(7): forward")
+    assert line["gpu_us"] == 3 * 550 and line["kernels"] == 9
+    mod = next(m for m in sec["modules"] if m["path"] == "Block_0")
+    assert mod["gpu_fwd_us"] == 3 * 550
