@@ -478,18 +478,18 @@ def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pos,
                 B[li, col] = byts[sel]
                 have = ~np.isnan(D).any(axis=0)
                 same_kind = (K == K[0]).all(axis=0)
-                with np.errstate(all="ignore"):
-                    bmax, bmin = np.nanmax(np.where(np.isnan(B), -np.inf, B), axis=0), \
-                        np.nanmin(np.where(np.isnan(B), np.inf, B), axis=0)
-                same_size = ~np.isfinite(bmax) | ~np.isfinite(bmin) | (bmax == bmin)
+                unknown = np.isnan(B)
+                bmax, bmin = np.where(unknown, -np.inf, B).max(axis=0), np.where(unknown, np.inf, B).min(axis=0)
+                same_size = ~np.isfinite(bmax) | (bmax == bmin)  # sizes unknown everywhere, or all equal
                 ok = have & same_kind & same_size
                 if not (seq >= 0).all():
                     ok = np.cumprod(ok).astype(bool)  # order matching stops at the first mismatch
                 else:
                     unmatched_seqs.extend(int(q) for q in cols[~ok].tolist())
                 if ok.any():
-                    transfer = np.nanmin(D[:, ok], axis=0)
-                    W = D[:, ok] - transfer
+                    Dok = D[:, ok]  # every present rank has these calls: no NaN
+                    transfer = Dok.min(axis=0)
+                    W = Dok - transfer
                     w = W.sum(axis=1)
                     hit = sel[ok[col]]
                     matched[hit] = True
@@ -497,8 +497,8 @@ def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pos,
                     ent_transfer[hit] = transfer[col_pos[col[ok[col]]]]
                     ent_wait[hit] = W[li[ok[col]], col_pos[col[ok[col]]]]
                     # the rank that arrived last: the shortest duration (ties: the lowest rank)
-                    spread = D[:, ok].max(axis=0) > transfer
-                    last = np.argmin(D[:, ok], axis=0)
+                    spread = Dok.max(axis=0) > transfer
+                    last = np.argmin(Dok, axis=0)
                     np.add.at(late, present[last[spread]], 1)
                     of_calls += int(ok.sum())
             waits[present, step_col[n]] = w
