@@ -195,14 +195,11 @@ def rank_view(results_by_worker: Dict[str, List[dict]]) -> dict:
     ent_seq = np.full(len(seq_flat), -1, np.int64) if seq_flat.count(None) == len(seq_flat) else \
         np.nan_to_num(np.array(seq_flat, dtype=np.float64), nan=-1.0).astype(np.int64)
     declared_groups = _declared_groups(partials, workers)
+    wait_mat = np.full((n_ranks, len(common_steps)), np.nan)
     groups = _match_groups(rows, source, pg_names.tolist(), declared_groups, ent_rank, ent_step, ent_pos, ent_pg,
                            ent_seq,
                            kind, kind_names, dur, byts, seg_rank_a, seg_step_a, common_steps, step_us_of,
-                           matched, ent_wait, ent_transfer, na)
-    wait_mat = np.full((n_ranks, len(common_steps)), np.nan)
-    for g in groups:
-        w = g.pop("_waits")
-        wait_mat = np.where(np.isnan(wait_mat), w, wait_mat + np.nan_to_num(w))
+                           matched, ent_wait, ent_transfer, wait_mat, na)
     steps_with_straggler = 0
     col_of_step = {n: j for j, n in enumerate(common_steps)}
     for n in common_steps:
@@ -390,14 +387,14 @@ def _ranks_words(ranks: List[int]) -> str:
 def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pos, ent_pg, ent_seq, kind, kind_names,
                   dur,
                   byts, seg_rank, seg_step, common_steps, step_us_of, matched, ent_wait, ent_transfer,
-                  na) -> List[dict]:
+                  wait_mat, na) -> List[dict]:
     """The collectives matched across the ranks of each process group (METRICS.md §12
     "Process groups"): per group and step, by sequence number where every call carries one,
     else by position among the rank's calls of that group in the step, with the same kind and
     size on every rank (matching by position stops at the first call that differs). Fills
-    ``matched``, ``ent_wait``, ``ent_transfer`` (per entry) and returns one row per group with
-    its straggler; ``_waits``: (rank index x step column of ``common_steps``) the wait in the
-    group's matched calls, NaN where the rank has no part in the group's step."""
+    ``matched``, ``ent_wait``, ``ent_transfer`` (per entry) and ``wait_mat`` (rank index x step
+    column of ``common_steps``: the rank's wait summed over its groups' matched calls, NaN where
+    it has no part in any group's step) and returns one row per group with its straggler."""
     n_ranks = len(rows)
     index_of_rank = {r["rank"]: i for i, r in enumerate(rows)}
     step_col = {n: j for j, n in enumerate(common_steps)}
@@ -442,8 +439,6 @@ def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pos,
         late = np.zeros(n_ranks, np.int64)  # matched calls in which the rank arrived last
         late_steps = np.zeros(n_ranks, np.int64)
         leads: List[Tuple[int, float]] = []
-        # wait per (rank index, step column) in the group's matched calls; NaN: not in the group's step
-        waits = np.full((n_ranks, len(common_steps)), np.nan)
         late_step_list: Dict[int, List[int]] = {}
         of_calls = of_steps = 0
         by_seq = by_order = False
@@ -501,7 +496,7 @@ def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pos,
                     last = np.argmin(Dok, axis=0)
                     np.add.at(late, present[last[spread]], 1)
                     of_calls += int(ok.sum())
-            waits[present, step_col[n]] = w
+            wait_mat[present, step_col[n]] = np.nan_to_num(wait_mat[present, step_col[n]]) + w
             if len(w) and w.max() > w.min():
                 lowest = np.flatnonzero(w == w.min())
                 s_local = int(lowest[np.argmin([rows[present[i]]["rank"] for i in lowest])])
@@ -527,7 +522,7 @@ def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pos,
                "calls": calls, "matched_calls": m_calls, "unmatched_calls": calls - m_calls,
                "p2p_calls": int(p2p_per_group[p]),
                "unmatched_seqs": sorted(set(unmatched_seqs))[:MAX_UNMATCHED_LISTED],
-               "straggler": None, "_waits": waits}
+               "straggler": None}
         if missing:
             na[f"ranks.process_groups.{name}"] = (
                 f"no trace for rank(s) {', '.join(map(str, missing))} of {row['label']}: its calls are matched "
