@@ -74,7 +74,8 @@ def input_finding(inp: Optional[dict]):
     if transfer is None:
         return words, severity
     copies = f"{transfer:.1f} % of the step in synchronous input copies (pageable memory)"
-    words = f"{words}, but {copies}" if severity == "ok" else f"{words}; {copies}"
+    # XProf counts these copies as input too: "not input-bound" would deny them
+    words = f"not waiting for the DataLoader, but {copies}" if severity == "ok" else f"{words}; {copies}"
     louder = max((severity, transfer_severity(transfer)), key=_LOUDER.get)
     return words, louder
 

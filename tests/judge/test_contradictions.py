@@ -896,3 +896,39 @@ def test_one_severity_per_finding_on_the_shared_traces():
             seen.add("pageable_h2d")
         assert check_severity_disagrees(rep) == [], rel
     assert seen == {"low_mfu", "pageable_h2d"}  # GPT-2 eager, bf16 demo; resnet50 num_workers=4
+
+
+def pageable_copy_steps(tmp_path: Path) -> dict:
+    """4 steps of 1000 µs, each a pageable host-to-device copy of 450 µs (its call blocks the
+    host) that no kernel overlaps, then 12 GEMM kernels of 35 µs: no DataLoader at all."""
+    b = TraceBuilder(props=(H100,))
+    profiler_span(b, T0 - 100, 4 * 1000 + 300)
+    for s in range(4):
+        t0 = T0 + s * 1000
+        b.step(s + 1, t0, 1000)
+        b.cpu("aten::copy_", t0 + 5, 460)
+        corr = b.runtime("cudaMemcpyAsync", t0 + 10, 455)
+        b.events.append({"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "pid": 0,
+                         "tid": 7, "ts": t0 + 15, "dur": 450,
+                         "args": {"device": 0, "stream": 7, "correlation": corr, "bytes": 1 << 26}})
+        for k in range(12):
+            t = t0 + 470 + k * 40
+            b.cpu("aten::mm", t, 30)
+            b.launch("void big_gemm_kernel<float>", t + 2, t + 8, 35)
+    return _report(b, tmp_path, "pageable_copies")
+
+
+def test_large_pageable_copies_are_judged_high_on_the_card_and_the_advice(tmp_path):
+    """Issue 34 item 4's case: a green "not input-bound" Input card beside a large pageable-H2D
+    recommendation. By hand: 450 µs of each 1000 µs step in a copy no kernel hides = 45.0 %;
+    on the input-bound scale (>= INPUT_BOUND_HIGH_PCT) high, for the card and the advice."""
+    rep = pageable_copy_steps(tmp_path)
+    assert rep["input"]["input_bound_pct"] == 0.0
+    assert rep["input"]["input_transfer_pct"] == pytest.approx(100 * 450 / 1000)
+    card = rep["verdicts"]["input_bound"]
+    assert card["severity"] == "high" and card["input_transfer_pct"] == pytest.approx(45.0)
+    assert card["verdict"] == ("not waiting for the DataLoader, but 45.0 % of the step in synchronous input copies "
+                               "(pageable memory)"), card
+    first = rep["recommendations"][0]
+    assert first["rule"] == "pageable_h2d" and first["severity"] == "high", first
+    assert check_severity_disagrees(rep) == [] and contradictions(rep) == []
