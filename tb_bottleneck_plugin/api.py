@@ -8,6 +8,7 @@
     rep                                         # in Jupyter: the headline cards and recommendations
     rep.cards["input_bound"]["value"]           # the server's verdicts (report["verdicts"])
     rep.recommendations                         # most important first
+    rep.findings                                # the compact findings for an agent (`report --findings`)
     rep.steps_df(); rep.kernels_df(); rep.operators_df(); rep.memory_df(); rep.ranks_df(); rep.groups_df(); rep.pipeline_df()
     rep.memory_holders_df()                     # who holds the memory at the peak (category, op, module, line)
     rep.to_dict()                               # exactly what `tb-bottlenecks report PATH --json` prints
@@ -213,6 +214,16 @@ class Report:
     def recommendations(self) -> List[dict]:
         """The recommendations, most important first (report["recommendations"])."""
         return self.report.get("recommendations") or []
+
+    @property
+    def findings(self) -> dict:
+        """The findings (METRICS.md §20, views/findings.py): the verdict, each recommendation
+        with its predicted gain (ms per step and %), severity, evidence ids into the report,
+        the assumptions; at most 8 KB. As ``tb-bottlenecks report --findings`` prints them for
+        one file or one run."""
+        from .views import findings as findings_view
+
+        return findings_view.findings(self.report)
 
     # ------------------------------------------------------------------ DataFrames
 

@@ -7,6 +7,7 @@
                                           the machine; each reserves ~0.8x its JSON size)
         [--dask tcp://host:8786]          analyse the spans on an existing Dask cluster
         [--html FILE]                     also write a self-contained HTML report (html_report.py)
+        [--findings]                      print the findings JSON (views/findings.py, ≤ 8 KB a run)
         [--peak-tflops PEAK]              the GPU's peak for MFU (989, or bf16=989,hbm=3350)
     tb-bottlenecks demo OUTDIR [--quick]  write demo runs made with real PyTorch training
     tb-bottlenecks diff BASE CAND [--json]  compare two runs; `check PATH --max M=V ...` is a
@@ -139,6 +140,9 @@ def _main(argv: Optional[List[str]] = None) -> int:
     rep.add_argument("--what-if", action="store_true", dest="what_if",
                      help="print the step model's what-if table (METRICS.md §19): each fix's predicted step time, "
                           "all fixes together, the critical path; with --json, the step_model sections")
+    rep.add_argument("--findings", action="store_true",
+                     help="print the findings as JSON (METRICS.md §20): the verdict, each recommendation with its "
+                          "predicted gain and evidence ids, the assumptions; at most 8 KB per run")
     rep.add_argument("--html", default=None, metavar="FILE",
                      help="also write a single-file HTML report (cards, recommendations, step breakdown, "
                      "kernels, operators) that opens offline from disk")
@@ -203,7 +207,7 @@ def _run(args) -> int:
             return _fail(f"--memory: {exc}")
     try:
         return _report(args.path, as_json=args.json, debug=debug, jobs=args.jobs, memory_budget=budget,
-                       dask_address=args.dask, html=args.html, what_if=args.what_if)
+                       dask_address=args.dask, html=args.html, what_if=args.what_if, findings=args.findings)
     except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, exit 2
         if debug:
             traceback.print_exc()
@@ -356,7 +360,7 @@ def json_report(logdir, spans, results, errors, single_file: bool) -> dict:
 
 def _report(path: str, *, as_json: bool, debug: bool = False, jobs: Optional[int] = None,
             memory_budget: Optional[int] = None, dask_address: Optional[str] = None,
-            html: Optional[str] = None, what_if: bool = False) -> int:
+            html: Optional[str] = None, what_if: bool = False, findings: bool = False) -> int:
     from . import report
     from .views import text_report
 
@@ -369,7 +373,13 @@ def _report(path: str, *, as_json: bool, debug: bool = False, jobs: Optional[int
         for e in exc.errors:
             print(f"tb-bottlenecks: {e}", file=sys.stderr)
         return 2
-    if as_json and what_if:
+    if findings:
+        from .views import findings as findings_view
+
+        doc = _json_safe(json_report(logdir, spans, results, errors, single_file))
+        json.dump(findings_view.document_findings(doc), sys.stdout, indent=1, ensure_ascii=False)
+        sys.stdout.write("\n")
+    elif as_json and what_if:
         json.dump(_json_safe(_step_models(json_report(logdir, spans, results, errors, single_file))), sys.stdout,
                   indent=1)
         sys.stdout.write("\n")

@@ -4,6 +4,7 @@ Routes (GET or HEAD only, under data/plugin/bottlenecks/; see docs/DEVELOPMENT.m
   index.js, static/<file>   the dashboard in static/ (ES modules, no build step)
   runs                      runs -> workers -> spans with loading state and progress
   report?run=&worker=&span= the report object (docs/report-schema.md)
+  findings?run=&worker=&span= the report's findings for an agent, ≤ 8 KB (views/findings.py)
   memory?run=&worker=&span= down-sampled allocated/reserved curves per device
   kernels?run=&worker=&span= the per-kernel table
   compare?base_run=&base_worker=&base_span=&cand_run=&... baseline vs candidate (views/compare.py)
@@ -43,6 +44,7 @@ from werkzeug import wrappers
 from .analysis import operators
 from .serving import timeline_store
 from .views import compare as compare_view
+from .views import findings as findings_view
 from .views import headline as headline_view
 from .views import ranks as ranks_view
 from .views import timeline_window as tw
@@ -281,6 +283,22 @@ def _serve_report(ctx: RouteContext, request):
     return ctx.bodies.respond(request, _cache_key("report", sel), result["report"], errors, build)
 
 
+def _serve_findings(ctx: RouteContext, request):
+    """METRICS.md §20: the selection's findings (views/findings.py), at most 8 KB; error
+    lines with paths relative to the logdir."""
+    analyzer = _analyzer(ctx)
+    sel = selection(request.args)
+    result = _result(analyzer, sel)
+    errors = result.get("errors") or []
+
+    def build():
+        body = findings_view.findings(result["report"], errors)
+        body["errors"] = [ctx.relative(e) if isinstance(e, str) else e for e in body["errors"]]
+        return body
+
+    return ctx.bodies.respond(request, _cache_key("findings", sel), result["report"], errors, build)
+
+
 def _serve_memory(ctx: RouteContext, request):
     analyzer = _analyzer(ctx)
     sel = selection(request.args)
@@ -484,6 +502,7 @@ ROUTES: Dict[str, tuple] = {
     "/static/*": (_serve_static, 503),
     "/runs": (_serve_runs, 503),
     "/report": (_serve_report, 422),
+    "/findings": (_serve_findings, 422),
     "/memory": (_serve_memory, 422),
     "/kernels": (_serve_kernels, 422),
     "/compare": (_serve_compare, 422),

@@ -135,7 +135,7 @@ def test_every_route_of_every_trace_follows_the_schema(everything):
             queries += [{"run": run_name, "worker": worker, "span": s}
                         for r, w, s in spans if r == run_name and w == worker]
         for query in queries:
-            for route in ("report", "memory", "kernels", "operators"):
+            for route in ("report", "memory", "kernels", "operators", "findings"):
                 status, body = rec.get(harness, route, **query)
                 assert status == 200, (route, query, status, str(body)[:300])
                 check(route, status, body, f"{route} {query}")
@@ -145,7 +145,7 @@ def test_every_route_of_every_trace_follows_the_schema(everything):
 
 def test_error_bodies_follow_the_schema(everything):
     harness, _ = everything
-    for route in ("report", "memory", "kernels", "operators"):
+    for route in ("report", "memory", "kernels", "operators", "findings"):
         status, body = rec.get(harness, route)
         assert status == 400
         check(route, status, body, f"{route} without run")
