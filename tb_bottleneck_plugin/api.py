@@ -19,8 +19,9 @@
 
 examples/bottlenecks.ipynb walks through demo_logs/ with it (tests/report/test_notebook.py runs it).
 
-One code path: `analyze` is `cli.collect` (discovery, `report.analyze_span` per span in child
-processes or on Dask, as the CLI) and `to_dict` is `cli.json_report`; summaries are
+One code path, the engine's (serving/engine.py), as the CLI's: `analyze` is `engine.collect`
+(discovery, `report.analyze_span` per span in child processes or on Dask) and `to_dict` is
+`engine.json_report`; summaries are
 `report.combine_results`; `compare` is `gate.load_result` + `compare.compare`, as `diff`.
 pandas is imported only inside the DataFrame methods (``pip install
 "tb_bottleneck_plugin[notebook]"``): importing this module, the tab or the CLI never loads it.
@@ -80,8 +81,8 @@ def analyze(path_or_url: str, *, jobs: Optional[int] = None, dask: Optional[str]
     Raises ``ValueError`` when nothing could be analysed (the CLI's exit code 2), with the
     CLI's one-line reason; files that failed beside analysed ones are in ``Report.errors``.
     """
-    from . import cli
     from .analysis import peaks
+    from .serving import engine
 
     budget = None
     if memory is not None:
@@ -95,9 +96,9 @@ def analyze(path_or_url: str, *, jobs: Optional[int] = None, dask: Optional[str]
     if peak is not None:
         os.environ[peaks.ENV_PEAK] = peak  # the analysis children inherit it
     try:
-        logdir, spans, results, errors, single_file = cli.collect(
+        logdir, spans, results, errors, single_file = engine.collect(
             str(path_or_url), debug=debug, jobs=jobs, memory_budget=budget, dask_address=dask)
-    except cli.NothingAnalysed as exc:
+    except engine.NothingAnalysed as exc:
         raise ValueError(str(exc)) from None
     finally:
         if peak is not None:
@@ -168,16 +169,16 @@ class Report:
     # ------------------------------------------------------------------ the CLI's JSON
 
     def to_dict(self) -> dict:
-        """What ``tb-bottlenecks report PATH --json`` prints (cli.json_report; NaN as None)."""
+        """What ``tb-bottlenecks report PATH --json`` prints (engine.json_report; NaN as None)."""
         if self._dict is None:
-            from . import cli
+            from .serving import engine
 
             spans = [s for s in self._spans if any(s[0] is r for r in self._runs)]
-            data = cli.json_report(self.logdir, spans, self._results, self.errors, self.single_file)
+            data = engine.json_report(self.logdir, spans, self._results, self.errors, self.single_file)
             if not self.single_file:
                 keep = {r.name for r in self._runs}
                 data = dict(data, runs=[e for e in data["runs"] if e["run"] in keep])
-            self._dict = cli._json_safe(data)
+            self._dict = engine.json_safe(data)
         return self._dict
 
     def to_json(self, indent: Optional[int] = 1) -> str:

@@ -27,18 +27,18 @@ import contextlib
 import functools
 import json
 import logging
-import math
 import os
 import sys
 import traceback
 from typing import List, Optional
 
+from .serving import engine
 from .views import gate
 
 
 EXIT_PIPE_CLOSED = 141  # 128 + SIGPIPE: what a shell reports for a tool its pipe reader left
 # The analysis children's log (section tracebacks) is silenced unless --debug (children._child_entry).
-CHILD_TRACEBACKS_ENV = "TB_BOTTLENECKS_CHILD_TRACEBACKS"
+CHILD_TRACEBACKS_ENV = engine.CHILD_TRACEBACKS_ENV
 
 
 EXIT_CODES = """exit codes:
@@ -226,136 +226,12 @@ def _fail(message: str) -> int:
     return 2
 
 
-def _analyze_all(logdir, spans, *, debug: bool, jobs: Optional[int], memory_budget: Optional[int],
-                 dask_address: Optional[str]):
-    """{span url: result} and [error line] in span order: on a Dask cluster, in child
-    processes (``jobs`` at a time within the memory budget, `scheduler.run_all`), or in
-    this process (one span, or ``--jobs 1``)."""
-    from . import report
-    from .serving import scheduler
-    from .errors import BottleneckError
-
-    outcomes = {}
-    if dask_address:
-        from .serving import dask_backend  # only with --dask
-
-        backend = dask_backend.DaskBackend.connect(dask_address)  # DaskUnavailable: one line, exit 2
-        try:
-            backend.analyze_many(logdir.url, [(run, span) for run, _, span in spans],
-                                 lambda job, outcome: outcomes.__setitem__(job[1].url, outcome))
-        finally:
-            backend.close()
-    else:
-        from .serving import children
-
-        jobs = jobs or scheduler.default_slots()
-        if jobs > 1 and len(spans) > 1 and children.processes_supported():
-            # the children (started on demand) log a failed section's traceback: only with
-            # --debug; without it each failure is one line here
-            saved_env = os.environ.get(CHILD_TRACEBACKS_ENV)
-            os.environ[CHILD_TRACEBACKS_ENV] = "1" if debug else "0"
-            pool = children.ChildPool(max_idle=jobs, nice=0)  # the foreground work here
-            try:
-                budget = memory_budget if memory_budget is not None else scheduler.default_memory_budget()
-                done = scheduler.run_all(
-                    [(run.name, (run, span), scheduler.estimate_peak_bytes(span)) for run, _, span in spans],
-                    lambda job: pool.analyze(logdir.url, job[0], job[1]), slots=jobs, memory_budget=budget)
-            finally:
-                pool.close()
-                if saved_env is None:
-                    os.environ.pop(CHILD_TRACEBACKS_ENV, None)
-                else:
-                    os.environ[CHILD_TRACEBACKS_ENV] = saved_env
-            outcomes = {job[1].url: outcome for job, outcome in done}
-        else:
-            for run, _, span in spans:
-                try:
-                    outcomes[span.url] = ("ok", report.analyze_span(logdir.url, run, span))
-                except BottleneckError as exc:
-                    outcomes[span.url] = ("error", str(exc))
-                except Exception as exc:  # noqa: BLE001 - a bug on one file must not cost the others
-                    if debug:
-                        traceback.print_exc()
-                    outcomes[span.url] = ("internal", _describe(exc))
-    results, errors = {}, []
-    for _, _, span in spans:
-        kind, value = outcomes.get(span.url, ("died", f"{span.url}: no answer"))
-        if kind == "ok":
-            results[span.url] = value
-        elif kind == "internal":
-            first, _, rest = (value or "").partition("\n")
-            if debug and rest:
-                print(rest, file=sys.stderr)
-            errors.append(f"{span.url}: internal error: {first}" + ("" if debug else " (run with --debug for the traceback)"))
-        else:  # the service's "tried again on a later scan" does not apply here
-            errors.append(str(value).replace("; it is tried again on a later scan", ""))
-    return results, errors
-
-
-class NothingAnalysed(Exception):
-    """`collect` found nothing to report: the message (one line), or ``errors``, one line
-    per file that could not be analysed (exit code 2)."""
-
-    def __init__(self, message: str, errors=()):
-        super().__init__(message)
-        self.errors = list(errors)
-
-
-def collect(path: str, *, debug: bool = False, jobs: Optional[int] = None, memory_budget: Optional[int] = None,
-            dask_address: Optional[str] = None):
-    """Discover PATH and analyse its spans, as `tb-bottlenecks report` does (and the Python
-    API, api.analyze): (logdir, spans, {span url: result}, [error line], single_file).
-    Raises NothingAnalysed when nothing could be analysed."""
-    from .trace import discovery
-    from .errors import BottleneckError
-
-    try:
-        logdir = discovery.discover_path(path)
-    except BottleneckError as exc:
-        raise NothingAnalysed(str(exc)) from exc
-    spans = [(run, worker, span) for run in logdir.runs for worker in run.workers for span in worker.spans]
-    if not spans:
-        raise NothingAnalysed(f"{path}: no PyTorch profiler trace files found "
-                              "(expected *.pt.trace.json[.gz] or Kineto *.json[.gz] files)")
-    try:
-        results, errors = _analyze_all(logdir, spans, debug=debug, jobs=jobs, memory_budget=memory_budget,
-                                       dask_address=dask_address)
-    except Exception as exc:  # noqa: BLE001 - dask_backend.DaskUnavailable: one line, exit 2
-        if type(exc).__name__ == "DaskUnavailable":
-            raise NothingAnalysed(str(exc)) from exc
-        raise
-    if not results:
-        raise NothingAnalysed("; ".join(errors) or f"{path}: nothing could be analysed", errors)
-    single_file = len(spans) == 1 and path.rstrip("/").endswith((".json", ".json.gz"))
-    return logdir, spans, results, errors, single_file
-
-
-def json_report(logdir, spans, results, errors, single_file: bool) -> dict:
-    """What `report --json` prints: a single file's report object, else
-    {schema_version, logdir, runs: [{run, workers: [{worker, summary, spans}], summary?, ranks?}], errors}."""
-    from .views import ranks
-    from . import report
-
-    if single_file:
-        return results[spans[0][2].url]["report"]
-    out = {"schema_version": report.SCHEMA_VERSION, "logdir": logdir.url, "runs": [], "errors": errors}
-    for run in logdir.runs:
-        entry = {"run": run.name, "workers": []}
-        all_ready = [results[s.url] for w in run.workers for s in w.spans if s.url in results]
-        if len(run.workers) > 1 and len(all_ready) > 1:
-            entry["summary"] = report.combine_results(all_ready, run=run.name, views=False)["report"]
-            entry["ranks"] = ranks.rank_view({w.name: [results[s.url] for s in w.spans if s.url in results]
-                                              for w in run.workers})
-        for worker in run.workers:
-            ready = [results[s.url] for s in worker.spans if s.url in results]
-            entry["workers"].append({
-                "worker": worker.name,
-                "summary": report.combine_results(ready, run=run.name, worker=worker.name, views=False)["report"]
-                if len(ready) > 1 else (ready[0]["report"] if ready else None),
-                "spans": [r["report"] for r in ready],
-            })
-        out["runs"].append(entry)
-    return out
+# The orchestration lives in the engine (serving/engine.py): these names are the engine's.
+NothingAnalysed = engine.NothingAnalysed
+collect = engine.collect
+json_report = engine.json_report
+_json_safe = engine.json_safe
+_analyze_all = engine.analyze_all
 
 
 def _report(path: str, *, as_json: bool, debug: bool = False, jobs: Optional[int] = None,
@@ -365,9 +241,9 @@ def _report(path: str, *, as_json: bool, debug: bool = False, jobs: Optional[int
     from .views import text_report
 
     try:
-        logdir, spans, results, errors, single_file = collect(
+        logdir, spans, results, errors, single_file = engine.collect(
             path, debug=debug, jobs=jobs, memory_budget=memory_budget, dask_address=dask_address)
-    except NothingAnalysed as exc:
+    except engine.NothingAnalysed as exc:
         if not exc.errors:
             return _fail(str(exc))
         for e in exc.errors:
@@ -376,15 +252,15 @@ def _report(path: str, *, as_json: bool, debug: bool = False, jobs: Optional[int
     if findings:
         from .views import findings as findings_view
 
-        doc = _json_safe(json_report(logdir, spans, results, errors, single_file))
+        doc = engine.json_safe(engine.json_report(logdir, spans, results, errors, single_file))
         json.dump(findings_view.document_findings(doc), sys.stdout, indent=1, ensure_ascii=False)
         sys.stdout.write("\n")
     elif as_json and what_if:
-        json.dump(_json_safe(_step_models(json_report(logdir, spans, results, errors, single_file))), sys.stdout,
+        json.dump(engine.json_safe(_step_models(engine.json_report(logdir, spans, results, errors, single_file))), sys.stdout,
                   indent=1)
         sys.stdout.write("\n")
     elif as_json:
-        json.dump(_json_safe(json_report(logdir, spans, results, errors, single_file)), sys.stdout, indent=1)
+        json.dump(engine.json_safe(engine.json_report(logdir, spans, results, errors, single_file)), sys.stdout, indent=1)
         sys.stdout.write("\n")
     elif what_if:
         summary = functools.partial(report.combine_results, views=False)
@@ -429,17 +305,6 @@ def _step_models(doc: dict) -> dict:
                              "workers": [{**w, "summary": cut(w.get("summary")), "spans": [cut(r) for r in w["spans"]]}
                                          for w in entry.get("workers") or []]}
                             for entry in doc["runs"]]}
-
-
-def _json_safe(value):
-    """NaN/inf are not JSON: print them as null."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
 
 
 if __name__ == "__main__":
