@@ -342,6 +342,23 @@ def rule_pageable_copies(report) -> Optional[dict]:
     }
 
 
+def _already_low_precision(top) -> List[str]:
+    """The half precisions (bf16, fp16, fp8) the eligible-not-using ops recorded, when every float
+    input they recorded is one of them (a run already on bf16 gets no bf16 advice); [] otherwise
+    (an fp32 input, or nothing recorded)."""
+    from ..analysis.precision import precision_of_dtype
+
+    seen = []
+    for op in top:
+        types = op.get("input_types") if isinstance(op, dict) else None
+        precs = [precision_of_dtype(t) for t in types or []]
+        floats = [p for p in precs if p in ("fp32", "fp64", "bf16", "fp16", "fp8")]
+        if not floats or any(p in ("fp32", "fp64") for p in floats):
+            return []
+        seen += [p for p in floats if p not in seen]
+    return seen
+
+
 def rule_tensor_cores(report) -> Optional[dict]:
     tc = report.get("tensor_cores") or {}
     pct = tc.get("eligible_not_using_pct")
@@ -361,7 +378,14 @@ def rule_tensor_cores(report) -> Optional[dict]:
             text += ", sizes not multiples of 8"
         evidence.append(text)
     inference = _is_inference(report)
-    if _is_amd(report):
+    low = _already_low_precision(top)
+    if low:
+        # issue 34 item 6: the ops already run in bf16/fp16: autocast is not the lever
+        cores = "matrix cores" if _is_amd(report) else "Tensor Cores"
+        action = (f"These ops already run in {'/'.join(low)} (their recorded inputs), so autocast will not "
+                  f"help: their kernels still miss the {cores}. Check that the library has a "
+                  + ("MFMA" if _is_amd(report) else "Tensor Core") + " kernel for these shapes and layouts.")
+    elif _is_amd(report):
         # ROCm builds keep the "cuda" device type; CDNA matrix cores (MI200/MI300) run
         # bf16/fp16 (and fp8 on MI300), so autocast is the lever.
         action = ("Use the matrix cores: run matmuls and convolutions in bf16 with "

@@ -23,6 +23,7 @@ from trace_builder import H100, MI300, TraceBuilder
 
 from tb_bottleneck_plugin import report
 from tb_bottleneck_plugin.analysis import flops, linking, precision, steps as S, tensor_cores as tc
+from tb_bottleneck_plugin.judge import recommendations
 from tb_bottleneck_plugin.trace.loader import load_trace
 
 BF16, E4M3 = "c10::BFloat16", "c10::Float8_e4m3fn"
@@ -141,3 +142,27 @@ def test_one_decoder_for_tensor_cores_and_flops(rel):
     assert (ours[known] == theirs[known]).mean() == 1.0, \
         sorted({(trace.strings[int(trace.gpu.name[r])][:60], a, b) for r, a, b in
                 zip(has[known], ours[known], theirs[known]) if a != b})[:5]
+
+
+def test_no_autocast_advice_for_ops_already_in_bf16(tmp_path):
+    """MI300X, three 1 ms steps: aten::miopen_convolution (bf16 inputs) launching a 600 µs kernel
+    no pattern calls MFMA, and a 100 µs elementwise kernel: 86 % of kernel time eligible but not
+    using matrix cores. The advice says the ops already run bf16, never to autocast to bf16."""
+    b = TraceBuilder(props=(MI300,))
+    for s in range(3):
+        t0 = 10_000 + s * 1000
+        b.step(s + 1, t0, 990)
+        b.cpu("aten::miopen_convolution", t0 + 10, 50, **{
+            "Input Dims": [[32, 64, 56, 56], [64, 64, 3, 3], [], [], [], [], []],
+            "Input type": [BF16, BF16, "", "ScalarList", "ScalarList", "ScalarList", "Int"]})
+        b.launch("naive_conv_fwd_nchw_bf16", t0 + 20, t0 + 100, 600, call="hipExtModuleLaunchKernel", call_dur=5)
+        b.cpu("aten::relu", t0 + 70, 20, **{"Input Dims": [[32, 64, 56, 56]], "Input type": [BF16]})
+        b.launch("elementwise_kernel_relu", t0 + 75, t0 + 750, 100, call="hipLaunchKernel", call_dur=5)
+    rep = report.analyze_trace(b.load(tmp_path))["report"]
+    assert rep["tensor_cores"]["eligible_not_using_pct"] == pytest.approx(100 * 600 / 700)
+    # the rule itself (the report holds too few events to judge: no advice at all there)
+    rec = recommendations.rule_tensor_cores(rep)
+    # before: "Use the matrix cores: run matmuls and convolutions in bf16 with torch.autocast(...)"
+    assert "torch.autocast" not in rec["action"] and "already run in bf16" in rec["action"]
+    rep["tensor_cores"]["top_eligible_not_using"][0]["input_types"] = ["float", "float"]
+    assert "torch.autocast" in recommendations.rule_tensor_cores(rep)["action"]  # an fp32 run still gets it
