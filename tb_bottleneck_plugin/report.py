@@ -19,7 +19,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from .trace import discovery, loader, model, storage
-from .judge import cards, recommendations, step_verdict
+from .judge import cards, layout, recommendations, step_verdict
 from .analysis import devices, memory, occupancy, operators, registry, units
 from .analysis import distributed  # metrics §12: the rank view's per-span part
 from .errors import BottleneckError
@@ -140,6 +140,7 @@ def analyze_trace(trace: model.TraceData, *, run=None, worker=None, span=None, s
     rep["recommendations"] = sec.run("recommendations", recommendations.recommend, rep)
     rep["verdicts"] = sec.run("verdicts", cards.card_verdicts, rep)  # card colours (thresholds.py)
     rep["verdict"] = sec.run("verdict", step_verdict.step_verdict, rep)  # the one sentence on top (§19)
+    rep["layout"] = sec.run("layout", layout.report_layout, rep)  # card groups, sections (§20)
     kernels = []
     if rep["occupancy"] is not None:
         kernels = sec.run("kernels", _kernel_table_section, rep["occupancy"])
@@ -337,6 +338,7 @@ def combine_results(results: List[dict], *, run=None, worker=None, views: bool =
     out["recommendations"] = sec.run("recommendations", recommendations.recommend, out)
     out["verdicts"] = sec.run("verdicts", cards.card_verdicts, out)
     out["verdict"] = sec.run("verdict", step_verdict.step_verdict, out)
+    out["layout"] = sec.run("layout", layout.report_layout, out)
     # Memory curves are per span (the memory route of a summary offers its spans).
     curves = {"devices": {}, "not_available": "memory curves are shown per span: pick one of the summary's spans"}
     kernels = sec.run("kernels", occupancy.combine_kernel_rows, [r.get("kernels") or [] for r in results])

@@ -228,7 +228,8 @@ class Card:
     verdict), ``definition`` (hover text; the frontend may have its own for the id),
     ``field`` (the report path of the number, shown uncoloured only when the report has no
     verdict), ``optional`` (no card when the value is n/a or 0), ``order`` (position in the
-    card row; equal orders keep registry order)."""
+    card row; equal orders keep registry order), ``group`` (its topic on the first screen:
+    judge/layout.py ``GROUPS``)."""
 
     id: str
     label: str
@@ -240,6 +241,7 @@ class Card:
     amd_explain: Optional[str] = None
     optional: bool = False
     order: int = 1000
+    group: Optional[str] = None  # its card group (judge/layout.py GROUPS); None: judge/layout.py CARD_GROUPS
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,24 @@ def _fmt_tflops(v) -> str:
     return whole if len(whole) > 2 else f"{v:.3g}"  # 989, 211, 86.5, 8.64, 0.0234
 
 
+def _fmt_rate(tflops) -> str:
+    """A FLOP rate with its unit scaled (issue 35: never "2.26e-05 of 67 TFLOP/s"):
+    989 TFLOP/s, 86.5 TFLOP/s, 23.4 GFLOP/s, 4.92 MFLOP/s."""
+    for scale, unit in ((1.0, "TFLOP/s"), (1e-3, "GFLOP/s"), (1e-6, "MFLOP/s"), (1e-9, "kFLOP/s")):
+        if tflops >= scale or unit == "kFLOP/s":
+            return f"{_fmt_tflops(tflops / scale)} {unit}"
+    return f"{tflops:.3g} TFLOP/s"
+
+
+def _fmt_share(pct: float) -> str:
+    """A share of the peak in words: "34 %", "0.4 %", "< 0.1 %" (never "0 %" for a non-zero share)."""
+    if pct >= 9.5:
+        return f"{pct:.0f} %"
+    if pct >= 0.1:
+        return f"{pct:.2g} %"
+    return "< 0.1 %" if pct > 0 else "0 %"
+
+
 @register("mfu")
 def _card_mfu(report: dict) -> dict:
     sec = report.get("flops") if isinstance(report.get("flops"), dict) else {}
@@ -117,16 +135,16 @@ def _card_mfu(report: dict) -> dict:
     if value is not None:
         out["severity"] = mfu_severity(value)
         if len(out["split"]) > 1:  # e.g. fp8 and bf16 GEMMs: each part of the MFU at its own peak
-            words = f"{value:.0f} % of {peak.get('gpu')} peak · " + " + ".join(
+            words = f"{_fmt_share(value)} of {peak.get('gpu')} peak · " + " + ".join(
                 f"{r['precision']} {r['mfu_pct']:.2g} %" + (f" of {_fmt_tflops(r['peak_tflops'])}"
                                                           if r["peak_tflops"] is not None else "")
                 for r in out["split"]) + " TFLOP/s"
             if out["tflops"] is not None:
-                words += f" · {_fmt_tflops(out['tflops'])} TFLOP/s over the step"
+                words += f" · {_fmt_rate(out['tflops'])} over the step"
         else:
-            words = f"{value:.0f} % of {peak.get('gpu')} {sec.get('main_precision') or ''} peak".replace("  ", " ")
+            words = f"{_fmt_share(value)} of {peak.get('gpu')} {sec.get('main_precision') or ''} peak".replace("  ", " ")
             if out["tflops"] is not None and out["peak_tflops"] is not None:
-                words += f" · {_fmt_tflops(out['tflops'])} of {_fmt_tflops(out['peak_tflops'])} TFLOP/s"
+                words += f" · {_fmt_rate(out['tflops'])} of {_fmt_rate(out['peak_tflops'])}"
         if peak.get("source", "").startswith("user"):
             words += " (user-given peak)"
         gr = sec.get("graph_replays") if isinstance(sec.get("graph_replays"), dict) else {}

@@ -475,8 +475,13 @@ class Analyzer:
                                   for s in w.spans],
                     } for w in run.workers],
                 })
+            newest = max((r for r in (self._logdir_obj.runs if self._logdir_obj else [])),
+                         key=lambda r: max((_written_s(s) for w in r.workers for s in w.spans), default=0.0),
+                         default=None)
             return {
                 "logdir": self.logdir,
+                # the run a user just profiled (issue 35): the one whose newest trace file was written last
+                "default_run": newest.name if newest is not None else None,
                 "scan": {"state": self._scan_state, "error": rel(self._scan_error), "scanned_at": self._scanned_at,
                          "rescan_seconds": self.rescan_seconds,
                          "notes": [rel(note) for note in
@@ -553,6 +558,19 @@ class Analyzer:
                 if cached.views is None:
                     cached.views = report.combine_views([st.result for _, _, st in ready])
         return {"state": "ready", **cached.value, **(cached.views if views else {}), "errors": errors}
+
+
+def _written_s(span) -> float:
+    """When a trace file was last written, in s since the epoch: the mtime in its fingerprint
+    (storage.file_fingerprint: local "m", object stores "u"), else the time in its name, else 0."""
+    _, _, stamp = str(span.fingerprint or "").partition(":")
+    if stamp[:1] in ("m", "u"):
+        try:
+            return float(stamp[1:])
+        except ValueError:
+            pass
+    ns = span.time_ns
+    return ns / 1e9 if isinstance(ns, int) else 0.0
 
 
 def _combined_state(states: List[SpanState]) -> str:

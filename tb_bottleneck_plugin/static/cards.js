@@ -180,8 +180,8 @@ const EXTRAS = {
     def: DEFS.slack,
     sublabel: (report, v) => {
       const [key] = memoryOf(report, v);
-      return key && memoryDevices(report.memory || {}).length > 1 ? `allocator slack (${deviceLabel(report, key)}), not XProf's fragmentation`
-        : "allocator slack, not XProf's fragmentation";
+      return key && memoryDevices(report.memory || {}).length > 1 ? `reserved but unused at the peak (${deviceLabel(report, key)})`
+        : "reserved but unused at the peak";
     },
     details(report, v) {
       const [key, m] = memoryOf(report, v);
@@ -189,8 +189,8 @@ const EXTRAS = {
       const fb = m.free_block_fragmentation_pct;
       return [
         isNum(m.slack_fragmentation_time_weighted_pct) ? `time-weighted slack ${fmtPct(m.slack_fragmentation_time_weighted_pct)}` : null,
-        isNum(fb) ? `free-block (XProf/BFC) ${fmtPct(fb)}`
-          : `free-block (XProf/BFC): ${naReason(report, `memory.${key}.free_block_fragmentation_pct`, "free_block_fragmentation_pct") || "n/a"}`,
+        isNum(fb) ? `free memory outside its largest block ${fmtPct(fb)}`
+          : `free memory outside its largest block: ${naReason(report, `memory.${key}.free_block_fragmentation_pct`, "free_block_fragmentation_pct") || "n/a"}`,
       ];
     },
   },
@@ -405,5 +405,59 @@ export function renderCards(container, reports, ctx = {}) {
   mount(container, list.map((r, i) => h("div", {class: "cards-row", "data-row": String(i)},
     h("div", {class: "cards-row-label"}, labels[i] || `#${i + 1}`),
     cardRow(r, ctx))));
+  return container;
+}
+
+/**
+ * The cards of one report by topic (report.layout, judge/layout.py): each group the server
+ * judged (a card in it warns) shows its cards; the others are one line (the server's `line`:
+ * the group's most important number), a click shows their cards. The cards that do not apply
+ * to this run are one "Not applicable" line (each card's reason on hover). Without a layout
+ * (an old cached report) the plain card row.
+ */
+export function renderCardGroups(container, report) {
+  const layout = report && report.layout && typeof report.layout === "object" ? report.layout : null;
+  const groups = layout && Array.isArray(layout.groups) ? layout.groups.filter((g) => g && typeof g === "object") : null;
+  if (!groups) return renderCards(container, [report]);
+  const byId = new Map(serverCards.map((d) => [d.id, d]));
+  const descOf = (id) => byId.get(id) || genericDescriptor(id);
+  const groupEl = (g) => {
+    const ids = Array.isArray(g.cards) ? g.cards.filter((x) => typeof x === "string") : [];
+    const row = (list = ids) => h("div", {class: "cards"}, list.map((id) => cardEl(descOf(id), report)));
+    if (g.judged === true) {
+      // the judged cards (the server's `warn` ids); the group's other cards one click away
+      const warn = Array.isArray(g.warn) ? ids.filter((id) => g.warn.includes(id)) : ids;
+      const rest = ids.filter((id) => !warn.includes(id));
+      const wrap = h("div", {class: "card-group card-group-judged", "data-group": String(g.id)},
+        h("div", {class: "card-group-label"}, String(g.label ?? g.id)), row(warn));
+      if (rest.length) {
+        const more = h("button", {type: "button", class: "card-group-line card-group-more", "aria-expanded": "false",
+          onclick: () => { more.replaceWith(row(rest)); }}, `+ ${rest.length} more card${rest.length === 1 ? "" : "s"} of ${String(g.label ?? g.id)}`);
+        wrap.appendChild(more);
+      }
+      return wrap;
+    }
+    const wrap = h("div", {class: "card-group card-group-collapsed", "data-group": String(g.id)});
+    const line = h("button", {type: "button", class: "card-group-line", "aria-expanded": "false",
+      title: "Nothing here is judged a problem; click to show the cards",
+      onclick: () => {
+        const shown = wrap.querySelector(".cards");
+        if (shown) shown.remove();
+        else wrap.appendChild(row());
+        line.setAttribute("aria-expanded", shown ? "false" : "true");
+      }},
+    h("span", {class: "card-group-label"}, String(g.label ?? g.id)), " ", h("span", {class: "card-group-text"}, String(g.line ?? "")));
+    wrap.appendChild(line);
+    return wrap;
+  };
+  const na = Array.isArray(layout.not_applicable) ? layout.not_applicable.filter((x) => x && typeof x === "object") : [];
+  const judged = groups.filter((g) => g.judged === true);
+  const calm = groups.filter((g) => g.judged !== true);
+  mount(container, h("div", {class: "card-groups"},
+    judged.length ? h("div", {class: "card-groups-judged"}, judged.map(groupEl)) : null,
+    calm.length ? h("div", {class: "card-group-lines"}, calm.map(groupEl)) : null,
+    na.length ? h("p", {class: "note cards-na", "data-not-applicable": na.map((x) => String(x.id)).join(" "),
+      title: na.map((x) => `${String(x.label ?? x.id)}: ${String(x.why ?? "")}`).join("\n")},
+    h("strong", {}, "Not applicable: "), na.map((x) => String(x.label ?? x.id)).join(", "), " (hover for why).") : null));
   return container;
 }

@@ -115,6 +115,7 @@ registerPanel({
   id: "collectives",
   label: "Collectives",
   order: 45,
+  section: "ranks", // its place in the section bar (sections.js, judge/layout.py SECTIONS)
   info: "Collective bandwidth against the link (METRICS.md §18): per kind, message size and process group, the calls, "
     + "bytes, algbw and busbw (nccl-tests' definitions), % of the link's per-direction peak and the exposed time.",
   render(container, ctx) {

@@ -77,6 +77,7 @@ registerPanel({
   id: "compilation",
   label: "torch.compile details",
   order: 35,
+  section: "compile", // its place in the section bar (sections.js, judge/layout.py SECTIONS)
   info: "torch.compile and CUDA graphs (METRICS.md §16): graph breaks, recompiles, the compiled frames and the "
     + "Inductor (Triton) kernels with the ATen ops each fused. The Compilation card holds the verdict.",
   render(container, ctx) {

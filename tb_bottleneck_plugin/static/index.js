@@ -55,6 +55,7 @@ const state = {
   runs: null, // last good `runs` payload
   runsError: null,
   sel: {run: null, worker: null, span: null}, // the report view's selection
+  open: null, // the sections shown (router.js `open`; null: the server's defaults)
   comparing: false, // compare mode (router.js route "compare") owns the view
   compareSel: null, // compare mode's {base, cand}
   viewKey: null,
@@ -173,7 +174,10 @@ function connectTensorBoardReload(onReload) {
 function takeRoute(route) {
   state.comparing = route.view === "compare";
   if (state.comparing) state.compareSel = route.compare;
-  else state.sel = route.sel;
+  else {
+    state.sel = route.sel;
+    state.open = route.open || null;
+  }
 }
 
 function onRouteChange_(route) {
@@ -185,6 +189,7 @@ function onRouteChange_(route) {
   const want = route.sel;
   if (want.run === state.sel.run && want.worker === state.sel.worker && want.span === state.sel.span) return;
   state.sel = want;
+  state.open = route.open || null;
   applySelection({forceView: false});
 }
 
@@ -245,7 +250,8 @@ function normalizeSelection() {
   const sel = {...state.sel};
   let run = findRun(sel.run);
   if (!run) {
-    run = runs.find((r) => r.state === "ready") || runs[0] || null;
+    // the server's choice (runs answer default_run: the run written last), else the first ready one
+    run = findRun(state.runs && state.runs.default_run) || runs.find((r) => r.state === "ready") || runs[0] || null;
     sel.run = run ? run.run : null;
     sel.worker = null;
     sel.span = null;
@@ -399,7 +405,7 @@ function applySelection({forceView}) {
   const run = normalizeSelection();
   renderSelectors(run);
   renderScanInfo();
-  ui.share.setAttribute("href", setRoute({view: "report", sel: state.sel}));
+  ui.share.setAttribute("href", setRoute({view: "report", sel: state.sel, open: state.open}));
   const key = viewKeyFor(run);
   if (!forceView && key === state.viewKey) return;
   state.viewKey = key;
@@ -408,6 +414,7 @@ function applySelection({forceView}) {
 
 function select(change) {
   state.sel = {...state.sel, ...change};
+  state.open = null; // another report: its own default sections
   applySelection({forceView: false});
 }
 
@@ -464,6 +471,11 @@ async function loadView(run) {
   const data = model.selectionData(sel, {signal: ac.signal});
   const spanFile = spansOf(run, sel.worker).find((x) => x.span === sel.span);
   let report = null;
+  let sections = null;
+  const onToggle = (open) => {
+    state.open = open;
+    ui.share.setAttribute("href", setRoute({view: "report", sel: state.sel, open}));
+  };
   await load(ui.view, data.report, {
     title: run.state === "loading" ? `Analysing "${run.run}"…` : "Loading report…",
     progress: run.state === "loading" ? run.progress : null,
@@ -473,27 +485,32 @@ async function loadView(run) {
     errorFile: () => (spanFile ? spanFile.file : null),
     onRetry: () => { state.viewKey = null; applySelection({forceView: true}); },
     onData: (rep) => {
-      renderReport(ui.view, rep, {sel, spans: spansOf(run, sel.worker), signal: ac.signal, data, onPickSpan: (span) => select({span})});
+      sections = renderReport(ui.view, rep, {sel, spans: spansOf(run, sel.worker), signal: ac.signal, data,
+        onPickSpan: (span) => select({span}), open: state.open, onToggle});
       report = rep;
     },
   });
   if (!report || ac.signal.aborted) return;
-  renderRegisteredPanels(ui.view, report, data, sel, ac.signal);
-  // Distributed runs: the Ranks panel (ranks.js) above the report, from the ranks route (model.js).
+  renderRegisteredPanels(ui.view, report, data, sel, ac.signal, sections);
+  // Distributed runs: the Ranks panel (ranks.js) on top of the Collectives/Ranks section, from the
+  // ranks route (model.js); above the report when the server sent no such section.
+  const ranksSection = sections && sections.section("ranks");
   if (workersOf(run).length > 1) {
-    mountRanks(ui.view, {request: data.ranks, worker: sel.worker, signal: ac.signal,
+    const mountIt = (el) => mountRanks(el, {request: data.ranks, worker: sel.worker, signal: ac.signal,
       loadReports: (workers) => Promise.all(workers.map((worker) => model.getReport({run: sel.run, worker, span: null}, {signal: ac.signal}))),
       onPick: (worker) => select({worker, span: null})});
+    if (ranksSection) ranksSection.onOpen((el) => { if (!ac.signal.aborted) mountIt(el); });
+    else mountIt(ui.view);
   }
 }
 
 /** The panels registered through panels.js, under the report, with the ctx of panels.js's header. */
-function renderRegisteredPanels(container, report, data, sel, signal) {
+function renderRegisteredPanels(container, report, data, sel, signal, sections = null) {
   const p = data.params;
   mountRegisteredPanels(container, Object.freeze({
     run: p.run, worker: p.worker, span: p.span, isSummary: p.span === null, report, data, signal,
     get: (route, params, opts = {}) => model.get(route, params, {signal, ...opts}),
     select: (change) => select(change),
     states: {load, renderError},
-  }));
+  }), sections);
 }

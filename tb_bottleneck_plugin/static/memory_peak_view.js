@@ -107,6 +107,7 @@ registerPanel({
   id: "memory_peak",
   label: "Memory at the peak",
   order: 25,
+  section: "memory", // its place in the section bar (sections.js, judge/layout.py SECTIONS)
   info: "Who holds the memory at the instant of peak allocated (METRICS.md §7): [memory] allocations paired with "
     + "their frees by address; categories from each block's lifetime against the forward, backward and optimizer "
     + "phases; op, nn.Module and source line of each allocation (with_stack=True).",

@@ -214,6 +214,7 @@ registerPanel({
   id: "operators",
   label: "Operators",
   order: 60,
+  section: "operators", // its place in the section bar (sections.js, judge/layout.py SECTIONS)
   info: "CPU operators per step: calls, self and total CPU time, GPU time they launched (through the correlation id, children included) and its Tensor Core share; FLOPs, achieved TFLOP/s, % of the GPU's peak and roofline bound from the recorded shapes. Click a column header to sort.",
   render: renderOperators,
 });

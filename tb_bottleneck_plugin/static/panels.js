@@ -6,7 +6,7 @@
 // ADDING A PANEL (2 lines outside your own module):
 //   1. In your module (static/<yours>.js):
 //        import {registerPanel} from "./panels.js";
-//        registerPanel({id: "timeline", label: "Step timeline", order: 50,
+//        registerPanel({id: "timeline", label: "Step timeline", order: 50, section: "timeline",
 //          render(container, ctx) { ... }});
 //   2. In index.js, one import line in the "registered panels" block:
 //        import "./static/<yours>.js";
@@ -86,7 +86,7 @@ export function mountRegistered(container, panel, ctx, render = panel.render) {
  * The registered panels, in order, each in its own section under the report. One panel's
  * failure (an exception in when or render) is shown in that panel and stops nothing else.
  */
-export function mountRegisteredPanels(container, ctx) {
+export function mountRegisteredPanels(container, ctx, sections = null) {
   for (const panel of registeredPanels()) {
     try {
       if (panel.when && !panel.when(ctx)) continue;
@@ -94,7 +94,14 @@ export function mountRegisteredPanels(container, ctx) {
       console.error(err); // eslint-disable-line no-console
       continue;
     }
-    mountRegistered(container, panel, ctx);
+    if (!sections) {
+      mountRegistered(container, panel, ctx);
+      continue;
+    }
+    // the section bar (sections.js): the panel goes into its section, built when that opens;
+    // a section the run does not have (the server's list) leaves the panel out
+    const s = sections.section(panel.section || "overview");
+    if (s) s.onOpen((el) => { if (!(ctx.signal && ctx.signal.aborted)) mountRegistered(el, panel, ctx); });
   }
 }
 
@@ -102,7 +109,9 @@ const REGISTRY = [];
 
 /**
  * Registers a panel. spec: {id (unique, [a-z0-9_-]+), label, render(container, ctx),
- * order? (number, lower first; default 100), info? (hover text), when?(ctx) -> bool (default: always)}.
+ * order? (number, lower first; default 100), info? (hover text), when?(ctx) -> bool (default: always),
+ * section? (its section of the section bar, judge/layout.py SECTIONS: "kernels", "memory", "source",
+ * "compile", "timeline", "operators", "ranks"; default "overview")}.
  * Registering an id again replaces the earlier panel (module reloads).
  */
 export function registerPanel(spec) {

@@ -38,13 +38,15 @@ function predictedNode(r) {
 export function recommendationsPanel(report) {
   const recs = Array.isArray(report.recommendations) ? report.recommendations : [];
   const body = recs.length
-    ? h("ol", {class: "recs"}, recs.map((r) => {
+    ? h("ol", {class: "recs"}, recs.map((r, i) => {
       const sev = severityClass(r.severity);
       const nums = r.numbers && typeof r.numbers === "object" ? Object.entries(r.numbers) : [];
       const ev = Array.isArray(r.evidence) ? r.evidence : (r.evidence ? [r.evidence] : []);
-      return h("li", {class: ["rec", `sev-${sev}`], "data-rule": r.rule ? String(r.rule) : null,
+      // the first (most step time) in full; the others by their title, a click shows the rest
+      const li = h("li", {class: ["rec", `sev-${sev}`, i > 0 ? "rec-folded" : null], "data-rule": r.rule ? String(r.rule) : null,
         "data-what-if": r.what_if ? String(r.what_if) : null},
-        h("div", {class: "rec-head"},
+        h("div", {class: "rec-head", title: i > 0 ? "Click to show or hide the details" : null,
+          onclick: () => li.classList.toggle("rec-folded")},
           h("span", {class: ["badge", `sev-${sev}`]}, String(r.severity || "info")),
           h("span", {class: "rec-title"}, String(r.title || r.rule || "Recommendation")),
           r.rule ? h("span", {class: "rec-rule", title: "rule name"}, String(r.rule)) : null),
@@ -56,6 +58,7 @@ export function recommendationsPanel(report) {
         nums.length ? h("div", {class: "chips"}, nums.map(([k, v]) =>
           h("span", {class: "chip", title: k}, h("span", {class: "chip-k"}, `${humanizeKey(k)}:`), " ", h("span", {class: "chip-v"}, fmtByName(k, v))))) : null,
         ev.length ? h("ul", {class: "evidence"}, ev.map((e) => h("li", {}, typeof e === "string" ? e : JSON.stringify(e)))) : null);
+      return li;
     }))
     : note("No bottleneck rule fired for this selection.");
   return mountPanel(null, {title: "Recommendations", subtitle: recs.length ? "most step time first" : null,

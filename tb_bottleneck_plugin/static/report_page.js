@@ -60,7 +60,7 @@ function reportView(container, view) {
   const rep = view.report || {};
   const sel = {run: rep.run ?? null, worker: rep.worker ?? null, span: rep.span ?? null};
   const ctx = {sel, spans: [], signal: new AbortController().signal, data: offlineData(view), report: rep,
-    onPickSpan: null, run: sel.run, worker: sel.worker, span: sel.span, isSummary: sel.span === null};
+    onPickSpan: null, run: sel.run, worker: sel.worker, span: sel.span, isSummary: sel.span === null, flat: true};
   renderReport(container, rep, ctx);
   // the tab's registered "Memory at the peak" panel, from the embedded report
   mountPanel(container, {title: "Memory at the peak", id: "bn-panel-memory_peak", cls: "bn-registered",

@@ -225,6 +225,7 @@ registerPanel({
   id: "roofline",
   label: "FLOPs & roofline",
   order: 20,
+  section: "kernels", // its place in the section bar (sections.js, judge/layout.py SECTIONS)
   info: "MFU and the roofline (METRICS.md §15): FLOPs counted from the recorded shapes, each op class and top kernel placed by "
     + "its arithmetic intensity (FLOP/byte) and achieved TFLOP/s under the compute roof (the dense peak of the main precision) "
     + "and the memory roof (HBM bandwidth × intensity). Numbers and bounds are the server's.",

@@ -3,8 +3,9 @@
 // index.js owns the state and asks this module what the URL says and to write it back.
 //
 // Routes (the hash, so that a copied address opens the same view):
-//   report   #run=RUN[&worker=W][&span=S]        one run / worker / span; a run of several
-//                                               workers shows its Ranks panel above the report
+//   report   #run=RUN[&worker=W][&span=S][&open=overview,kernels]  one run / worker / span;
+//                                               `open`: the sections shown (sections.js; left out:
+//                                               the server's defaults)
 //   compare  #compare=1&base=RUN&cand=RUN[&base_worker=&base_span=&cand_worker=&cand_span=]
 // An empty selection part is left out of the hash; "all" (a summary) is left out of compare's.
 
@@ -27,7 +28,9 @@ export function parseRoute(hash = currentHash()) {
     const side = (k) => ({run: p.get(k), worker: p.get(`${k}_worker`), span: p.get(`${k}_span`)});
     return {view: "compare", compare: {base: side("base"), cand: side("cand")}};
   }
-  return {view: "report", sel: {run: p.get("run"), worker: p.get("worker"), span: p.get("span")}};
+  const open = p.get("open");
+  return {view: "report", sel: {run: p.get("run"), worker: p.get("worker"), span: p.get("span")},
+    open: open === null ? null : open.split(",").filter(Boolean)};
 }
 
 /** The hash of a route (parseRoute's shape). */
@@ -44,6 +47,7 @@ export function routeHash(route) {
   } else {
     const sel = route.sel || {};
     for (const k of ["run", "worker", "span"]) if (sel[k]) p.set(k, sel[k]);
+    if (Array.isArray(route.open)) p.set("open", route.open.join(","));
   }
   return `#${p.toString()}`;
 }

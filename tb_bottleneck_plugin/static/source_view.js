@@ -167,6 +167,7 @@ registerPanel({
   id: "source",
   label: "Source lines & modules",
   order: 30,
+  section: "source", // its place in the section bar (sections.js, judge/layout.py SECTIONS)
   info: "Which line of your code the time belongs to (METRICS.md §17): the lines that stall the step on a "
     + "synchronisation or the DataLoader, the CPU and GPU time of each line, of each nn.Module (forward and backward) "
     + "and of each record_function label. Needs torch.profiler.profile(with_stack=True) for lines and modules.",

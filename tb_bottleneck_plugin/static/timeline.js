@@ -517,6 +517,7 @@ registerPanel({
   id: "timeline",
   label: "Step timeline",
   order: 40,
+  section: "timeline", // its place in the section bar (sections.js, judge/layout.py SECTIONS)
   info: "One step on one time axis: CPU threads, DataLoader, CUDA (or HIP) runtime and GPU streams, with the time no kernel ran shaded by its cause (the report's definitions). Default: the slowest included step.",
   render: renderTimeline,
 });

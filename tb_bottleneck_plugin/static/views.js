@@ -12,7 +12,8 @@ import {CATEGORIES, CAT_NAMES, CAT_COLORS, CAT_DEFS, BREAKDOWN_DEF, DEFS} from "
 import {
   kv, note, naReason, gpuEntries, isCpuOnly, cpuOnlyReason, deviceLabel, memoryDevices, verdictSeverity,
 } from "./common.js";
-import {renderCards, coresWord} from "./cards.js";
+import {renderCardGroups, coresWord} from "./cards.js";
+import {mountSections} from "./sections.js";
 import {mountPanel} from "./panels.js";
 import {recommendationsPanel} from "./recommendations.js";
 import {whatIfPanel} from "./what_if.js";
@@ -26,7 +27,10 @@ export {naReason, isCpuOnly} from "./common.js";
 /**
  * Renders a whole report into container.
  * ctx: {sel: {run, worker, span}, spans: [{span, file, timestamp}], onPickSpan(span),
- *       data: model.js selectionData (kernels(), memory()), signal}
+ *       data: model.js selectionData (kernels(), memory()), signal,
+ *       open: the section ids the URL names (null: the server's), onToggle(openIds),
+ *       flat: true for the offline page (no section bar, every panel)}
+ * Returns the sections (sections.js mountSections; null when flat) for the registered panels.
  */
 export function renderReport(container, report, ctx) {
   clear(container);
@@ -60,15 +64,37 @@ export function renderReport(container, report, ctx) {
   // the verdict first (issue 35), what each fix would buy right under it, then the evidence
   const verdict = verdictBox(report);
   if (verdict) container.appendChild(verdict);
-  container.appendChild(whatIfPanel(report));
-  container.appendChild(renderCards(h("div", {class: "cards-wrap"}), [report]));
-  container.appendChild(recommendationsPanel(report));
-  container.appendChild(h("div", {class: "row row-3-2"}, breakdownPanel(report), inputPanel(report)));
-  container.appendChild(h("div", {class: "row row-3-2"}, memoryPanel(report, ctx), occupancyPanel(report, cpuOnly)));
-  container.appendChild(kernelPanel(report, ctx, cpuOnly));
-  container.appendChild(h("div", {class: "row row-1-1"}, tensorCorePanel(report, cpuOnly), otherSignalsPanel(report, cpuOnly)));
+  if (ctx && ctx.flat) {
+    // the offline page (report_page.js): every panel, one after the other
+    container.appendChild(whatIfPanel(report));
+    container.appendChild(renderCardGroups(h("div", {class: "cards-wrap"}), report));
+    container.appendChild(recommendationsPanel(report));
+    container.appendChild(h("div", {class: "row row-3-2"}, breakdownPanel(report), inputPanel(report)));
+    container.appendChild(h("div", {class: "row row-3-2"}, memoryPanel(report, ctx), occupancyPanel(report, cpuOnly)));
+    container.appendChild(kernelPanel(report, ctx, cpuOnly));
+    container.appendChild(h("div", {class: "row row-1-1"}, tensorCorePanel(report, cpuOnly), otherSignalsPanel(report, cpuOnly)));
+    const na = notAvailablePanel(report);
+    if (na) container.appendChild(na);
+    return null;
+  }
+  // the tab: the panels by topic under a section bar (sections.js; open ones the server's or the URL's)
+  const sections = mountSections(container, report, {open: ctx && ctx.open, onToggle: ctx && ctx.onToggle});
+  const put = (id, build) => {
+    const s = sections.section(id); // a section the run does not have (no GPU: no Kernels) is left out
+    if (s) s.onOpen((el) => { for (const node of [].concat(build())) if (node) el.appendChild(node); });
+  };
+  put("overview", () => [whatIfPanel(report), renderCardGroups(h("div", {class: "cards-wrap"}), report),
+    recommendationsPanel(report), h("div", {class: "row row-3-2"}, breakdownPanel(report), inputPanel(report))]);
+  put("kernels", () => [h("div", {class: "row row-1-1"}, occupancyPanel(report, cpuOnly), tensorCorePanel(report, cpuOnly)),
+    kernelPanel(report, ctx, cpuOnly), otherSignalsPanel(report, cpuOnly)]);
+  put("memory", () => memoryPanel(report, ctx));
   const na = notAvailablePanel(report);
-  if (na) container.appendChild(na);
+  if (na) {
+    // the n/a numbers and their reasons, one click away at the end of the overview
+    const n = Object.keys(report.not_available || {}).length;
+    put("overview", () => h("details", {class: "na-details"}, h("summary", {class: "muted"}, `Not available here: ${n} number${n === 1 ? "" : "s"}, with the reason`), na));
+  }
+  return sections;
 }
 
 /** [5,6,7,9] -> ["#5–#7", "#9"] */

@@ -56,6 +56,7 @@ export function showRecommendation(from, rule) {
     for (const el of recs) el.classList.remove(HIGHLIGHT);
     li.classList.add(HIGHLIGHT);
     if (!li.hasAttribute("tabindex")) li.setAttribute("tabindex", "-1");
+    li.classList.remove("rec-folded"); // a folded recommendation (recommendations.js) opens
     li.scrollIntoView({behavior: "smooth", block: "center"});
     li.focus({preventScroll: true});
     return li;
