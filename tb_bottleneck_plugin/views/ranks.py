@@ -385,157 +385,206 @@ def _ranks_words(ranks: List[int]) -> str:
 
 
 def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pos, ent_pg, ent_seq, kind, kind_names,
-                  dur,
-                  byts, seg_rank, seg_step, common_steps, step_us_of, matched, ent_wait, ent_transfer,
+                  dur, byts, seg_rank, seg_step, common_steps, step_us_of, matched, ent_wait, ent_transfer,
                   wait_mat, na) -> List[dict]:
     """The collectives matched across the ranks of each process group (METRICS.md §12
-    "Process groups"): per group and step, by sequence number where every call carries one,
-    else by position among the rank's calls of that group in the step, with the same kind and
-    size on every rank (matching by position stops at the first call that differs). Fills
-    ``matched``, ``ent_wait``, ``ent_transfer`` (per entry) and ``wait_mat`` (rank index x step
-    column of ``common_steps``: the rank's wait summed over its groups' matched calls, NaN where
-    it has no part in any group's step) and returns one row per group with its straggler."""
-    n_ranks = len(rows)
+    "Process groups"): per group and step (a *cell*), by sequence number where every call of the
+    cell carries one, else by position among the rank's calls of that group in the step, with
+    the same kind and size on every rank (matching by position stops at the first call that
+    differs). Fills ``matched``, ``ent_wait``, ``ent_transfer`` (per entry) and ``wait_mat`` (rank
+    index x step column of ``common_steps``: the rank's wait summed over its groups' matched
+    calls, NaN where it has no part in any group's step) and returns one row per group with its
+    straggler. Vectorised over all cells: one sort of the calls; Python loops only over the
+    groups (their rows) and the cells that have a straggler."""
+    n_ranks, n_groups, n_steps = len(rows), len(pg_names), len(common_steps)
     index_of_rank = {r["rank"]: i for i, r in enumerate(rows)}
     step_col = {n: j for j, n in enumerate(common_steps)}
-    has_step = np.zeros((n_ranks, max(len(common_steps), 1)), bool)  # (rank index, step column)
+    steps_arr = np.asarray(common_steps, np.int64)
+    has_step = np.zeros((n_ranks, max(n_steps, 1)), bool)  # (rank index, step column)
     if len(seg_rank):
-        has_step[seg_rank, np.searchsorted(np.asarray(common_steps), seg_step)] = True
-    # once for all groups: each call's position among its rank's calls of its group in its step
-    # (entries are in rank, step, start order), and the entries sorted by (group, step)
+        has_step[seg_rank, np.searchsorted(steps_arr, seg_step)] = True
     m = len(ent_rank)
-    if len(pg_names) <= 1:  # one group: the position in the rank's step, entries by step
-        pos, by_group_step = ent_pos, np.argsort(ent_step, kind="stable")
+    p2p_kind = np.isin(kind, [i for i, k in enumerate(kind_names.tolist()) if k in P2P_KINDS])
+    # each collective's position among its rank's collectives of its group in its step (entries
+    # are in rank, step, start order; point-to-point calls take no position)
+    if n_groups <= 1 and not p2p_kind.any():
+        pos = ent_pos
     else:
         pos = np.zeros(m, np.int64)
-        o = np.lexsort((np.arange(m), ent_pg, ent_step, ent_rank))
+        o = np.lexsort((np.arange(m), ent_pg, ent_step, ent_rank, p2p_kind))
+        o = o[~p2p_kind[o]]
+        k = len(o)
         brk = np.r_[True, (np.diff(ent_rank[o]) != 0) | (np.diff(ent_step[o]) != 0) | (np.diff(ent_pg[o]) != 0)]
         starts = np.flatnonzero(brk)
-        pos[o] = np.arange(m) - np.repeat(starts, np.diff(np.r_[starts, m]))
-        by_group_step = np.lexsort((np.arange(m), ent_step, ent_pg))
-    gs_pg, gs_step = ent_pg[by_group_step], ent_step[by_group_step]
-    p2p_kind = np.isin(kind, [i for i, k in enumerate(kind_names.tolist()) if k in P2P_KINDS])
-    p2p_per_group = np.bincount(ent_pg[p2p_kind], minlength=len(pg_names))
-    out = []
+        pos[o] = np.arange(k) - np.repeat(starts, np.diff(np.r_[starts, k]))
+    p2p_per_group = np.bincount(ent_pg[p2p_kind], minlength=n_groups)
+    coll = ~p2p_kind  # send/recv pair across ranks (the pipeline view), never matched here
+    calls_per_group = np.bincount(ent_pg[coll], minlength=n_groups)
+    seen = np.zeros((n_groups, n_ranks), bool)
+    seen[ent_pg[coll], ent_rank[coll]] = True
+    # ---- the groups' members
+    members = np.zeros((n_groups, n_ranks), bool)
+    meta = []
+    # calls that name no group, where the ranks declare several: which calls go together is
+    # unknown (two data-parallel groups' all-reduces look alike), so they are not matched
+    ambiguous = len(declared) > 1
+    unmatchable = np.zeros(n_groups, bool)
     for p, name in enumerate(pg_names):
-        lo_p, hi_p = np.searchsorted(gs_pg, p, "left"), np.searchsorted(gs_pg, p, "right")
-        idx_p = by_group_step[lo_p:hi_p]
-        steps_p = gs_step[lo_p:hi_p]
-        if p2p_kind.any():  # send/recv pair across ranks (the pipeline view), never matched here
-            keep = ~p2p_kind[idx_p]
-            idx_p, steps_p = idx_p[keep], steps_p[keep]
         conf = declared.get(name) or {}
         conf_ranks = conf.get("ranks") if isinstance(conf.get("ranks"), list) else None
-        seen = np.bincount(ent_rank[idx_p], minlength=n_ranks) > 0
-        if name == UNKNOWN_PG:
-            members = np.ones(n_ranks, bool)
+        if name == UNKNOWN_PG and ambiguous:
+            members[p] = seen[p]
+            unmatchable[p] = True
+            na["ranks.process_groups.unknown"] = (
+                "collectives that name no process group (gloo's CPU spans, kernels without collective metadata) "
+                f"while the ranks declare {len(declared)} groups: which calls belong together is unknown, they "
+                "are not matched")
+        elif name == UNKNOWN_PG:
+            members[p] = True
         elif conf_ranks and source == "distributed_info":
-            members = seen.copy()
-            members[[index_of_rank[r] for r in conf_ranks if r in index_of_rank]] = True
+            members[p] = seen[p]
+            members[p, [index_of_rank[r] for r in conf_ranks if r in index_of_rank]] = True
         else:
-            members = seen
+            members[p] = seen[p]
         missing = sorted(r for r in conf_ranks if r not in index_of_rank) if conf_ranks and \
             source == "distributed_info" else []
-        late = np.zeros(n_ranks, np.int64)  # matched calls in which the rank arrived last
-        late_steps = np.zeros(n_ranks, np.int64)
-        leads: List[Tuple[int, float]] = []
-        late_step_list: Dict[int, List[int]] = {}
-        of_calls = of_steps = 0
-        by_seq = by_order = False
-        unmatched_seqs: List[int] = []
-        everyone = bool(members.all())
-        for n in common_steps:
-            present = np.flatnonzero(members & has_step[:, step_col[n]])
-            if len(present) < 2:
-                continue
-            sel = idx_p[np.searchsorted(steps_p, n, "left"):np.searchsorted(steps_p, n, "right")]
-            if not everyone:
-                sel = sel[members[ent_rank[sel]] & has_step[ent_rank[sel], step_col[n]]]
-            local = np.full(n_ranks, -1, np.int64)
-            local[present] = np.arange(len(present))
-            w = np.zeros(len(present))
-            if len(sel):
-                seq = ent_seq[sel]
-                if (seq >= 0).all():
-                    by_seq = True
-                    cols, col = np.unique(seq, return_inverse=True)
-                    col = col.reshape(-1)
-                else:
-                    by_order = True
-                    col = pos[sel]
-                    cols = np.arange(col.max() + 1)
-                D = np.full((len(present), len(cols)), np.nan)
-                K = np.full((len(present), len(cols)), -1, np.int64)
-                B = np.full((len(present), len(cols)), np.nan)
-                li = local[ent_rank[sel]]
-                D[li, col] = dur[sel]
-                K[li, col] = kind[sel]
-                B[li, col] = byts[sel]
-                have = ~np.isnan(D).any(axis=0)
-                same_kind = (K == K[0]).all(axis=0)
-                unknown = np.isnan(B)
-                bmax, bmin = np.where(unknown, -np.inf, B).max(axis=0), np.where(unknown, np.inf, B).min(axis=0)
-                same_size = ~np.isfinite(bmax) | (bmax == bmin)  # sizes unknown everywhere, or all equal
-                ok = have & same_kind & same_size
-                if not (seq >= 0).all():
-                    ok = np.cumprod(ok).astype(bool)  # order matching stops at the first mismatch
-                else:
-                    unmatched_seqs.extend(int(q) for q in cols[~ok].tolist())
-                if ok.any():
-                    Dok = D[:, ok]  # every present rank has these calls: no NaN
-                    transfer = Dok.min(axis=0)
-                    W = Dok - transfer
-                    w = W.sum(axis=1)
-                    hit = sel[ok[col]]
-                    matched[hit] = True
-                    col_pos = np.cumsum(ok) - 1
-                    ent_transfer[hit] = transfer[col_pos[col[ok[col]]]]
-                    ent_wait[hit] = W[li[ok[col]], col_pos[col[ok[col]]]]
-                    # the rank that arrived last: the shortest duration (ties: the lowest rank)
-                    spread = Dok.max(axis=0) > transfer
-                    last = np.argmin(Dok, axis=0)
-                    np.add.at(late, present[last[spread]], 1)
-                    of_calls += int(ok.sum())
-            wait_mat[present, step_col[n]] = np.nan_to_num(wait_mat[present, step_col[n]]) + w
-            if len(w) and w.max() > w.min():
-                lowest = np.flatnonzero(w == w.min())
-                s_local = int(lowest[np.argmin([rows[present[i]]["rank"] for i in lowest])])
-                s_rank = int(present[s_local])
-                late_steps[s_rank] += 1
-                late_step_list.setdefault(s_rank, []).append(n)
-                of_steps += 1
-                base = float(step_us_of[present, step_col[n]].mean())
-                leads.append((s_rank, 100.0 * float(np.delete(w, s_local).mean()) / base if base > 0 else 0.0))
-        calls = len(idx_p)
-        m_calls = int(matched[idx_p].sum())
+        meta.append((conf, conf_ranks, missing))
+    # ---- the calls of every cell with two ranks or more present
+    S = max(n_steps, 1)
+    present_count = members.astype(np.int64) @ has_step.astype(np.int64)  # groups x steps
+    present_count[unmatchable] = 0
+    ent_col = np.searchsorted(steps_arr, ent_step) if n_steps else np.zeros(m, np.int64)
+    idx = np.flatnonzero(coll)
+    cell = ent_pg[idx] * S + ent_col[idx]
+    pc = present_count.reshape(-1)[cell] if len(idx) else np.empty(0, np.int64)
+    idx, cell, pc = idx[pc >= 2], cell[pc >= 2], pc[pc >= 2]
+    n_cells = n_groups * S
+    seq_cell = np.bincount(cell, weights=(ent_seq[idx] < 0).astype(float), minlength=n_cells) == 0
+    col = np.where(seq_cell[cell], ent_seq[idx], pos[idx])
+    o = np.lexsort((ent_rank[idx], col, cell))
+    idx, cell, pc, col = idx[o], cell[o], pc[o], col[o]
+    r_e, d_e = ent_rank[idx], dur[idx]
+    by_seq = np.zeros(n_groups, bool)
+    by_order = np.zeros(n_groups, bool)
+    of_calls = np.zeros(n_groups, np.int64)
+    late = np.zeros((n_groups, n_ranks), np.int64)  # matched calls in which the rank arrived last
+    unmatched_seqs: Dict[int, List[int]] = {}
+    cell_w: Dict[int, tuple] = {}
+    if len(idx):
+        new = np.r_[True, (np.diff(cell) != 0) | (np.diff(col) != 0)]
+        call = np.cumsum(new) - 1
+        starts = np.flatnonzero(new)
+        n_calls = len(starts)
+        distinct = np.r_[True, (np.diff(call) != 0) | (np.diff(r_e) != 0)]
+        n_ranks_in = np.bincount(call, weights=distinct, minlength=n_calls)
+        k_e, b_e = kind[idx], byts[idx]
+        same_kind = np.minimum.reduceat(k_e, starts) == np.maximum.reduceat(k_e, starts)
+        bmax = np.maximum.reduceat(np.where(np.isnan(b_e), -np.inf, b_e), starts)
+        bmin = np.minimum.reduceat(np.where(np.isnan(b_e), np.inf, b_e), starts)
+        dmin, dmax = np.minimum.reduceat(d_e, starts), np.maximum.reduceat(d_e, starts)
+        c_cell, c_col, c_seq = cell[starts], col[starts], seq_cell[cell[starts]]
+        c_group = c_cell // S
+        ok = (n_ranks_in == pc[starts]) & same_kind & (~np.isfinite(bmax) | (bmax == bmin))
+        # by position: matching of a cell stops at its first call that differs
+        big = np.iinfo(np.int64).max
+        first_fail = np.full(n_cells, big)
+        np.minimum.at(first_fail, c_cell, np.where(~ok & ~c_seq, c_col, big))
+        ok &= c_seq | (c_col < first_fail[c_cell])
+        by_seq[np.unique(c_group[c_seq])] = True
+        by_order[np.unique(c_group[~c_seq])] = True
+        for g, q in zip(c_group[c_seq & ~ok].tolist(), c_col[c_seq & ~ok].tolist()):
+            unmatched_seqs.setdefault(g, []).append(int(q))
+        of_calls = np.bincount(c_group[ok], minlength=n_groups)
+        hit = ok[call]
+        matched[idx[hit]] = True
+        ent_transfer[idx[hit]] = dmin[call[hit]]
+        ent_wait[idx[hit]] = d_e[hit] - dmin[call[hit]]
+        # the rank that arrived last at each matched call: the shortest duration (ties: the lowest rank)
+        spread = ok & (dmax > dmin)
+        first = np.lexsort((r_e, d_e, call))
+        head = first[np.r_[True, np.diff(call[first]) != 0]]
+        head = head[spread[call[head]]]
+        np.add.at(late, (c_group[call[head]], r_e[head]), 1)
+        # waits per (rank, cell) over the matched calls
+        key = r_e[hit].astype(np.int64) * n_cells + cell[hit]
+        uk, inv = np.unique(key, return_inverse=True)
+        sums = np.bincount(inv.reshape(-1), weights=d_e[hit] - dmin[call[hit]], minlength=len(uk))
+        k_rank, k_cell = uk // n_cells, uk % n_cells
+        order = np.argsort(k_cell, kind="stable")
+        k_rank, k_cell, sums = k_rank[order], k_cell[order], sums[order]
+        br = np.flatnonzero(np.r_[True, np.diff(k_cell) != 0])
+        for a, b in zip(br.tolist(), np.r_[br[1:], len(k_cell)].tolist()):
+            cell_w[int(k_cell[a])] = (k_rank[a:b], sums[a:b])
+        if n_steps:
+            dense = np.zeros((n_ranks, n_steps))
+            np.add.at(dense, (k_rank, k_cell % S), sums)
+        else:
+            dense = None
+    else:
+        dense = None
+    if n_steps:
+        part = has_step[:, :n_steps] & ((members.T.astype(np.int64) @ (present_count[:, :n_steps] >= 2)) > 0)
+        add = dense if dense is not None else 0.0
+        wait_mat[part] = (np.nan_to_num(wait_mat) + add)[part]
+    # ---- per cell: the straggler (least wait among the present ranks, ties: the lowest rank)
+    late_steps = np.zeros((n_groups, n_ranks), np.int64)
+    late_step_list: Dict[int, Dict[int, List[int]]] = {}
+    leads: Dict[int, List[Tuple[int, float]]] = {}
+    step_sum = members.astype(np.float64) @ np.where(has_step[:, :n_steps], np.nan_to_num(step_us_of), 0.0) \
+        if n_steps else np.zeros((n_groups, 0))
+    for c_id, (k_rank, w_pos) in sorted(cell_w.items()):
+        g, j = divmod(c_id, S)
+        n_present = int(present_count[g, j])
+        w_max = float(w_pos.max())
+        if n_present > len(k_rank) or (w_pos <= 0).any():  # some present rank waited 0
+            zero = np.setdiff1d(np.flatnonzero(members[g] & has_step[:, j]), k_rank[w_pos > 0])
+            s_rank, w_min = int(zero[0]), 0.0
+        else:
+            w_min = float(w_pos.min())
+            s_rank = int(k_rank[w_pos == w_min].min())
+        if w_max <= w_min:
+            continue
+        late_steps[g, s_rank] += 1
+        late_step_list.setdefault(g, {}).setdefault(s_rank, []).append(int(steps_arr[j]))
+        base = step_sum[g, j] / n_present
+        others = (float(w_pos.sum()) - w_min) / (n_present - 1)
+        leads.setdefault(g, []).append((s_rank, 100.0 * others / base if base > 0 else 0.0))
+    # ---- one row per group
+    out = []
+    for p, name in enumerate(pg_names):
+        conf, conf_ranks, missing = meta[p]
+        mine = np.flatnonzero((ent_pg == p) & coll)
+        calls = int(calls_per_group[p])
+        m_calls = int(matched[mine].sum())
         ranks_declared = sorted(conf_ranks) if conf_ranks else None
-        ranks_present = sorted(rows[i]["rank"] for i in np.flatnonzero(members).tolist())
+        ranks_present = sorted(rows[i]["rank"] for i in np.flatnonzero(members[p]).tolist())
         label_ranks = ranks_declared or ranks_present
         desc = conf.get("desc")
         row = {"name": name, "desc": desc,
                "label": f"{desc or ('process group ' + name)} (ranks {_ranks_words(label_ranks)})",
-               "size": conf.get("size") or (len(conf_ranks) if conf_ranks else int(members.sum()) or None),
+               "size": conf.get("size") or (len(conf_ranks) if conf_ranks else int(members[p].sum()) or None),
                "ranks": ranks_declared, "ranks_present": ranks_present, "missing_ranks": missing,
-               "kinds": sorted({str(kind_names[k]) for k in np.unique(kind[idx_p]).tolist()}),
-               "match_by": "seq" if by_seq and not by_order else ("order" if by_order and not by_seq else
-                                                                  ("seq_and_order" if by_seq else None)),
+               "kinds": sorted({str(kind_names[k]) for k in np.unique(kind[mine]).tolist()}),
+               "match_by": "seq" if by_seq[p] and not by_order[p] else (
+                   "order" if by_order[p] and not by_seq[p] else ("seq_and_order" if by_seq[p] else None)),
                "calls": calls, "matched_calls": m_calls, "unmatched_calls": calls - m_calls,
                "p2p_calls": int(p2p_per_group[p]),
-               "unmatched_seqs": sorted(set(unmatched_seqs))[:MAX_UNMATCHED_LISTED],
+               "unmatched_seqs": sorted(set(unmatched_seqs.get(p, [])))[:MAX_UNMATCHED_LISTED],
                "straggler": None}
         if missing:
             na[f"ranks.process_groups.{name}"] = (
                 f"no trace for rank(s) {', '.join(map(str, missing))} of {row['label']}: its calls are matched "
                 f"over the {len(ranks_present)} ranks present")
+        of_steps = int(late_steps[p].sum())
         if of_steps:
-            top = int(np.argmax(late_steps))
-            caused = float(np.median([lead if r == top else 0.0 for r, lead in leads]))
+            top = int(np.argmax(late_steps[p]))
+            caused = float(np.median([lead if r == top else 0.0 for r, lead in leads[p]]))
             row["straggler"] = {"rank": rows[top]["rank"], "worker": rows[top]["worker"],
-                                "late_calls": int(late[top]), "of_calls": of_calls,
-                                "late_pct": 100.0 * late[top] / of_calls if of_calls else None,
-                                "steps": int(late_steps[top]), "of_steps": of_steps,
-                                "wait_caused_pct": caused, "late_steps": late_step_list.get(top, []),
-                                "_index": top, "_members": np.flatnonzero(members).tolist()}
+                                "late_calls": int(late[p, top]), "of_calls": int(of_calls[p]),
+                                "late_pct": 100.0 * late[p, top] / of_calls[p] if of_calls[p] else None,
+                                "steps": int(late_steps[p, top]), "of_steps": of_steps,
+                                "wait_caused_pct": caused, "late_steps": late_step_list[p].get(top, []),
+                                "_index": top, "_members": np.flatnonzero(members[p]).tolist()}
         out.append(row)
     out.sort(key=lambda g: (-(g["calls"] or 0), g["name"]))
     return out

@@ -134,8 +134,15 @@ def test_demo_pipeline_2x2_bubbles_match_the_in_process_truth():
     scanned = discovery.scan_logdir(str(DEMO_LOGS))
     run_ = next(x for x in scanned.runs if x.name == "pipeline_2x2_4rank")
     results = {w.name: [report.analyze_span(str(DEMO_LOGS), run_, s) for s in w.spans] for w in run_.workers}
-    pp = ranks.rank_view(results)["pipeline"]
+    view = ranks.rank_view(results)
+    pp = view["pipeline"]
     assert pp["pipelines"] == settings["pipelines"] == [[0, 1], [2, 3]]
+    # the gradient all-reduces run on the data-parallel groups [0, 2] and [1, 3], but gloo's spans
+    # name no group and each rank declares several: they are not matched across all four ranks
+    (g,) = view["process_groups"]
+    assert (g["name"], g["matched_calls"], g["unmatched_calls"]) == ("unknown", 0, g["calls"])
+    assert "not matched" in view["not_available"]["ranks.process_groups.unknown"]
+    assert view["straggler"] is None and view["straggler_cause"] is None
     assert (pp["stages"], pp["microbatches"], pp["schedule"]) == (2, settings["microbatches"], "GPipe")
     assert pp["theoretical_bubble_pct"] == pytest.approx(100 * 1 / (4 + 1))
     for stage in pp["per_stage"]:
