@@ -42,15 +42,14 @@ from tensorboard.backend import http_util, json_util
 from werkzeug import wrappers
 
 from .analysis import operators
-from .serving import timeline_store
+from .serving import engine, timeline_store
 from .views import compare as compare_view
-from .views import findings as findings_view
 from .views import headline as headline_view
 from .views import ranks as ranks_view
 from .views import timeline_window as tw
 
 if TYPE_CHECKING:
-    from .serving.service import Analyzer
+    from .serving.engine import Analyzer
 
 log = logging.getLogger(__name__)
 
@@ -292,7 +291,7 @@ def _serve_findings(ctx: RouteContext, request):
     errors = result.get("errors") or []
 
     def build():
-        body = findings_view.findings(result["report"], errors)
+        body = engine.result_findings(result, errors)
         body["errors"] = [ctx.relative(e) if isinstance(e, str) else e for e in body["errors"]]
         return body
 

@@ -66,7 +66,21 @@ function devicePeak(report, key, e) {
         + (isNum(c.recompute_gpu_us_per_step) ? ` (recompute ${fmtUs(c.recompute_gpu_us_per_step)}/step)` : "")).join(" · ")] : null,
     ]),
     holdersTable(Array.isArray(e.holders) ? e.holders : [], e.peak_allocated_bytes),
+    perStepTable(e.per_step),
     snapshotBlocks(report, key, e.snapshot));
+}
+
+/** Each included step's own peak and its live set by category (a span's report only). */
+function perStepTable(rows) {
+  if (!Array.isArray(rows) || rows.length < 2) return null;
+  const cats = Object.keys(CATEGORY_WORDS).filter((c) => rows.some((r) => r.categories && isNum(r.categories[c]) && r.categories[c] > 0));
+  return h("details", {class: "mem-peak-steps"}, h("summary", {}, `Peak of each step (${fmtCount(rows.length)} steps)`),
+    h("div", {class: "table-scroll"}, h("table", {class: "grid-table compact mem-peak-steps-table"},
+      h("thead", {}, h("tr", {}, h("th", {class: "num"}, "Step"), h("th", {class: "num"}, "Peak"),
+        cats.map((c) => h("th", {class: "num"}, CATEGORY_WORDS[c])))),
+      h("tbody", {}, rows.map((r) => h("tr", {}, h("td", {class: "num"}, String(r.step ?? "")),
+        h("td", {class: "num"}, fmtBytes(r.peak_allocated_bytes)),
+        cats.map((c) => h("td", {class: "num"}, fmtBytes((r.categories || {})[c])))))))));
 }
 
 function snapshotBlocks(report, key, snap) {

@@ -22,6 +22,7 @@ PANEL_JS = """() => {
     segments: [...p.querySelectorAll('.split-seg')].map((s) => [s.dataset.category, parseFloat(s.style.width)]),
     ops: [...p.querySelectorAll('table.mem-holders tbody tr')].map((r) => r.children[1].textContent),
     text: p.innerText,
+    steps: [...p.querySelectorAll('table.mem-peak-steps-table tbody tr')].map((r) => r.children[0].textContent),
   };
 }"""
 
@@ -60,6 +61,7 @@ def test_memory_peak_panel_renders_the_reports_live_set(tmp_path, chromium):
         assert c["module"] in got["text"]
     assert "estimate" in got["text"]
     assert "peak" in markers
+    assert got["steps"] == [str(r["step"]) for r in sec["per_step"]] == ["2", "3", "4"]
 
 
 def test_memory_peak_panel_lists_the_snapshots_blocks(tmp_path, chromium):
