@@ -43,6 +43,8 @@ setup(
         # the Python API's DataFrames in notebooks (tb_bottleneck_plugin.api: Report.steps_df() ...)
         # and what runs examples/bottlenecks.ipynb outside a Jupyter install (nbclient, ipykernel)
         "notebook": ["pandas>=1.3", "nbclient>=0.7", "ipykernel>=6", "nbformat>=5.7"],
+        # `tb-bottlenecks mcp`: the Model Context Protocol server (mcp_server.py, the SDK's 2.x MCPServer)
+        "mcp": ["mcp>=2"],
         # the test suite: GCS emulator, browser driver
         "test": [
             "pytest>=7",
@@ -53,6 +55,7 @@ setup(
             "jsonschema>=4.18",  # tests/routes/test_route_schema.py: docs/route-schema.json (draft 2020-12)
             "dask[distributed]",  # tests/serving/test_dask.py: a real distributed.LocalCluster
             "pandas>=1.3",  # tests/report/test_api.py: the API's DataFrames
+            "mcp>=2",  # tests/cli/test_mcp_server.py: the MCP server driven by the SDK's stdio client
             # tests/report/test_notebook.py: examples/bottlenecks.ipynb run by a real Jupyter kernel
             "nbclient>=0.7",
             "ipykernel>=6",

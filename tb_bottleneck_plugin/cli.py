@@ -9,6 +9,7 @@
         [--html FILE]                     also write a self-contained HTML report (html_report.py)
         [--findings]                      print the findings JSON (views/findings.py, ≤ 8 KB a run)
         [--peak-tflops PEAK]              the GPU's peak for MFU (989, or bf16=989,hbm=3350)
+    tb-bottlenecks mcp --logdir DIR       an MCP server over stdio for coding agents (mcp_server.py)
     tb-bottlenecks demo OUTDIR [--quick]  write demo runs made with real PyTorch training
     tb-bottlenecks diff BASE CAND [--json]  compare two runs; `check PATH --max M=V ...` is a
                                           CI gate (gate.py: exit 1 on a violated bound)
@@ -147,6 +148,11 @@ def _main(argv: Optional[List[str]] = None) -> int:
                      help="also write a single-file HTML report (cards, recommendations, step breakdown, "
                      "kernels, operators) that opens offline from disk")
     gate.add_peak_argument(rep)
+    mcp = sub.add_parser("mcp", help="a Model Context Protocol server over stdio for coding agents (needs mcp)")
+    mcp.add_argument("--logdir", action="append", required=True, metavar="DIR",
+                     help="a logdir the tools may read (repeat for several); nothing outside them is read")
+    mcp.add_argument("--jobs", "-j", type=int, default=None, metavar="N",
+                     help="spans analysed at once, one process each (default: the cores)")
     demo = sub.add_parser("demo", help="generate demo runs with real PyTorch training (needs torch)")
     demo.add_argument("outdir")
     demo.add_argument("--quick", action="store_true", help="smaller, faster runs (for tests)")
@@ -181,6 +187,12 @@ def _environ(name: str, value: str):
 def _run(args) -> int:
     if args.command in ("diff", "check"):
         return gate.run(args)
+    if args.command == "mcp":
+        # the MCP front end: its own module, imported only by this command (the mcp SDK with it)
+        from . import mcp_server
+
+        return mcp_server.main([a for d in args.logdir for a in ("--logdir", d)]
+                               + (["--jobs", str(args.jobs)] if args.jobs else []))
     if args.command == "demo":
         # The generator lives outside the runtime package (torch only in the demo extra);
         # without torch it prints one line with the pip command and returns 1.

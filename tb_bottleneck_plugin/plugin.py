@@ -17,7 +17,8 @@ from . import routes
 from .serving.scheduler import parse_bytes
 from .analysis import peaks
 from .serving.cache import cache_max_bytes
-from .serving.service import DEFAULT_RESCAN_SECONDS, Analyzer, default_cache_dir
+from .serving.engine import Analyzer
+from .serving.service import DEFAULT_RESCAN_SECONDS, default_cache_dir
 
 PLUGIN_NAME = "bottlenecks"  # the tab's name in TensorBoard and in its /data/plugin/<name>/ URLs
 

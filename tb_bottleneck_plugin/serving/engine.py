@@ -177,6 +177,12 @@ def json_safe(value):
     return value
 
 
+def result_findings(result: dict, errors: Optional[List[str]] = None) -> dict:
+    """The findings of a result (views/findings.py): what `report --findings`, the findings
+    route, `Report.findings` and the MCP ``diagnose`` tool answer, made here once."""
+    return findings_view.findings(result["report"], errors if errors is not None else result.get("errors"))
+
+
 def summary(results: List[dict], *, run=None, worker=None, views: bool = True) -> dict:
     """The result of a group of span results: the one span's, else their combined summary
     (`report.combine_results`)."""
@@ -220,6 +226,7 @@ class Engine:
     memory_budget: Optional[int] = None
     dask_address: Optional[str] = None
     debug: bool = False
+    confined: bool = False  # refuse spans whose real path lies outside the path (symlinks out)
     _logdir: object = None
     _results: Dict[Tuple[str, str], dict] = field(default_factory=dict)
     _errors: Dict[Tuple[str, str], str] = field(default_factory=dict)
@@ -252,11 +259,17 @@ class Engine:
         """`discovery.resolve` of the names (listing again once if a name is unknown)."""
         for attempt in (0, 1):
             try:
-                return discovery.resolve(self.logdir, run, worker or None, span or None)
+                sel = discovery.resolve(self.logdir, run, worker or None, span or None)
+                break
             except KeyError as exc:
                 if attempt:
-                    raise EngineError(str(exc).strip("'\"")) from None
+                    raise EngineError(str(exc.args[0]) if exc.args else str(exc)) from None
                 self.discover()
+        if self.confined:
+            for _, s in sel.items:
+                if discovery.outside_root(self.logdir, s.path):
+                    raise EngineError(f"run {run!r}: {s.name} links outside the logdir (refused)")
+        return sel
 
     def result(self, run: str, worker: Optional[str] = None, span: Optional[str] = None, *,
                views: bool = True) -> dict:
@@ -289,5 +302,4 @@ class Engine:
 
     def findings(self, run: str, worker: Optional[str] = None, span: Optional[str] = None) -> dict:
         """The selection's findings (views/findings.py)."""
-        res = self.result(run, worker, span, views=False)
-        return findings_view.findings(res["report"], res["errors"])
+        return result_findings(self.result(run, worker, span, views=False))

@@ -503,6 +503,15 @@ def discover_path(path: str, **storage_options) -> Logdir:
 # ---------------------------------------------------------------------------- lookup
 
 
+def outside_root(logdir_obj: Logdir, path: str) -> bool:
+    """True when a local ``path`` found under the logdir really lies outside it (a symlinked
+    trace file pointing elsewhere): front ends confined to a logdir (mcp_server.py) refuse it.
+    Object stores have no links: never outside."""
+    if logdir_obj.fs is None or not storage.is_local(logdir_obj.fs):
+        return False
+    return not _inside(os.path.realpath(path), os.path.realpath(logdir_obj.root))
+
+
 def resolve(logdir_obj: Logdir, run: str, worker: Optional[str] = None,
             span: Optional[str] = None) -> Selection:
     """Look up request names in the discovered set only; KeyError for any unknown name.

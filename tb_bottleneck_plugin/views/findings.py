@@ -197,3 +197,97 @@ def document_findings(doc: dict) -> dict:
             "runs": [{"run": e.get("run"), "findings": findings(rep) if rep is not None else None}
                      for e in doc["runs"] for rep in [headline_report(e)]],
             "errors": [_cut(e) for e in doc.get("errors") or []]}
+
+
+# ----------------------------------------------------------------------------- agent queries
+# Small answers over one result for the MCP tools (mcp_server.py); each row carries the id the
+# findings' evidence uses.
+
+TOP_KINDS = ("kernels", "ops", "lines")
+
+
+def _ms(us) -> Optional[float]:
+    return _num(us / 1000) if isinstance(us, (int, float)) and not isinstance(us, bool) else None
+
+
+def top_table(result: dict, kind: str, n: int = 10) -> dict:
+    """The ``n`` largest kernels (the kernels route), ops (the operators route, all included
+    steps) or source lines (``source_attribution.lines``) of a result, with their ids.
+    Raises ValueError for another kind."""
+    n = max(1, min(int(n), 50))
+    rep = result.get("report") or {}
+    if kind == "kernels":
+        rows = [{"id": f"kernel:{_cut(k.get('name'), MAX_NAME)}", "calls": k.get("calls"),
+                 "total_ms": _ms(k.get("total_us")), "mean_us": _num(k.get("mean_us")), "time_pct": _num(k.get("time_pct"), 2),
+                 "occupancy_pct": _num(k.get("est_achieved_occupancy_pct"), 1), "tensor_core": k.get("tensor_core")}
+                for k in (result.get("kernels") or [])[:n] if isinstance(k, dict)]
+        why = None if rows else (rep.get("not_available") or {}).get("occupancy") or "no kernels in the trace"
+    elif kind == "ops":
+        from ..analysis import operators
+
+        view = result.get("operator_view")
+        table = operators.view_table(view, None, "op") if isinstance(view, dict) else {"rows": []}
+        rows = [{"id": f"op:{_cut(r.get('name'), MAX_NAME)}", "calls": r.get("calls"), "total_ms": _ms(r.get("total_us")),
+                 "self_ms": _ms(r.get("self_us")), "gpu_ms": _ms(r.get("gpu_us")), "tflops": _num(r.get("tflops")),
+                 "bound": r.get("bound")} for r in (table.get("rows") or [])[:n]]
+        why = None if rows else "no operator view for this selection"
+    elif kind == "lines":
+        src = rep.get("source_attribution") if isinstance(rep.get("source_attribution"), dict) else {}
+        rows = [{"id": f"line:{_cut(r.get('file'), MAX_NAME)}:{r.get('line')}", "function": r.get("function"),
+                 "calls": r.get("calls"), "cpu_ms": _ms(r.get("cpu_us")), "gpu_ms": _ms(r.get("gpu_us")),
+                 "kernels": r.get("kernels"), "sync_ms": _ms(r.get("sync_us")), "dataloader_ms": _ms(r.get("dataloader_us"))}
+                for r in (src.get("lines") or [])[:n] if isinstance(r, dict)]
+        why = None if rows else (src.get("hint") or (rep.get("not_available") or {}).get("source_attribution")
+                                 or "no Python stacks in the trace (record with with_stack=True)")
+    else:
+        raise ValueError(f"kind must be one of {', '.join(TOP_KINDS)}, got {kind!r}")
+    return {"kind": kind, "rows": rows, "not_available": why}
+
+
+def what_if(report: dict, fix: Optional[str] = None) -> dict:
+    """The step model's what-if for one fix (METRICS.md §19: ``step_model.what_if`` by ``id``,
+    or by the recommendation ``rule`` it prices); without ``fix``, every what-if in short.
+    Raises ValueError naming the known ids for an unknown fix, or why there is no step model."""
+    sm = report.get("step_model")
+    if not isinstance(sm, dict):
+        why = (report.get("not_available") or {}).get("step_model") or "no step model for this selection"
+        raise ValueError(f"no step model: {why}")
+    rows = [r for r in sm.get("what_if") or [] if isinstance(r, dict)]
+
+    def short(r):
+        return {"id": r.get("id"), "label": r.get("label"), "rules": r.get("rules"),
+                "saving_pct": _num(r.get("saving_pct"), 2), "saving_ms_per_step": _num(
+                    (r.get("step_ms") or 0) - (r.get("predicted_step_ms") or 0)) if isinstance(r.get("predicted_step_ms"), (int, float)) else None,
+                "step_ms": _num(r.get("step_ms")), "predicted_step_ms": _num(r.get("predicted_step_ms")),
+                "assumption": _cut(r.get("assumption"), 2 * MAX_TEXT)}
+
+    common = {"model_error_pct": _num(sm.get("model_error_pct"), 3), "reliable": sm.get("reliable"),
+              "all_fixes": {k: _num(v) if k != "ids" else v for k, v in (sm.get("all_fixes") or {}).items()
+                            if k in ("ids", "saving_pct", "step_ms", "predicted_step_ms")}}
+    if not fix:
+        return {"what_if": [short(r) for r in rows], **common}
+    found = [r for r in rows if r.get("id") == fix] or [r for r in rows if fix in (r.get("rules") or [])]
+    if not found:
+        raise ValueError(f"no what-if {fix!r}; known: {', '.join(str(r.get('id')) for r in rows) or 'none'}")
+    return {"what_if": short(found[0]), **common}
+
+
+def compare_digest(cmp: dict, n: int = 5) -> dict:
+    """A comparison (views/compare.compare) cut for an agent: its headline metrics, step time,
+    recommendations and the first ``n`` rows of every other list."""
+    def cap(value, depth=0):
+        if isinstance(value, list):
+            return [cap(v, depth + 1) for v in value[:n]] if depth else [cap(v, depth + 1) for v in value]
+        if isinstance(value, dict):
+            return {k: cap(v, depth + 1) for k, v in value.items()}
+        if isinstance(value, str):
+            return _cut(value, 2 * MAX_TEXT)
+        return value
+
+    keep = ("base", "cand", "setup_differences", "setup_warning", "metrics", "step_time", "recommendations",
+            "not_available")
+    out = {k: cap(cmp.get(k)) for k in keep if k in cmp}
+    for k in ("kernels", "ops"):
+        v = cmp.get(k)
+        out[k] = cap(v, 1) if isinstance(v, (list, dict)) else v
+    return out

@@ -152,7 +152,7 @@ _STAGES = (("tb_bottleneck_plugin.errors", "tb_bottleneck_plugin.thresholds"),
            ("tb_bottleneck_plugin.trace",), ("tb_bottleneck_plugin.analysis",), ("tb_bottleneck_plugin.judge",),
            ("tb_bottleneck_plugin.report",), ("tb_bottleneck_plugin.views",), ("tb_bottleneck_plugin.serving",),
            ("tb_bottleneck_plugin.plugin", "tb_bottleneck_plugin.plugin_loader", "tb_bottleneck_plugin.routes",
-            "tb_bottleneck_plugin.cli", "tb_bottleneck_plugin.api"))
+            "tb_bottleneck_plugin.cli", "tb_bottleneck_plugin.api", "tb_bottleneck_plugin.mcp_server"))
 
 
 def _stage(module: str) -> int:
@@ -180,6 +180,95 @@ def test_no_import_of_a_later_stage_and_no_cycle_counting_lazy_imports():
     assert cycle is None, " -> ".join(cycle)
     # the check sees lazy imports: cli imports the demo generator's module only inside a function
     assert _stage("tb_bottleneck_plugin.judge.cards") > _stage("tb_bottleneck_plugin.analysis.flops")
+
+
+# The front ends (docs/ARCHITECTURE.md "One engine under every front end"): the terminal, the
+# notebook, the tab's routes and the MCP server; each stands on serving/engine.py.
+_FRONT_ENDS = ("tb_bottleneck_plugin.cli", "tb_bottleneck_plugin.api", "tb_bottleneck_plugin.routes",
+               "tb_bottleneck_plugin.mcp_server")
+_ENGINE = "tb_bottleneck_plugin.serving.engine"
+# The one edge between front ends: `tb-bottlenecks mcp` starts the MCP server's main(), inside
+# cli._run (lazily: the mcp SDK loads only for that command); cli uses nothing else of it.
+_FRONT_END_DISPATCH = {("tb_bottleneck_plugin.cli", "tb_bottleneck_plugin.mcp_server"): "_run"}
+
+
+def _lazy_imports_by_function(path: Path):
+    """{imported module: {enclosing function or "<module>"}} of a file, imports inside functions too."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    name = _module_name(path)
+    package = name.rpartition(".")[0]
+    out = {}
+
+    def visit(node, fn):
+        for child in ast.iter_child_nodes(node):
+            here = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn == "<module>" else fn
+            if isinstance(child, ast.ImportFrom):
+                base = package.split(".")[:len(package.split(".")) - (child.level - 1)] if child.level else []
+                mod = ".".join(base + ([child.module] if child.module else [])) if child.level else child.module
+                for target in [mod] + [f"{mod}.{a.name}" for a in child.names]:
+                    out.setdefault(target, set()).add(here)
+            elif isinstance(child, ast.Import):
+                for a in child.names:
+                    out.setdefault(a.name, set()).add(here)
+            visit(child, here)
+
+    visit(tree, "<module>")
+    return out
+
+
+def test_front_ends_stand_on_the_engine_and_not_on_each_other():
+    """cli, api, routes and mcp_server import serving/engine.py (lazily counted) and none of
+    them imports another front end (the `mcp` command's dispatch in cli._run aside); the
+    engine imports no front end."""
+    modules = _modules(PKG)
+    graph = _graph(modules, module_level_only=False)
+    for fe in _FRONT_ENDS:
+        assert fe in modules, fe
+        assert _ENGINE in graph[fe], f"{fe} does not import the engine"
+        for other in _FRONT_ENDS + ("tb_bottleneck_plugin.plugin",):
+            if other == fe or other not in graph[fe]:
+                continue
+            allowed = _FRONT_END_DISPATCH.get((fe, other))
+            where = _lazy_imports_by_function(modules[fe]).get(other, set())
+            assert allowed and where == {allowed}, f"{fe} imports the front end {other} (in {sorted(where)})"
+    assert not graph[_ENGINE] & set(_FRONT_ENDS), graph[_ENGINE]
+    # the check can fail: the old api imported cli
+    assert "tb_bottleneck_plugin.cli" not in graph["tb_bottleneck_plugin.api"]
+
+
+def test_mcp_sdk_is_imported_only_by_the_mcp_server_and_lazily():
+    offending = []
+    for name, path in _modules(PKG).items():
+        for imported, line in _imports(path, module_level_only=False):
+            if imported.split(".")[0] == "mcp" and name != "tb_bottleneck_plugin.mcp_server":
+                offending.append(f"{name}:{line}")
+    assert not offending, offending
+    static = {m.split(".")[0] for m, _ in _imports(PKG / "mcp_server.py", module_level_only=True)}
+    assert "mcp" not in static
+
+
+def test_a_walk_from_the_api_down_to_the_units_never_climbs_back():
+    """Every import reachable from the notebook API's entry point (api.analyze; lazy imports
+    counted) goes to the same stage or an earlier one, reaches the analysis units, and meets
+    no other front end on the way."""
+    modules = _modules(PKG)
+    graph = _graph(modules, module_level_only=False)
+    start = "tb_bottleneck_plugin.api"
+    seen, todo, climbs = {start}, [start], []
+    while todo:
+        node = todo.pop()
+        for nxt in graph[node]:
+            if nxt == "tb_bottleneck_plugin" or node.startswith(nxt + "."):
+                continue
+            if _stage(nxt) > _stage(node) or (nxt in _FRONT_ENDS + ("tb_bottleneck_plugin.plugin",) and nxt != start):
+                climbs.append(f"{node} -> {nxt}")
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    assert not climbs, climbs
+    assert {"tb_bottleneck_plugin.analysis.registry", "tb_bottleneck_plugin.analysis.step_model", _ENGINE,
+            "tb_bottleneck_plugin.report", "tb_bottleneck_plugin.trace.discovery"} <= seen
+    assert not seen & {"tb_bottleneck_plugin.cli", "tb_bottleneck_plugin.routes", "tb_bottleneck_plugin.mcp_server"}
 
 
 # What analysis/ may import from the package: itself and what comes before it in the stages.

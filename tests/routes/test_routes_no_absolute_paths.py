@@ -18,7 +18,7 @@ from test_plugin_routes import (  # noqa: F401  (fixtures: pytest finds them by 
 
 DIST_RUN = "dist"  # two ranks, the second one's file cut in the middle of its JSON
 TRUNCATED = "worker1.1700000000003.pt.trace.json"
-DATA_ROUTES = ("report", "memory", "kernels", "operators", "timeline", "step_trace")
+DATA_ROUTES = ("report", "findings", "memory", "kernels", "operators", "timeline", "step_trace")
 
 
 @pytest.fixture
