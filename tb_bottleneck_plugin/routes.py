@@ -259,7 +259,7 @@ def _serve_runs(ctx: RouteContext, request):
     """The run list, and ``cards``: the headline cards the dashboard renders (views/headline.py
     ``card_list``, declared in the metric units; static/cards.js has no list of its own)."""
     if ctx.analyzer is None:
-        return _json(request, {"logdir": None, "runs": [],
+        return _json(request, {"logdir": None, "runs": [], "default_run": None,
                                "scan": {"state": "error", "error": ctx.problem, "notes": []},
                                "cards": headline_view.card_list()})
     if request.args.get("rescan"):
