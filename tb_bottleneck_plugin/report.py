@@ -140,7 +140,7 @@ def analyze_trace(trace: model.TraceData, *, run=None, worker=None, span=None, s
     rep["recommendations"] = sec.run("recommendations", recommendations.recommend, rep)
     rep["verdicts"] = sec.run("verdicts", cards.card_verdicts, rep)  # card colours (thresholds.py)
     rep["verdict"] = sec.run("verdict", step_verdict.step_verdict, rep)  # the one sentence on top (§19)
-    rep["layout"] = sec.run("layout", layout.report_layout, rep)  # card groups, sections (§20)
+    rep["layout"] = sec.run("layout", layout.report_layout, rep)  # card groups, sections (§21)
     kernels = []
     if rep["occupancy"] is not None:
         kernels = sec.run("kernels", _kernel_table_section, rep["occupancy"])

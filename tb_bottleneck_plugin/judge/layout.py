@@ -1,4 +1,4 @@
-"""What the first screen shows (issue 35, METRICS.md §20 "Layout"): the cards grouped by topic,
+"""What the first screen shows (issue 35, METRICS.md §21 "Layout"): the cards grouped by topic,
 each group collapsed to one line when nothing in it is judged, the cards that do not apply to the
 run listed apart, and the dashboard's sections (the section bar) with the ones that matter open.
 
