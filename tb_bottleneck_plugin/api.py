@@ -156,14 +156,12 @@ class Report:
         return [self._results[s.url] for w in run.workers for s in w.spans if s.url in self._results]
 
     def _result(self, run) -> dict:
-        """The run's result with its views: its one span's, else `report.combine_results`."""
-        from . import report
+        """The run's result with its views (`engine.summary`: its one span's, else
+        `report.combine_results`)."""
+        from .serving import engine
 
-        ready = self._ready(run)
-        if len(ready) == 1:
-            return ready[0]
         if run.name not in self._combined:
-            self._combined[run.name] = report.combine_results(ready, run=run.name)
+            self._combined[run.name] = engine.summary(self._ready(run), run=run.name)
         return self._combined[run.name]
 
     # ------------------------------------------------------------------ the CLI's JSON
