@@ -87,7 +87,8 @@ class Service:
         every failure one line."""
         try:
             with contextlib.redirect_stdout(sys.stderr):
-                return json.dumps(engine_mod.json_safe(fn()), ensure_ascii=False, allow_nan=False)
+                return json.dumps(engine_mod.json_safe(fn()), ensure_ascii=False, allow_nan=False,
+                                  separators=(",", ":"))  # compact: the findings' 8 KB bound is of this text
         except ToolFailure:
             raise
         except (engine_mod.EngineError, engine_mod.NothingAnalysed, ValueError, KeyError) as exc:
