@@ -24,6 +24,7 @@ import math
 import os
 import sys
 import traceback
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
@@ -228,7 +229,8 @@ class Engine:
     debug: bool = False
     confined: bool = False  # refuse spans whose real path lies outside the path (symlinks out)
     _logdir: object = None
-    _results: Dict[Tuple[str, str], dict] = field(default_factory=dict)
+    max_results: int = 256  # span results kept (least recently used dropped): a long-lived MCP server stays bounded
+    _results: "OrderedDict[Tuple[str, str], dict]" = field(default_factory=OrderedDict)
     _errors: Dict[Tuple[str, str], str] = field(default_factory=dict)
 
     def analyze_path(self) -> Analysis:
@@ -285,11 +287,14 @@ class Engine:
             for _, _, s in todo:
                 if s.url in results:
                     self._results[(s.url, s.fingerprint)] = results[s.url]
-            failed = [e for e in errors]
-            for (_, _, s) in todo:
-                if s.url not in results:
-                    self._errors[(s.url, s.fingerprint)] = next((e for e in failed if s.url in e),
-                                                                failed[0] if failed else f"{s.url}: no answer")
+                else:  # kept until the file changes (its fingerprint): a truncated file is retried then
+                    self._errors[(s.url, s.fingerprint)] = next((e for e in errors if s.url in e),
+                                                                errors[0] if errors else f"{s.url}: no answer")
+        for _, s in sel.items:  # most recently used last; the selection itself is never dropped
+            if (s.url, s.fingerprint) in self._results:
+                self._results.move_to_end((s.url, s.fingerprint))
+        while len(self._results) > max(self.max_results, len(sel.items)):
+            self._results.popitem(last=False)
         ready = [self._results[(s.url, s.fingerprint)] for _, s in sel.items if (s.url, s.fingerprint) in self._results]
         errors = [self._errors[(s.url, s.fingerprint)] for _, s in sel.items if (s.url, s.fingerprint) in self._errors]
         if not ready:

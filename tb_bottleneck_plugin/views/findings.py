@@ -138,10 +138,17 @@ def findings(report: dict, errors: Optional[List[str]] = None) -> dict:
         "not_available": {k: _cut(na[k], 160) for k in sorted(na) if "." not in k}
         if na else {},
         "errors": [_cut(f"{e.get('section')}: {e.get('error')}" if isinstance(e, dict) else e)
-                   for e in (report.get("errors") or [])][:5] + [_cut(e) for e in (errors or [])][:5],
+                   for e in (report.get("errors") or [])][:5] + [_file_error(e) for e in (errors or [])][:5],
         "truncated": len(recs) > MAX_RECOMMENDATIONS,
     }
     return _bounded(out)
+
+
+def _file_error(e) -> Optional[str]:
+    """A file that could not be analysed, as one line: the tab's {file, error} rows or the CLI's lines."""
+    if isinstance(e, dict):
+        return _cut(f"{e.get('file')}: {e.get('error')}")
+    return _cut(e)
 
 
 def size(doc: dict) -> int:
