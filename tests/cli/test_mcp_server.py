@@ -13,9 +13,7 @@ from pathlib import Path
 
 import pytest
 
-mcp = pytest.importorskip("mcp")
-
-from tb_bottleneck_plugin import mcp_server  # noqa: E402
+from tb_bottleneck_plugin import mcp_server  # noqa: E402  (imports no mcp: only its main() does)
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "demo_logs"
@@ -82,6 +80,7 @@ async def _session_calls(logdir: Path):
 
 
 def test_mcp_server_over_stdio_with_the_sdk_client(logdir):
+    pytest.importorskip("mcp")
     import anyio
 
     out = anyio.run(_session_calls, logdir)
@@ -121,3 +120,12 @@ def test_names_that_are_not_relative_run_names_are_refused(name):
     with pytest.raises(mcp_server.ToolFailure):
         mcp_server.checked_name(name)
     assert mcp_server.checked_name("sub/run.v2") == "sub/run.v2"
+
+
+def test_without_the_sdk_the_command_says_what_to_install(monkeypatch, capsys, tmp_path):
+    monkeypatch.setitem(sys.modules, "mcp", None)  # `import mcp` raises ImportError
+    from tb_bottleneck_plugin import cli
+
+    assert cli.main(["mcp", "--logdir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and 'pip install "tb_bottleneck_plugin[mcp]"' in err
