@@ -32,6 +32,10 @@ statement that another part of the same report (or arithmetic) refutes:
   ``pageable_h2d``: a green "not input-bound" card beside a pageable-copy recommendation). The
   advice's severity is the card's, lowered only by the step model's price (``R.price``:
   under ``T.GAIN_INFO_PCT`` info, under ``T.VERDICT_MIN_GAIN_PCT`` at most low);
+- ``layout_disagrees`` (issue 35 item 3): the first screen (``report["layout"]``, judge/layout.py)
+  against the verdict and the cards: a card in no group and not listed as not applicable (or in
+  both), a group folded to one line although a card in it warns, a warning card hidden as "not
+  applicable", or a headline fix whose rule names cards none of which warns (all green or n/a);
 - ``one_window_words``: a trace without ProfilerStep whose words name a "step 0" or "the
   steps", or whose per-step n/a gives another reason than the steps' own (METRICS.md §1).
 
@@ -59,7 +63,7 @@ from tb_bottleneck_plugin.judge import recommendations as R
 CHECKS = ("launch_bound_capture", "share_over_100", "banner_few_steps", "green_card_rule_fired",
           "green_low_utilization", "na_with_number", "step_longer_than_activity", "confident_on_little_data",
           "one_window_words", "unpriced_confident_advice", "verdict_disagrees", "severity_disagrees",
-          "graph_flops")
+          "graph_flops", "layout_disagrees")
 
 # "launch-bound", "launch- or latency-bound", but not "latency-bound, not launch-bound"
 LAUNCH_BOUND = re.compile(r"(?<!not )\blaunch-(?:bound|\s+or\s+latency-bound)", re.IGNORECASE)
@@ -327,6 +331,33 @@ def check_graph_flops(rep: dict) -> List[str]:
     if n and isinstance(words, str) and "no GEMM, convolution or attention" in words:
         return [f"MFU card says {words!r} beside {n} kernels replayed from CUDA graphs"]
     return []
+
+
+def check_layout_disagrees(rep: dict) -> List[str]:
+    lay = rep.get("layout")
+    verdicts = rep.get("verdicts") if isinstance(rep.get("verdicts"), dict) else {}
+    if not isinstance(lay, dict):
+        return []
+    out = []
+    grouped = [c for g in lay["groups"] for c in g["cards"]]
+    na = [x["id"] for x in lay["not_applicable"]]
+    for cid in verdicts:
+        if (grouped + na).count(cid) != 1:
+            out.append(f"card {cid} is {(grouped + na).count(cid)} times on the first screen")
+    for g in lay["groups"]:
+        warn = [c for c in g["cards"] if verdicts[c].get("severity") in ("high", "medium", "low")]
+        if warn and not g["judged"]:
+            out.append(f"group {g['id']} is one line although {warn} warn")
+    out += [f"warning card {c} listed as not applicable" for c in na
+            if verdicts[c].get("severity") in ("high", "medium", "low")]
+    # the headline's rule: where cards name it, one of them warns on the page (a rule shared by
+    # cards judges only the ones whose number made it fire: judge/verdicts.py)
+    fix = (rep.get("verdict") or {}).get("fix") or {}
+    own = [c for c, v in verdicts.items() if fix.get("rule") and v.get("rule") == fix["rule"]]
+    if own and not any(verdicts[c].get("severity") in ("high", "medium", "low") and c not in na for c in own):
+        out.append(f"the headline fixes {fix['rule']} but no card of that rule warns: "
+                   + ", ".join(f"{c} {verdicts[c].get('severity')}" for c in own))
+    return out
 
 
 def contradictions(rep: dict, ranks: Optional[dict] = None) -> List[str]:
@@ -739,6 +770,11 @@ def _bad_reports():
     r["verdicts"]["mfu"] = {"value": None, "severity": "na", "rule": "low_mfu",
                             "verdict": "no FLOPs counted in the steps (no GEMM, convolution or attention with shapes)"}
     out.append(("graph_flops", r, None))
+    r = _clean_report()  # issue 35 item 3: a warning card folded into its group's one line
+    r["verdicts"]["sync"] = {"value": 30.0, "unit": "pct", "severity": "high", "verdict": "host waits starve the GPU",
+                             "rule": "synchronization"}
+    r["layout"] = {"groups": [{"id": "other", "cards": list(r["verdicts"]), "judged": False}], "not_applicable": []}
+    out.append(("layout_disagrees", r, None))
     return out
 
 
@@ -932,3 +968,22 @@ def test_large_pageable_copies_are_judged_high_on_the_card_and_the_advice(tmp_pa
     first = rep["recommendations"][0]
     assert first["rule"] == "pageable_h2d" and first["severity"] == "high", first
     assert check_severity_disagrees(rep) == [] and contradictions(rep) == []
+
+
+def test_a_folded_warning_group_and_a_green_headline_card_are_found():
+    """layout_disagrees finds a warning card folded into one line, and the card of the headline's
+    own rule shown green (a hand-made report; judge/layout.py makes neither)."""
+    from tb_bottleneck_plugin.judge import layout
+
+    rep = {"verdicts": {"input_bound": {"severity": "high", "rule": "input_bound", "value": 40.0, "unit": "pct",
+                                        "verdict": "highly input-bound"},
+                        "sync": {"severity": "ok", "rule": "synchronization", "value": 1.0, "unit": "pct", "verdict": "ok"}},
+           "verdict": {"healthy": False, "fix": {"rule": "input_bound"}}}
+    rep["layout"] = layout.report_layout(rep)
+    assert check_layout_disagrees(rep) == []
+    assert [g["judged"] for g in rep["layout"]["groups"]] == [True, False]
+    rep["layout"]["groups"][0]["judged"] = False
+    assert check_layout_disagrees(rep) == ["group input is one line although ['input_bound'] warn"]
+    rep["layout"] = layout.report_layout(rep)
+    rep["verdict"]["fix"]["rule"] = "synchronization"
+    assert check_layout_disagrees(rep) == ["the headline fixes synchronization but no card of that rule warns: sync ok"]
