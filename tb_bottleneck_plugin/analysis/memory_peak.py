@@ -159,7 +159,34 @@ def _node_labels(trace: TraceData, host: dict):
     is_mod = is_py & np.isin(name, mod_ids)
     is_user = is_py & np.isin(name, user_ids)
     parent = host["parent"]
-    return name, _nearest(parent, is_op), is_mod, _nearest(parent, is_mod), _nearest(parent, is_user)
+    # autograd: a backward op's "Sequence number" is that of the forward op that made its node
+    seq = np.concatenate([cpu.sequence, np.full(nr, -1, np.int64)])
+    near_seq = _nearest(parent, seq >= 0)
+    bwd_ids = trace.string_ids(lambda s: BACKWARD_RE.search(s) is not None)
+    fwd = np.flatnonzero((seq >= 0) & ~np.isin(name, bwd_ids))
+    fwd = fwd[np.lexsort((host["ts"][fwd], seq[fwd]))]  # by sequence number, then time
+    return (name, _nearest(parent, is_op), is_mod, _nearest(parent, is_mod), _nearest(parent, is_user),
+            seq, near_seq, fwd)
+
+
+def _forward_node(node: np.ndarray, ts: np.ndarray, host: dict, seq, near_seq, fwd) -> np.ndarray:
+    """For events inside a backward op: the forward op (host node) whose autograd node it
+    runs, the latest one with its sequence number before the event; -1 for none."""
+    out = np.full(len(node), -1, np.int64)
+    ok = node >= 0
+    s_node = np.where(ok, near_seq[np.maximum(node, 0)], -1)
+    ok &= s_node >= 0
+    if not ok.any() or not len(fwd):
+        return out
+    s = seq[s_node[ok]]
+    fseq = seq[fwd]
+    hi = np.searchsorted(fseq, s, side="right") - 1  # the latest forward op of that number
+    hit = (hi >= 0) & (fseq[np.maximum(hi, 0)] == s)
+    cand = fwd[np.maximum(hi, 0)]
+    hit &= host["ts"][cand] <= ts[ok]
+    idx = np.flatnonzero(ok)
+    out[idx[hit]] = cand[hit]
+    return out
 
 
 def _top(keys: np.ndarray, size: np.ndarray, limit: int, label) -> List[dict]:
@@ -368,17 +395,27 @@ def peak_holders(trace: TraceData, steps=None, host: Optional[dict] = None,
         if host is not None and len(host["ts"]):
             if labels is None:
                 labels = _node_labels(trace, host)
-            name, near_op, is_mod, near_mod, near_user = labels
+            name, near_op, is_mod, near_mod, near_user, seq, near_seq, fwd = labels
             node = _host_context(trace, host, mem.pid[rows[la]], mem.tid[rows[la]], ts[la])
             got = node >= 0
             nd = np.maximum(node, 0)
 
-            def pick(near):
-                hit = np.where(got, near[nd], -1)
+            def pick(near, at=nd, ok=got):
+                hit = np.where(ok, near[at], -1)
                 return np.where(hit >= 0, name[np.maximum(hit, 0)], -1).astype(np.int64)
 
             op_s, mod_s, line_s = pick(near_op), pick(near_mod), pick(near_user)
             mod_chain = (np.where(got, near_mod[nd], -1), near_mod, host["parent"], name)
+            # backward allocations (the autograd thread has no Python frame): the module and
+            # line of the forward op whose autograd node allocated them
+            lost = (mod_s < 0) | (line_s < 0)
+            if lost.any():
+                fnode = np.full(len(la), -1, np.int64)
+                fnode[lost] = _forward_node(node[lost], ts[la][lost], host, seq, near_seq, fwd)
+                ok = fnode >= 0
+                fn = np.maximum(fnode, 0)
+                mod_s = np.where((mod_s < 0) & ok, pick(near_mod, fn, ok), mod_s)
+                line_s = np.where((line_s < 0) & ok, pick(near_user, fn, ok), line_s)
         holders = _holders(lcat, op_s, mod_s, line_s, sizes, S)
         act = lcat == CATEGORIES.index("activations")
         candidates = _candidates(mod_chain, act, sizes, S) if mod_chain is not None else []

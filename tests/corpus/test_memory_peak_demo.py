@@ -66,3 +66,17 @@ def test_holders_name_the_module_and_line(run):
     first = sec["per_step"][0]["categories"]
     assert first["optimizer_state"] == truth["at_peak"]["optimizer_state"]
     assert first["gradients"] == truth["gradient_bytes"]
+
+
+def test_gradients_at_the_peak_name_their_layers(run):
+    """Backward allocations take the module of the forward op whose autograd node made them
+    (its Sequence number): at the peak the gradients are those of blocks[1].linear (the
+    profiler's Linear_1: H x H + H floats) and the head (Linear_2: 8 x H + 8)."""
+    truth, rep = run
+    grads = {}
+    for h in rep["memory_peak"]["cpu"]["holders"]:
+        if h["category"] == "gradients":
+            grads[h["module"]] = grads.get(h["module"], 0) + h["bytes"]
+    hidden, out = gt.MEM_HIDDEN, gt.MEM_OUT
+    assert grads == {"Linear_1": 4 * (hidden * hidden + hidden), "Linear_2": 4 * (out * hidden + out)}
+    assert sum(grads.values()) == truth["at_peak"]["gradients"]

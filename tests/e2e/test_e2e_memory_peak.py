@@ -32,6 +32,10 @@ def test_memory_peak_panel_in_the_tab(tmp_path, tensorboard_server, browser_page
     base = tensorboard_server(tmp_path / "logs")
     w = browser_page(base, viewport=(1280, 900))
     _, iframe = w.open_run("gpt2", ready=".card[data-card] .card-value")
+    # the panel lives in the Memory section of the section bar (judge/layout.py), built when opened
+    iframe.wait_for_function("() => document.querySelector('#bn-section-bar [data-section=memory]')", timeout=120_000)
+    if iframe.evaluate("() => { const s = document.querySelector('#bn-section-memory'); return !s || s.hidden; }"):
+        iframe.click("#bn-section-bar [data-section=memory]")
     iframe.wait_for_function("() => document.querySelector('#bn-panel-memory_peak .mem-peak-device')", timeout=120_000)
     got = iframe.evaluate(PANEL_JS)
     rep = wait_route(base, "report", run="gpt2")
