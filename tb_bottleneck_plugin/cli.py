@@ -33,13 +33,10 @@ import sys
 import traceback
 from typing import List, Optional
 
-from .serving import engine
 from .views import gate
 
 
 EXIT_PIPE_CLOSED = 141  # 128 + SIGPIPE: what a shell reports for a tool its pipe reader left
-# The analysis children's log (section tracebacks) is silenced unless --debug (children._child_entry).
-CHILD_TRACEBACKS_ENV = engine.CHILD_TRACEBACKS_ENV
 
 
 EXIT_CODES = """exit codes:
@@ -238,18 +235,27 @@ def _fail(message: str) -> int:
     return 2
 
 
-# The orchestration lives in the engine (serving/engine.py): these names are the engine's.
-NothingAnalysed = engine.NothingAnalysed
-collect = engine.collect
-json_report = engine.json_report
-_json_safe = engine.json_safe
-_analyze_all = engine.analyze_all
+# The orchestration lives in the engine (serving/engine.py); these old names are the engine's,
+# loaded on first use (so `--help`, `diff` and `demo` do not import the analysis).
+_ENGINE_NAMES = {"NothingAnalysed": "NothingAnalysed", "collect": "collect", "json_report": "json_report",
+                 "_json_safe": "json_safe", "_analyze_all": "analyze_all",
+                 # the analysis children's log (section tracebacks) is silenced unless --debug
+                 "CHILD_TRACEBACKS_ENV": "CHILD_TRACEBACKS_ENV"}
+
+
+def __getattr__(name):
+    if name in _ENGINE_NAMES:
+        from .serving import engine
+
+        return getattr(engine, _ENGINE_NAMES[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _report(path: str, *, as_json: bool, debug: bool = False, jobs: Optional[int] = None,
             memory_budget: Optional[int] = None, dask_address: Optional[str] = None,
             html: Optional[str] = None, what_if: bool = False, findings: bool = False) -> int:
     from . import report
+    from .serving import engine
     from .views import text_report
 
     try:
