@@ -151,13 +151,17 @@ CONVENTION = ("per direction: nccl-tests busbw counts the bytes each GPU sends (
               "bidirectional totals, halved here")
 
 
-def link_peak(device_name: Optional[str], spans_nodes: Optional[bool], env: Optional[str] = None) -> dict:
+def link_peak(device_name: Optional[str], spans_nodes: Optional[bool], env: Optional[str] = None,
+              gpus_per_node: Optional[int] = None) -> dict:
     """The link a collective group runs on and its per-direction peak (GB/s).
 
-    ``spans_nodes``: True (the group spans nodes: the NIC), False (one node), None
+    ``spans_nodes``: True (the group spans nodes: the node's NICs), False (one node), None
     (unknown: intra-node assumed, ``scope_assumed`` says so). ``env``: the value of
     BOTTLENECKS_LINK_GBPS (default: read from the environment): a user-given
-    per-direction peak that overrides the table."""
+    per-direction peak that overrides the table. ``gpus_per_node``: the GPUs of the node
+    (deviceProperties), one NIC each on a rail-optimised node: NCCL spreads an inter-node
+    collective's channels over all of them, so busbw is bounded by their sum (and by the
+    GPU's own NVLink), not by one NIC (METRICS.md §12 "Link peak")."""
     if env is None:
         env = os.environ.get(ENV_LINK)
     scope = "inter_node" if spans_nodes else "intra_node"
@@ -176,6 +180,13 @@ def link_peak(device_name: Optional[str], spans_nodes: Optional[bool], env: Opti
     for needle, link, bidir, per_dir, source in (INTER_NODE if spans_nodes else INTRA_NODE):
         if needle in name:
             out.update(gbps=per_dir, link=link, bidirectional_gbps=bidir, source=source)
+            if spans_nodes:
+                nics = max(int(gpus_per_node or 1), 1)
+                intra = next((d for k, _, _, d, _ in INTRA_NODE if k in name), None)
+                total = per_dir * nics
+                out.update(nics=nics, per_nic_gbps=per_dir, gbps=min(total, intra) if intra else total,
+                           bidirectional_gbps=bidir * nics, link=f"{link} x {nics} (one per GPU of the node)"
+                           if nics > 1 else link)
             return out
     return out
 
@@ -689,7 +700,7 @@ def _link_for(trace: TraceData, t: dict) -> dict:
     intra-node when all are known to stay in one, else intra-node assumed."""
     s = t["spans_nodes"] if t is not None else []
     spans = True if any(x is True for x in s) else (False if s and all(x is False for x in s) else None)
-    return link_peak(_device_name(trace), spans)
+    return link_peak(_device_name(trace), spans, gpus_per_node=len(trace.meta.device_properties or []) or None)
 
 
 def collectives_section(trace: TraceData, steps, not_available: Optional[Dict[str, str]] = None,
@@ -889,7 +900,8 @@ def run_table(call_rows: List[Optional[dict]], ranks: Optional[List[int]] = None
     """
     link = dict(link) if link else link_peak(None, None)
     if link.get("device") is not None or link.get("override"):
-        link = link_peak(link.get("device"), None if link.get("scope_assumed") else link.get("scope") == "inter_node")
+        link = link_peak(link.get("device"), None if link.get("scope_assumed") else link.get("scope") == "inter_node",
+                         gpus_per_node=link.get("nics"))
     peak = link.get("gbps")
     ranks = list(range(len(call_rows))) if ranks is None else list(ranks)
     out = {"available": False, "time_source": "shortest duration among the ranks for the same call "
