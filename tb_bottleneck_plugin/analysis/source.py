@@ -389,7 +389,7 @@ def source_view(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = Non
         "sync_us": sync_us, "dataloader_us": dl_us,
         "bottlenecks": ({"sync": _top(sync, steps_us), "dataloader": _top(dl, steps_us)} if has_stack else None),
         "modules": modules,
-        "labels": labels, "label_union_us": label_union,
+        "labels": with_kind(labels), "label_union_us": label_union,
         "label_coverage_pct": pct(label_union, host_steps_us),
         "hint": None if has_stack and modules is not None else HINT,
     }
@@ -483,6 +483,28 @@ def _modules(trace, parent, is_module, is_op, name, ts, dur, inc_node, g_node, i
         keep = {r["path"] for r in sorted(rows, key=lambda r: -r["total_us"])[:MAX_MODULES]}
         rows = [r for r in rows if r["path"] in keep]
     return rows
+
+
+# torch.compile's own record_function labels (METRICS.md §17 `kind`): Inductor's call of one
+# compiled graph, and a compile pass ("aot_trace_joint_graph_data: compile_id=0/3")
+_FX_GRAPH_LABEL = re.compile(r"^## Call CompiledFxGraph \S+ ##$")
+_COMPILE_PASS_LABEL = re.compile(r"_data: (?:.*, )?compile_id=\d+/\d+$")
+
+
+def label_kind(name: str) -> str:
+    """"compiled_graph" (``## Call CompiledFxGraph <hash> ##``), "compile_pass" (a
+    torch.compile pass or autotuning, ``<pass>_data: [key=value, ...] compile_id=N/M``) or
+    "user" (the program's own)."""
+    if _FX_GRAPH_LABEL.match(name):
+        return "compiled_graph"
+    if _COMPILE_PASS_LABEL.search(name):
+        return "compile_pass"
+    return "user"
+
+
+def with_kind(labels: List[dict]) -> List[dict]:
+    """The label rows, each with its ``kind`` (label_kind)."""
+    return [{**r, "kind": label_kind(str(r.get("name") or ""))} for r in labels]
 
 
 def _labels(trace, steps, thr, ts, anchor, g_node, inc_gpu, gdur, h_lo, h_hi):
@@ -615,7 +637,7 @@ def _finish(m: dict) -> dict:
         "lines": lines[:TOP_LINES] if has_stack else None,
         "sync_us": m.get("sum:sync_us"), "dataloader_us": m.get("sum:dataloader_us"),
         "bottlenecks": {"sync": top("sync"), "dataloader": top("dataloader")} if has_stack else None,
-        "modules": modules, "labels": labels, "label_union_us": m.get("sum:label_union_us"),
+        "modules": modules, "labels": with_kind(labels), "label_union_us": m.get("sum:label_union_us"),
         "label_coverage_pct": pct(m.get("sum:label_union_us"), host),
         "hint": None if has_stack and modules is not None else HINT,
     }

@@ -50,6 +50,27 @@ function kernelsSection(c) {
       h("td", {class: "num"}, fmtPct(k.pct_of_triton)), h("td", {class: "num"}, fmtCount(k.graph_count)))))];
 }
 
+const LABEL_KINDS = {compiled_graph: "Compiled graph calls (## Call CompiledFxGraph … ##)", compile_pass: "Compile passes (… compile_id=N/M)"};
+
+/** torch.compile's own record_function labels (report.source_attribution.labels, the server's
+ * `kind`): one row per kind (calls, CPU span), the labels themselves on hover; they are left
+ * out of the Source section's label table. */
+function compileLabelsSection(report) {
+  const sa = report && report.source_attribution && typeof report.source_attribution === "object" ? report.source_attribution : {};
+  const labels = Array.isArray(sa.labels) ? sa.labels.filter((r) => r && LABEL_KINDS[r.kind]) : [];
+  if (!labels.length) return [];
+  const rows = Object.entries(LABEL_KINDS).map(([kind, words]) => {
+    const of = labels.filter((r) => r.kind === kind);
+    if (!of.length) return null;
+    const sum = (k) => of.reduce((a, r) => a + (isNum(r[k]) ? r[k] : 0), 0);
+    return h("tr", {"data-kind": kind, title: of.slice(0, 20).map((r) => String(r.name ?? "")).join("\n")},
+      h("td", {}, words), h("td", {class: "num"}, fmtCount(of.length)), h("td", {class: "num"}, fmtCount(sum("count"))),
+      h("td", {class: "num"}, fmtUs(sum("cpu_us"))));
+  });
+  return [h("h3", {class: "sub-h"}, "torch.compile's own record_function labels"),
+    table("compile-labels", [["Kind"], ["Labels", true], ["Calls", true], ["CPU span", true]], rows)];
+}
+
 /** The panel body for one report. */
 export function renderCompilation(container, report) {
   const c = report && report.compilation && typeof report.compilation === "object" ? report.compilation : null;
@@ -69,7 +90,8 @@ export function renderCompilation(container, report) {
       frames.length ? ["Compiled frames", frames.map((f) => `${f.frame} (compile ids ${(f.compile_ids || []).join(", ")})`).join(" · ")] : null,
     ]),
     ...breaksSection(c),
-    ...kernelsSection(c));
+    ...kernelsSection(c),
+    ...compileLabelsSection(report));
   return container;
 }
 

@@ -125,8 +125,12 @@ export function moduleTree(rows) {
 }
 
 function labelsSection(sa) {
-  const rows = Array.isArray(sa.labels) ? sa.labels.slice().sort((a, b) => (b.cpu_us || 0) - (a.cpu_us || 0)) : [];
-  if (!rows.length) return [note("No record_function labels in the steps.")];
+  // the program's own labels; torch.compile's (the server's kind) are in the Compile section
+  const all = Array.isArray(sa.labels) ? sa.labels : [];
+  const rows = all.filter((r) => !r.kind || r.kind === "user").sort((a, b) => (b.cpu_us || 0) - (a.cpu_us || 0));
+  const compiled = all.length - rows.length;
+  const moved = compiled ? note(`${fmtCount(compiled)} label${compiled === 1 ? "" : "s"} of torch.compile (compiled graph calls, compile passes) are listed in the Compile section.`) : null;
+  if (!rows.length) return [note("No record_function labels of the program in the steps."), moved];
   return [table("src-labels", [
     {key: "name", label: "Label", get: (r) => h("span", {class: "mono"}, String(r.name ?? ""))},
     {key: "count", label: "Calls", num: true, get: (r) => fmtCount(r.count)},
@@ -134,7 +138,7 @@ function labelsSection(sa) {
     {key: "gpu_us", label: "GPU launched", num: true, get: (r) => fmtUs(r.gpu_us)},
     {key: "gpu_annotation_us", label: "GPU range", num: true, title: "The label's GPU-side range (gpu_user_annotation), idle gaps included",
       get: (r) => fmtUs(r.gpu_annotation_us)},
-  ], rows),
+  ], rows), moved,
   isNum(sa.label_coverage_pct) ? note(`The labels cover ${fmtPct(sa.label_coverage_pct)} of the host step time (their union).`) : null];
 }
 
