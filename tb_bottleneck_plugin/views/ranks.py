@@ -512,7 +512,7 @@ def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pos,
         k_rank, k_cell = uk // n_cells, uk % n_cells
         order = np.argsort(k_cell, kind="stable")
         k_rank, k_cell, sums = k_rank[order], k_cell[order], sums[order]
-        br = np.flatnonzero(np.r_[True, np.diff(k_cell) != 0])
+        br = np.flatnonzero(np.r_[True, np.diff(k_cell) != 0]) if len(k_cell) else np.zeros(0, np.int64)
         for a, b in zip(br.tolist(), np.r_[br[1:], len(k_cell)].tolist()):
             cell_w[int(k_cell[a])] = (k_rank[a:b], sums[a:b])
         if n_steps:
