@@ -437,6 +437,8 @@ def test_h100_cuda_graph_gaps_are_not_shaded_launch_bound():
     both = replayed[1:] & replayed[:-1]
     mids = ((g.ts[k] + g.dur[k])[:-1][both] + g.ts[k][1:][both]) / 2
     ls, le = timeline._cause_sets(trace)["launch"]
+    if len(ls) == 0:  # a trace that replays CUDA graphs shades no gap launch-bound (issue 34 item 12)
+        return
     inside = (np.searchsorted(ls, mids, side="right") - 1)
     hit = (inside >= 0) & (mids < le[np.maximum(inside, 0)])
     assert not hit.any()

@@ -119,7 +119,10 @@ def _nccl_trace(tmp_path, span_name, args, name="t.pt.trace.json"):
 def test_a_coalesced_all_reduce_counts_all_its_tensors(tmp_path):
     trace = _nccl_trace(tmp_path, "nccl:all_reduce_coalesced", COALESCED)
     part = D.span_partial(trace, find_steps(trace))
-    assert part["steps"][0]["collectives"] == {"kind": ["all_reduce"], "dur_us": [100.0], "bytes": [COALESCED_BYTES]}
+    colls = part["steps"][0]["collectives"]
+    assert {k: colls[k] for k in ("kind", "dur_us", "bytes")} == {"kind": ["all_reduce"], "dur_us": [100.0],
+                                                                  "bytes": [COALESCED_BYTES]}
+    assert colls["pg"] == [None] and colls["seq"] == [None]  # no process group name, no Seq on the kernel
     sec = report.analyze_trace(trace)["report"]["collectives"]
     assert sec["call_rows"]["bytes"] == [COALESCED_BYTES]
     # a plain all_reduce span still counts its (one) input: the first tensor
