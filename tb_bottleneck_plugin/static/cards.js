@@ -27,7 +27,7 @@
 // baseline and candidate; any list of selections), so every view shows the same cards.
 
 import {h, mount} from "./dom.js";
-import {isNum, fmtPct, fmtUs, fmtBytes, fmtCount, fmtNum, readableKey} from "./format.js";
+import {isNum, fmtPct, fmtUs, fmtBytes, fmtCount, fmtFlops, fmtFlopRate, readableKey} from "./format.js";
 import {DEFS} from "./defs.js";
 import {gpuEntries, deviceLabel, memoryDevices, reservedKnown, memDeviceLabel, naReason, severityClass} from "./common.js";
 
@@ -129,7 +129,6 @@ const EXTRAS = {
     },
     details(report) {
       const f = report.flops || {};
-      const tf = (x) => (isNum(x) ? fmtNum(x, 1) : "n/a");
       const split = f.mfu_split_pct && typeof f.mfu_split_pct === "object"
         ? Object.entries(f.mfu_split_pct).filter(([, v]) => isNum(v) && v > 0).sort((a, b) => b[1] - a[1]) : [];
       const classes = f.by_class && typeof f.by_class === "object"
@@ -138,7 +137,7 @@ const EXTRAS = {
       const unc = f.uncounted_calls && typeof f.uncounted_calls === "object" ? Object.values(f.uncounted_calls) : [];
       const nUnc = unc.filter(isNum).reduce((a, b) => a + b, 0);
       return [
-        isNum(f.flops_per_step) ? `${tf(f.flops_per_step / 1e9)} GFLOP per step · ${tf(f.tflops)} TFLOP/s over the step` : null,
+        isNum(f.flops_per_step) ? `${fmtFlops(f.flops_per_step)} per step · ${fmtFlopRate(f.tflops)} over the step` : null,
         split.length > 1 ? `by precision: ${split.map(([k, v]) => `${k} ${fmtPct(v)}`).join(" · ")}` : null,
         isNum(f.busy_efficiency_pct) ? `${fmtPct(f.busy_efficiency_pct)} of the peak while the GPU is busy` : null,
         classes.length ? `roofline: ${classes.map(([k, c]) => `${k} ${c.bound}-bound${isNum(c.roofline_pct) ? ` ${fmtPct(c.roofline_pct, 0)}` : ""}`).join(" · ")}` : null,

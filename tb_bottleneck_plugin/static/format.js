@@ -76,6 +76,28 @@ export function fmtBytes(b) {
   return `${b} B`;
 }
 
+/** Three significant digits, no exponent: 989, 86.5, 8.64, 0.0234. */
+function sig3(x) {
+  const a = Math.abs(x);
+  if (a >= 100) return x.toFixed(0);
+  return x.toFixed(a > 0 ? Math.min(6, Math.max(0, 2 - Math.floor(Math.log10(a)))) : 0);
+}
+
+const FLOP_SCALES = [["P", 1e15], ["T", 1e12], ["G", 1e9], ["M", 1e6], ["k", 1e3]];
+
+/** A FLOP count with its unit scaled: "8.19 GFLOP", "4.92 MFLOP" (never "2.26e-05 TFLOP"). */
+export function fmtFlops(flops) {
+  if (!isNum(flops)) return "n/a";
+  const a = Math.abs(flops);
+  for (const [p, f] of FLOP_SCALES) if (a >= f) return `${sig3(flops / f)} ${p}FLOP`;
+  return `${sig3(flops)} FLOP`;
+}
+
+/** A FLOP rate given in TFLOP/s, its unit scaled: "989 TFLOP/s", "1.85 TFLOP/s", "23.4 GFLOP/s". */
+export function fmtFlopRate(tflops) {
+  return isNum(tflops) ? `${fmtFlops(tflops * 1e12)}/s` : "n/a";
+}
+
 export function fmtCount(n) {
   if (!isNum(n)) return "n/a";
   if (Number.isInteger(n)) return n.toLocaleString("en-US");

@@ -12,7 +12,7 @@ import {CATEGORIES, CAT_NAMES, CAT_COLORS, CAT_DEFS, BREAKDOWN_DEF, DEFS} from "
 import {
   kv, note, naReason, gpuEntries, isCpuOnly, cpuOnlyReason, deviceLabel, memoryDevices, verdictSeverity,
 } from "./common.js";
-import {renderCardGroups, coresWord} from "./cards.js";
+import {renderCards, renderCardGroups, coresWord} from "./cards.js";
 import {mountSections} from "./sections.js";
 import {mountPanel} from "./panels.js";
 import {recommendationsPanel} from "./recommendations.js";
@@ -67,7 +67,7 @@ export function renderReport(container, report, ctx) {
   if (ctx && ctx.flat) {
     // the offline page (report_page.js): every panel, one after the other
     container.appendChild(whatIfPanel(report));
-    container.appendChild(renderCardGroups(h("div", {class: "cards-wrap"}), report));
+    container.appendChild(renderCards(h("div", {class: "cards-wrap"}), [report])); // every card: a document to read
     container.appendChild(recommendationsPanel(report));
     container.appendChild(h("div", {class: "row row-3-2"}, breakdownPanel(report), inputPanel(report)));
     container.appendChild(h("div", {class: "row row-3-2"}, memoryPanel(report, ctx), occupancyPanel(report, cpuOnly)));

@@ -6,6 +6,8 @@ here computes a metric.
 """
 from __future__ import annotations
 
+import math
+
 import posixpath
 from typing import Dict, Iterable, List, Optional
 
@@ -57,6 +59,17 @@ def pct(value, digits: int = 2) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}%"
 
 
+def flop_text(flops: float, per_s: bool = False) -> str:
+    """FLOPs (or FLOP/s) with the unit scaled, 3 significant digits, never an exponent:
+    '8.19 GFLOP', '46.5 TFLOP/s', '4.92 MFLOP/s'."""
+    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3), ("", 1.0)):
+        if abs(flops) >= scale or not prefix:
+            x = flops / scale
+            digits = 0 if abs(x) >= 100 or x == 0 else max(0, 2 - int(math.floor(math.log10(abs(x)))))
+            return f"{x:.{digits}f} {prefix}FLOP" + ("/s" if per_s else "")
+    return "n/a"
+
+
 def headline_text(value, unit: str) -> str:
     """A headline number (analysis/units.py ``Metric``) in its unit: '12.34%', '2.60 GiB', '12.3 ms'."""
     if value is None:
@@ -67,6 +80,8 @@ def headline_text(value, unit: str) -> str:
         return size(value)
     if unit == "us":
         return duration(value)
+    if unit == "TFLOP/s":
+        return flop_text(value * 1e12, per_s=True)
     return f"{value:.3g}" + (f" {unit}" if unit else "")
 
 
@@ -342,7 +357,7 @@ def _flops_lines(rep: dict) -> List[str]:
             + str((rep.get("not_available") or {}).get("flops.mfu_pct") or "no peak") + ")")
     split = f.get("bound_split_pct") or {}
     bound = ", ".join(f"{k}-bound {v:.0f}%" for k, v in split.items() if k != "unknown" and v and round(v))
-    return [f"{head}; {f.get('flops_per_step', 0) / 1e12:.3g} TFLOP per step"
+    return [f"{head}; {flop_text(f.get('flops_per_step') or 0)} per step"
             + (f"; kernels {bound} of the step" if bound else "")]
 
 
