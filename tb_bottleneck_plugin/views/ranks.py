@@ -121,6 +121,7 @@ def rank_view(results_by_worker: Dict[str, List[dict]]) -> dict:
     seg_rank: List[int] = []  # one entry per (rank, step): rank index, step number, #collectives
     seg_step: List[int] = []
     seg_len: List[int] = []
+    any_p2p = False  # a send/recv in any step: the pipeline view has something to read
     for ri, w in enumerate(workers):
         steps = [s for p in partials[w] for s in p.get("steps") or []]
         row: dict = {"rank": rank_of[w], "worker": w, "rank_source": source, "steps": len(steps)}
@@ -150,6 +151,8 @@ def rank_view(results_by_worker: Dict[str, List[dict]]) -> dict:
             seq_flat.extend(coll.get("seq") or [None] * n)
             if isinstance(s.get("activity"), dict):
                 activity[(ri, int(s["step"]))] = s["activity"]
+            if not any_p2p and isinstance(s.get("p2p"), dict) and s["p2p"].get("kind"):
+                any_p2p = True
             seg_rank.append(ri)
             seg_step.append(int(s["step"]))
             seg_len.append(n)
@@ -304,7 +307,8 @@ def rank_view(results_by_worker: Dict[str, List[dict]]) -> dict:
     view["pipeline"] = pipeline_view(rows, {rank_of[w]: [s for p in partials[w] for s in p.get("steps") or []]
                                             for w in workers},
                                      {rank_of[w]: next((p.get("process_groups") for p in partials[w]
-                                                        if p.get("process_groups")), []) for w in workers})
+                                                        if p.get("process_groups")), []) for w in workers}
+                                     ) if any_p2p else pipeline_view(rows, {}, {})
     if view["pipeline"]["not_available"] not in (None, NO_P2P):
         na["ranks.pipeline"] = view["pipeline"]["not_available"]
     view["collective_bandwidth"] = _collective_bandwidth(workers, rank_of, results_by_worker, na)
@@ -792,18 +796,20 @@ def _bar_split(results: List[dict]) -> dict:
         devices.add(p.get("device"))
         waits = {s.get("step"): s.get("dataloader_us")
                  for s in ((r.get("report") or {}).get("input") or {}).get("per_step") or [] if isinstance(s, dict)}
+        take_from = _INPUT_FROM.get(p.get("device"), ())
         for s in p.get("steps") or []:
-            parts = {k: s[k] for k in SPLIT}
             left = waits.get(s["step"])
             if isinstance(left, (int, float)) and left > 0:
                 known = True
-                for k in _INPUT_FROM.get(p.get("device"), ()):
+                parts = {k: s[k] for k in SPLIT}
+                for k in take_from:
                     take = min(left, parts[k])
                     parts[k] -= take
                     bar["input_wait_us"] += take
                     left -= take
-            elif isinstance(left, (int, float)):
-                known = True
+            else:
+                known = known or isinstance(left, (int, float))
+                parts = s  # nothing taken out: the step's own parts (read only)
             bar["compute_us"] += parts["compute_only_us"]
             bar["overlapped_us"] += parts["overlapped_us"]
             bar["exposed_comm_us"] += parts["exposed_comm_us"]
