@@ -342,10 +342,12 @@ def chromium():
 class Watched:
     """A page with every request, dialog and page error recorded."""
 
-    def __init__(self, browser, base, viewport=(1280, 800)):
+    def __init__(self, browser, base, viewport=(1280, 800), all_sections=True):
         self.base = base
         self.requests, self.dialogs, self.errors = [], [], []
         self.page = browser.new_page(viewport={"width": viewport[0], "height": viewport[1]})
+        if all_sections:  # every section of the tab open, as a reader who clicked "All" (sections.js)
+            self.page.add_init_script("try { localStorage.setItem('bottlenecks.sections', 'all'); } catch (e) {}")
         self.page.on("request", lambda r: self.requests.append(r.url))
         self.page.on("dialog", lambda d: (self.dialogs.append(d.message), d.dismiss()))
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
@@ -384,11 +386,13 @@ class Watched:
 
 @pytest.fixture
 def browser_page(chromium):
-    """Factory: ``w = browser_page(base, viewport=(1280, 800))`` -> :class:`Watched`; closed after the test."""
+    """Factory: ``w = browser_page(base, viewport=(1280, 800), all_sections=True)`` -> :class:`Watched`;
+    closed after the test. ``all_sections``: every section of the tab open (the reader's "All",
+    static/sections.js); False: the default first screen (issue 35)."""
     pages = []
 
-    def make(base, viewport=(1280, 800)):
-        w = Watched(chromium, base, viewport)
+    def make(base, viewport=(1280, 800), all_sections=True):
+        w = Watched(chromium, base, viewport, all_sections)
         pages.append(w)
         return w
 

@@ -136,7 +136,7 @@ def sections(report: dict, layout: Optional[dict] = None) -> List[dict]:
         "kernels": gpu,
         "memory": True,
         "source": isinstance(report.get("source_attribution"), dict),
-        "compile": comp.get("severity") not in (None, "na"),
+        "compile": comp.get("severity") not in (None, "na") or _compiled_work(report),
         "timeline": True,
         "operators": True,
         "ranks": bool(coll.get("calls")) or len({s.get("worker") for s in report.get("spans") or []
@@ -158,6 +158,13 @@ def sections(report: dict, layout: Optional[dict] = None) -> List[dict]:
     return [{"id": sid, "label": label, "relevant": sid in opened and sid != "overview",
              "open": sid == "overview" or (sid in opened and sid in SHORT_SECTIONS), "why": opened.get(sid)}
             for sid, label in SECTIONS if applies[sid]]
+
+
+def _compiled_work(report: dict) -> bool:
+    """The trace holds compiled work to list (Torch-Compiled regions, Inductor kernels, CUDA graph
+    replays) even where the Compilation card has no number."""
+    c = report.get("compilation") if isinstance(report.get("compilation"), dict) else {}
+    return bool(c.get("has_regions") or c.get("kernels") or c.get("triton_kernels") or c.get("graph_launches"))
 
 
 def report_layout(report: dict) -> dict:

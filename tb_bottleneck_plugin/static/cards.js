@@ -29,6 +29,7 @@
 import {h, mount} from "./dom.js";
 import {isNum, fmtPct, fmtUs, fmtBytes, fmtCount, fmtFlops, fmtFlopRate, readableKey} from "./format.js";
 import {DEFS} from "./defs.js";
+import {rememberedAll} from "./sections.js";
 import {gpuEntries, deviceLabel, memoryDevices, reservedKnown, memDeviceLabel, naReason, severityClass} from "./common.js";
 
 /** Formats a verdict's value by its unit (docs/route-schema.json `verdict.unit`). */
@@ -412,12 +413,12 @@ export function renderCards(container, reports, ctx = {}) {
  * judged (a card in it warns) shows its cards; the others are one line (the server's `line`:
  * the group's most important number), a click shows their cards. The cards that do not apply
  * to this run are one "Not applicable" line (each card's reason on hover). Without a layout
- * (an old cached report) the plain card row.
+ * (an old cached report), or when the reader chose "All" sections, the plain card row.
  */
 export function renderCardGroups(container, report) {
   const layout = report && report.layout && typeof report.layout === "object" ? report.layout : null;
   const groups = layout && Array.isArray(layout.groups) ? layout.groups.filter((g) => g && typeof g === "object") : null;
-  if (!groups) return renderCards(container, [report]);
+  if (!groups || rememberedAll()) return renderCards(container, [report]); // "All" (sections.js): every card
   const byId = new Map(serverCards.map((d) => [d.id, d]));
   const descOf = (id) => byId.get(id) || genericDescriptor(id);
   const groupEl = (g) => {

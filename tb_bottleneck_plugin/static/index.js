@@ -472,9 +472,10 @@ async function loadView(run) {
   const spanFile = spansOf(run, sel.worker).find((x) => x.span === sel.span);
   let report = null;
   let sections = null;
-  const onToggle = (open) => {
+  const onToggle = (open, {rerender = false} = {}) => { // null: the defaults again
     state.open = open;
     ui.share.setAttribute("href", setRoute({view: "report", sel: state.sel, open}));
+    if (rerender) applySelection({forceView: true}); // "All": the cards' layout changes too
   };
   await load(ui.view, data.report, {
     title: run.state === "loading" ? `Analysing "${run.run}"…` : "Loading report…",

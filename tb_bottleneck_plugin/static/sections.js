@@ -2,7 +2,8 @@
 // Kernels & roofline · Memory · Source & modules · Compile · Timeline · Operators ·
 // Collectives/Ranks). Which sections the run has, which matter here (marked, with the reason on
 // hover) and which are open by default are the server's (report.layout.sections, judge/layout.py); the user's choice lives in the URL
-// (router.js `open`, written by index.js through onToggle). A closed section's panels are
+// (router.js `open`, written by index.js through onToggle); "All" opens every section and is
+// remembered in this browser (localStorage "bottlenecks.sections"). A closed section's panels are
 // built the first time it opens (no fetch, no chart for what nobody looks at).
 
 import {h} from "./dom.js";
@@ -22,7 +23,8 @@ export function reportSections(report) {
  */
 export function mountSections(container, report, {open = null, onToggle = null} = {}) {
   const list = reportSections(report);
-  const isOpen = new Map(list.map((s) => [s.id, open ? open.includes(s.id) : s.open === true]));
+  const all = !open && rememberedAll();
+  const isOpen = new Map(list.map((s) => [s.id, all || (open ? open.includes(s.id) : s.open === true)]));
   if (![...isOpen.values()].some(Boolean)) isOpen.set(list[0].id, true);
   const slots = new Map();
   const buttons = new Map();
@@ -52,6 +54,19 @@ export function mountSections(container, report, {open = null, onToggle = null} 
     bar.appendChild(btn);
     slots.set(s.id, {el: h("div", {class: "bn-section", id: `bn-section-${s.id}`, "data-section": s.id}), pending: []});
   }
+  // "All": every section open, remembered in this browser (the choice of a reader who wants the
+  // whole report each time); clicked again, back to the server's defaults
+  const allBtn = h("button", {type: "button", class: "section-btn section-all", "data-section": "all",
+    title: "Show every section (remembered in this browser); click again for the default sections",
+    "aria-pressed": all ? "true" : "false",
+    onclick: () => {
+      const on = allBtn.getAttribute("aria-pressed") !== "true";
+      remember(on);
+      allBtn.setAttribute("aria-pressed", on ? "true" : "false");
+      for (const s of list) { isOpen.set(s.id, on || s.open === true); apply(s.id); }
+      if (onToggle) onToggle(on ? openIds() : null, {rerender: true}); // the cards follow (one row or groups)
+    }}, "All");
+  bar.appendChild(allBtn);
   container.appendChild(bar);
   for (const s of list) container.appendChild(slots.get(s.id).el);
   for (const s of list) apply(s.id);
@@ -63,4 +78,25 @@ export function mountSections(container, report, {open = null, onToggle = null} 
     },
     openIds,
   };
+}
+
+const ALL_KEY = "bottlenecks.sections";
+
+/** True when this browser's reader chose "All" (localStorage; false where storage is blocked):
+ * every section open and every card in one row (cards.js renderCardGroups). */
+export function rememberedAll() {
+  try {
+    return window.localStorage.getItem(ALL_KEY) === "all";
+  } catch (e) {
+    return false;
+  }
+}
+
+function remember(all) {
+  try {
+    if (all) window.localStorage.setItem(ALL_KEY, "all");
+    else window.localStorage.removeItem(ALL_KEY);
+  } catch (e) {
+    // storage blocked: the choice lasts for this page only
+  }
 }

@@ -97,7 +97,7 @@ def test_first_screen_of_every_demo_run(tensorboard_server, browser_page):
     assert runs_body["default_run"] == _newest_run()
     for run in RUNS:  # analysed before the page asks (the first screen, not the loading state)
         wait_route(base, "report", timeout=900, run=run)
-    w = browser_page(base, viewport=VIEWPORT)
+    w = browser_page(base, viewport=VIEWPORT, all_sections=False)
     w.open_tab()
     frame = w.plugin_frame()
     # no address: the run written last

@@ -182,11 +182,16 @@ def test_new_panels(tmp_path, tensorboard_server, browser_page):
     na = iframe.evaluate("() => [...document.querySelectorAll('#bn-panel-source .src-na')].map((p) => p.textContent)")
     assert len(na) == 1 and "n/a" in na[0] and "with_stack=True" in na[0]
     assert not iframe.evaluate("() => document.querySelector('#bn-panel-source table.module-tree')")
-    # eager run: the compilation and collectives panels say n/a with the server's reason
+    # eager run on one process: no Compile and no Collectives/Ranks section (the server's
+    # report.layout.sections, issue 35), so neither panel; the cards say why (n/a)
     rep = wait_route(base, "report", **_selection(iframe))
-    for panel, key in (("compilation", "compilation"), ("collectives", "collectives")):
-        text = iframe.evaluate(f"() => document.querySelector('#bn-panel-{panel} .panel-body').textContent")
-        assert text.startswith("n/a: ") and rep["not_available"][key] in text
+    sections = [x["id"] for x in rep["layout"]["sections"]]
+    assert "compile" not in sections and "ranks" not in sections, sections
+    bar = iframe.evaluate("() => [...document.querySelectorAll('#bn-section-bar [data-section]')].map((b) => b.dataset.section)")
+    assert bar == sections + ["all"], bar
+    for panel in ("compilation", "collectives"):
+        assert not iframe.evaluate(f"() => document.querySelector('#bn-panel-{panel}')"), panel
+    assert rep["verdicts"]["compilation"]["severity"] == "na"
 
     # ---- HTML-looking names (a record_function label, a Triton kernel) render as text
     rep = _open(w, frame, iframe, "html_names", "#bn-panel-compilation table.triton-kernels")

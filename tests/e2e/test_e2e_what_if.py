@@ -102,8 +102,12 @@ def _check_critical_path(frame, sm, fmt):
 
 
 def _element_before(frame):
-    """The id of the element right above the what-if panel (issue 35: the verdict)."""
-    return frame.evaluate("() => document.querySelector('#bn-what-if').previousElementSibling.id")
+    """The id of the element with an id right above the what-if panel in the page (issue 35: the
+    verdict; the section bar, which has one too, is left out)."""
+    return frame.evaluate("() => { const w = document.querySelector('#bn-what-if');"
+                          " const all = [...document.querySelectorAll('[id]')].filter((e) => e !== w && !e.contains(w)"
+                          " && e.id !== 'bn-section-bar' && (e.compareDocumentPosition(w) & Node.DOCUMENT_POSITION_FOLLOWING));"
+                          " return all.length ? all[all.length - 1].id : null; }")
 
 
 def _check_verdict(frame, rep):
