@@ -957,13 +957,18 @@ def step_model(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Opt
         total = _total(gr, ch)
         rows.append(_row(wid, PRICES.get(wid), label, assumption, base.total_us, total, measured, n,
                          changed))
-    # all fixes together (the recommendation what-ifs, each once)
+    # all fixes together (the recommendation what-ifs, each once, largest saving first). Two
+    # fixes' rules can overlap (graph breaks and CUDA graphs both re-price the same launches): a
+    # fix that makes the combined step no faster is left out, so all fixes together are never
+    # slower than the best one alone
     ch = _changes(gr)
     applied = []
+    all_total = base.total_us
     for r in sorted(rows, key=lambda r: -r["saving_us"]):
         if r["saving_us"] <= 0 or r["id"] == "warmup":
             continue
         wid = r["id"]
+        before = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in ch.items()}
         if wid == "input":
             _apply_input(gr, ch)
         elif wid == "pinned_h2d":
@@ -982,8 +987,12 @@ def step_model(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Opt
             _apply_comm(gr, ch)
         elif wid == "d2d":
             _apply_d2d(gr, ch)
-        applied.append(wid)
-    all_total = _total(gr, ch) if applied else base.total_us
+        total = _total(gr, ch)
+        if total < all_total:
+            applied.append(wid)
+            all_total = total
+        else:
+            ch = before
     ceiling = None
     peak = pk.get("peak")
     if peak and len(pk.get("flops", ())):
