@@ -198,7 +198,8 @@ def test_no_stack_is_not_available_with_the_hint(tmp_path):
     assert sec["hint"] == "record with torch.profiler.profile(with_stack=True)"
     for part in ("lines", "bottlenecks", "modules"):
         assert "with_stack=True" in na[f"{NAME}.{part}"]
-    assert sec["labels"] == [{"name": "forward", "count": 1, "cpu_us": 400, "gpu_us": 50, "gpu_annotation_us": 0}]
+    assert sec["labels"] == [{"name": "forward", "count": 1, "cpu_us": 400, "gpu_us": 50, "gpu_annotation_us": 0,
+                              "kind": "user"}]
 
 
 def test_partials_are_additive(tmp_path):

@@ -18,14 +18,24 @@ from tb_bottleneck_plugin import report  # noqa: E402
 from tb_bottleneck_plugin.trace.loader import load_trace  # noqa: E402
 
 
+_MAKE = """
+import sys, torch
+from tb_bottleneck_demo import ground_truth as gt
+torch.set_num_threads(1)
+print(gt.run_memory_peak(torch, sys.argv[1]))
+"""
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        run_dir = gt.run_memory_peak(torch, str(tmp_path_factory.mktemp("memory_peak")))
-    finally:
-        torch.set_num_threads(threads)
+    # made in a fresh interpreter: the profiler's CPU memory counter is process-wide, so tensors
+    # other tests left alive would be a (real) resident level here
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _MAKE, str(tmp_path_factory.mktemp("memory_peak"))],
+                         capture_output=True, text=True, timeout=600, check=True)
+    run_dir = out.stdout.strip().splitlines()[-1]
     (path,) = gt._files(run_dir)
     with gzip.open(path, "rt", encoding="utf-8") as f:
         truth = json.load(f)["demo_truth"]

@@ -44,7 +44,8 @@ SECTIONS = {
 NA_PREFIX = {"gpu": "gpu.", "tensor_cores": "tensor_cores.", "occupancy": "occupancy.", "memory": "memory."}
 # fields derived from the report's own bookkeeping, compared separately
 # (the verdict on top is made from the recommendations and the step: derived, like the cards)
-BOOKKEEPING = {"not_available", "not_available_labels", "errors", "recommendations", "verdicts", "verdict"}
+# judged from every section (the layout: which cards are shown, folded or not applicable, §21)
+BOOKKEEPING = {"not_available", "not_available_labels", "errors", "recommendations", "verdicts", "verdict", "layout"}
 # A snapshot result as _find_snapshot gives it, so the snapshot step runs too.
 SNAPSHOT = {"path": "run/snapshot.pickle", "fragmentation": {"cuda:0": 12.5}}
 
