@@ -232,17 +232,6 @@ def _pct(v, peak) -> Optional[float]:
     return 100.0 * v / peak if v is not None and peak else None
 
 
-def _ranks_of(text: str) -> Optional[List[int]]:
-    """'"[0, 1]"' (the raw JSON text of Process Group Ranks) -> [0, 1]."""
-    try:
-        v = json.loads(text)
-        if isinstance(v, str):
-            v = json.loads(v)
-    except (ValueError, TypeError):
-        return None
-    return [int(x) for x in v] if isinstance(v, list) and all(isinstance(x, int) for x in v) else None
-
-
 def _device_name(trace: TraceData) -> Optional[str]:
     for p in trace.meta.device_properties or []:
         if isinstance(p, dict) and isinstance(p.get("name"), str):
@@ -274,7 +263,7 @@ def call_table(trace: TraceData, steps, span=None) -> Optional[dict]:
     numpy columns kind (str), pg (str), seq, step, bytes (NaN unknown), dur_us,
     group_size (-1 unknown), factor (NaN unknown), exposed_us, bytes_source. None without any."""
     from .breakdown import comm_kernel_mask
-    from .distributed import _DTYPE_BYTES, _collective_spans, collective_kind
+    from .distributed import _DTYPE_BYTES, _collective_spans, _ranks_text, collective_kind
 
     g = trace.gpu
     if not len(g) or steps is None or steps.count == 0:
@@ -342,7 +331,7 @@ def call_table(trace: TraceData, steps, span=None) -> Optional[dict]:
         pg_col.append(strings[pgn] if pgn >= 0 else (str(pgs[0].get("pg_name")) if len(pgs) == 1 else "unknown"))
         pr = int(g.pg_ranks[r])
         if pr not in pg_ranks_cache:
-            pg_ranks_cache[pr] = _ranks_of(strings[pr]) if pr >= 0 else (
+            pg_ranks_cache[pr] = _ranks_text(strings[pr]) if pr >= 0 else (
                 pgs[0].get("ranks") if len(pgs) == 1 and isinstance(pgs[0].get("ranks"), list) else None)
         spans.append(_spans_nodes(trace, n, pg_ranks_cache[pr]))
         dt = int(g.msg_dtype[r])
