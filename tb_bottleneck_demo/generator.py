@@ -743,6 +743,14 @@ def _slow_backward(torch):
     return SlowBackward
 
 
+def init_gloo_rank(torch, dist, rank: int, world: int, port: int) -> None:
+    """One rank of a local gloo job: rendezvous on 127.0.0.1:port, one CPU thread, seed 0."""
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+
 def _ddp_worker(rank: int, world: int, port: int, run_dir: str, name: str, load_ms: List[float],
                 active: int, backward_ms: Optional[List[float]] = None) -> None:
     """One rank of a gloo DDP run under the profiler (started by torch.multiprocessing).
@@ -751,11 +759,7 @@ def _ddp_worker(rank: int, world: int, port: int, run_dir: str, name: str, load_
     import torch
     import torch.distributed as dist
 
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    init_gloo_rank(torch, dist, rank, world, port)
     try:
         dim = 256
         extra = (backward_ms or [0.0] * world)[rank]
@@ -885,11 +889,7 @@ def _pipeline_worker(rank: int, world: int, port: int, run_dir: str, name: str) 
     import torch
     import torch.distributed as dist
 
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    init_gloo_rank(torch, dist, rank, world, port)
     try:
         from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
         import torch.distributed.pipelining.schedules as schedules

@@ -483,15 +483,13 @@ def _shard_worker(rank: int, world: int, port: int, run_dir: str, active: int) -
     import torch
     import torch.distributed as dist
 
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
+    from .generator import init_gloo_rank
+
     # torch 2.13 suggests all_gather_single / reduce_scatter_single; the demo keeps the
     # names that FSDP and most code in the wild call (same c10d ops underneath).
     warnings.filterwarnings("ignore", message=r".*(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated",
                             category=FutureWarning)
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    init_gloo_rank(torch, dist, rank, world, port)
     try:
         units = shard_units(world)
         shards = []
