@@ -345,34 +345,37 @@ def point_to_point(trace: TraceData, lo: np.ndarray, hi: np.ndarray, comp: iv.In
         blocked = iv.merge(np.concatenate([op_ints[0], c.ts[recv], a]),
                            np.concatenate([op_ints[1], (c.ts + c.dur)[recv], b]))
     bubble = iv.covered_in(iv.subtract(blocked, comp), lo, hi)
-    labels = np.flatnonzero(np.isin(c.name, trace.string_ids(lambda s: bool(_MICROBATCH.match(s)))) & host)
     micro: List[Optional[int]] = [None] * len(lo)
-    if len(labels):
-        st = np.searchsorted(lo, c.ts[labels], side="right") - 1
-        seen: Dict[int, set] = {}
-        for row, k in zip(labels.tolist(), st.tolist()):
-            if k >= 0 and c.ts[row] < hi[k]:
-                m = _MICROBATCH.match(trace.strings[c.name[row]])
-                seen.setdefault(k, set()).add(int(m.group(1) or m.group(2)))
-        for k, mbs in seen.items():
-            micro[k] = len(mbs)
+    seen: Dict[int, set] = {}
+    for k, m in _labels_in_steps(trace, host, _MICROBATCH, lo, hi):
+        seen.setdefault(k, set()).add(int(m.group(1) or m.group(2)))
+    for k, mbs in seen.items():
+        micro[k] = len(mbs)
     # the schedule's actions: the stages this rank runs (several: an interleaved schedule) and
     # the computations (I and W: backward split into input and weight gradients, zero bubble)
-    acts = np.flatnonzero(np.isin(c.name, trace.string_ids(lambda s: bool(_PP_ACTION.match(s)))) & host)
     stages: List[Optional[list]] = [None] * len(lo)
     kinds: List[Optional[list]] = [None] * len(lo)
-    if len(acts):
-        st = np.searchsorted(lo, c.ts[acts], side="right") - 1
-        found: Dict[int, tuple] = {}
-        for row, k in zip(acts.tolist(), st.tolist()):
-            if k >= 0 and c.ts[row] < hi[k]:
-                m = _PP_ACTION.match(trace.strings[c.name[row]])
-                got = found.setdefault(k, (set(), set()))
-                got[0].add(int(m.group(1)))
-                got[1].add(m.group(2))
-        for k, (sts, kds) in found.items():
-            stages[k], kinds[k] = sorted(sts), sorted(kds)
+    found: Dict[int, tuple] = {}
+    for k, m in _labels_in_steps(trace, host, _PP_ACTION, lo, hi):
+        got = found.setdefault(k, (set(), set()))
+        got[0].add(int(m.group(1)))
+        got[1].add(m.group(2))
+    for k, (sts, kds) in found.items():
+        stages[k], kinds[k] = sorted(sts), sorted(kds)
     return {"calls": calls, "bubble_us": bubble, "microbatches": micro, "pp_stages": stages, "pp_actions": kinds}
+
+
+def _labels_in_steps(trace: TraceData, host: np.ndarray, pattern, lo: np.ndarray, hi: np.ndarray):
+    """(step index, match) for each host event whose name matches ``pattern`` and that starts
+    inside step [lo, hi): the pipelining labels (few per step)."""
+    c = trace.cpu
+    rows = np.flatnonzero(np.isin(c.name, trace.string_ids(lambda s: bool(pattern.match(s)))) & host)
+    if not len(rows):
+        return
+    st = np.searchsorted(lo, c.ts[rows], side="right") - 1
+    for row, k in zip(rows.tolist(), st.tolist()):
+        if k >= 0 and c.ts[row] < hi[k]:
+            yield k, pattern.match(trace.strings[c.name[row]])
 
 
 def process_groups(trace: TraceData) -> List[dict]:
