@@ -1073,6 +1073,7 @@ def _unit_compute(span):
     from .linking import span_gpu_runtime
 
     per_kernel = span.once("flops_per_kernel", lambda: {})
+    span.release("flops_per_kernel")  # its last reader (per-kernel columns: 2.5 MB on the benchmark)
     return step_model(span.trace, span.found, span_gpu_runtime(span), per_kernel=per_kernel,
                       context=span.report.get("context"), device_properties=span.trace.meta.device_properties,
                       not_available=span.not_available)
