@@ -29,10 +29,11 @@ torch-tb-profiler and Holistic Trace Analysis, on the same big trace.
                    workers beside the main process)
      tbp           torch-tb-profiler 0.4.3: RunProfileData.parse(...) then
                    RunGenerator(...).generate_run_profile(), what its RunLoader runs per file
-     hta           Holistic Trace Analysis 0.5.0: TraceAnalysis(trace_dir) (parse) then
-                   get_temporal_breakdown(); run with the interpreter of a separate venv
-                   (--hta-venv, created with `pip install HolisticTraceAnalysis==0.5.0
-                   "pandas<3"` if missing; the line is skipped with a message if that fails)
+     hta           Holistic Trace Analysis: TraceAnalysis(trace_dir) (parse) then
+                   get_temporal_breakdown(); run with the interpreter of a separate venv:
+                   `traceinsight` 0.6 (HTA's 2026 package name) in --traceinsight-venv,
+                   else HolisticTraceAnalysis 0.5.0 in --hta-venv, each created with pip
+                   if missing; the line is skipped with a message if both fail
    "time s" is the whole process, interpreter start to exit, as a user sees it (the
    issue's numbers are whole-process too); "op s" is the operation alone where the
    process can report it. Memory: "peak" is the largest sum of RSS over the process and
@@ -68,6 +69,8 @@ FLOOR_SCRIPT = SHARED / "bench/decode_floor.py"
 DEFAULT_TIMES = 9
 HTA_VENV = Path.home() / ".cache" / "tb_bottlenecks_bench" / "htavenv"
 HTA_REQUIREMENTS = ["HolisticTraceAnalysis==0.5.0", "pandas<3"]  # HTA 0.5.0 fails with pandas 3
+TRACEINSIGHT_VENV = Path.home() / ".cache" / "tb_bottlenecks_bench" / "tivenv"
+TRACEINSIGHT_REQUIREMENTS = ["traceinsight==0.6.0", "pandas<3"]  # HTA renamed; same `hta` module
 
 MB = 1_000_000  # sizes and RSS are reported in decimal MB throughout
 
@@ -440,7 +443,7 @@ LABELS = {
     "report-1worker": "same, TB_BOTTLENECKS_DECODE_PROCESSES=1",
     "report-workers": "same, TB_BOTTLENECKS_DECODE_PROCESSES=2",
     "tbp": "torch-tb-profiler 0.4.3 parse + run profile",
-    "hta": "HTA 0.5.0 parse + temporal breakdown",
+    "hta": "HTA (traceinsight 0.6, else 0.5.0) parse + temporal breakdown",
 }
 ORDER = ("floor", "floor-loader", "floor-isal", "ours", "ours-1proc", "report", "report-1proc", "report-1worker",
          "report-workers", "tbp", "hta")
@@ -516,7 +519,7 @@ def print_table(res: dict, trace: dict, runs: dict, skipped: dict) -> dict:
     return {"targets": targets}
 
 
-def hta_python(venv: Path, install: bool):
+def hta_python(venv: Path, install: bool, requirements=HTA_REQUIREMENTS):
     """The venv's interpreter with HTA importable, created if missing; (python or None, why not)."""
     python = venv / "bin" / "python"
     check = [str(python), "-c", "import hta, pandas; from hta.trace_analysis import TraceAnalysis"]
@@ -524,11 +527,11 @@ def hta_python(venv: Path, install: bool):
         return python, None
     if not install:
         return None, f"no HTA in {venv} (run without --no-hta-install to create it)"
-    print(f"installing {' '.join(HTA_REQUIREMENTS)} into {venv} ...", flush=True)
+    print(f"installing {' '.join(requirements)} into {venv} ...", flush=True)
     try:
         if not python.exists():
             subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", *HTA_REQUIREMENTS], check=True,
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *requirements], check=True,
                        capture_output=True, timeout=1200)
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
         err = getattr(exc, "stderr", b"") or b""
@@ -553,6 +556,8 @@ def main(argv=None) -> int:
     p.add_argument("--skip-tbp", action="store_true", help="skip torch-tb-profiler (~40 s and ~1.5 GB per run)")
     p.add_argument("--skip-hta", action="store_true", help="skip Holistic Trace Analysis (~35 s and ~1.3 GB per run)")
     p.add_argument("--hta-venv", type=Path, default=HTA_VENV, help="venv with HTA 0.5.0 (default: %(default)s)")
+    p.add_argument("--traceinsight-venv", type=Path, default=TRACEINSIGHT_VENV,
+                   help="venv with traceinsight 0.6, tried before --hta-venv (default: %(default)s)")
     p.add_argument("--no-hta-install", action="store_true", help="do not create the HTA venv if it is missing")
     p.add_argument("--skip-workers", action="store_true",
                    help="skip the report with decode worker processes (TB_BOTTLENECKS_DECODE_PROCESSES=2)")
@@ -608,7 +613,10 @@ def main(argv=None) -> int:
     if a.skip_hta:
         skipped["hta"] = "--skip-hta"
     else:
-        hta_py, why = hta_python(a.hta_venv, not a.no_hta_install)
+        hta_py, why = hta_python(a.traceinsight_venv, not a.no_hta_install, TRACEINSIGHT_REQUIREMENTS)
+        if hta_py is None:
+            print(f"traceinsight 0.6 unavailable ({why}); trying HTA 0.5.0", flush=True)
+            hta_py, why = hta_python(a.hta_venv, not a.no_hta_install)
         if hta_py is None:
             skipped["hta"] = why
             print(f"HTA skipped: {why}", flush=True)
@@ -657,11 +665,14 @@ def _versions(hta_py=None) -> dict:
         except Exception:  # noqa: BLE001 (informational only)
             out[name] = None
     if hta_py is not None:
-        r = subprocess.run([str(hta_py), "-c", "import importlib.metadata as m, pandas; "
-                            "print(m.version('HolisticTraceAnalysis'), pandas.__version__)"],
-                           capture_output=True, text=True)
-        if r.returncode == 0 and r.stdout.split():
-            out["hta"], out["hta_pandas"] = r.stdout.split()[:2]
+        for dist in ("traceinsight", "HolisticTraceAnalysis"):
+            r = subprocess.run([str(hta_py), "-c", "import importlib.metadata as m, pandas; "
+                                f"print(m.version({dist!r}), pandas.__version__)"],
+                               capture_output=True, text=True)
+            if r.returncode == 0 and r.stdout.split():
+                out["hta_package"] = dist
+                out["hta"], out["hta_pandas"] = r.stdout.split()[:2]
+                break
     return out
 
 
