@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import collections
 import sys
-from itertools import chain
+from itertools import chain, islice
 from operator import attrgetter, eq
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -136,9 +136,19 @@ class _Builder:
         self._decoded_cache: Dict[bytes, Any] = {}  # recorded input text -> its value (_decoded)
         # recorded input text -> its string id (_raw_ids)
         self._raw_id_cache: Dict[bytes, int] = seed[1] if seed else {b"": -1}
+        self._raw_base = len(self._raw_id_cache)  # entries below this are the seeding builder's
         # Inductor kernel launches: CPU row -> model.KernelLaunch, one tuple per distinct launch
         self.kernel_launches: Dict[int, model.KernelLaunch] = {}
         self._launch_cache: Dict[tuple, model.KernelLaunch] = {}
+
+    def added_strings(self) -> List[str]:
+        """The strings this chunk builder added to its seed's table, in first-seen order."""
+        return list(islice(self.strings, self._base, None)) if len(self.strings) > self._base else []
+
+    def added_raw(self) -> List[Tuple[bytes, int]]:
+        """The recorded-input texts (and their string ids) this chunk builder met first."""
+        raw = self._raw_id_cache
+        return list(islice(raw.items(), self._raw_base, None)) if len(raw) > self._raw_base else []
 
     def seed(self) -> Tuple[Dict[str, int], Dict[bytes, int]]:
         """What a chunk builder whose result `merge` takes starts from (see __init__): copies,
@@ -558,7 +568,7 @@ class _Builder:
         chunk met them, exactly as if it had been decoded here."""
         table = self.strings
         base = other._base
-        new = list(other.strings)[base:] if len(other.strings) > base else []
+        new = other.added_strings()
         new_ids = [table.setdefault(s, len(table)) for s in new]
         if new_ids == list(range(base, base + len(new))):  # same ids here (the usual case)
             def ids(col):
@@ -566,6 +576,9 @@ class _Builder:
 
             def optional_ids(col):
                 return col
+
+            def raw_id(i):
+                return i
         else:
             remap = np.array(list(range(base)) + new_ids or [0], dtype=np.int32)
 
@@ -574,6 +587,21 @@ class _Builder:
 
             def optional_ids(col):  # -1: none
                 return np.where(col >= 0, remap[np.maximum(col, 0)], -1).astype(np.int32)
+
+            def raw_id(i):
+                return i if i < base else new_ids[i - base]
+        # The recorded-input texts the chunk met first: known here from now on, as if it had been
+        # decoded here; one this builder (an earlier chunk) knows already was counted again by the
+        # chunk if it had to be repaired (_raw_ids counts a replacement once per distinct text).
+        known = self._raw_id_cache
+        for key, i in other.added_raw():
+            if key in known:
+                try:
+                    str(key, "utf-8")
+                except UnicodeDecodeError:
+                    other.replaced_strings -= 1
+            else:
+                known[key] = raw_id(i)
 
         for t in other.gpu:
             t.name = ids(t.name)

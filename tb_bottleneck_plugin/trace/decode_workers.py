@@ -8,11 +8,18 @@ ids, rows and warnings are the same as decoding every chunk here.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import gc
 import logging
 import os
+import pickle
 import threading
+from itertools import islice
+from typing import List, Tuple
 
+import numpy as np
+
+from . import model
 from .columns import _Builder
 from .events import _decode_events
 
@@ -26,6 +33,139 @@ def _decode_chunk(payload: bytes, seed=None) -> _Builder:
     builder = _Builder("", seed)
     builder.add(_decode_events(payload, builder))
     return builder
+
+
+# ---------------------------------------------------------------- the columns' handover
+# A worker hands a chunk's columns back as raw bytes, not as pickled Python objects: a small
+# header (pickled: the table layout, the counters, the few distinct Inductor launches) and
+# then every numeric column, the chunk's new strings and recorded-input texts as one blob
+# each, and the recorded inputs the Tensor Core analysis keeps as (row, text) arrays,
+# decoded here through this process's own cache of decoded texts (as in-process decoding
+# does). Layout: header size (8 bytes), header, columns at 8-byte aligned offsets.
+_TABLES = ("gpu", "cpu", "runtime", "memory", "annotations")
+_ALIGN = 8
+
+
+def _blob(items: list) -> tuple:
+    """Byte strings as (lengths, one uint8 array)."""
+    return np.fromiter(map(len, items), np.int64, len(items)), np.frombuffer(b"".join(items), np.uint8)
+
+
+def _unblob(lengths: np.ndarray, data: np.ndarray) -> List[bytes]:
+    raw = data.tobytes()
+    ends = np.cumsum(lengths).tolist()
+    return [raw[a:b] for a, b in zip([0] + ends[:-1], ends)]
+
+
+def _pack(builder: _Builder) -> Tuple[bytes, List[np.ndarray], int]:
+    """(header, columns, size written by `_write_packed`) of a decoded chunk builder."""
+    arrays: List[np.ndarray] = []
+
+    def put(array) -> int:
+        arrays.append(np.ascontiguousarray(array))
+        return len(arrays) - 1
+
+    tables = {attr: [{f.name: put(getattr(t, f.name)) for f in dataclasses.fields(t)} for t in getattr(builder, attr)]
+              for attr in _TABLES}
+    added = builder.added_strings()
+    strings = [put(a) for a in _blob([s.encode("utf-8", "surrogatepass") for s in added])]
+    raw = builder.added_raw()
+    put_blob = [put(a) for a in _blob([k for k, _ in raw])] + [put(np.fromiter((i for _, i in raw), np.int64,
+                                                                               len(raw)))]
+    # recorded inputs: each value is the one decoded object of its text (_Builder._decoded)
+    texts = list(builder._decoded_cache)
+    text_of = {id(v): i for i, v in enumerate(builder._decoded_cache.values())}
+    inputs = {}
+    for name in ("dims", "types"):
+        values = getattr(builder.op_inputs, name)
+        inputs[name] = (put(np.fromiter(values, np.int64, len(values))),
+                        put(np.fromiter((text_of[id(v)] for v in values.values()), np.int64, len(values))))
+    peers = builder.op_inputs.peers
+    inputs["peers"] = (put(np.fromiter(peers, np.int64, len(peers))),
+                       put(np.fromiter(peers.values(), np.int64, len(peers))))
+    inputs["texts"] = [put(a) for a in _blob(texts)]
+    launches = list(dict.fromkeys(builder.kernel_launches.values()))
+    index = {launch: i for i, launch in enumerate(launches)}
+    rows = builder.kernel_launches
+    kernel_launches = ([tuple(launch) for launch in launches], put(np.fromiter(rows, np.int64, len(rows))),
+                       put(np.fromiter((index[v] for v in rows.values()), np.int64, len(rows))))
+    counters = {name: getattr(builder, name) for name in _COUNTERS}
+    layout = []
+    offset = 0
+    for a in arrays:
+        layout.append((a.dtype.str, a.shape, offset))
+        offset += -(-a.nbytes // _ALIGN) * _ALIGN
+    header = pickle.dumps({"base": builder._base, "tables": tables, "strings": strings, "raw": put_blob,
+                           "inputs": inputs, "launches": kernel_launches, "counters": counters,
+                           "layout": layout}, protocol=pickle.HIGHEST_PROTOCOL)
+    return header, arrays, 8 + -(-len(header) // _ALIGN) * _ALIGN + offset
+
+
+_COUNTERS = ("cpu_rows", "category_counts", "event_count", "first_ts", "last_ts", "profiler_first_ts",
+             "profiler_last_ts", "dropped_missing_dur", "dropped_bad_ts", "negative_dur", "field_problems",
+             "skipped_deep", "skipped_not_object", "replaced_strings")
+
+
+def _write_packed(header: bytes, arrays: List[np.ndarray], out) -> int:
+    """Write a `_pack` result into ``out`` (a writable buffer at least its size long)."""
+    target = np.frombuffer(out, np.uint8)
+    start = 8 + -(-len(header) // _ALIGN) * _ALIGN
+    target[:8] = np.frombuffer(len(header).to_bytes(8, "little"), np.uint8)
+    target[8:8 + len(header)] = np.frombuffer(header, np.uint8)
+    offset = start
+    for a in arrays:
+        n = a.nbytes
+        if n:
+            target[offset:offset + n] = a.reshape(-1).view(np.uint8)
+        offset += -(-n // _ALIGN) * _ALIGN
+    del target
+    return offset
+
+
+class _Received(_Builder):
+    """A chunk's columns as a worker handed them over (`_unpack`), ready for `_Builder.merge`."""
+
+    def added_strings(self) -> List[str]:
+        return self._added_strings
+
+    def added_raw(self) -> List[Tuple[bytes, int]]:
+        return self._added_raw
+
+
+def _unpack(data, into: _Builder) -> _Received:
+    """The chunk builder of a `_pack`ed handover in ``data`` (a buffer, read before this
+    returns); its recorded inputs decoded through ``into``'s cache (the builder it is
+    merged into)."""
+    view = memoryview(data)
+    size = int.from_bytes(view[:8], "little")
+    header = pickle.loads(view[8:8 + size])
+    start = 8 + -(-size // _ALIGN) * _ALIGN
+    arrays = [np.frombuffer(view, np.dtype(dtype), int(np.prod(shape)), start + offset).reshape(shape).copy()
+              for dtype, shape, offset in header["layout"]]
+    view.release()
+    chunk = _Received("", None)
+    chunk._base = header["base"]
+    for attr, table_cls in zip(_TABLES, (model.GpuTable, model.CpuTable, model.RuntimeTable, model.MemoryTable,
+                                         model.GpuAnnotationTable)):
+        setattr(chunk, attr, [table_cls(**{name: arrays[i] for name, i in cols.items()})
+                              for cols in header["tables"][attr]])
+    lengths, blob = (arrays[i] for i in header["strings"])
+    chunk._added_strings = [b.decode("utf-8", "surrogatepass") for b in _unblob(lengths, blob)]
+    lengths, blob, ids = (arrays[i] for i in header["raw"])
+    chunk._added_raw = list(zip(_unblob(lengths, blob), ids.tolist()))
+    inputs = header["inputs"]
+    texts = [into._decoded(t) for t in _unblob(*(arrays[i] for i in inputs["texts"]))]
+    for name in ("dims", "types"):
+        rows, which = (arrays[i].tolist() for i in inputs[name])
+        setattr(chunk.op_inputs, name, dict(zip(rows, map(texts.__getitem__, which))))
+    rows, peers = (arrays[i].tolist() for i in inputs["peers"])
+    chunk.op_inputs.peers = dict(zip(rows, peers))
+    launches, rows, which = header["launches"]
+    launches = [model.KernelLaunch(*launch) for launch in launches]
+    chunk.kernel_launches = dict(zip(arrays[rows].tolist(), map(launches.__getitem__, arrays[which].tolist())))
+    for name, value in header["counters"].items():
+        setattr(chunk, name, value)
+    return chunk
 
 
 # Decoding is CPU-bound Python (msgspec holds the GIL), so large files can be decoded by
@@ -75,7 +215,7 @@ class _Worker:
     worker. Here the loading thread copies the chunk into a shared memory slot (an
     anonymous shared mapping made before the fork) and writes a small message into a
     pipe, a write that never waits for the worker to be scheduled. The worker answers the
-    same way: its pickled columns in a second slot. Before each next chunk the loading
+    same way: its columns as raw bytes (`_pack`) in a second slot. Before each next chunk the loading
     thread takes a finished result if one is there (`ready`). The worker keeps a mirror of
     this process's string table, so a chunk carries only the table's new entries. Without
     fork (a fork server, when threads run) or for a chunk larger than its slot, the bytes
@@ -109,9 +249,10 @@ class _Worker:
         self.sent_raw = 1  # ... and of its recorded-input ids (b"" -> -1 is always there)
 
     def send(self, payload, builder: _Builder) -> None:
-        strings = list(builder.strings)[self.sent_strings:] if len(builder.strings) > self.sent_strings else []
+        table = builder.strings
+        strings = list(islice(table, self.sent_strings, None)) if len(table) > self.sent_strings else []
         raw = builder._raw_id_cache
-        raw_new = list(raw.items())[self.sent_raw:] if len(raw) > self.sent_raw else []
+        raw_new = list(islice(raw.items(), self.sent_raw, None)) if len(raw) > self.sent_raw else []
         size = len(payload)
         slot = self.sent_count % IN_FLIGHT_PER_WORKER  # its previous chunk's result is in: free
         if self.slots is not None and size <= self.SLOT_BYTES:
@@ -142,21 +283,26 @@ class _Worker:
     def ready(self) -> bool:
         return self.conn.poll()
 
-    def result(self) -> _Builder:
-        """The chunk's builder (blocks until it is there); raises what decoding raised,
-        or `_WorkerLost` when the worker is gone."""
-        import pickle
-
+    def result(self, into: _Builder) -> _Builder:
+        """The chunk's builder, to be merged into ``into`` (blocks until it is there);
+        raises what decoding raised, or `_WorkerLost` when the worker is gone."""
         try:
             status, value = self.conn.recv()
+            if status == "pipe":
+                value = self.conn.recv_bytes()
         except (EOFError, OSError) as exc:
             raise _WorkerLost(str(exc)) from None
-        if status == "slot":
-            status, value = pickle.loads(memoryview(self.slots[self.out[0][0]][1])[:value])
-        self.out.popleft()
         if status == "error":
+            self.out.popleft()
             raise value
-        return value
+        if status == "slot":
+            value = memoryview(self.slots[self.out[0][0]][1])[:value]
+        try:
+            return _unpack(value, into)
+        finally:
+            if status == "slot":
+                value.release()
+            self.out.popleft()
 
     def close(self) -> None:
         """End the worker: a free one exits when told, a busy one (its chunk no longer
@@ -184,8 +330,6 @@ class _WorkerLost(Exception):
 
 
 def _worker_main(conn, owner_pid: int, slots, parent_end) -> None:
-    import pickle
-
     from . import procguard
 
     if parent_end is not None:  # forked: this process's copy of the parent's end
@@ -207,19 +351,32 @@ def _worker_main(conn, owner_pid: int, slots, parent_end) -> None:
             for s in new_strings:
                 strings[s] = len(strings)
             raw.update(new_raw)
+            # The chunk builder grows the mirror itself (no copy of the tables per chunk);
+            # what it added is taken out again after packing.
+            n_strings, n_raw = len(strings), len(raw)
             try:
-                reply = ("ok", _decode_chunk(payload, (dict(strings), dict(raw))))
+                header, arrays, packed = _pack(_decode_chunk(payload, (strings, raw)))
+                reply = None
             except Exception as exc:  # noqa: BLE001 - raised again in the loading process
                 reply = ("error", exc)
+            finally:
+                for s in list(islice(strings, n_strings, None)):
+                    del strings[s]
+                for key in list(islice(raw, n_raw, None)):
+                    del raw[key]
             del payload
             try:
-                if slots is not None:
-                    data = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
-                    if len(data) <= len(slots[slot][1]):
-                        slots[slot][1][:len(data)] = data
-                        conn.send(("slot", len(data)))
-                        continue
-                conn.send(reply)
+                if reply is not None:
+                    conn.send(reply)
+                elif slots is not None and packed <= len(slots[slot][1]):
+                    conn.send(("slot", _write_packed(header, arrays, slots[slot][1])))
+                else:
+                    out = bytearray(packed)
+                    _write_packed(header, arrays, out)
+                    conn.send(("pipe", None))
+                    conn.send_bytes(out)
+                    del out
+                del header, arrays
             except (EOFError, OSError):
                 break
     finally:
@@ -292,7 +449,7 @@ class _ChunkSink:
             self.builder.merge(item)
             return
         try:
-            result = worker.result()
+            result = worker.result(self.builder)
         except _WorkerLost:
             self._local_fallback()
             return
