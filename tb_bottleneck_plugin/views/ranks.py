@@ -388,6 +388,18 @@ def _ranks_words(ranks: List[int]) -> str:
     return ",".join(str(r) for r in rs)
 
 
+def _stable_order(key: np.ndarray) -> np.ndarray:
+    """``np.argsort(key, kind="stable")`` of a non-negative int64 key: one quicksort of
+    ``key * n + index`` (all distinct, so its order is the stable one) where that cannot
+    overflow (numpy's stable sort of int64 is a merge sort, ~4x slower), else the stable sort."""
+    n = len(key)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    if (int(key.max()) + 1) * (n + 1) < 2 ** 62:
+        return np.argsort(key * n + np.arange(n))
+    return np.argsort(key, kind="stable")
+
+
 def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pos, ent_pg, ent_seq, kind, kind_names,
                   dur, byts, seg_rank, seg_step, common_steps, step_us_of, matched, ent_wait, ent_transfer,
                   wait_mat, na) -> List[dict]:
@@ -398,31 +410,33 @@ def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pos,
     differs). Fills ``matched``, ``ent_wait``, ``ent_transfer`` (per entry) and ``wait_mat`` (rank
     index x step column of ``common_steps``: the rank's wait summed over its groups' matched
     calls, NaN where it has no part in any group's step) and returns one row per group with its
-    straggler. Vectorised over all cells: one sort of the calls; Python loops only over the
-    groups (their rows) and the cells that have a straggler."""
+    straggler. Vectorised over all cells and groups (entries arrive in rank order, so one
+    sort by cell and call keeps the ranks in order within a call); Python loops only over the
+    groups, to write their rows."""
     n_ranks, n_groups, n_steps = len(rows), len(pg_names), len(common_steps)
     index_of_rank = {r["rank"]: i for i, r in enumerate(rows)}
-    step_col = {n: j for j, n in enumerate(common_steps)}
     steps_arr = np.asarray(common_steps, np.int64)
-    has_step = np.zeros((n_ranks, max(n_steps, 1)), bool)  # (rank index, step column)
+    S = max(n_steps, 1)
+    has_step = np.zeros((n_ranks, S), bool)  # (rank index, step column)
     if len(seg_rank):
         has_step[seg_rank, np.searchsorted(steps_arr, seg_step)] = True
     m = len(ent_rank)
+    ent_col = np.searchsorted(steps_arr, ent_step) if n_steps else np.zeros(m, np.int64)
     p2p_kind = np.isin(kind, [i for i, k in enumerate(kind_names.tolist()) if k in P2P_KINDS])
+    coll = ~p2p_kind  # send/recv pair across ranks (the pipeline view), never matched here
     # each collective's position among its rank's collectives of its group in its step (entries
     # are in rank, step, start order; point-to-point calls take no position)
     if n_groups <= 1 and not p2p_kind.any():
         pos = ent_pos
     else:
         pos = np.zeros(m, np.int64)
-        o = np.lexsort((np.arange(m), ent_pg, ent_step, ent_rank, p2p_kind))
-        o = o[~p2p_kind[o]]
+        nz = np.flatnonzero(coll)
+        o = nz[_stable_order((ent_rank[nz] * S + ent_col[nz]) * max(n_groups, 1) + ent_pg[nz])]
         k = len(o)
         brk = np.r_[True, (np.diff(ent_rank[o]) != 0) | (np.diff(ent_step[o]) != 0) | (np.diff(ent_pg[o]) != 0)]
         starts = np.flatnonzero(brk)
         pos[o] = np.arange(k) - np.repeat(starts, np.diff(np.r_[starts, k]))
     p2p_per_group = np.bincount(ent_pg[p2p_kind], minlength=n_groups)
-    coll = ~p2p_kind  # send/recv pair across ranks (the pipeline view), never matched here
     calls_per_group = np.bincount(ent_pg[coll], minlength=n_groups)
     seen = np.zeros((n_groups, n_ranks), bool)
     seen[ent_pg[coll], ent_rank[coll]] = True
@@ -454,10 +468,8 @@ def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pos,
             source == "distributed_info" else []
         meta.append((conf, conf_ranks, missing))
     # ---- the calls of every cell with two ranks or more present
-    S = max(n_steps, 1)
     present_count = members.astype(np.int64) @ has_step.astype(np.int64)  # groups x steps
     present_count[unmatchable] = 0
-    ent_col = np.searchsorted(steps_arr, ent_step) if n_steps else np.zeros(m, np.int64)
     idx = np.flatnonzero(coll)
     cell = ent_pg[idx] * S + ent_col[idx]
     pc = present_count.reshape(-1)[cell] if len(idx) else np.empty(0, np.int64)
@@ -465,7 +477,9 @@ def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pos,
     n_cells = n_groups * S
     seq_cell = np.bincount(cell, weights=(ent_seq[idx] < 0).astype(float), minlength=n_cells) == 0
     col = np.where(seq_cell[cell], ent_seq[idx], pos[idx])
-    o = np.lexsort((ent_rank[idx], col, cell))
+    # by cell, then call (sequence number or position), then rank: idx is in rank order
+    width = int(col.max()) + 1 if len(idx) else 1
+    o = _stable_order(cell * width + col) if n_cells * width < 2 ** 62 else np.lexsort((col, cell))
     idx, cell, pc, col = idx[o], cell[o], pc[o], col[o]
     r_e, d_e = ent_rank[idx], dur[idx]
     by_seq = np.zeros(n_groups, bool)
@@ -473,7 +487,9 @@ def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pos,
     of_calls = np.zeros(n_groups, np.int64)
     late = np.zeros((n_groups, n_ranks), np.int64)  # matched calls in which the rank arrived last
     unmatched_seqs: Dict[int, List[int]] = {}
-    cell_w: Dict[int, tuple] = {}
+    late_steps = np.zeros((n_groups, n_ranks), np.int64)
+    # the cells with a straggler, in cell order (so by group, then step): group, rank index, step, lead
+    s_group = s_rank = s_step = s_lead = np.zeros(0, np.int64)
     if len(idx):
         new = np.r_[True, (np.diff(cell) != 0) | (np.diff(col) != 0)]
         call = np.cumsum(new) - 1
@@ -503,10 +519,11 @@ def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pos,
         matched[idx[hit]] = True
         ent_transfer[idx[hit]] = dmin[call[hit]]
         ent_wait[idx[hit]] = d_e[hit] - dmin[call[hit]]
-        # the rank that arrived last at each matched call: the shortest duration (ties: the lowest rank)
+        # the rank that arrived last at each matched call: the shortest duration (ties: the
+        # lowest rank, the first of the call's entries)
         spread = ok & (dmax > dmin)
-        first = np.lexsort((r_e, d_e, call))
-        head = first[np.r_[True, np.diff(call[first]) != 0]]
+        shortest = np.flatnonzero(d_e == dmin[call])
+        head = shortest[np.r_[True, np.diff(call[shortest]) != 0]]
         head = head[spread[call[head]]]
         np.add.at(late, (c_group[call[head]], r_e[head]), 1)
         # waits per (rank, cell) over the matched calls
@@ -514,61 +531,74 @@ def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pos,
         uk, inv = np.unique(key, return_inverse=True)
         sums = np.bincount(inv.reshape(-1), weights=d_e[hit] - dmin[call[hit]], minlength=len(uk))
         k_rank, k_cell = uk // n_cells, uk % n_cells
-        order = np.argsort(k_cell, kind="stable")
-        k_rank, k_cell, sums = k_rank[order], k_cell[order], sums[order]
-        br = np.flatnonzero(np.r_[True, np.diff(k_cell) != 0]) if len(k_cell) else np.zeros(0, np.int64)
-        for a, b in zip(br.tolist(), np.r_[br[1:], len(k_cell)].tolist()):
-            cell_w[int(k_cell[a])] = (k_rank[a:b], sums[a:b])
         if n_steps:
+            order = np.argsort(k_cell, kind="stable")
             dense = np.zeros((n_ranks, n_steps))
-            np.add.at(dense, (k_rank, k_cell % S), sums)
-        else:
-            dense = None
-    else:
-        dense = None
-    if n_steps:
+            np.add.at(dense, (k_rank[order], k_cell[order] % S), sums[order])
+            part = has_step[:, :n_steps] & ((members.T.astype(np.int64) @ (present_count[:, :n_steps] >= 2)) > 0)
+            wait_mat[part] = (np.nan_to_num(wait_mat) + dense)[part]
+    if len(idx) and len(uk):
+        # ---- per cell with a matched call: the straggler (least wait among the present
+        # ranks, 0 for a present rank without a matched call; ties: the lowest rank). The
+        # present ranks of every such cell, in cell then rank order:
+        cells = np.unique(k_cell)
+        g_c, j_c = cells // S, cells % S
+        mem_g, mem_r = np.nonzero(members)
+        mem_start = np.searchsorted(mem_g, np.arange(n_groups))
+        cnt = np.bincount(mem_g, minlength=n_groups)[g_c]
+        c_of = np.repeat(np.arange(len(cells)), cnt)
+        at = np.arange(len(c_of)) - np.repeat(np.cumsum(cnt) - cnt, cnt) + np.repeat(mem_start[g_c], cnt)
+        p_rank = mem_r[at]
+        keep = has_step[p_rank, j_c[c_of]]
+        c_of, p_rank = c_of[keep], p_rank[keep]
+        p_key = p_rank * n_cells + cells[c_of]
+        found = np.minimum(np.searchsorted(uk, p_key), len(uk) - 1)
+        has_w = uk[found] == p_key
+        w = np.where(has_w, sums[found], 0.0)
+        c_start = np.flatnonzero(np.r_[True, np.diff(c_of) != 0])
+        w_min, w_max = np.minimum.reduceat(w, c_start), np.maximum.reduceat(w, c_start)
+        w_sum = np.add.reduceat(w, c_start)
+        # numpy sums 8 values or more pairwise: the same sum, to the last bit, as a sum of the
+        # cell's waits alone (a few cells per step: the groups of more than 8 ranks)
+        c_end = np.r_[c_start[1:], len(w)]
+        for c in np.flatnonzero(np.add.reduceat(has_w, c_start) >= 8).tolist():
+            w_sum[c] = w[c_start[c]:c_end[c]][has_w[c_start[c]:c_end[c]]].sum()
+        least = np.flatnonzero(w == w_min[c_of])
+        least = least[np.r_[True, np.diff(c_of[least]) != 0]]
+        strag = w_max > w_min
+        n_present = present_count[g_c, j_c]
+        s_group, s_rank, s_step = g_c[strag], p_rank[least][strag], steps_arr[j_c[strag]]
+        np.add.at(late_steps, (s_group, s_rank), 1)
+        # the others' mean wait over the group's mean step time (the straggler rule's lead)
+        step_sum = members.astype(np.float64) @ np.where(has_step[:, :n_steps], np.nan_to_num(step_us_of), 0.0)
+        base = step_sum[s_group, j_c[strag]] / n_present[strag]
+        others = (w_sum - w_min)[strag] / (n_present[strag] - 1)
+        s_lead = np.where(base > 0, 100.0 * others / np.where(base > 0, base, 1.0), 0.0)
+    if not len(idx) and n_steps:
         part = has_step[:, :n_steps] & ((members.T.astype(np.int64) @ (present_count[:, :n_steps] >= 2)) > 0)
-        add = dense if dense is not None else 0.0
-        wait_mat[part] = (np.nan_to_num(wait_mat) + add)[part]
-    # ---- per cell: the straggler (least wait among the present ranks, ties: the lowest rank)
-    late_steps = np.zeros((n_groups, n_ranks), np.int64)
-    late_step_list: Dict[int, Dict[int, List[int]]] = {}
-    leads: Dict[int, List[Tuple[int, float]]] = {}
-    step_sum = members.astype(np.float64) @ np.where(has_step[:, :n_steps], np.nan_to_num(step_us_of), 0.0) \
-        if n_steps else np.zeros((n_groups, 0))
-    for c_id, (k_rank, w_pos) in sorted(cell_w.items()):
-        g, j = divmod(c_id, S)
-        n_present = int(present_count[g, j])
-        w_max = float(w_pos.max())
-        if n_present > len(k_rank) or (w_pos <= 0).any():  # some present rank waited 0
-            zero = np.setdiff1d(np.flatnonzero(members[g] & has_step[:, j]), k_rank[w_pos > 0])
-            s_rank, w_min = int(zero[0]), 0.0
-        else:
-            w_min = float(w_pos.min())
-            s_rank = int(k_rank[w_pos == w_min].min())
-        if w_max <= w_min:
-            continue
-        late_steps[g, s_rank] += 1
-        late_step_list.setdefault(g, {}).setdefault(s_rank, []).append(int(steps_arr[j]))
-        base = step_sum[g, j] / n_present
-        others = (float(w_pos.sum()) - w_min) / (n_present - 1)
-        leads.setdefault(g, []).append((s_rank, 100.0 * others / base if base > 0 else 0.0))
+        wait_mat[part] = np.nan_to_num(wait_mat)[part]
     # ---- one row per group
+    m_per_group = np.bincount(ent_pg[coll & matched], minlength=n_groups)
+    n_kinds = max(len(kind_names), 1)
+    group_kinds = np.unique(ent_pg[coll] * n_kinds + kind[coll])
+    kind_bounds = np.searchsorted(group_kinds, np.arange(n_groups + 1) * n_kinds)
+    strag_bounds = np.searchsorted(s_group, np.arange(n_groups + 1))
+    rank_list = [r["rank"] for r in rows]
     out = []
     for p, name in enumerate(pg_names):
         conf, conf_ranks, missing = meta[p]
-        mine = np.flatnonzero((ent_pg == p) & coll)
         calls = int(calls_per_group[p])
-        m_calls = int(matched[mine].sum())
+        m_calls = int(m_per_group[p])
         ranks_declared = sorted(conf_ranks) if conf_ranks else None
-        ranks_present = sorted(rows[i]["rank"] for i in np.flatnonzero(members[p]).tolist())
+        ranks_present = sorted(rank_list[i] for i in np.flatnonzero(members[p]).tolist())
         label_ranks = ranks_declared or ranks_present
         desc = conf.get("desc")
         row = {"name": name, "desc": desc,
                "label": f"{desc or ('process group ' + name)} (ranks {_ranks_words(label_ranks)})",
                "size": conf.get("size") or (len(conf_ranks) if conf_ranks else int(members[p].sum()) or None),
                "ranks": ranks_declared, "ranks_present": ranks_present, "missing_ranks": missing,
-               "kinds": sorted({str(kind_names[k]) for k in np.unique(kind[mine]).tolist()}),
+               "kinds": sorted({str(kind_names[k]) for k in
+                                (group_kinds[kind_bounds[p]:kind_bounds[p + 1]] % n_kinds).tolist()}),
                "match_by": "seq" if by_seq[p] and not by_order[p] else (
                    "order" if by_order[p] and not by_seq[p] else ("seq_and_order" if by_seq[p] else None)),
                "calls": calls, "matched_calls": m_calls, "unmatched_calls": calls - m_calls,
@@ -582,12 +612,14 @@ def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pos,
         of_steps = int(late_steps[p].sum())
         if of_steps:
             top = int(np.argmax(late_steps[p]))
-            caused = float(np.median([lead if r == top else 0.0 for r, lead in leads[p]]))
+            a, b = strag_bounds[p], strag_bounds[p + 1]
+            mine = s_rank[a:b] == top
+            caused = float(np.median(np.where(mine, s_lead[a:b], 0.0)))
             row["straggler"] = {"rank": rows[top]["rank"], "worker": rows[top]["worker"],
                                 "late_calls": int(late[p, top]), "of_calls": int(of_calls[p]),
                                 "late_pct": 100.0 * late[p, top] / of_calls[p] if of_calls[p] else None,
                                 "steps": int(late_steps[p, top]), "of_steps": of_steps,
-                                "wait_caused_pct": caused, "late_steps": late_step_list[p].get(top, []),
+                                "wait_caused_pct": caused, "late_steps": s_step[a:b][mine].tolist(),
                                 "_index": top, "_members": np.flatnonzero(members[p]).tolist()}
         out.append(row)
     out.sort(key=lambda g: (-(g["calls"] or 0), g["name"]))
