@@ -18,7 +18,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from .trace import discovery, loader, model, storage
+from .trace import discovery, heap, loader, model, storage
 from .judge import cards, layout, recommendations, step_verdict
 from .analysis import devices, memory, occupancy, operators, registry, units
 from .analysis import distributed  # metrics §12: the rank view's per-span part
@@ -86,6 +86,8 @@ class _Sections:
         except Exception as exc:  # noqa: BLE001 - isolation is the point: any bug is one section's n/a
             self.fail(section, exc)
             return None
+        finally:  # the section's temporaries' heap pages back to the system before the next (trace/heap.py)
+            heap.release_free_memory()
 
     def fail(self, section: str, exc: BaseException) -> None:
         message = f"internal error in {section}: {type(exc).__name__}: {exc}"

@@ -20,6 +20,8 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
+from . import heap
+
 # GpuTable.kind
 GPU_KERNEL, GPU_MEMCPY, GPU_MEMSET = 0, 1, 2
 
@@ -50,7 +52,8 @@ class _Table:
     def concat(cls, parts: List["_Table"], consume: bool = False) -> "_Table":
         """One table of ``parts`` in order. ``consume``: the parts are not read again (the
         loader's chunks), so each column's pieces are dropped as soon as it is joined: the
-        peak is the table plus one column, not twice the table."""
+        peak is the table plus one column, not twice the table (the pieces' heap pages
+        handed back to the system, `heap`)."""
         parts = [p for p in parts if len(p)]
         if not parts:
             return cls.empty()
@@ -62,6 +65,7 @@ class _Table:
             if consume:
                 for p in parts:
                     setattr(p, f.name, None)
+                heap.release_free_memory()
         return cls(**columns)
 
 
