@@ -240,9 +240,17 @@ class _Worker:
             self.slots = None
         self.conn, child = context.Pipe()
         args = (child, os.getpid(), self.slots, self.conn if self.slots else None)
-        self.process = context.Process(target=_worker_main, args=args, daemon=True)
-        self.process.start()
-        child.close()
+        try:
+            self.process = context.Process(target=_worker_main, args=args, daemon=True)
+            self.process.start()  # may fail: no fork here (EAGAIN, a daemonic process, no fork server)
+        except BaseException:
+            for end in (self.conn, child):
+                end.close()
+            for slot in (s for pair in self.slots or () for s in pair):
+                slot.close()
+            raise
+        finally:
+            child.close()
         self.out = collections.deque()  # per chunk out, in order: its slot, its size or its bytes
         self.sent_count = 0
         self.sent_strings = 0  # entries of the main string table the worker has
@@ -384,7 +392,16 @@ def _worker_main(conn, owner_pid: int, slots, parent_end) -> None:
 
 
 def _start_workers(n: int) -> list:
-    return [_Worker() for _ in range(n)]
+    """``n`` workers, or an exception and none (those started are ended)."""
+    pool: list = []
+    try:
+        for _ in range(n):
+            pool.append(_Worker())
+    except BaseException:
+        for worker in pool:
+            worker.close()
+        raise
+    return pool
 
 
 class _ChunkSink:

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from tb_bottleneck_plugin.trace import loader, decode_workers as loader_workers
+from tb_bottleneck_plugin.trace import loader, decode_workers as loader_workers, text as loader_text
 
 from conftest import TRACES  # noqa: E402
 
@@ -268,3 +268,119 @@ def test_seeded_chunk_builders_merge_to_the_sequential_result():
     main.merge(b2)  # nothing new in main since b2 was seeded: ids kept as they are
     main.merge(b3)  # b2's new names came first: b3's new names (relu_k, aten::relu, ...) remapped
     _same(expected, main.finish(meta()))
+
+
+# ------------------------------------------------ every shared trace: in-process vs 2 workers
+ALL_TRACES = sorted(p for p in TRACES.rglob("*") if p.name.endswith((".json", ".json.gz")))
+
+
+def _everything(trace) -> dict:
+    """Every part of a loaded trace, by part, as bytes or text (compared exactly)."""
+    import dataclasses
+
+    out = {"strings": trace.strings, "kernel_launches": sorted(trace.kernel_launches.items()),
+           "meta": repr(sorted(dataclasses.asdict(trace.meta).items()))}
+    for table in ("gpu", "cpu", "runtime", "memory", "gpu_annotations"):
+        t = getattr(trace, table)
+        for f in dataclasses.fields(t):
+            col = getattr(t, f.name)
+            out[f"{table}.{f.name}"] = (col.dtype.str, col.shape, col.tobytes())
+    for part in ("dims", "types", "peers"):
+        out[f"op_inputs.{part}"] = sorted(getattr(trace.op_inputs, part).items())
+    return out
+
+
+@pytest.mark.parametrize("path", ALL_TRACES, ids=lambda p: p.relative_to(TRACES).as_posix())
+def test_every_shared_trace_is_the_same_with_two_workers(monkeypatch, path):
+    """Issue 39: chunks decoded by 2 worker processes and handed over as raw columns give
+    exactly the in-process tables (every column's bytes, strings, recorded inputs, kernel
+    launches, meta and warnings). Chunks (and text blocks) of a twelfth of the file, so that
+    small files use the workers too (the first PARALLEL_MIN_CHUNKS are decoded here)."""
+    import gzip
+
+    raw = path.read_bytes()
+    size = len(gzip.decompress(raw)) if raw[:2] == b"\x1f\x8b" else len(raw)
+    chunk = max(4096, size // 12)
+    monkeypatch.setattr(loader, "CHUNK_BYTES", chunk)
+    monkeypatch.setattr(loader, "PARALLEL_CHUNK_BYTES", chunk)
+    monkeypatch.setattr(loader_text, "_OUT_BYTES", chunk)  # text blocks no larger (one cut per block)
+    monkeypatch.setattr(loader_workers, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setenv("TB_BOTTLENECKS_DECODE_PROCESSES", "0")
+    local = _everything(loader.load_trace(str(path)))
+    monkeypatch.setenv("TB_BOTTLENECKS_DECODE_PROCESSES", "2")
+    sent = []
+    close = loader_workers._ChunkSink.close
+    monkeypatch.setattr(loader_workers._ChunkSink, "close", lambda self: (sent.append(self.sent), close(self))[1])
+    parallel = _everything(loader.load_trace(str(path)))
+    assert sum(sent) >= 1, "the workers decoded chunks"
+    assert local.keys() == parallel.keys()
+    for key in local:
+        assert local[key] == parallel[key], key
+
+
+# ------------------------------------------------ no processes: the same result in-process
+def test_a_fork_that_fails_means_decoding_in_process(monkeypatch, small_chunks):
+    """The OS refuses a process (fork: EAGAIN, a full process table): the load decodes
+    here with the same result, and the worker that did start before the refusal is ended."""
+    import errno
+    import multiprocessing.process
+
+    monkeypatch.setenv("TB_BOTTLENECKS_DECODE_PROCESSES", "2")
+    started = []
+    original = multiprocessing.process.BaseProcess.start
+
+    def start(self):
+        if started:
+            raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+        original(self)
+        started.append(self)
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", start)
+    sinks = []
+    close = loader_workers._ChunkSink.close
+    monkeypatch.setattr(loader_workers._ChunkSink, "close", lambda self: (sinks.append(self.sent), close(self))[1])
+    _same(small_chunks, loader.load_trace(str(TRACES / NAME)))
+    assert sinks == [0], "no chunk went to a worker"
+    assert len(started) == 1
+    started[0].join(timeout=5)
+    assert started[0].exitcode is not None, "the worker started before the refusal was ended"
+
+
+def test_one_core_decodes_in_process(monkeypatch, small_chunks):
+    """A 1-core machine starts no worker by default; the result is the same."""
+    monkeypatch.delenv("TB_BOTTLENECKS_DECODE_PROCESSES")
+    monkeypatch.setattr(loader_workers.os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    monkeypatch.setattr(loader_workers.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    started = []
+    monkeypatch.setattr(loader_workers, "_start_workers", lambda n: started.append(n) or [])
+    _same(small_chunks, loader.load_trace(str(TRACES / NAME)))
+    assert started == []
+
+
+def test_a_worker_killed_mid_load_falls_back_to_this_process(monkeypatch, small_chunks, workers_started):
+    """One of two workers is killed (SIGKILL, as the OOM killer would) after its second
+    chunk: the chunks still out are decoded here, the other worker is ended, and the
+    tables are the in-process ones."""
+    import signal
+
+    monkeypatch.setenv("TB_BOTTLENECKS_DECODE_PROCESSES", "2")
+    original = loader_workers._Worker.send
+    killed = []
+
+    def send(self, payload, builder):
+        original(self, payload, builder)
+        if self is workers_started[0] and self.sent_count == 2 and not killed:
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.join(timeout=5)
+            killed.append(self.process.exitcode)
+
+    monkeypatch.setattr(loader_workers._Worker, "send", send)
+    fallbacks = []
+    fallback = loader_workers._ChunkSink._local_fallback
+    monkeypatch.setattr(loader_workers._ChunkSink, "_local_fallback",
+                        lambda self: (fallbacks.append(len(self.pending)), fallback(self))[1])
+    _same(small_chunks, loader.load_trace(str(TRACES / NAME)))
+    assert killed == [-signal.SIGKILL]
+    assert fallbacks and fallbacks[0] >= 1, "chunks the dead worker held were decoded here"
+    assert len(workers_started) == 2
+    _all_ended(workers_started)
