@@ -336,6 +336,9 @@ def combine_results(results: List[dict], *, run=None, worker=None, views: bool =
         if out.get("tensor_cores") is not None:  # a summary without the Tensor Core section adds nothing
             join(out)
     _prune_not_available(out, not_available, sec.failed)
+    for unit in registry.UNITS:  # reasons a summary answers itself (units.Unit.summary_not_available)
+        if unit.summary_not_available is not None and isinstance(out.get(unit.name), dict):
+            sec.run(unit.name, unit.summary_not_available, out, not_available)
     out["not_available"] = not_available
     out["recommendations"] = sec.run("recommendations", recommendations.recommend, out)
     out["verdicts"] = sec.run("verdicts", cards.card_verdicts, out)

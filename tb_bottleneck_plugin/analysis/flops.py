@@ -753,6 +753,9 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
     peak = peak_for(trace, na, user_peak if user_peak is not None else _user_peak())
     tflops_peak = (peak or {}).get("tflops") or {}
     n_dev = max(len(np.unique(gpu.device[in_step])), 1) if has_gpu else 1
+    if replay_stats is not None:  # what a worker summary pairs across its spans (METRICS.md §15)
+        replay_stats.update(_graph_parts(trace, gr, tmpl, in_step, kdur, (hs_s, he_s, order, steps.inc_numbers),
+                                         precisions, n_dev))
 
     # ---------------------------------------------------------------- sums
     step_us_each = steps.durations.astype(float)
@@ -898,16 +901,82 @@ def _replay_stats(gr, in_step, owner, kdur) -> Optional[dict]:
             "step_kernel_us": float(kdur[in_step].sum())}
 
 
-def replay_reason(stats: Optional[dict]) -> Optional[str]:
-    """Why the FLOPs miss the kernels replayed from CUDA graphs (None when none is missed)."""
+def _graph_parts(trace: TraceData, gr, tmpl, in_step, kdur, step_windows, precisions, n_dev) -> dict:
+    """The span's CUDA graph captures and unmatched replays, as a worker summary pairs them
+    across the spans of one worker (METRICS.md §15 "CUDA graph replays", issue 34 item 2):
+
+    - ``recorded_captures``: per recorded capture: ``kernels`` (launches), ``names_key`` (graph_replays.names_key of the kernel names of its
+      first replay in this trace; null when none replayed here), ``end_ts``, ``ops`` (each
+      capture-time op once: flops, bytes, precision (null: bytes only), class, counted) and
+      ``kernel_op`` (per launch, its index in ``ops``; -1 none);
+    - ``unmatched``: the replays in included steps that no capture of this trace matched,
+      one row per kernel-name sequence: ``kernels``, ``names_key``, ``names``, ``kernel_us``
+      (per position, summed over the replays), ``replays`` ([[step, count]]), ``first_ts``,
+      ``devices``.
+
+    Small: a few numbers per capture-time op and per replayed kernel position, nothing on
+    traces without CUDA graph replays."""
+    names_of = trace.strings
+    caps = []
+    for j, calls in enumerate(gr["capture_list"]):  # every capture, as one file matches them
+        pos = tmpl["owner"][calls] if tmpl is not None else np.full(len(calls), -1, np.int64)
+        used, inv = np.unique(pos[pos >= 0], return_inverse=True)
+        kernel_op = np.full(len(pos), -1, np.int64)
+        kernel_op[pos >= 0] = inv
+        seq = gr["capture_names"].get(j)
+        caps.append({
+            "kernels": int(len(calls)), "end_ts": float(gr["capture_end"][j]),
+            "names_key": graph_replays.names_key([names_of[int(n)] for n in seq]) if seq is not None else None,
+            "ops": [{"flops": float(tmpl["flops"][t]) if tmpl["counted"][t] else 0.0,
+                     "bytes": float(tmpl["bytes"][t]),
+                     "precision": precisions[int(tmpl["prec"][t])] if tmpl["counted"][t] else None,
+                     "class": CLASSES[int(tmpl["cls"][t])], "counted": bool(tmpl["counted"][t])}
+                    for t in used.tolist()],
+            "kernel_op": kernel_op.tolist()})
+    hs_s, he_s, order, numbers = step_windows
+    k, cc, rp = gr["kernels"], gr["capture_call"], gr["replay"]
+    groups: Dict[tuple, dict] = {}
+    bounds = np.r_[np.flatnonzero(np.r_[True, rp[1:] != rp[:-1]]), len(rp)] if len(rp) else np.zeros(0, np.int64)
+    rt_ts = trace.runtime.ts
+    for i0, i1 in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        ks = k[i0:i1]
+        if cc[i0] >= 0 or not in_step[ks].all():
+            continue
+        ts = float(rt_ts[rp[i0]])
+        j = int(np.searchsorted(hs_s, ts, side="right")) - 1
+        if j < 0 or ts >= he_s[j]:
+            continue
+        step = int(numbers[order[j]])
+        key = tuple(trace.gpu.name[ks].tolist())
+        g = groups.get(key)
+        if g is None:
+            g = groups[key] = {"us": np.zeros(len(ks)), "steps": {}, "first_ts": ts}
+        g["us"] += kdur[ks]
+        g["steps"][step] = g["steps"].get(step, 0) + 1
+        g["first_ts"] = min(g["first_ts"], ts)
+    unmatched = []
+    for key, g in groups.items():
+        names = [names_of[int(n)] for n in key]
+        unmatched.append({"kernels": len(key), "names_key": graph_replays.names_key(names), "names": names,
+                          "kernel_us": g["us"].tolist(), "replays": [[s, c] for s, c in sorted(g["steps"].items())],
+                          "first_ts": g["first_ts"], "devices": int(n_dev)})
+    return {"recorded_captures": caps, "unmatched": unmatched}
+
+
+def replay_reason(stats: Optional[dict], summary: bool = False) -> Optional[str]:
+    """Why the FLOPs miss the kernels replayed from CUDA graphs (None when none is missed);
+    ``summary``: the words of a worker or run summary (its spans' captures were looked at)."""
     if not stats or stats["kernels"] <= stats["attributed"]:
         return None
     n = stats["kernels"] - stats["attributed"]
     us = stats["kernel_us"] - stats["attributed_kernel_us"]
     total = stats.get("step_kernel_us")
     share = f", {100 * us / total:.0f} % of the steps' kernel time" if total else ""
-    where = ("no capture recorded in this trace matches them" if stats["captures"]
-             else "the trace does not record their capture")
+    if summary:
+        where = "no span of their worker records a matching capture"
+    else:
+        where = ("no capture recorded in this trace matches them" if stats["captures"]
+                 else "the trace does not record their capture")
     return (f"{n} kernels replayed from CUDA graphs ({us:,.0f} µs{share}) carry no shapes and {where}: their FLOPs "
             f"are not counted; {graph_replays.HOW_TO_RECORD}")
 
@@ -1234,9 +1303,16 @@ def _unit_compute(span):
 _SPLIT_SUMS = ("flops", "bytes", "kernel_us", "kernels", "calls")  # a class's per-precision sums
 
 
+def _graph_rows(sec: dict, key: str) -> list:
+    gr = sec.get("graph_replays")
+    rows = gr.get(key) if isinstance(gr, dict) else None
+    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+
+
 def _unit_partial(report: dict) -> dict:
     sec = report.get("flops") or {}
     span, worker = report.get("span"), report.get("worker")
+    replayed = {n for g in _graph_rows(sec, "unmatched") for n in g.get("names") or []}
     return {
         # unknown FLOPs (no recorded shapes, null in the report) add nothing
         "sum:flops": sec.get("flops") if sec.get("record_shapes") else 0.0,
@@ -1248,8 +1324,13 @@ def _unit_partial(report: dict) -> dict:
         "sum:unlaunched_calls": sec.get("unlaunched_calls") or 0,
         "sum:unlaunched_flops": sec.get("unlaunched_flops") or 0.0,
         "all:record_shapes": bool(sec.get("record_shapes")), "any:record_shapes": bool(sec.get("record_shapes")),
-        "keyed:graph_replays": {"all": {f"sum:{f}": v for f, v in sec["graph_replays"].items()}}
+        "keyed:graph_replays": {"all": {f"sum:{f}": v for f, v in sec["graph_replays"].items()
+                                        if not isinstance(v, list)}}
         if isinstance(sec.get("graph_replays"), dict) else {},
+        # a span's CUDA graph captures and unmatched replays, paired across the spans of one
+        # worker by the summary (_pair_replays; METRICS.md §15); empty without replays
+        "rows:graph_captures": [dict(c, worker=worker, span=span) for c in _graph_rows(sec, "recorded_captures")],
+        "rows:graph_unmatched": [dict(g, worker=worker, span=span) for g in _graph_rows(sec, "unmatched")],
         "keyed:uncounted_calls": {k: {"sum:n": v} for k, v in (sec.get("uncounted_calls") or {}).items()},
         "keyed:by_precision": {p: {"sum:flops": v.get("flops"), "sum:kernel_us": v.get("kernel_us"),
                                    "sum:ideal_us": v.get("ideal_us")}
@@ -1264,7 +1345,10 @@ def _unit_partial(report: dict) -> dict:
                            for c, v in (sec.get("by_class") or {}).items()},
         "keyed:kernels": {k["name"]: {"first:class": k.get("class"), "first:precision": k.get("precision"),
                                       "sum:flops": k.get("flops"),
-                                      "sum:bytes": k.get("bytes"), "sum:kernel_us": k.get("kernel_us"),
+                                      # an unmatched replayed kernel ("other", no bytes) adds 0: a
+                                      # capture in another span may give it bytes (_pair_replays)
+                                      "sum:bytes": 0.0 if k.get("bytes") is None and k["name"] in replayed
+                                      else k.get("bytes"), "sum:kernel_us": k.get("kernel_us"),
                                       "sum:count": k.get("count")} for k in (sec.get("kernels") or [])},
         "rows:per_step": [{"step": r.get("step"), "flops": r.get("flops") if sec.get("record_shapes") else 0.0,
                            "step_us": r.get("step_us"),
@@ -1278,6 +1362,7 @@ def _unit_finish(m: dict):
 
     if not m.get("sum:steps"):
         return None
+    _pair_replays(m)
     per_step = per_step_across_spans(m["rows:per_step"], ("flops", "step_us", "ideal_us"), "mfu_pct")
     for r in per_step:
         r["tflops"] = _rate(r["flops"], r["step_us"])
@@ -1305,7 +1390,7 @@ def _unit_finish(m: dict):
                             if "keyed:by_precision" in v and c in FLOP_CLASSES else {})}
                      for c, v in m["keyed:by_class"].items()},
         "kernels": [{"name": n, "class": v["first:class"], "precision": v.get("first:precision"),
-                     "flops": v["sum:flops"], "bytes": v.get("sum:bytes"),
+                     "flops": v["sum:flops"], "bytes": v.get("sum:bytes") if v["first:class"] != "other" else None,
                      "kernel_us": v["sum:kernel_us"], "count": int(v["sum:count"] or 0)}
                     for n, v in m["keyed:kernels"].items()],
         "per_step": per_step,
@@ -1313,6 +1398,124 @@ def _unit_finish(m: dict):
     if not m.get("any:record_shapes", True):
         return flops_unknown(derive(sec))  # no span recorded shapes: the FLOPs are unknown
     return derive(sec)
+
+
+def _add(d: dict, key: str, value) -> None:
+    """Add to a merged ``sum:`` field (an unknown sum stays unknown; a missing one starts at 0)."""
+    if key not in d:
+        d[key] = 0.0
+    if d[key] is not None and value is not None:
+        d[key] += value
+
+
+def _pair_replays(m: dict) -> None:
+    """A worker or run summary: the replays a span could not attribute, paired with a capture
+    recorded in another span of their worker (graph_replays.pair_across_spans), counted as if
+    the capture were in their span (METRICS.md §15 "CUDA graph replays"): each capture-time op's
+    FLOPs, bytes, precision and class once per replay, in the replay's step and span; its
+    kernels move from "other" to the op's class. Changes the merged partial ``m`` in place."""
+    caps, groups = m.get("rows:graph_captures") or [], m.get("rows:graph_unmatched") or []
+    if not caps or not groups:
+        return
+    peak = (m.get("first:peak") or {}).get("tflops") or {}
+    stats = (m.get("keyed:graph_replays") or {}).get("all")
+    by_class, by_prec = m.setdefault("keyed:by_class", {}), m.setdefault("keyed:by_precision", {})
+    kernels = m.setdefault("keyed:kernels", {})
+    step_rows = {(r.get("worker"), r.get("span"), r.get("step")): r for r in m.get("rows:per_step") or []}
+    for g, c in graph_replays.pair_across_spans(caps, groups):
+        us = np.asarray(g.get("kernel_us") or [], float)
+        kernel_op = np.asarray(c.get("kernel_op") or [], np.int64)
+        names = g.get("names") or []
+        if len(us) != len(kernel_op) or len(names) != len(us):
+            continue
+        n_rep = sum(int(n) for _, n in g.get("replays") or [])
+        n_dev = max(int(g.get("devices") or 1), 1)
+        per_replay_flops = per_replay_ideal = 0.0
+        for o, op in enumerate(c.get("ops") or []):
+            at = np.flatnonzero(kernel_op == o)
+            if not len(at):
+                continue
+            kus, nk = float(us[at].sum()), int(len(at)) * n_rep
+            cls, counted = op.get("class") or "other", bool(op.get("counted"))
+            prec = op.get("precision") if counted else None
+            if prec == "fp32" and any(precision.kernel_precision(names[i], "fp32") == "tf32" for i in at.tolist()):
+                prec = "tf32"  # an fp32 op on a TF32 Tensor Core kernel, as in one span
+            fl = float(op.get("flops") or 0.0) * n_rep if counted else 0.0
+            by = float(op.get("bytes") or 0.0) * n_rep
+            pk = peak.get(prec) if prec else None
+            ideal = fl / (pk * 1e12) * 1e6 / n_dev if pk else None
+            _add(m, "sum:bytes", by)
+            row = by_class.setdefault(cls, {"keyed:flops_by_precision": {}, "keyed:by_precision": {}})
+            for f, v in (("flops", fl), ("bytes", by), ("kernel_us", kus), ("kernels", nk), ("calls", n_rep)):
+                _add(row, f"sum:{f}", v)
+            other = by_class.get("other")
+            if other is not None and cls != "other":
+                _add(other, "sum:kernel_us", -kus)
+                _add(other, "sum:kernels", -nk)
+            if counted:
+                _add(m, "sum:flops", fl)
+                _add(m, "sum:flop_kernel_us", kus)
+                _add(m, "sum:counted_calls", n_rep)
+                if ideal is not None and m.get("first:peak"):
+                    _add(m, "sum:ideal_us", ideal)
+                p_row = by_prec.setdefault(prec, {"sum:flops": 0.0, "sum:kernel_us": 0.0,
+                                                  "sum:ideal_us": 0.0 if pk else None})
+                _add(p_row, "sum:flops", fl)
+                _add(p_row, "sum:kernel_us", kus)
+                _add(p_row, "sum:ideal_us", ideal)
+                _add(row.setdefault("keyed:flops_by_precision", {}).setdefault(prec, {}), "sum:f", fl)
+                split = row.setdefault("keyed:by_precision", {}).setdefault(prec, {})
+                for f, v in (("flops", fl), ("bytes", by), ("kernel_us", kus), ("kernels", nk), ("calls", n_rep)):
+                    _add(split, f"sum:{f}", v)
+                per_replay_flops += fl / n_rep if n_rep else 0.0
+                per_replay_ideal += (ideal or 0.0) / n_rep if n_rep else 0.0
+            for i in at.tolist():  # the op's FLOPs and bytes over its kernels by kernel time
+                share = float(us[i]) / kus if kus > 0 else 1.0 / len(at)
+                k = kernels.get(names[i])
+                if k is None:
+                    k = kernels[names[i]] = {"first:class": cls, "first:precision": None, "sum:flops": 0.0,
+                                             "sum:bytes": 0.0, "sum:kernel_us": float(us[i]), "sum:count": n_rep}
+                if k.get("first:class") in (None, "other"):
+                    k["first:class"] = cls
+                if k.get("first:precision") is None and cls in FLOP_CLASSES:
+                    k["first:precision"] = prec
+                _add(k, "sum:flops", fl * share)
+                _add(k, "sum:bytes", by * share)
+        if "other" in by_class and not any(abs(by_class["other"].get(f"sum:{f}") or 0.0) > 1e-6
+                                           for f in _SPLIT_SUMS):
+            del by_class["other"]  # as a span leaves out a class with nothing in it
+        for step, n in g.get("replays") or []:
+            r = step_rows.get((g.get("worker"), g.get("span"), step))
+            if r is None:
+                continue
+            r["flops"] = (r.get("flops") or 0.0) + per_replay_flops * n
+            if r.get("ideal_us") is not None:
+                r["ideal_us"] += per_replay_ideal * n
+                r["mfu_pct"] = _ratio_pct(r["ideal_us"], r.get("step_us"))
+        if stats is not None:
+            got = int((kernel_op >= 0).sum()) * n_rep
+            _add(stats, "sum:attributed", got)
+            _add(stats, "sum:attributed_kernel_us", float(us[kernel_op >= 0].sum()))
+            _add(stats, "sum:attributed_other_span", got)
+
+
+def _summary_na(report: dict, na: Dict[str, str]) -> None:
+    """A summary's reasons about CUDA graph replays, once its spans' replays were paired with
+    captures of other spans (_pair_replays): the spans' "the trace does not record their
+    capture" dropped when every replay got its capture, else said again with the count left."""
+    sec = report.get("flops") if isinstance(report.get("flops"), dict) else {}
+    stats = sec.get("graph_replays")
+    if not isinstance(stats, dict) or not stats.get("attributed_other_span"):
+        return
+    na.pop("flops.graph_replays", None)
+    if sec.get("mfu_pct") is not None or sec.get("flops"):
+        if (na.get("flops.mfu_pct") or "").startswith("no FLOPs counted in the steps: "):
+            na.pop("flops.mfu_pct")
+    why = replay_reason(stats, summary=True)
+    if why is not None:
+        na["flops.graph_replays"] = ("FLOPs and MFU are partial: " if sec.get("flops") else "") + why
+        if not sec.get("flops") and sec.get("peak"):
+            na["flops.mfu_pct"] = "no FLOPs counted in the steps: " + why
 
 
 # the MFU card's own scale (the card, like every card, is judged in judge/cards.py)
@@ -1343,7 +1546,8 @@ def _unit():
         Metric("achieved_tflops", "TFLOP/s in FLOP kernels", "TFLOP/s", HIGHER, path("flops", "achieved_tflops"),
                ("flops.flops", "flops"), text=False, order=100),
     )
-    return Unit("flops", _unit_compute, _unit_partial, _unit_finish, requires=("steps",), metrics=metrics)
+    return Unit("flops", _unit_compute, _unit_partial, _unit_finish, requires=("steps",), metrics=metrics,
+                summary_not_available=_summary_na)
 
 
 UNIT = _unit()

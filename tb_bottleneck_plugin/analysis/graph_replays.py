@@ -12,11 +12,17 @@ else any; once a capture's first replay names its kernels, a later replay must h
 names in the same order. Unmatched replays stay unattributed (their FLOPs are not counted and
 the reason says how to record the capture).
 
-Public API: ``replays(trace, gpu_runtime) -> dict | None``.
+A summary of the spans of one worker pairs a span's unmatched replays with a capture
+recorded in another span of that worker (``pair_across_spans``, over what each span's FLOPs
+section describes; the traces are not read again).
+
+Public API: ``replays(trace, gpu_runtime) -> dict | None``, ``names_key(names)``,
+``pair_across_spans(captures, replays)``.
 """
 from __future__ import annotations
 
-from typing import Dict, Optional
+import hashlib
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -41,6 +47,42 @@ HOW_TO_RECORD = ("record the capture: start the profiler before the first call t
                  "record_shapes=True")
 
 
+def names_key(names) -> str:
+    """A short key of a replayed graph's kernel-name sequence, the same in every trace file (the
+    string ids are per file): pairs a replay with a capture recorded in another span."""
+    return hashlib.blake2b("\x00".join(names).encode("utf-8", "replace"), digest_size=8).hexdigest()
+
+
+def pair_across_spans(captures: List[dict], replays: List[dict]) -> List[Tuple[dict, dict]]:
+    """(replay group, capture) pairs of a worker or run summary (METRICS.md §15): a span's
+    unmatched replays (rows of ``flops.graph_replays.unmatched``) with a capture recorded in
+    ANOTHER span of the SAME worker (rows of ``recorded_captures``; both tagged with their
+    ``worker`` and ``span``), with as many kernels, whose kernel names (when a replay in its own
+    span named them) are the replay's. As in one file: the capture's names are set by its first
+    replay; among those that fit, the latest that ended before the replay, else the first.
+    Rows without a worker pair with nothing."""
+    out: List[Tuple[dict, dict]] = []
+    named: Dict[int, str] = {}  # capture (by id) -> the names_key its first pairing gave it
+    for g in sorted(replays, key=lambda r: r.get("first_ts") or 0.0):
+        if g.get("worker") is None:
+            continue
+
+        def names(c):
+            return c.get("names_key") or named.get(id(c))
+
+        fits = [c for c in captures if c.get("worker") == g["worker"] and c.get("span") != g.get("span")
+                and c.get("kernels") == g.get("kernels") and names(c) in (None, g.get("names_key"))]
+        if not fits:
+            continue
+        same = [c for c in fits if names(c) == g.get("names_key")]
+        pool = same or fits
+        before = [c for c in pool if (c.get("end_ts") or 0.0) <= (g.get("first_ts") or 0.0)]
+        pick = max(before, key=lambda c: c.get("end_ts") or 0.0) if before else pool[0]
+        named.setdefault(id(pick), g.get("names_key"))
+        out.append((g, pick))
+    return out
+
+
 def _names_mask(trace: TraceData, test) -> np.ndarray:
     ids = trace.string_ids(test)
     return np.isin(trace.runtime.name, ids) if len(ids) else np.zeros(len(trace.runtime), bool)
@@ -51,7 +93,9 @@ def replays(trace: TraceData, gpu_runtime: np.ndarray) -> Optional[Dict[str, np.
     kernel was replayed from a graph. Keys: ``kernels`` (GPU rows, by replay then start),
     ``replay`` (each one's graph launch call, a row of trace.runtime), ``capture_call`` (the
     launch call of the capture it came from; -1 when no recorded capture matches), ``captures``
-    (how many captures the trace records), ``capture_calls`` (every capture launch call)."""
+    (how many captures the trace records), ``capture_calls`` (every capture launch call),
+    ``capture_list``/``capture_end`` (each capture's launch calls in order, its end),
+    ``capture_names`` (capture index -> the kernel name ids of its first matched replay)."""
     gpu, rt = trace.gpu, trace.runtime
     if not len(gpu) or not len(rt):
         return None
@@ -87,10 +131,11 @@ def replays(trace: TraceData, gpu_runtime: np.ndarray) -> Optional[Dict[str, np.
             captures.append((int(rt.pid[b]), float(rt.ts[e]), inside[np.argsort(rt.ts[inside], kind="stable")]))
     all_calls = np.concatenate([c[2] for c in captures]) if captures else np.zeros(0, np.int64)
     out = {"kernels": kernels, "replay": replay, "capture_call": capture_call, "captures": len(captures),
-           "capture_calls": all_calls}
+           "capture_calls": all_calls, "capture_list": [c[2] for c in captures],
+           "capture_end": [c[1] for c in captures], "capture_names": {}}
     if not captures:
         return out
-    names: Dict[int, np.ndarray] = {}  # capture index -> kernel name ids of its first matched replay
+    names: Dict[int, np.ndarray] = out["capture_names"]  # capture index -> kernel name ids of its first replay
     starts = np.flatnonzero(np.r_[True, replay[1:] != replay[:-1]])
     bounds = np.r_[starts, len(replay)]
     for i0, i1 in zip(bounds[:-1].tolist(), bounds[1:].tolist()):

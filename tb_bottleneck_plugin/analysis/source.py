@@ -307,6 +307,8 @@ def source_view(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = Non
         g_node[gr["kernels"][hit]] = nc + gr["capture_call"][hit]
     gdur = np.maximum(np.nan_to_num(gpu.dur, nan=0.0), 0.0)
     g_key = _at(key, g_node, -1)
+    # what a worker summary pairs with another span's capture (METRICS.md §17; issue 34 item 2)
+    graph = _graph_sources(trace, gr, key, keys, parent, is_module, name, nc, inc_gpu, gdur) if gr else None
     gpu_us = float(gdur[inc_gpu].sum())
     # --- per line ------------------------------------------------------------------------
     op_near = _nearest(parent, is_op)
@@ -392,6 +394,7 @@ def source_view(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = Non
         "labels": with_kind(labels), "label_union_us": label_union,
         "label_coverage_pct": pct(label_union, host_steps_us),
         "hint": None if has_stack and modules is not None else HINT,
+        "graph_replays": graph,
     }
     if not has_stack:
         for k in ("lines", "bottlenecks", "unattributed_gpu_us"):
@@ -402,6 +405,84 @@ def source_view(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = Non
 
 
 _VIA = {0: None, 1: "python_function", 2: "call_stack", 3: "autograd thread", 4: "autograd thread"}
+
+
+def _table(values) -> Tuple[List[str], List[int]]:
+    """Distinct non-null values and, per value, its index (-1: null)."""
+    names: List[str] = []
+    at: Dict[str, int] = {}
+    out = []
+    for v in values:
+        if v is None:
+            out.append(-1)
+            continue
+        if v not in at:
+            at[v] = len(names)
+            names.append(v)
+        out.append(at[v])
+    return names, out
+
+
+def _graph_sources(trace, gr, key, keys, parent, is_module, name, nc, inc_gpu, gdur) -> Optional[dict]:
+    """The span's CUDA graph captures and unmatched replays, for a worker summary to pair across
+    its spans (graph_replays.pair_across_spans; METRICS.md §17 "CUDA graph replays"):
+    ``captures``: per recorded capture ``kernels``, ``names_key``, ``end_ts``, the user line
+    (``frames`` + ``kernel_frame``) and nn.Module path (``modules`` + ``kernel_module``) of
+    each launch; ``unmatched``: the replays of included steps no capture of this trace matched,
+    per kernel-name sequence and launching line/module: ``kernels``, ``names_key``,
+    ``kernel_us`` per position (summed), ``replays``, ``first_ts``, ``frame``, ``module`` (where
+    this span put their GPU time). None without captures or unmatched replays."""
+    from .graph_replays import names_key
+
+    S = trace.strings
+    near = _nearest(parent, is_module) if is_module.any() else None
+    up = _strict(parent, near) if near is not None else None
+    memo: Dict[int, str] = {}
+
+    def module_of(node: int) -> Optional[str]:
+        m = int(near[node]) if near is not None else -1
+        chain = []
+        while m >= 0 and m not in memo:
+            chain.append(m)
+            m = int(up[m])
+        base = memo.get(m) if m >= 0 else None
+        for x in reversed(chain):
+            own = S[int(name[x])][len("nn.Module: "):]
+            base = memo[x] = (base + "/" + own) if base else own
+        return base
+
+    def frame_of(node: int) -> Optional[str]:
+        return keys.names[int(key[node])] if key[node] >= 0 else None
+
+    caps = []
+    for j, calls in enumerate(gr["capture_list"]):
+        seq = gr["capture_names"].get(j)
+        frames, kernel_frame = _table([frame_of(nc + int(c)) for c in calls])
+        modules, kernel_module = _table([module_of(nc + int(c)) for c in calls])
+        caps.append({"kernels": int(len(calls)), "end_ts": float(gr["capture_end"][j]),
+                     "names_key": names_key([S[int(n)] for n in seq]) if seq is not None else None,
+                     "frames": frames, "kernel_frame": kernel_frame,
+                     "modules": modules, "kernel_module": kernel_module})
+    k, cc, rp = gr["kernels"], gr["capture_call"], gr["replay"]
+    groups: Dict[tuple, dict] = {}
+    bounds = np.r_[np.flatnonzero(np.r_[True, rp[1:] != rp[:-1]]), len(rp)] if len(rp) else np.zeros(0, np.int64)
+    for i0, i1 in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        ks = k[i0:i1]
+        if cc[i0] >= 0 or not inc_gpu[ks].all():
+            continue
+        node = nc + int(rp[i0])
+        gk = (tuple(trace.gpu.name[ks].tolist()), frame_of(node), module_of(node))
+        g = groups.get(gk)
+        ts = float(trace.runtime.ts[rp[i0]])
+        if g is None:
+            g = groups[gk] = {"us": np.zeros(len(ks)), "n": 0, "first_ts": ts}
+        g["us"] += gdur[ks]
+        g["n"] += 1
+        g["first_ts"] = min(g["first_ts"], ts)
+    unmatched = [{"kernels": len(gk[0]), "names_key": names_key([S[int(n)] for n in gk[0]]),
+                  "kernel_us": g["us"].tolist(), "replays": g["n"], "first_ts": g["first_ts"],
+                  "frame": gk[1], "module": gk[2]} for gk, g in groups.items()]
+    return {"captures": caps, "unmatched": unmatched} if caps or unmatched else None
 
 
 def _top(per_key: Dict[str, dict], steps_us: float) -> List[dict]:
@@ -587,10 +668,77 @@ def _partial(report: dict) -> dict:
                                             **{f"first:{f}": r.get(f) for f in _MODULE_FIRST})
                             for r in sec.get("modules") or []}
     out["keyed:labels"] = {r["name"]: {f"sum:{f}": r.get(f) for f in _LABEL_SUMS} for r in sec.get("labels") or []}
+    graph = sec.get("graph_replays") if isinstance(sec.get("graph_replays"), dict) else {}
+    for part in ("captures", "unmatched"):  # paired across the spans of a worker (_pair_replays)
+        rows = graph.get(part) if isinstance(graph.get(part), list) else []
+        out[f"rows:graph_{part}"] = [dict(r, worker=report.get("worker"), span=report.get("span"))
+                                     for r in rows if isinstance(r, dict)]
     return out
 
 
+def _move_module_gpu(mods: dict, path: Optional[str], us: float) -> None:
+    """Add ``us`` forward GPU time to module ``path`` (self) and its ancestors (total)."""
+    if not path:
+        return
+    row = mods.get(path)
+    if row is None:
+        leaf = path.rsplit("/", 1)[-1]
+        row = mods[path] = {"first:module": leaf, "first:class": leaf.rsplit("_", 1)[0] if "_" in leaf else leaf,
+                            "first:depth": path.count("/"),
+                            "first:parent": path.rsplit("/", 1)[0] if "/" in path else None,
+                            **{f"sum:{f}": 0.0 for f in _MODULE_SUMS}}
+    for f, v in (("gpu_self_fwd_us", us), ("gpu_fwd_us", us)):
+        if row.get(f"sum:{f}", 0.0) is not None:
+            row[f"sum:{f}"] = row.get(f"sum:{f}", 0.0) + v
+    cut = path.rfind("/")
+    while cut > 0:
+        anc = mods.get(path[:cut])
+        if anc is not None and anc.get("sum:gpu_fwd_us") is not None:
+            anc["sum:gpu_fwd_us"] += us
+        cut = path.rfind("/", 0, cut)
+
+
+def _pair_replays(m: dict) -> None:
+    """A summary: the replays a span could not attribute, paired with a capture recorded in
+    another span of their worker (graph_replays.pair_across_spans): their GPU time moves from
+    the line and module that launched the replay (or the unattributed time) to the capture's
+    line and module of each kernel, as in one file (METRICS.md §17). Changes ``m`` in place."""
+    from .graph_replays import pair_across_spans
+
+    caps, groups = m.get("rows:graph_captures") or [], m.get("rows:graph_unmatched") or []
+    if not caps or not groups:
+        return
+    lines = m.setdefault("keyed:lines", {})
+    mods = m.get("keyed:modules") if m.get("any:has_modules") else None
+
+    def to_line(frame, us, kernels):
+        if frame is None:
+            if m.get("sum:unattributed_gpu_us") is not None:
+                m["sum:unattributed_gpu_us"] += us
+            return
+        row = lines.setdefault(frame, {f"sum:{f}": 0.0 for f in _LINE_SUMS})
+        for f, v in (("gpu_us", us), ("kernels", kernels)):
+            if row.get(f"sum:{f}") is not None:
+                row[f"sum:{f}"] += v
+
+    for g, c in pair_across_spans(caps, groups):
+        us = np.asarray(g.get("kernel_us") or [], float)
+        kf, km = c.get("kernel_frame") or [], c.get("kernel_module") or []
+        if len(us) != len(kf) or len(us) != len(km):
+            continue
+        n_rep = int(g.get("replays") or 0)
+        total = float(us.sum())
+        to_line(g.get("frame"), -total, -len(us) * n_rep)  # where the span had put them
+        if mods is not None:
+            _move_module_gpu(mods, g.get("module"), -total)
+        for i, u in enumerate(us.tolist()):
+            to_line(c["frames"][kf[i]] if kf[i] >= 0 else None, u, n_rep)
+            if mods is not None and km[i] >= 0:
+                _move_module_gpu(mods, c["modules"][km[i]], u)
+
+
 def _finish(m: dict) -> dict:
+    _pair_replays(m)
     has_stack = bool(m.get("any:has_stack"))
     steps_us = m.get("sum:steps_us")
 

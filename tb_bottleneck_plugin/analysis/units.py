@@ -292,6 +292,10 @@ class Unit:
     # only: the verdict functions live in judge/cards.py (CARD_FUNCTIONS), so the maths never
     # imports the judging
     cards: Tuple[str, ...] = ()
+    # optional ``(summary report, not_available) -> None``: a worker or run summary's reasons
+    # where finishing the merged partials answers what a span could not (the spans' reasons are
+    # merged first; e.g. flops: CUDA graph replays paired with another span's capture)
+    summary_not_available: Optional[Callable[[dict, Dict[str, str]], None]] = None
 
     def __post_init__(self):
         if not self.cards:

@@ -41,16 +41,25 @@ def _replay(b, ts):
     b.kernel(GEMM2, ts + 500, 100, correlation=corr)
 
 
-def _graph_trace(capture=True):
+def _graph_trace(capture=True, steps=(1, 2, 3), frames=False):
     """Three 2 ms steps, each ending with an eager aten::mul (20 µs kernel). In step 1 the capture (when ``capture``): aten::addmm (bf16), aten::add,
     aten::mm (fp16), each with one launch call that runs nothing (captured), between
     cudaStreamBeginCapture and cudaStreamEndCapture; then the replay cudagraph trees does right
-    after recording. Steps 2 and 3: one replay each."""
+    after recording. Steps 2 and 3: one replay each. ``steps``: the step numbers this file
+    records (a later span of one profiler: 2, 3), at their times; the capture is in the first;
+    ``frames``: with_stack frames around the capture (model.py(7): forward > Block_0) and
+    around each replay (train.py(20): train_step)."""
     b = TraceBuilder(props=(H100,))
-    for s in range(3):
+    for n in steps:
+        s = n - 1
         t0 = 10_000 + s * 2000
-        b.step(s + 1, t0, 1990)
-        if s == 0 and capture:
+        b.step(n, t0, 1990)
+        if n == steps[0] and capture and frames:
+            b.cpu("model.py(7): forward", t0 + 5, 140, cat="python_function")
+            b.cpu("nn.Module: Block_0", t0 + 6, 138, cat="python_function")
+        if frames:  # the line that replays the graph
+            b.cpu("train.py(20): train_step", t0 + 190, 40, cat="python_function")
+        if n == steps[0] and capture:
             b.runtime("cudaStreamBeginCapture", t0 + 10, 5)
             b.cpu("aten::addmm", t0 + 20, 40, **{"Input Dims": [[N], [M, K], [K, N], [], []],
                                                   "Input type": [BF16, BF16, BF16, "Scalar", "Scalar"]})
@@ -87,9 +96,17 @@ def test_replays_attributed_to_the_capture_time_ops(tmp_path):
     # the capture-time ops ran nothing themselves: not "unlaunched", not counted on their own
     assert sec["unlaunched_calls"] == 0 and sec["counted_calls"] == 3 * 2
     assert sec["by_class"]["elementwise"]["calls"] == 3 + 3  # the replayed add (3x) and the eager mul
-    assert sec["graph_replays"] == {"kernels": 9, "kernel_us": 3 * 550.0, "attributed": 9,
-                                    "attributed_kernel_us": 3 * 550.0, "captures": 1,
-                                    "step_kernel_us": 3 * (550.0 + 20)}
+    gr = dict(sec["graph_replays"])
+    caps, unmatched = gr.pop("recorded_captures"), gr.pop("unmatched")
+    assert gr == {"kernels": 9, "kernel_us": 3 * 550.0, "attributed": 9,
+                  "attributed_kernel_us": 3 * 550.0, "captures": 1, "step_kernel_us": 3 * (550.0 + 20)}
+    # what a worker summary pairs with another span's replays: the capture, each op once
+    assert unmatched == [] and len(caps) == 1 and caps[0]["kernels"] == 3
+    ops = [caps[0]["ops"][i] for i in caps[0]["kernel_op"]]  # in launch order
+    assert [(o["flops"], o["precision"], o["class"], o["counted"]) for o in ops] == [
+        (2 * M * N * K, "bf16", "gemm", True), (0.0, None, "elementwise", False),
+        (2 * M2 * N2 * K2, "fp16", "gemm", True)]
+    assert ops[1]["bytes"] == 3 * M * N * 2  # aten::add: two bf16 inputs and the output
     assert "flops.graph_replays" not in rep["not_available"]
     assert rep["flops"]["mfu_pct"] is not None
 
@@ -173,3 +190,121 @@ def test_replayed_kernels_take_the_capture_time_source_line_and_module(tmp_path)
     assert line["gpu_us"] == 3 * 550 and line["kernels"] == 9
     mod = next(m for m in sec["modules"] if m["path"] == "Block_0")
     assert mod["gpu_fwd_us"] == 3 * 550
+
+
+# ---------------------------------------------------------------- the capture in another span
+
+def _worker_spans(tmp_path, worker="w0", other_worker=None):
+    """A run directory as torch.profiler with a schedule writes it: one file per active span of
+    worker ``worker``: span 1 (step 1) records the capture and its first replay, span 2 (steps 2
+    and 3) only replays. ``other_worker``: span 2 is that worker's file instead."""
+    run = tmp_path / "run"
+    _graph_trace(steps=(1,), frames=True).write(run / f"{worker}.1700000000001.pt.trace.json")
+    _graph_trace(capture=False, steps=(2, 3), frames=True).write(
+        run / f"{other_worker or worker}.1700000000002.pt.trace.json")
+    return run
+
+
+def _summaries(path):
+    """As `report --json` (serving/engine.json_report) arranges them: per run its workers' span
+    reports and summaries, and a run summary over every span when it has several workers."""
+    from tb_bottleneck_plugin.trace import discovery
+
+    logdir = discovery.discover_path(str(path))
+    doc = {"runs": []}
+    for run in logdir.runs:
+        entry = {"run": run.name, "workers": []}
+        every = []
+        for w in run.workers:
+            results = [report.analyze_span(logdir.url, run, s) for s in w.spans]
+            every += results
+            entry["workers"].append({"worker": w.name, "spans": [r["report"] for r in results],
+                                     "summary": report.combine_results(results, run=run.name, worker=w.name,
+                                                                       views=False)["report"]})
+        if len(run.workers) > 1:
+            entry["summary"] = report.combine_results(every, run=run.name, views=False)["report"]
+        doc["runs"].append(entry)
+    return doc
+
+
+def test_capture_in_another_span_of_the_worker_counts_in_its_summary(tmp_path):
+    """Span 2 alone cannot count its 2 replays (no capture in its file: n/a, as before); the
+    worker summary pairs them with span 1's capture (same kernel count and names): 3 replays ×
+    (2·M·N·K + 2·M2·N2·K2) FLOPs, per step, per precision and class, as the one-file trace."""
+    doc = _summaries(_worker_spans(tmp_path))
+    (run,) = doc["runs"]
+    (worker,) = run["workers"]
+    span1, span2 = sorted(worker["spans"], key=lambda r: r["span"])
+    assert span1["flops"]["flops"] == PER_REPLAY
+    assert span2["flops"]["flops"] == 0 and span2["flops"]["mfu_pct"] is None
+    assert "the trace does not record their capture" in span2["not_available"]["flops.mfu_pct"]
+    assert span2["flops"]["graph_replays"]["unmatched"][0]["replays"] == [[2, 1], [3, 1]]
+    summ = worker["summary"]
+    sec = summ["flops"]
+    assert sec["flops"] == 3 * PER_REPLAY  # before: PER_REPLAY (span 1's replay only)
+    assert [(r["step"], r["flops"]) for r in sec["per_step"]] == [(1, PER_REPLAY), (2, PER_REPLAY), (3, PER_REPLAY)]
+    assert sec["by_precision"]["bf16"]["flops"] == 3 * 2 * M * N * K
+    assert sec["by_precision"]["fp16"]["flops"] == 3 * 2 * M2 * N2 * K2
+    assert sec["by_class"]["gemm"]["kernel_us"] == 3 * (400 + 100)
+    assert sec["by_class"]["gemm"]["calls"] == 3 * 2
+    assert sec["flop_kernel_us"] == 3 * (400 + 100) and sec["counted_calls"] == 3 * 2
+    kernels = {k["name"]: k for k in sec["kernels"]}
+    assert kernels[GEMM1]["class"] == "gemm" and kernels[GEMM1]["precision"] == "bf16"
+    assert kernels[GEMM1]["flops"] == 3 * 2 * M * N * K and kernels[GEMM1]["count"] == 3
+    assert kernels[GEMM2]["flops"] == 3 * 2 * M2 * N2 * K2 and kernels[ADD]["class"] == "elementwise"
+    gr = sec["graph_replays"]
+    assert (gr["kernels"], gr["attributed"], gr["attributed_other_span"]) == (9, 9, 6)
+    assert gr["attributed_kernel_us"] == gr["kernel_us"] == 3 * 550.0
+    # the same numbers as one file holding all three steps
+    one = report.analyze_trace(_graph_trace().load(tmp_path))["report"]["flops"]
+    for key in ("flops", "bytes", "flop_kernel_us", "ideal_us", "mfu_pct", "counted_calls"):
+        assert sec[key] == pytest.approx(one[key]), key
+    assert {c: v["kernel_us"] for c, v in sec["by_class"].items()} == \
+        pytest.approx({c: v["kernel_us"] for c, v in one["by_class"].items()})
+    # the replays' GPU time on the capture's source line and module (span 2 alone: unattributed)
+    src2 = span2["source_attribution"]
+    assert {r["frame"]: r["gpu_us"] for r in src2["lines"]} == {"train.py(20): train_step": 2 * 550}
+    assert src2["modules"] is None
+    src = summ["source_attribution"]
+    line = next(r for r in src["lines"] if r["frame"] == "model.py(7): forward")
+    assert line["gpu_us"] == 3 * 550 and line["kernels"] == 9  # before: 550 and 3 (span 1's replay)
+    line = next(r for r in src["lines"] if r["frame"] == "train.py(20): train_step")
+    assert line["gpu_us"] == 0 and line["kernels"] == 0  # before: 1100 µs, 6 kernels (span 2's replays)
+    mod = next(m for m in src["modules"] if m["path"] == "Block_0")
+    assert mod["gpu_fwd_us"] == mod["gpu_self_fwd_us"] == 3 * 550
+    assert src["unattributed_gpu_us"] == 3 * 20  # the eager aten::mul kernels have no frame
+    # the card is no longer n/a or partial, and no reason about the replays is left
+    assert "flops.graph_replays" not in summ["not_available"] and "flops.mfu_pct" not in summ["not_available"]
+    mfu = summ["verdicts"]["mfu"]
+    assert mfu["value"] == pytest.approx(one["mfu_pct"]) and "partial" not in mfu["verdict"]
+
+
+def test_replay_with_its_capture_in_another_worker_is_not_paired(tmp_path):
+    """Span 2 belongs to worker w1: w0's capture is another process's graph. The run summary (both
+    workers) and w1 keep span 2's replays unattributed, with the reason."""
+    doc = _summaries(_worker_spans(tmp_path, other_worker="w1"))
+    (run,) = doc["runs"]
+    w1 = next(w for w in run["workers"] if w["worker"] == "w1")["summary"]
+    assert w1["flops"]["flops"] == 0 and "flops.mfu_pct" in w1["not_available"]
+    summ = run["summary"]
+    assert summ["flops"]["flops"] == PER_REPLAY
+    assert summ["flops"]["graph_replays"]["attributed"] == 3
+    assert "6 kernels replayed from CUDA graphs" in summ["not_available"]["flops.graph_replays"]
+    assert summ["flops"]["graph_replays"]["kernels"] == 9 and not summ["flops"]["graph_replays"].get(
+        "attributed_other_span")
+
+
+def test_replay_of_another_graph_in_another_span_stays_unmatched(tmp_path):
+    """Span 2 replays a graph of 3 kernels whose names differ from the capture's first replay
+    (another graph of the same size): not paired; the summary says 2 replays are left."""
+    run = tmp_path / "run"
+    _graph_trace(steps=(1,)).write(run / "w0.1700000000001.pt.trace.json")
+    b = _graph_trace(capture=False, steps=(2, 3))
+    for e in b.events:
+        if e.get("name") == GEMM2:
+            e["name"] = "sm80_xmma_gemm_f16f16_f16f32_f32_nn_n_tilesize128x64x32_cublas"
+    b.write(run / "w0.1700000000002.pt.trace.json")
+    summ = _summaries(run)["runs"][0]["workers"][0]["summary"]
+    assert summ["flops"]["flops"] == PER_REPLAY
+    assert summ["flops"]["graph_replays"]["attributed"] == 3
+    assert "6 kernels replayed from CUDA graphs" in summ["not_available"]["flops.graph_replays"]
