@@ -910,8 +910,9 @@ def _graph_parts(trace: TraceData, gr, tmpl, in_step, kdur, step_windows, precis
       capture-time op once: flops, bytes, precision (null: bytes only), class, counted) and
       ``kernel_op`` (per launch, its index in ``ops``; -1 none);
     - ``unmatched``: the replays in included steps that no capture of this trace matched,
-      one row per kernel-name sequence: ``kernels``, ``names_key``, ``names``, ``kernel_us``
-      (per position, summed over the replays), ``replays`` ([[step, count]]), ``first_ts``,
+      one row per kernel-name sequence: ``kernels``, ``names_key``, ``names`` (distinct) and
+      ``kernel_name`` (per position, its index there), ``kernel_us`` (per position, summed over
+      the replays, µs to 3 decimals), ``replays`` ([[step, count]]), ``first_ts``,
       ``devices``.
 
     Small: a few numbers per capture-time op and per replayed kernel position, nothing on
@@ -956,9 +957,11 @@ def _graph_parts(trace: TraceData, gr, tmpl, in_step, kdur, step_windows, precis
         g["first_ts"] = min(g["first_ts"], ts)
     unmatched = []
     for key, g in groups.items():
-        names = [names_of[int(n)] for n in key]
-        unmatched.append({"kernels": len(key), "names_key": graph_replays.names_key(names), "names": names,
-                          "kernel_us": g["us"].tolist(), "replays": [[s, c] for s, c in sorted(g["steps"].items())],
+        distinct, kernel_name = np.unique(np.asarray(key, np.int64), return_inverse=True)
+        unmatched.append({"kernels": len(key), "names_key": graph_replays.names_key([names_of[int(n)] for n in key]),
+                          "names": [names_of[int(n)] for n in distinct], "kernel_name": kernel_name.tolist(),
+                          "kernel_us": [round(u, 3) for u in g["us"].tolist()],
+                          "replays": [[s, c] for s, c in sorted(g["steps"].items())],
                           "first_ts": g["first_ts"], "devices": int(n_dev)})
     return {"recorded_captures": caps, "unmatched": unmatched}
 
@@ -1425,9 +1428,10 @@ def _pair_replays(m: dict) -> None:
     for g, c in graph_replays.pair_across_spans(caps, groups):
         us = np.asarray(g.get("kernel_us") or [], float)
         kernel_op = np.asarray(c.get("kernel_op") or [], np.int64)
-        names = g.get("names") or []
-        if len(us) != len(kernel_op) or len(names) != len(us):
+        distinct, at_name = g.get("names") or [], g.get("kernel_name") or []
+        if len(us) != len(kernel_op) or len(at_name) != len(us) or any(not 0 <= i < len(distinct) for i in at_name):
             continue
+        names = [distinct[i] for i in at_name]
         n_rep = sum(int(n) for _, n in g.get("replays") or [])
         n_dev = max(int(g.get("devices") or 1), 1)
         per_replay_flops = per_replay_ideal = 0.0

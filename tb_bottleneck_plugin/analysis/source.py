@@ -480,7 +480,7 @@ def _graph_sources(trace, gr, key, keys, parent, is_module, name, nc, inc_gpu, g
         g["n"] += 1
         g["first_ts"] = min(g["first_ts"], ts)
     unmatched = [{"kernels": len(gk[0]), "names_key": names_key([S[int(n)] for n in gk[0]]),
-                  "kernel_us": g["us"].tolist(), "replays": g["n"], "first_ts": g["first_ts"],
+                  "kernel_us": [round(u, 3) for u in g["us"].tolist()], "replays": g["n"], "first_ts": g["first_ts"],
                   "frame": gk[1], "module": gk[2]} for gk, g in groups.items()]
     return {"captures": caps, "unmatched": unmatched} if caps or unmatched else None
 
