@@ -22,7 +22,7 @@ examples/bottlenecks.ipynb walks through demo_logs/ with it (tests/report/test_n
 One code path, the engine's (serving/engine.py), as the CLI's: `analyze` is `engine.collect`
 (discovery, `report.analyze_span` per span in child processes or on Dask) and `to_dict` is
 `engine.json_report`; summaries are
-`report.combine_results`; `compare` is `gate.load_result` + `compare.compare`, as `diff`.
+`report.combine_results`; `compare` is `engine.run_result` + `compare.compare`, as `diff`.
 pandas is imported only inside the DataFrame methods (``pip install
 "tb_bottleneck_plugin[notebook]"``): importing this module, the tab or the CLI never loads it.
 """
@@ -86,9 +86,7 @@ def analyze(path_or_url: str, *, jobs: Optional[int] = None, dask: Optional[str]
 
     budget = None
     if memory is not None:
-        from .serving.scheduler import parse_bytes
-
-        budget = parse_bytes(str(memory))
+        budget = engine.parse_bytes(str(memory))
     if jobs is not None and jobs <= 0:
         raise ValueError("jobs must be positive")
     peak = _peak_env(peak_tflops)
@@ -545,15 +543,15 @@ def compare(base, cand, *, base_batch_size: Optional[float] = None, cand_batch_s
     Spelled ``from tb_bottleneck_plugin.api import compare``; at package level it is
     ``tb_bottleneck_plugin.compare_runs`` (the same function), because
     ``tb_bottleneck_plugin.views.compare`` is the compare.py module."""
+    from .serving import engine
     from .views import compare as cmp_mod
-    from .views import gate
 
     def load(side):
         if isinstance(side, Report):
             return side._result(side._one_run()), side.path
         try:
-            return gate.load_result(str(side)), str(side)
-        except gate.InputError as exc:
+            return engine.run_result(str(side)), str(side)
+        except engine.EngineError as exc:
             raise ValueError(str(exc)) from None
 
     (b, bl), (c, cl) = load(base), load(cand)

@@ -183,7 +183,7 @@ def _environ(name: str, value: str):
 
 def _run(args) -> int:
     if args.command in ("diff", "check"):
-        return gate.run(args)
+        return gate.run(args, _run_result)
     if args.command == "mcp":
         # the MCP front end: its own module, imported only by this command (the mcp SDK with it)
         from . import mcp_server
@@ -208,7 +208,7 @@ def _run(args) -> int:
         return _fail("--jobs must be positive")
     budget = None
     if args.memory:
-        from .serving.scheduler import parse_bytes
+        from .serving.engine import parse_bytes
 
         try:
             budget = parse_bytes(args.memory)
@@ -299,6 +299,16 @@ def _report(path: str, *, as_json: bool, debug: bool = False, jobs: Optional[int
         if failed:
             return _fail(failed)
     return 1 if errors else 0
+
+
+def _run_result(path: str) -> dict:
+    """``diff``/``check``'s input: one file's or run's result, from the engine."""
+    from .serving import engine
+
+    try:
+        return engine.run_result(path)
+    except engine.EngineError as exc:
+        raise gate.InputError(str(exc)) from None
 
 
 def _step_models(doc: dict) -> dict:

@@ -1,7 +1,7 @@
 """The Bottlenecks tab: TensorBoard's plugin object (``base_plugin.TBPlugin``).
 
-It builds the ``service.Analyzer`` from TensorBoard's flags and hands TensorBoard the
-routes of routes.py (``get_plugin_apps``); every HTTP handler, the route list and the
+It builds the engine's long-lived mode (``engine.Analyzer``) from TensorBoard's flags and
+hands TensorBoard the routes of routes.py (``get_plugin_apps``); every HTTP handler, the route list and the
 error answers are there. Here too: reading the dashboard's files, which sit next to this
 module (``_frontend_dir``, ``_static_file``).
 """
@@ -14,11 +14,8 @@ from typing import Optional
 from tensorboard.plugins import base_plugin
 
 from . import routes
-from .serving.scheduler import parse_bytes
 from .analysis import peaks
-from .serving.cache import cache_max_bytes
-from .serving.engine import Analyzer
-from .serving.service import DEFAULT_RESCAN_SECONDS, default_cache_dir
+from .serving.engine import DEFAULT_RESCAN_SECONDS, Analyzer, cache_max_bytes, default_cache_dir, parse_bytes
 
 PLUGIN_NAME = "bottlenecks"  # the tab's name in TensorBoard and in its /data/plugin/<name>/ URLs
 

@@ -31,7 +31,7 @@ class BottlenecksLoader(base_plugin.TBLoader):
             "--bottlenecks_rescan_seconds",
             metavar="S",
             type=float,
-            default=30.0,  # serving/service.py DEFAULT_RESCAN_SECONDS (this module imports nothing of ours)
+            default=30.0,  # serving/engine.py DEFAULT_RESCAN_SECONDS (this module imports nothing of ours)
             help="How often the Bottlenecks tab rescans the logdir for new trace files (default 30).",
         )
 

@@ -23,7 +23,8 @@ A handler is ``handler(context, request) -> response``. It reads its query throu
 :func:`selection` and raises :class:`RouteError` for every answer but a 200;
 :func:`plugin_apps` wraps each handler in :func:`_guarded`, which turns a RouteError, and
 any other exception, into the JSON answer. The payloads are built by the pure functions of
-views/, serving/ and analysis/, which never see a request (nothing there imports this module).
+views/ and analysis/ and read from the engine's long-lived mode (`engine.Analyzer`, the one
+thing of serving/ imported here), which never see a request (nothing there imports this module).
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ from tensorboard.backend import http_util, json_util
 from werkzeug import wrappers
 
 from .analysis import operators
-from .serving import engine, timeline_store
+from .serving import engine
 from .views import compare as compare_view
 from .views import headline as headline_view
 from .views import ranks as ranks_view
@@ -401,7 +402,7 @@ def _serve_ranks(ctx: RouteContext, request):
 
 def _timeline_store(analyzer, sel: Selection):
     """(Worker, Span, store) of the span a timeline request shows: the one holding the step
-    asked for, else the slowest included step of the selection (timeline_store.span_to_show).
+    asked for, else the slowest included step of the selection (`engine.span_to_show`).
     202 while loading (or while a lost store is rebuilt), 404 unknown names or steps, 422
     when no span is analysed or the span has no store or no step."""
     selected = _span_states(analyzer, sel)
@@ -414,8 +415,8 @@ def _timeline_store(analyzer, sel: Selection):
         errors = [{"file": rel(s.url), "error": rel(st.error), "retry": st.retry}
                   for _, s, st in selected if st.error]
         raise RouteError(422, state="error", error=errors[0]["error"] if errors else "no trace files", errors=errors)
-    w, s, st = timeline_store.span_to_show(ready, sel.step,
-                                           lambda span, state: analyzer.timelines.get(span.url, state.fingerprint))
+    w, s, st = engine.span_to_show(ready, sel.step,
+                                   lambda span, state: analyzer.timelines.get(span.url, state.fingerprint))
     store = analyzer.timelines.get(s.url, st.fingerprint)
     if store is None:
         reason = analyzer.timelines.missing_reason(s.url, st.fingerprint)
@@ -423,7 +424,7 @@ def _timeline_store(analyzer, sel: Selection):
             # built once, gone now (an unreadable or evicted .timeline.npz): analysed again
             raise _loading(0.0)
         raise RouteError(422, state="error", error="the step timeline is not available for this span: "
-                         + (reason or timeline_store.NO_STORE_RETURNED), errors=[])
+                         + (reason or engine.NO_STORE_RETURNED), errors=[])
     index = tw.step_index(store, sel.step)
     if index is None:
         raise RouteError(422, state="error", error="this span has no step", errors=[])
@@ -433,7 +434,7 @@ def _timeline_store(analyzer, sel: Selection):
 
 
 def _analyse_again(analyzer, run: str, span) -> bool:
-    """Queue ``span`` for a new analysis (the service's ``reanalyze``); False when the
+    """Queue ``span`` for a new analysis (the engine's ``Analyzer.reanalyze``); False when the
     analyzer cannot (an older or injected one) or the span is not ready any more."""
     again = getattr(analyzer, "reanalyze", None)
     if again is None:

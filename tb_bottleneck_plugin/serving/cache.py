@@ -1,8 +1,8 @@
 """The disk cache of analysed span results (one JSON file per span, bounded in size).
 
 Separate from the scheduler (`scheduler.py`: which span is analysed next, and how many
-at once) and from the view-model (`service.Analyzer`: what the tab is shown). The
-service keys an entry by the span's URL, its fingerprint (size + mtime, or the GCS
+at once) and from the view-model (`engine.Analyzer`: what the tab is shown). The
+Analyzer keys an entry by the span's URL, its fingerprint (size + mtime, or the GCS
 generation) and `current_version` (``ANALYSIS_VERSION``, a digest of the
 package's source and the user-given peak/link settings); the CLI does not use the cache.
 """

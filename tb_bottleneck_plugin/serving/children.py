@@ -208,14 +208,14 @@ atexit.register(_kill_children)
 
 
 class WaitThreads:
-    """Daemon threads that run the Analyzer's jobs (each waits on an analysis child or a
-    Dask future), kept for the Analyzer's life and reused.
+    """Daemon threads that run the engine's jobs (engine.SpanRunner: each waits on an
+    analysis child or a Dask future), kept for the runner's life and reused.
 
     Not a ThreadPoolExecutor: its threads are joined at interpreter exit
     (concurrent.futures' exit hook), so a TensorBoard told to stop (SIGTERM, Ctrl-C) waited
     for every analysis in flight to end: seconds per span, minutes on a large trace. Daemon
     threads never hold the exit; the children they wait on are killed by `Analyzer.stop`
-    (at exit, `service._stop_analyzers`). Not one thread per job either: a child's
+    (at exit, `engine._stop_analyzers`). Not one thread per job either: a child's
     PR_SET_PDEATHSIG fires when the *thread* that started it ends (procguard), and children
     are reused across jobs."""
 
@@ -227,11 +227,14 @@ class WaitThreads:
         self._threads: List[threading.Thread] = []
         self._closed = False
 
-    def submit(self, fn: Callable, *args) -> None:
+    def submit(self, fn: Callable, *args, then: Optional[Callable] = None) -> None:
+        """Run ``fn(*args)`` on an idle thread (a new one when none is idle); ``then()`` after
+        it, once the thread counts as idle again: a job that starts the next one there (the
+        engine's scheduler) hands it to this thread instead of starting one more."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("the Analyzer was stopped")
-            self._jobs.put((fn, args))
+            self._jobs.put((fn, args, then))
             if not self._idle.acquire(blocking=False):  # no idle thread: one more
                 thread = threading.Thread(target=self._run, daemon=True,
                                           name=f"{self._name}_{len(self._threads)}")
@@ -243,7 +246,7 @@ class WaitThreads:
             job = self._jobs.get()
             if job is None:
                 return
-            fn, args = job
+            fn, args, then = job
             job = None
             try:
                 fn(*args)
@@ -251,6 +254,12 @@ class WaitThreads:
                 log.exception("bottlenecks: a background job failed")
             fn = args = None
             self._idle.release()
+            if then is not None:
+                try:
+                    then()
+                except Exception:  # noqa: BLE001 - never lose the thread
+                    log.exception("bottlenecks: a background job failed")
+                then = None
 
     def shutdown(self) -> None:
         """Drop the jobs not started; idle threads end (busy ones when their job ends)."""
@@ -370,8 +379,11 @@ class ChildPool:
         return outcome
 
 
-def outcome_in_thread(analyze_span: Callable, logdir: str, run, span, progress) -> tuple:
-    """The same outcomes as `ChildPool.analyze`, from a function called in this process."""
+def outcome_in_thread(analyze_span: Callable, logdir: str, run, span, progress, *,
+                      traceback_in_outcome: bool = False) -> tuple:
+    """The same outcomes as `ChildPool.analyze`, from a function called in this process. A
+    bug is logged with its traceback, or with ``traceback_in_outcome`` (the CLI, which
+    prints it only with --debug) carried after the outcome's first line, as a child does."""
     try:
         return "ok", analyze_span(logdir, run, span, progress=progress)
     except TruncatedTraceError as exc:
@@ -379,5 +391,7 @@ def outcome_in_thread(analyze_span: Callable, logdir: str, run, span, progress) 
     except BottleneckError as exc:
         return "error", str(exc)
     except Exception as exc:  # a bug in one analysis must not take the tab down
+        if traceback_in_outcome:
+            return "internal", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
         log.exception("bottlenecks: analysing %s failed", span.url)
         return "internal", f"{type(exc).__name__}: {exc}"

@@ -89,11 +89,12 @@ class DaskBackend:
         except Exception:  # noqa: BLE001 - the scheduler went away: the next task will say so
             return 1
 
-    def analyze(self, logdir: str, run, span, progress: Optional[Callable[[float], None]] = None) -> tuple:
-        """Analyse one span on the cluster (blocks this thread until done); the service's
-        call: the result carries the span's timeline store too (the CLI's analyze_many not)."""
+    def analyze(self, logdir: str, run, span, progress: Optional[Callable[[float], None]] = None, *,
+                timeline: bool = True) -> tuple:
+        """Analyse one span on the cluster (blocks this thread until done: engine.SpanRunner);
+        ``timeline``: the result carries the span's timeline store too (the tab; the CLI not)."""
         try:
-            future = self.client.submit(_analyze_task, self._analyze_span, logdir, run, span, True, pure=False)
+            future = self.client.submit(_analyze_task, self._analyze_span, logdir, run, span, timeline, pure=False)
             if progress is not None:
                 progress(0.0)
             outcome = future.result()
@@ -105,24 +106,6 @@ class DaskBackend:
         if not (isinstance(outcome, tuple) and len(outcome) == 2):
             return "internal", f"unexpected answer from a Dask worker: {type(outcome).__name__}"
         return outcome
-
-    def analyze_many(self, logdir: str, jobs, on_result: Callable[[object, tuple], None]) -> None:
-        """Submit every (run, span) of ``jobs`` at once (the Dask scheduler spreads them
-        over all workers) and call ``on_result(job, outcome)`` for each, in job order."""
-        futures = []
-        for job in jobs:
-            run, span = job
-            futures.append((self.client.submit(_analyze_task, self._analyze_span, logdir, run, span,
-                                               pure=False), job))
-        for fut, job in futures:
-            try:
-                outcome = fut.result()
-            except Exception as exc:  # noqa: BLE001
-                name = type(exc).__name__
-                detail = str(exc).splitlines()[0][:300] if str(exc) else ""
-                outcome = ("died", f"{job[1].url}: the Dask analysis failed ({name}"
-                                   f"{': ' + detail if detail else ''})")
-            on_result(job, outcome)
 
     def close(self) -> None:
         try:

@@ -1,7 +1,8 @@
-"""Which span is analysed next, and how many at once: the service's scheduler.
+"""Which span is analysed next, and how many at once: the engine's scheduler.
 
-Separate from the disk cache (`cache.py`) and from the view-model (`service.Analyzer`),
-and used by the CLI too (`run_all`). Pure bookkeeping, no I/O, no threads of its own:
+Separate from the disk cache (`cache.py`) and from the view-model (`engine.Analyzer`);
+`engine.SpanRunner` owns one for both of the engine's modes (the CLI's one-shot
+`engine.analyze_all` too). Pure bookkeeping, no I/O, no threads of its own:
 
 - **Slots**: at most ``slots`` analyses at a time (one child process each; by default
   the machine's cores, plus one slot kept for the other runs, see below).
@@ -24,7 +25,7 @@ from __future__ import annotations
 import os
 import re
 from collections import deque
-from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Optional, Tuple
 
 from ..errors import StorageError
 
@@ -237,44 +238,3 @@ class Scheduler:
             self._inflight.pop(run, None)
         self.running = max(0, self.running - 1)
         self.reserved = max(0, self.reserved - cost)
-
-
-def run_all(jobs: Iterable[Tuple[str, Any, int]], work: Callable[[Any], Any], *, slots: int,
-            memory_budget: Optional[int] = None) -> List[Tuple[Any, Any]]:
-    """Run ``work(job)`` for every (run, job, cost) with at most ``slots`` at a time
-    in threads (each typically waits on a child process or a Dask future) within the
-    memory budget; [(job, work's value)] in completion order. All runs are equal here
-    (the CLI): no slot is kept back for another run."""
-    import threading
-    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-
-    sched = Scheduler(slots, memory_budget, per_run_limit=slots)
-    for run, job, cost in jobs:
-        sched.push(run, job, cost)
-    results: List[Tuple[Any, Any]] = []
-    lock = threading.Lock()
-    pool = ThreadPoolExecutor(max_workers=sched.slots, thread_name_prefix="bottlenecks-run")
-    try:
-        futures: Dict[Any, Tuple[str, Any, int]] = {}
-        while True:
-            with lock:
-                while True:
-                    nxt = sched.next()
-                    if nxt is None:
-                        break
-                    futures[pool.submit(work, nxt[1])] = nxt
-            if not futures:
-                break
-            finished, _ = wait(list(futures), return_when=FIRST_COMPLETED)
-            for fut in finished:
-                run, job, cost = futures.pop(fut)
-                with lock:
-                    sched.done(run, cost)
-                results.append((job, fut.result()))
-    except BaseException:
-        # Ctrl-C (or a failed job): not `with` (its exit joins every thread, i.e. waits for
-        # every analysis in flight); the caller ends them (the CLI: ChildPool.close).
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown(wait=True)
-    return results

@@ -18,7 +18,7 @@ import argparse
 import json
 import math
 import sys
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 from . import compare as cmp_mod
 from . import headline
@@ -48,44 +48,6 @@ GATE_METRICS = gate_metrics()  # at import; parse_bound asks gate_metrics() at c
 
 class InputError(Exception):
     """Unreadable input or a bad argument: exit code 2."""
-
-
-# ---------------------------------------------------------------------------- loading
-
-
-def load_result(path: str) -> dict:
-    """The result of one trace file or one run directory (all its spans combined)."""
-    from ..trace import discovery
-    from .. import report
-    from ..errors import BottleneckError
-
-    try:
-        logdir = discovery.discover_path(path)
-    except BottleneckError as exc:
-        raise InputError(str(exc)) from exc
-    runs = [r for r in logdir.runs if any(w.spans for w in r.workers)]
-    if not runs:
-        raise InputError(f"{path}: no PyTorch profiler trace files found "
-                         "(expected *.pt.trace.json[.gz] or Kineto *.json[.gz] files)")
-    if len(runs) > 1:
-        names = ", ".join(r.name for r in runs[:10])
-        raise InputError(f"{path}: holds {len(runs)} runs ({names}); name one run directory or trace file")
-    run = runs[0]
-    results = []
-    by_worker = {}
-    for worker in run.workers:
-        for span in worker.spans:
-            try:
-                results.append(report.analyze_span(logdir.url, run, span))
-            except BottleneckError as exc:
-                raise InputError(str(exc)) from exc
-            by_worker.setdefault(worker.name, []).append(results[-1])
-    combined = dict(report.combine_results(results, run=run.name))
-    if len(by_worker) >= 2:  # compare's rank-spread rows read the run's rank view (views/ranks.py)
-        from .ranks import rank_view
-
-        combined["ranks"] = rank_view(by_worker)
-    return combined
 
 
 # ---------------------------------------------------------------------------- argparse
@@ -145,11 +107,13 @@ def add_peak_argument(parser) -> None:
                         "(bf16=989,fp32=67,hbm=3350); sets $BOTTLENECKS_PEAK_TFLOPS for the analysis")
 
 
-def run(args) -> int:
+def run(args, load: Callable[[str], dict]) -> int:
+    """`diff` or `check`; ``load(path)``: the result of one trace file or run directory (the
+    engine's ``run_result``, given by the CLI), InputError when there is none."""
     try:
         if args.command == "diff":
-            return _diff(args)
-        return _check(args)
+            return _diff(args, load)
+        return _check(args, load)
     except InputError as exc:
         print(f"tb-bottlenecks: {exc}", file=sys.stderr)
         return 2
@@ -177,9 +141,9 @@ def _batch_sizes(raw: Optional[str]) -> Tuple[Optional[float], Optional[float]]:
     return (values[0], values[-1])
 
 
-def _diff(args) -> int:
+def _diff(args, load) -> int:
     bs = _batch_sizes(args.batch_size)
-    base, cand = load_result(args.base), load_result(args.cand)
+    base, cand = load(args.base), load(args.cand)
     out = cmp_mod.compare(base, cand, base_batch_size=bs[0], cand_batch_size=bs[1],
                           base_label=args.base, cand_label=args.cand)
     if args.json:
@@ -283,7 +247,7 @@ def evaluate(cand: dict, bounds_max, bounds_min, regressions=(), base: Optional[
     return violations
 
 
-def _check(args) -> int:
+def _check(args, load) -> int:
     maxes = [parse_bound(t, "--max") for t in args.max]
     mins = [parse_bound(t, "--min") for t in args.min]
     regressions = [parse_bound(t, "--max-regression", allow_relative=True) for t in args.max_regression]
@@ -295,8 +259,8 @@ def _check(args) -> int:
     if not (maxes or mins or regressions):
         raise InputError("no bound given: use --max, --min or --baseline with --max-regression")
     bs = _batch_sizes(args.batch_size)
-    cand = load_result(args.path)
-    base = load_result(args.baseline) if args.baseline else None
+    cand = load(args.path)
+    base = load(args.baseline) if args.baseline else None
     if base is not None:
         # the same WARNING line as `diff` (compare.setup_warning), on stderr: stdout stays one
         # line per violated bound (or the ok line), the exit code is the bounds' alone

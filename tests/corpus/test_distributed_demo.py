@@ -144,7 +144,7 @@ def test_split_adds_up_on_every_rank_and_step(pair, name):
 
 
 def test_ranks_route_through_the_analyzer(tmp_path):
-    from tb_bottleneck_plugin.serving.service import Analyzer
+    from tb_bottleneck_plugin.serving.engine import Analyzer
 
     from conftest import route_response
 

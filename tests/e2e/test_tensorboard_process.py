@@ -382,7 +382,7 @@ def test_entry_point_import_is_light(tmp_path):
         t0 = time.perf_counter()
         import tb_bottleneck_plugin.plugin_loader as pl
         seconds = time.perf_counter() - t0
-        heavy = sorted(m for m in ("numpy", "msgspec", "fsspec", "gcsfs", "aiohttp", "tb_bottleneck_plugin.serving.service",
+        heavy = sorted(m for m in ("numpy", "msgspec", "fsspec", "gcsfs", "aiohttp", "tb_bottleneck_plugin.serving.engine",
                                    "tb_bottleneck_plugin.report", "tb_bottleneck_plugin.trace.loader") if m in sys.modules)
         import argparse
         parser = argparse.ArgumentParser()

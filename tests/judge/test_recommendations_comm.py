@@ -84,12 +84,12 @@ def test_exposed_fsdp_communication_fires_and_is_ranked_by_its_gain():
 
 
 def _run_report(name):
-    from tb_bottleneck_plugin.views import gate
+    from tb_bottleneck_plugin.serving import engine
 
     path = DEMO_LOGS / name
     if not path.is_dir():
         pytest.skip(f"{name} not in demo_logs")
-    return gate.load_result(str(path))["report"]
+    return engine.run_result(str(path))["report"]
 
 
 def test_real_runs():

@@ -11,7 +11,7 @@ import copy
 
 import pytest
 
-from tb_bottleneck_plugin.views import gate
+from tb_bottleneck_plugin.serving import engine
 from tb_bottleneck_plugin.judge import cards, verdicts
 from conftest import DEMO_LOGS
 
@@ -20,7 +20,7 @@ GPU_CARDS = {"gpu_utilization", "tensor_cores", "occupancy", "short_kernels", "s
 
 @pytest.fixture(scope="module")
 def cpu_report():
-    return gate.load_result(str(DEMO_LOGS / "input_bound_nw0"))["report"]
+    return engine.run_result(str(DEMO_LOGS / "input_bound_nw0"))["report"]
 
 
 def test_cpu_only_demo_marks_exactly_the_gpu_cards(cpu_report):
@@ -32,7 +32,7 @@ def test_cpu_only_demo_marks_exactly_the_gpu_cards(cpu_report):
 
 
 def test_gpu_trace_has_no_cpu_only_cause():
-    rep = gate.load_result(str(DEMO_LOGS / "resnet50_v100_nw0"))["report"]
+    rep = engine.run_result(str(DEMO_LOGS / "resnet50_v100_nw0"))["report"]
     assert rep["verdicts"]["allocator_slack"]["severity"] == "na"  # n/a, but not for lack of a GPU
     assert not any("na_cause" in x for x in rep["verdicts"].values())
 

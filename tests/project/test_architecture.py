@@ -183,13 +183,17 @@ def test_no_import_of_a_later_stage_and_no_cycle_counting_lazy_imports():
 
 
 # The front ends (docs/ARCHITECTURE.md "One engine under every front end"): the terminal, the
-# notebook, the tab's routes and the MCP server; each stands on serving/engine.py.
+# notebook, the tab (its routes, and plugin.py that builds the engine's long-lived mode for
+# them) and the MCP server; each stands on serving/engine.py.
 _FRONT_ENDS = ("tb_bottleneck_plugin.cli", "tb_bottleneck_plugin.api", "tb_bottleneck_plugin.routes",
                "tb_bottleneck_plugin.mcp_server")
+_TAB = "tb_bottleneck_plugin.plugin"
 _ENGINE = "tb_bottleneck_plugin.serving.engine"
-# The one edge between front ends: `tb-bottlenecks mcp` starts the MCP server's main(), inside
-# cli._run (lazily: the mcp SDK loads only for that command); cli uses nothing else of it.
-_FRONT_END_DISPATCH = {("tb_bottleneck_plugin.cli", "tb_bottleneck_plugin.mcp_server"): "_run"}
+# The edges between front ends: `tb-bottlenecks mcp` starts the MCP server's main(), inside
+# cli._run (lazily: the mcp SDK loads only for that command); cli uses nothing else of it. The
+# tab's plugin class hands TensorBoard the routes (routes.plugin_apps).
+_FRONT_END_DISPATCH = {("tb_bottleneck_plugin.cli", "tb_bottleneck_plugin.mcp_server"): {"_run"},
+                       (_TAB, "tb_bottleneck_plugin.routes"): {"<module>"}}
 
 
 def _lazy_imports_by_function(path: Path):
@@ -217,23 +221,27 @@ def _lazy_imports_by_function(path: Path):
 
 
 def test_front_ends_stand_on_the_engine_and_not_on_each_other():
-    """cli, api, routes and mcp_server import serving/engine.py (lazily counted) and none of
-    them imports another front end (the `mcp` command's dispatch in cli._run aside); the
-    engine imports no front end."""
+    """cli, api, routes (with plugin.py) and mcp_server import serving/engine.py (lazily
+    counted), nothing else of serving/, and none of them imports another front end (the
+    `mcp` command's dispatch in cli._run and the tab's plugin → routes aside); the engine
+    imports no front end."""
     modules = _modules(PKG)
     graph = _graph(modules, module_level_only=False)
-    for fe in _FRONT_ENDS:
+    for fe in _FRONT_ENDS + (_TAB,):
         assert fe in modules, fe
         assert _ENGINE in graph[fe], f"{fe} does not import the engine"
-        for other in _FRONT_ENDS + ("tb_bottleneck_plugin.plugin",):
+        serving = {m for m in graph[fe] if _is_under(m, ["tb_bottleneck_plugin.serving"])}
+        assert serving <= {"tb_bottleneck_plugin.serving", _ENGINE}, f"{fe} imports {sorted(serving - {_ENGINE})}"
+        for other in _FRONT_ENDS + (_TAB,):
             if other == fe or other not in graph[fe]:
                 continue
             allowed = _FRONT_END_DISPATCH.get((fe, other))
             where = _lazy_imports_by_function(modules[fe]).get(other, set())
-            assert allowed and where == {allowed}, f"{fe} imports the front end {other} (in {sorted(where)})"
-    assert not graph[_ENGINE] & set(_FRONT_ENDS), graph[_ENGINE]
-    # the check can fail: the old api imported cli
+            assert allowed and where == allowed, f"{fe} imports the front end {other} (in {sorted(where)})"
+    assert not graph[_ENGINE] & set(_FRONT_ENDS + (_TAB,)), graph[_ENGINE]
+    # the check can fail: the old api imported cli, the old routes and plugin the service
     assert "tb_bottleneck_plugin.cli" not in graph["tb_bottleneck_plugin.api"]
+    assert "tb_bottleneck_plugin.serving.service" not in modules
 
 
 def test_mcp_sdk_is_imported_only_by_the_mcp_server_and_lazily():
@@ -247,20 +255,23 @@ def test_mcp_sdk_is_imported_only_by_the_mcp_server_and_lazily():
     assert "mcp" not in static
 
 
-def test_a_walk_from_the_api_down_to_the_units_never_climbs_back():
-    """Every import reachable from the notebook API's entry point (api.analyze; lazy imports
-    counted) goes to the same stage or an earlier one, reaches the analysis units, and meets
-    no other front end on the way."""
+@pytest.mark.parametrize("start", ["tb_bottleneck_plugin.api", "tb_bottleneck_plugin.cli",
+                                   "tb_bottleneck_plugin.mcp_server", _TAB])
+def test_a_walk_from_a_front_end_down_to_the_units_never_climbs_back(start):
+    """Every import reachable from a front end's entry point (api.analyze, the CLI, the MCP
+    server, the tab's plugin; lazy imports counted) goes to the same stage or an earlier one,
+    reaches the engine and the analysis units, and meets no other front end on the way (but
+    the dispatch edges above)."""
     modules = _modules(PKG)
     graph = _graph(modules, module_level_only=False)
-    start = "tb_bottleneck_plugin.api"
+    own = {start} | {b for (a, b) in _FRONT_END_DISPATCH if a == start}
     seen, todo, climbs = {start}, [start], []
     while todo:
         node = todo.pop()
         for nxt in graph[node]:
             if nxt == "tb_bottleneck_plugin" or node.startswith(nxt + "."):
                 continue
-            if _stage(nxt) > _stage(node) or (nxt in _FRONT_ENDS + ("tb_bottleneck_plugin.plugin",) and nxt != start):
+            if _stage(nxt) > _stage(node) or (nxt in _FRONT_ENDS + (_TAB,) and nxt not in own):
                 climbs.append(f"{node} -> {nxt}")
             if nxt not in seen:
                 seen.add(nxt)
@@ -268,7 +279,51 @@ def test_a_walk_from_the_api_down_to_the_units_never_climbs_back():
     assert not climbs, climbs
     assert {"tb_bottleneck_plugin.analysis.registry", "tb_bottleneck_plugin.analysis.step_model", _ENGINE,
             "tb_bottleneck_plugin.report", "tb_bottleneck_plugin.trace.discovery"} <= seen
-    assert not seen & {"tb_bottleneck_plugin.cli", "tb_bottleneck_plugin.routes", "tb_bottleneck_plugin.mcp_server"}
+    assert not seen & (set(_FRONT_ENDS + (_TAB,)) - own)
+
+
+# One orchestration (docs/ARCHITECTURE.md): only the engine discovers a path, runs the
+# scheduler and starts analyses; the backends run `analyze_span` on their side of a process or
+# cluster boundary. {name: modules that may name it (besides the one defining it)}.
+_ORCHESTRATION = {
+    "discover_path": {_ENGINE}, "scan_logdir": {_ENGINE},
+    "Scheduler": {_ENGINE}, "ChildPool": {_ENGINE}, "WaitThreads": {_ENGINE}, "DaskBackend": {_ENGINE},
+    "outcome_in_thread": {_ENGINE},
+    "analyze_span": {_ENGINE, "tb_bottleneck_plugin.serving.children", "tb_bottleneck_plugin.serving.dask_backend"},
+}
+
+
+def _names_used(path: Path):
+    """{name} of _ORCHESTRATION used in a file (a call, an attribute, an import), definitions aside."""
+    used = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Name) and node.id in _ORCHESTRATION:
+            used.add(node.id)
+        elif isinstance(node, ast.Attribute) and node.attr in _ORCHESTRATION:
+            used.add(node.attr)
+        elif isinstance(node, ast.ImportFrom):
+            used.update(a.name for a in node.names if a.name in _ORCHESTRATION)
+    return used
+
+
+def test_only_the_engine_orchestrates(tmp_path):
+    """Discovery of a path, the scheduler, the analysis children, Dask and the analysis of a
+    span are reached from serving/engine.py only: no front end or view runs its own loop
+    (the old gate.load_result, service.Analyzer and cli._analyze_all did)."""
+    offending = []
+    for name, path in _modules(PKG).items():
+        for used in _names_used(path):
+            defined = {n.name for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                       if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+            if used not in defined and name not in _ORCHESTRATION[used]:
+                offending.append(f"{name} uses {used}")
+    assert not offending, sorted(offending)
+    # the check can fail: a view that discovers and analyses on its own is seen
+    probe = tmp_path / "probe.py"
+    probe.write_text("from ..trace import discovery\nfrom .. import report\n\ndef load(path):\n"
+                     "    logdir = discovery.discover_path(path)\n"
+                     "    return [report.analyze_span(logdir.url, r, s) for r in logdir.runs for s in r.spans]\n")
+    assert _names_used(probe) == {"discover_path", "analyze_span"}
 
 
 # What analysis/ may import from the package: itself and what comes before it in the stages.

@@ -7,7 +7,7 @@ demo_logs/README.md that can be checked are read from the text and compared with
 - the recommendations each demo run gets, in order (info-level left out), are those the product
   makes for the run's summary (demo_logs/README.md said the H200 run got no sync advice while
   the tab gave one);
-- the rescan period the README states is the server's default (serving/service.py
+- the rescan period the README states is the server's default (serving/engine.py
   DEFAULT_RESCAN_SECONDS = plugin_loader's flag default), and the run list's re-read period
   is the tab's (static/index.js RUNS_POLL_MS; the README said 30 s where the tab said 10 s);
 - every virtual environment the README tells to create is in .gitignore (`.venv-test/` was not).
@@ -87,7 +87,7 @@ def test_each_demo_run_gets_the_documented_advice():
 
 def test_the_rescan_periods_are_the_code_s():
     from tb_bottleneck_plugin.plugin_loader import BottlenecksLoader
-    from tb_bottleneck_plugin.serving.service import DEFAULT_RESCAN_SECONDS, Analyzer
+    from tb_bottleneck_plugin.serving.engine import DEFAULT_RESCAN_SECONDS, Analyzer
 
     server = re.search(r"the server rescans the logdir every (\d+) s", README)
     tab = re.search(r"the tab re-reads its run list every\s+(\d+) s", README)

@@ -1,7 +1,7 @@
 """Run and worker summaries at many ranks (issue 14): per-step parts are one row per step
 number ACROSS the spans (mean, min/max and the worker/span of the max), so a summary grows
 with steps, not with spans x steps; the run-level Operator view and kernel names are made
-only when a route asks for them (service.Analyzer.result(views=...), cached).
+only when a route asks for them (engine.Analyzer.result(views=...), cached).
 
 Every expected number here is computed by hand from the span rows written below."""
 from __future__ import annotations
@@ -158,7 +158,7 @@ def test_combine_without_views_then_combine_views_equals_combine_with_views(tmp_
 
 
 def test_service_makes_run_views_only_when_asked_and_once(tmp_path, monkeypatch):
-    from tb_bottleneck_plugin.serving.service import Analyzer
+    from tb_bottleneck_plugin.serving.engine import Analyzer
 
     from trace_builder import write_trace
 

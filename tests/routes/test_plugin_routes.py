@@ -21,9 +21,9 @@ from werkzeug import wrappers
 
 from tb_bottleneck_plugin.trace import discovery
 from tb_bottleneck_plugin import plugin as plugin_module, report
-from tb_bottleneck_plugin.serving import service
+from tb_bottleneck_plugin.serving import engine
 from tb_bottleneck_plugin.plugin import BottlenecksPlugin
-from tb_bottleneck_plugin.serving.service import Analyzer
+from tb_bottleneck_plugin.serving.engine import Analyzer
 
 from conftest import TRACES  # noqa: E402  (the one definition, tests/conftest.py)
 CPU_NW0 = TRACES / "generated-cpu-torch2.13" / "nw0" / "worker0.1795274786665165565.pt.trace.json"
@@ -503,4 +503,4 @@ def test_cache_dir_flag(tmp_path, logdir):
         assert plugin.analyzer.rescan_seconds == 2.5
     finally:
         plugin.analyzer.stop()
-    assert service.default_cache_dir().name == "tb_bottleneck_plugin"
+    assert engine.default_cache_dir().name == "tb_bottleneck_plugin"

@@ -25,7 +25,7 @@ import pytest
 distributed = pytest.importorskip("distributed")
 
 from tb_bottleneck_plugin import cli, report  # noqa: E402
-from tb_bottleneck_plugin.serving.service import Analyzer  # noqa: E402
+from tb_bottleneck_plugin.serving.engine import Analyzer  # noqa: E402
 
 from conftest import TRACES  # noqa: E402
 
@@ -223,7 +223,7 @@ def test_nothing_of_dask_is_imported_without_the_flag(tmp_path):
     code = (
         "import sys, io, contextlib\n"
         "from tb_bottleneck_plugin import cli, plugin_loader, plugin\n"
-        "from tb_bottleneck_plugin.serving.service import Analyzer\n"
+        "from tb_bottleneck_plugin.serving.engine import Analyzer\n"
         "with contextlib.redirect_stdout(io.StringIO()):\n"
         f"    assert cli.main(['report', {str(root)!r}, '--json', '--jobs', '2']) == 0\n"
         f"a = Analyzer({str(root)!r}, rescan_seconds=60)\n"

@@ -19,7 +19,7 @@ from werkzeug import wrappers
 from tb_bottleneck_plugin import cli
 from tb_bottleneck_plugin.trace import storage
 from tb_bottleneck_plugin.plugin import BottlenecksPlugin
-from tb_bottleneck_plugin.serving.service import Analyzer
+from tb_bottleneck_plugin.serving.engine import Analyzer
 
 from conftest import TRACES, patience  # noqa: E402  (the one definition, tests/conftest.py)
 RESNET = TRACES / "kineto-tb-samples" / "resnet50_num_workers_0"

@@ -23,7 +23,7 @@ from tb_bottleneck_plugin.serving.scheduler import (
     parse_bytes,
     uncompressed_size,
 )
-from tb_bottleneck_plugin.serving.service import Analyzer
+from tb_bottleneck_plugin.serving.engine import Analyzer
 
 from conftest import TRACES  # noqa: E402
 

@@ -20,7 +20,7 @@ from werkzeug import wrappers
 from tb_bottleneck_plugin.serving import cache, children
 from tb_bottleneck_plugin import report
 from tb_bottleneck_plugin.plugin import BottlenecksPlugin
-from tb_bottleneck_plugin.serving.service import Analyzer, DiskCache
+from tb_bottleneck_plugin.serving.engine import Analyzer, DiskCache
 
 from conftest import TRACES  # noqa: E402  (the one definition, tests/conftest.py)
 CPU_NW0 = TRACES / "generated-cpu-torch2.13" / "nw0" / "worker0.1795274786665165565.pt.trace.json"
@@ -401,7 +401,7 @@ def test_children_end_at_interpreter_exit(tmp_path):
     link(root / "cpu" / CPU_NW0.name, CPU_NW0)
     code = (
         "import sys, time\n"
-        "from tb_bottleneck_plugin.serving.service import Analyzer\n"
+        "from tb_bottleneck_plugin.serving.engine import Analyzer\n"
         f"a = Analyzer({str(root)!r}, rescan_seconds=60, processes=True)\n"
         "a.start()\n"
         "deadline = time.monotonic() + 60\n"

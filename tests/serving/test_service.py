@@ -1,4 +1,4 @@
-"""service.Analyzer: live logdirs, the disk cache and scheduling under concurrency.
+"""engine.Analyzer: live logdirs, the disk cache and scheduling under concurrency.
 
 Logdirs are built in tmp_path from symlinks to (or copies of) the small real CPU traces
 in ../shared/traces. analyze_span stand-ins count and optionally block loads.
@@ -16,8 +16,8 @@ from typing import Callable, Optional
 import pytest
 
 from tb_bottleneck_plugin import report
-from tb_bottleneck_plugin.serving import service
-from tb_bottleneck_plugin.serving.service import Analyzer, DiskCache
+from tb_bottleneck_plugin.serving import engine
+from tb_bottleneck_plugin.serving.engine import Analyzer, DiskCache
 
 from conftest import TRACES, patience  # noqa: E402  (the one definition, tests/conftest.py)
 CPU_NW0 = TRACES / "generated-cpu-torch2.13" / "nw0" / "worker0.1795274786665165565.pt.trace.json"
@@ -168,17 +168,17 @@ def test_truncated_file_is_retried_not_broken_for_ever(tmp_path, analyzers):
     res = a.result("cpu")
     assert res["state"] == "ready" and [e["file"] for e in res["errors"]] == ["cpu/" + partial.name]
     # unchanged: retried a bounded number of times, not on every scan for ever
-    for _ in range(service.SAME_FILE_RETRIES + 3):
+    for _ in range(engine.SAME_FILE_RETRIES + 3):
         assert a.wait_scan(patience(10))
     assert a.wait_idle(patience(10))
-    assert stub.count(partial.name) == 1 + service.SAME_FILE_RETRIES
+    assert stub.count(partial.name) == 1 + engine.SAME_FILE_RETRIES
     # the writer finishes: the changed file is analysed again and becomes ready
     partial.write_bytes(data)
     until(lambda: (span_view(a, "cpu", partial.name) or {}).get("state") == "ready", what="the completed file")
     assert span_view(a, "cpu", partial.name)["retry"] is False
     assert a.result("cpu", "worker0", "1795274799000000000")["state"] == "ready"
     assert a.result("cpu")["errors"] == []
-    assert stub.count(partial.name) == 2 + service.SAME_FILE_RETRIES
+    assert stub.count(partial.name) == 2 + engine.SAME_FILE_RETRIES
 
 
 def test_not_a_trace_is_not_retried(tmp_path, analyzers):

@@ -14,8 +14,8 @@ import time
 import pytest
 
 from tb_bottleneck_plugin import report
-from tb_bottleneck_plugin.serving import children, service
-from tb_bottleneck_plugin.serving.service import Analyzer
+from tb_bottleneck_plugin.serving import children, engine
+from tb_bottleneck_plugin.serving.engine import Analyzer
 
 from conftest import DEMO_LOGS
 
@@ -52,7 +52,7 @@ def _file_views(a):
 def _analyzer(logdir, on_first_call, monkeypatch, backoff=0.2):
     """An Analyzer whose in-process analysis calls on_first_call(path) once for the first
     file, right before analysing it (the file vanishes after the scan listed it)."""
-    monkeypatch.setattr(service, "MISSING_FILE_BACKOFF_S", backoff)
+    monkeypatch.setattr(engine, "MISSING_FILE_BACKOFF_S", backoff)
     calls = []
     target = sorted((logdir / "run").iterdir())[0]
 
@@ -97,7 +97,7 @@ def test_a_file_gone_for_good_errors_after_bounded_retries_then_leaves_the_list(
         assert a.wait_idle(120)
         st = _span_state(a, target.name)
         # 1 analysis + MISSING_FILE_RETRIES retries, after back-offs of 0.05, 0.1, 0.2 s
-        assert calls.count(str(target)) == service.MISSING_FILE_RETRIES + 1 == 4
+        assert calls.count(str(target)) == engine.MISSING_FILE_RETRIES + 1 == 4
         assert time.monotonic() - started >= 0.05 + 0.1 + 0.2
         assert st.state == "error" and st.missing == 4 and not st.retry
         view = _file_views(a)[f"run/{target.name}"]
@@ -135,7 +135,7 @@ def test_a_file_dropped_by_a_scan_during_its_back_off_is_not_retried(logdir, mon
 
 def test_a_broken_file_that_is_there_is_not_retried(tmp_path, monkeypatch):
     """Only a missing file is retried: a file that is there but unreadable errors at once."""
-    monkeypatch.setattr(service, "MISSING_FILE_BACKOFF_S", 0.05)
+    monkeypatch.setattr(engine, "MISSING_FILE_BACKOFF_S", 0.05)
     run = tmp_path / "logs" / "run"
     run.mkdir(parents=True)
     (run / "worker0.1700000000000.pt.trace.json").write_text('{"schemaVersion": 1, "traceEvents": [')
@@ -159,7 +159,7 @@ def test_a_broken_file_that_is_there_is_not_retried(tmp_path, monkeypatch):
 def test_vanished_file_with_real_analysis_children(logdir, monkeypatch):
     """The same with the default analysis child processes: the child reports the missing
     file as an error, the parent sees the file is gone and retries it after the back-off."""
-    monkeypatch.setattr(service, "MISSING_FILE_BACKOFF_S", 0.5)
+    monkeypatch.setattr(engine, "MISSING_FILE_BACKOFF_S", 0.5)
     target = sorted((logdir / "run").iterdir())[0]
     aside = target.with_name(target.name + ".rotating")
     original = children.ChildPool.analyze
@@ -210,7 +210,7 @@ def test_a_bucket_object_deleted_after_the_listing_is_retried(gcs, monkeypatch):
                 threading.Timer(0.05, gcs.upload_file, args=(bucket, name, src)).start()
         return report.analyze_span(url, run, span, progress=progress, timeline=True)
 
-    monkeypatch.setattr(service, "MISSING_FILE_BACKOFF_S", 0.5)
+    monkeypatch.setattr(engine, "MISSING_FILE_BACKOFF_S", 0.5)
     a = Analyzer(f"gs://{bucket}/live", analyze_span=analyze, rescan_seconds=3600.0)
     try:
         assert a.wait_idle(120)
@@ -223,13 +223,13 @@ def test_a_bucket_object_deleted_after_the_listing_is_retried(gcs, monkeypatch):
     # gone for good
     calls.clear()
     mode["back"] = False
-    monkeypatch.setattr(service, "MISSING_FILE_BACKOFF_S", 0.05)
+    monkeypatch.setattr(engine, "MISSING_FILE_BACKOFF_S", 0.05)
     a = Analyzer(f"gs://{bucket}/live", analyze_span=analyze, rescan_seconds=3600.0)
     try:
         assert a.wait_idle(120)
         view = _file_views(a)[f"run/{src.name}"]
         assert view["state"] == "error" and view["error"].startswith(f"run/{src.name}: file not found"), view
-        assert calls.count(f"gs://{bucket}/{name}") == service.MISSING_FILE_RETRIES + 1
+        assert calls.count(f"gs://{bucket}/{name}") == engine.MISSING_FILE_RETRIES + 1
         assert a.wait_scan(60) and a.wait_idle(60)
         assert list(_file_views(a)) == [f"run/{SRC[1].name}"]
     finally:

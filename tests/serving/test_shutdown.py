@@ -5,7 +5,7 @@ Seen by a user: after serving ~19 runs, SIGTERM or Ctrl-C took 5-20 s to end Ten
 The cause was the analysis threads (a ThreadPoolExecutor, each thread waiting on an
 analysis child): concurrent.futures joins its threads at interpreter exit, so the exit
 waited for every analysis in flight to finish. Now those threads are daemon threads and
-the Analyzer is stopped at exit (children killed and reaped; service._stop_analyzers).
+the Analyzer is stopped at exit (children killed and reaped; engine._stop_analyzers).
 
 Every check runs a real ``tensorboard --logdir`` (every plugin but torch-tb-profiler's,
 conftest.TENSORBOARD_WITHOUT_TBP) on symlinks to real traces from ../shared/traces, its
@@ -221,7 +221,7 @@ def test_analyzer_stop_kills_and_reaps_busy_children_at_once(tmp_path):
     returns within a second or so, every analysis child is gone (reaped, not a zombie of
     ours), nothing is started after it, and the threads that waited on the children are
     daemon threads (a non-daemon one is joined by the interpreter's exit)."""
-    from tb_bottleneck_plugin.serving.service import Analyzer
+    from tb_bottleneck_plugin.serving.engine import Analyzer
 
     logs = _logdir(tmp_path, BUSY_TRACES, copies=1)
     a = Analyzer(str(logs), rescan_seconds=600, max_workers=3, processes=True)

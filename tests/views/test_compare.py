@@ -22,7 +22,7 @@ from tb_bottleneck_plugin.trace import discovery, loader
 from tb_bottleneck_plugin import report
 from tb_bottleneck_plugin.analysis import breakdown, operators, steps
 from tb_bottleneck_plugin.plugin import BottlenecksPlugin
-from tb_bottleneck_plugin.serving.service import Analyzer
+from tb_bottleneck_plugin.serving.engine import Analyzer
 
 REPO = Path(__file__).resolve().parents[2]
 from conftest import SHARED, TRACES, write_trace  # noqa: E402  (the one definition, tests/conftest.py)

@@ -18,7 +18,8 @@ import pytest
 from conftest import DEMO_LOGS
 from tb_bottleneck_plugin import cli
 from tb_bottleneck_plugin.analysis import collectives, peaks
-from tb_bottleneck_plugin.views import compare, gate
+from tb_bottleneck_plugin.serving import engine
+from tb_bottleneck_plugin.views import compare
 
 FP32 = DEMO_LOGS / "h100_fp32_matmul"
 BF16 = DEMO_LOGS / "h100_bf16_autocast"
@@ -52,17 +53,17 @@ def test_mfu_against_one_peak_equals_the_raw_count():
     want = {run: 100 * raw_tflops(run) / H100_SXM_BF16_DENSE_TFLOPS for run in (FP32, BF16)}
     assert 4.5 < want[FP32] < 5.0 and 29 < want[BF16] < 30  # the fp32 run is 6x slower
     for run in (FP32, BF16):
-        flops = gate.load_result(str(run))["report"]["flops"]
+        flops = engine.run_result(str(run))["report"]["flops"]
         assert flops["bf16_peak_tflops"] == pytest.approx(H100_SXM_BF16_DENSE_TFLOPS, abs=0.1)
         assert flops["mfu_bf16_peak_pct"] == pytest.approx(want[run], rel=0.01)
         assert flops["tflops"] == pytest.approx(raw_tflops(run), rel=0.01)
     # the per-precision MFU stays as it was: the fp32 run at 69 % of the fp32 peak (67 TFLOP/s)
-    fp32 = gate.load_result(str(FP32))["report"]["flops"]
+    fp32 = engine.run_result(str(FP32))["report"]["flops"]
     assert fp32["mfu_pct"] == pytest.approx(100 * raw_tflops(FP32) / 67.0, rel=0.01)
 
 
 def test_diff_says_better_on_one_peak(capsys):
-    cmp = compare.compare(gate.load_result(str(FP32)), gate.load_result(str(BF16)))
+    cmp = compare.compare(engine.run_result(str(FP32)), engine.run_result(str(BF16)))
     rows = {m["key"]: m for m in cmp["metrics"]}
     one, own = rows["mfu_pct"], rows["mfu_own_peak_pct"]
     assert one["verdict"] == "better" and one["better"] == "higher"

@@ -25,7 +25,8 @@ from conftest import DEMO_LOGS
 
 from tb_bottleneck_plugin import cli
 from tb_bottleneck_plugin import thresholds as T
-from tb_bottleneck_plugin.views import compare, gate, ranks
+from tb_bottleneck_plugin.serving import engine
+from tb_bottleneck_plugin.views import compare, ranks
 
 BALANCED, STRAGGLER = DEMO_LOGS / "ddp_balanced_2rank", DEMO_LOGS / "ddp_straggler_2rank"
 SHARD = DEMO_LOGS / "collectives_shard_2rank"
@@ -114,7 +115,7 @@ def _busbw(raws, kinds_of=None) -> dict:
 
 @pytest.fixture(scope="module")
 def ddp_pair():
-    return gate.load_result(str(BALANCED)), gate.load_result(str(STRAGGLER))
+    return engine.run_result(str(BALANCED)), engine.run_result(str(STRAGGLER))
 
 
 def _row(cmp, key):
@@ -159,7 +160,7 @@ def test_busbw_rows_against_a_hand_computation(ddp_pair):
     assert row["verdict"] == "worse"
     # the shard run: all_gather and reduce_scatter (gloo runs the latter as all_reduce of the
     # full input), bytes per call from demo_truth
-    shard = gate.load_result(str(SHARD))
+    shard = engine.run_result(str(SHARD))
     raws = _expected(SHARD)["raws"]
     truth = raws[0][0]["demo_truth"]["calls_per_step"]
     kinds = ["all_gather" if c["op"] == "all_gather_into_tensor" else "reduce_scatter" for c in truth]
@@ -179,7 +180,7 @@ def test_busbw_rows_against_a_hand_computation(ddp_pair):
 
 
 def test_single_worker_runs_get_no_rank_rows_and_no_noise():
-    one, other = gate.load_result(str(SINGLE)), gate.load_result(str(DEMO_LOGS / "input_fixed_nw4"))
+    one, other = engine.run_result(str(SINGLE)), engine.run_result(str(DEMO_LOGS / "input_fixed_nw4"))
     if "ranks" in one:
         pytest.skip("input_bound_nw0 has several workers")
     cmp = compare.compare(one, other)
@@ -188,7 +189,7 @@ def test_single_worker_runs_get_no_rank_rows_and_no_noise():
 
 
 def test_one_side_a_single_worker_says_why(ddp_pair):
-    one = gate.load_result(str(SINGLE))
+    one = engine.run_result(str(SINGLE))
     cmp = compare.compare(one, ddp_pair[1])
     gap = _row(cmp, "straggler_gap_us")
     assert gap["base"] is None and gap["verdict"] == "n/a"
@@ -241,7 +242,7 @@ def test_compare_route_has_the_rank_rows(tmp_path):
     import shutil
 
     from conftest import route_response
-    from tb_bottleneck_plugin.serving.service import Analyzer
+    from tb_bottleneck_plugin.serving.engine import Analyzer
 
     for run in (BALANCED, STRAGGLER):
         shutil.copytree(run, tmp_path / run.name)

@@ -15,7 +15,8 @@ import re
 import pytest
 
 from tb_bottleneck_plugin import cli
-from tb_bottleneck_plugin.views import compare, gate
+from tb_bottleneck_plugin.serving import engine
+from tb_bottleneck_plugin.views import compare
 from conftest import TRACES
 from test_compare import DEMO_NW0, hand_pair, result_of
 
@@ -36,7 +37,7 @@ def diff_text(capsys, base, cand, *extra):
 
 @needs_shared
 def test_h100_inference_vs_mi300_training_states_every_difference():
-    cmp = compare.compare(gate.load_result(str(H100)), gate.load_result(str(MI300)))
+    cmp = compare.compare(engine.run_result(str(H100)), engine.run_result(str(MI300)))
     assert cmp["setup_differences"] == [
         {"key": "gpu", "label": "GPU", "base": "NVIDIA H100 80GB HBM3", "cand": "AMD Instinct MI300X"},
         {"key": "mode", "label": "mode", "base": "inference", "cand": "training"},
@@ -54,16 +55,16 @@ def test_h100_inference_vs_mi300_training_states_every_difference():
 
 @needs_shared
 def test_one_change_on_the_same_setup_has_no_warning():
-    cmp = compare.compare(gate.load_result(str(RESNET0)), gate.load_result(str(RESNET4)))
+    cmp = compare.compare(engine.run_result(str(RESNET0)), engine.run_result(str(RESNET4)))
     assert cmp["setup_differences"] == [] and cmp["setup_warning"] is None
     assert cmp["cand"]["setup"] == {"gpu": "Tesla V100-DGXS-32GB", "mode": "training", "world_size": 1}
 
 
 @needs_shared
 def test_cpu_only_against_gpu_and_unknown_sides():
-    cpu = gate.load_result(str(CPU_NW0))
+    cpu = engine.run_result(str(CPU_NW0))
     assert compare.setup(cpu["report"]) == {"gpu": "none (CPU only)", "mode": "training", "world_size": 1}
-    cmp = compare.compare(cpu, gate.load_result(str(H100)))
+    cmp = compare.compare(cpu, engine.run_result(str(H100)))
     assert [(d["key"], d["base"], d["cand"]) for d in cmp["setup_differences"]] == [
         ("gpu", "none (CPU only)", "NVIDIA H100 80GB HBM3"), ("mode", "training", "inference")]
     # a side that cannot tell (no deviceProperties, no context) is not a difference
