@@ -41,14 +41,15 @@ def _replay(b, ts):
     b.kernel(GEMM2, ts + 500, 100, correlation=corr)
 
 
-def _graph_trace(capture=True, steps=(1, 2, 3), frames=False):
+def _graph_trace(capture=True, steps=(1, 2, 3), frames=False, filler=0):
     """Three 2 ms steps, each ending with an eager aten::mul (20 µs kernel). In step 1 the capture (when ``capture``): aten::addmm (bf16), aten::add,
     aten::mm (fp16), each with one launch call that runs nothing (captured), between
     cudaStreamBeginCapture and cudaStreamEndCapture; then the replay cudagraph trees does right
     after recording. Steps 2 and 3: one replay each. ``steps``: the step numbers this file
     records (a later span of one profiler: 2, 3), at their times; the capture is in the first;
     ``frames``: with_stack frames around the capture (model.py(7): forward > Block_0) and
-    around each replay (train.py(20): train_step)."""
+    around each replay (train.py(20): train_step); ``filler``: that many 1 µs aten::empty per step
+    (no shapes, no kernel: trace events enough for the cards to be judged)."""
     b = TraceBuilder(props=(H100,))
     for n in steps:
         s = n - 1
@@ -59,6 +60,8 @@ def _graph_trace(capture=True, steps=(1, 2, 3), frames=False):
             b.cpu("nn.Module: Block_0", t0 + 6, 138, cat="python_function")
         if frames:  # the line that replays the graph
             b.cpu("train.py(20): train_step", t0 + 190, 40, cat="python_function")
+        for i in range(filler):
+            b.cpu("aten::empty", t0 + 1000 + 10 * i, 1)
         if n == steps[0] and capture:
             b.runtime("cudaStreamBeginCapture", t0 + 10, 5)
             b.cpu("aten::addmm", t0 + 20, 40, **{"Input Dims": [[N], [M, K], [K, N], [], []],
@@ -199,8 +202,8 @@ def _worker_spans(tmp_path, worker="w0", other_worker=None):
     worker ``worker``: span 1 (step 1) records the capture and its first replay, span 2 (steps 2
     and 3) only replays. ``other_worker``: span 2 is that worker's file instead."""
     run = tmp_path / "run"
-    _graph_trace(steps=(1,), frames=True).write(run / f"{worker}.1700000000001.pt.trace.json")
-    _graph_trace(capture=False, steps=(2, 3), frames=True).write(
+    _graph_trace(steps=(1,), frames=True, filler=60).write(run / f"{worker}.1700000000001.pt.trace.json")
+    _graph_trace(capture=False, steps=(2, 3), frames=True, filler=60).write(
         run / f"{other_worker or worker}.1700000000002.pt.trace.json")
     return run
 
@@ -277,6 +280,10 @@ def test_capture_in_another_span_of_the_worker_counts_in_its_summary(tmp_path):
     assert "flops.graph_replays" not in summ["not_available"] and "flops.mfu_pct" not in summ["not_available"]
     mfu = summ["verdicts"]["mfu"]
     assert mfu["value"] == pytest.approx(one["mfu_pct"]) and "partial" not in mfu["verdict"]
+    # judged (217 trace events): 0.89 % of the peak, below MFU_LOW_PCT; span 2's card: n/a, the reason
+    assert mfu["severity"] == "medium" and "bf16" in mfu["verdict"] and "fp16" in mfu["verdict"]
+    assert span2["verdicts"]["mfu"]["value"] is None
+    assert "6 kernels replayed from CUDA graphs" in span2["verdicts"]["mfu"]["verdict"]
 
 
 def test_replay_with_its_capture_in_another_worker_is_not_paired(tmp_path):
