@@ -254,7 +254,6 @@ def __getattr__(name):
 def _report(path: str, *, as_json: bool, debug: bool = False, jobs: Optional[int] = None,
             memory_budget: Optional[int] = None, dask_address: Optional[str] = None,
             html: Optional[str] = None, what_if: bool = False, findings: bool = False) -> int:
-    from . import report
     from .serving import engine
     from .views import text_report
 
@@ -281,10 +280,10 @@ def _report(path: str, *, as_json: bool, debug: bool = False, jobs: Optional[int
         json.dump(engine.json_safe(engine.json_report(logdir, spans, results, errors, single_file)), sys.stdout, indent=1)
         sys.stdout.write("\n")
     elif what_if:
-        summary = functools.partial(report.combine_results, views=False)
+        summary = functools.partial(engine.summary, views=False)
         print(text_report.format_what_if_logdir(logdir, results, summary, single_file=single_file))
     else:
-        summary = functools.partial(report.combine_results, views=False)  # the text reads only "report"
+        summary = functools.partial(engine.summary, views=False)  # the text reads only "report"
         print(text_report.format_logdir(logdir, results, summary, single_file=single_file))
     for line in text_report.section_errors(results.values()):
         print(f"tb-bottlenecks: {line}", file=sys.stderr)

@@ -285,15 +285,14 @@ def json_report(logdir, spans, results, errors, single_file: bool) -> dict:
         entry = {"run": run.name, "workers": []}
         all_ready = [results[s.url] for w in run.workers for s in w.spans if s.url in results]
         if len(run.workers) > 1 and len(all_ready) > 1:
-            entry["summary"] = report.combine_results(all_ready, run=run.name, views=False)["report"]
+            entry["summary"] = summary(all_ready, run=run.name, views=False)["report"]
             entry["ranks"] = ranks.rank_view({w.name: [results[s.url] for s in w.spans if s.url in results]
                                               for w in run.workers})
         for worker in run.workers:
             ready = [results[s.url] for s in worker.spans if s.url in results]
             entry["workers"].append({
                 "worker": worker.name,
-                "summary": report.combine_results(ready, run=run.name, worker=worker.name, views=False)["report"]
-                if len(ready) > 1 else (ready[0]["report"] if ready else None),
+                "summary": summary(ready, run=run.name, worker=worker.name, views=False)["report"] if ready else None,
                 "spans": [r["report"] for r in ready],
             })
         out["runs"].append(entry)
