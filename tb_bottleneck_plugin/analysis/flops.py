@@ -1424,8 +1424,13 @@ def _pair_replays(m: dict) -> None:
     stats = (m.get("keyed:graph_replays") or {}).get("all")
     by_class, by_prec = m.setdefault("keyed:by_class", {}), m.setdefault("keyed:by_precision", {})
     kernels = m.setdefault("keyed:kernels", {})
-    step_rows = {(r.get("worker"), r.get("span"), r.get("step")): r for r in m.get("rows:per_step") or []}
-    for g, c in graph_replays.pair_across_spans(caps, groups):
+    pairs = graph_replays.pair_across_spans(caps, groups)
+    if not pairs:
+        return
+    # the merged rows are the spans' own dicts (stored results): changed on copies
+    m["rows:per_step"] = [dict(r) for r in m.get("rows:per_step") or []]
+    step_rows = {(r.get("worker"), r.get("span"), r.get("step")): r for r in m["rows:per_step"]}
+    for g, c in pairs:
         us = np.asarray(g.get("kernel_us") or [], float)
         kernel_op = np.asarray(c.get("kernel_op") or [], np.int64)
         distinct, at_name = g.get("names") or [], g.get("kernel_name") or []

@@ -286,6 +286,22 @@ def test_capture_in_another_span_of_the_worker_counts_in_its_summary(tmp_path):
     assert "6 kernels replayed from CUDA graphs" in span2["verdicts"]["mfu"]["verdict"]
 
 
+def test_pairing_leaves_the_span_results_as_they_were(tmp_path):
+    """A summary is made again and again from the stored span results (the tab, compare, the
+    rank table): pairing must not change them (a second summary adds the replays once)."""
+    from tb_bottleneck_plugin.trace import discovery
+
+    logdir = discovery.discover_path(str(_worker_spans(tmp_path)))
+    run = logdir.runs[0]
+    results = [report.analyze_span(logdir.url, run, s) for s in run.workers[0].spans]
+    before = json.dumps([r["partials"] for r in results], sort_keys=True)
+    first = report.combine_results(results, run=run.name, worker="w0")["report"]["flops"]
+    again = report.combine_results(results, run=run.name, worker="w0")["report"]["flops"]
+    assert json.dumps([r["partials"] for r in results], sort_keys=True) == before
+    assert first["flops"] == again["flops"] == 3 * PER_REPLAY
+    assert [r["flops"] for r in again["per_step"]] == [PER_REPLAY] * 3
+
+
 def test_replay_with_its_capture_in_another_worker_is_not_paired(tmp_path):
     """Span 2 belongs to worker w1: w0's capture is another process's graph. The run summary (both
     workers) and w1 keep span 2's replays unattributed, with the reason."""
