@@ -331,3 +331,41 @@ def test_replay_of_another_graph_in_another_span_stays_unmatched(tmp_path):
     assert summ["flops"]["flops"] == PER_REPLAY
     assert summ["flops"]["graph_replays"]["attributed"] == 3
     assert "6 kernels replayed from CUDA graphs" in summ["not_available"]["flops.graph_replays"]
+
+
+def test_the_report_route_serves_the_paired_worker_summary(tmp_path, monkeypatch):
+    """The tab's report route for the worker (run=run&worker=w0: the summary of its two spans)
+    counts span 2's replays; the route for span 2 alone does not."""
+    import argparse
+    import time
+
+    from tensorboard.backend import application
+    from tensorboard.plugins import base_plugin
+    from werkzeug import test as wtest
+    from werkzeug import wrappers
+
+    from tb_bottleneck_plugin.plugin import BottlenecksPlugin
+
+    monkeypatch.setenv("TB_BOTTLENECKS_ANALYSIS_PROCESSES", "0")
+    logdir = _worker_spans(tmp_path).parent
+    flags = argparse.Namespace(bottlenecks_cache_dir="none", bottlenecks_rescan_seconds=60.0, logdir_spec="")
+    plugin = BottlenecksPlugin(base_plugin.TBContext(logdir=str(logdir), flags=flags))
+    client = wtest.Client(application.TensorBoardWSGI([plugin]), wrappers.Response)
+
+    def get(**query):
+        for _ in range(240):  # 202 while the spans load
+            resp = client.get("/data/plugin/bottlenecks/report", query_string=query)
+            if resp.status_code != 202:
+                break
+            time.sleep(0.25)
+        assert resp.status_code == 200, resp.get_data()[:300]
+        return json.loads(resp.get_data())
+
+    try:
+        worker = get(run="run", worker="w0")
+        span2 = get(run="run", worker="w0", span="1700000000002")
+    finally:
+        plugin.analyzer.stop()
+    assert worker["flops"]["flops"] == 3 * PER_REPLAY and worker["flops"]["graph_replays"]["attributed"] == 9
+    assert not [k for k in worker["not_available"] if k.startswith("flops")]
+    assert span2["flops"]["flops"] == 0 and "flops.mfu_pct" in span2["not_available"]
