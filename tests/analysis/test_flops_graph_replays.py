@@ -286,6 +286,29 @@ def test_capture_in_another_span_of_the_worker_counts_in_its_summary(tmp_path):
     assert "6 kernels replayed from CUDA graphs" in span2["verdicts"]["mfu"]["verdict"]
 
 
+def test_summary_says_how_many_replays_are_left(tmp_path):
+    """Span 2 also replays a 2-kernel graph no span captured: the 3-kernel replays are paired, the
+    summary's reason counts the 2 left (span 2's own reason counted 8)."""
+    run = tmp_path / "run"
+    _graph_trace(steps=(1,)).write(run / "w0.1700000000001.pt.trace.json")
+    b = _graph_trace(capture=False, steps=(2, 3))
+    corr = b.runtime("cudaGraphLaunch", 15_000, 20)  # step 3
+    b.kernel(GEMM1, 15_900, 30, correlation=corr)
+    b.kernel(ADD, 15_940, 10, correlation=corr)
+    b.write(run / "w0.1700000000002.pt.trace.json")
+    (worker,) = _summaries(run)["runs"][0]["workers"]
+    span2 = next(r for r in worker["spans"] if r["span"] == "1700000000002")
+    assert "8 kernels replayed from CUDA graphs" in span2["not_available"]["flops.mfu_pct"]
+    summ = worker["summary"]
+    assert summ["flops"]["flops"] == 3 * PER_REPLAY
+    gr = summ["flops"]["graph_replays"]
+    assert (gr["kernels"], gr["attributed"], gr["attributed_other_span"]) == (11, 9, 6)
+    why = summ["not_available"]["flops.graph_replays"]
+    assert why.startswith("FLOPs and MFU are partial: 2 kernels replayed from CUDA graphs (40 µs")
+    assert "no span of their worker records a matching capture" in why
+    assert "flops.mfu_pct" not in summ["not_available"]
+
+
 def test_pairing_leaves_the_span_results_as_they_were(tmp_path):
     """A summary is made again and again from the stored span results (the tab, compare, the
     rank table): pairing must not change them (a second summary adds the replays once)."""
