@@ -19,7 +19,7 @@
 
 examples/bottlenecks.ipynb walks through demo_logs/ with it (tests/report/test_notebook.py runs it).
 
-One code path, the engine's (serving/engine.py), as the CLI's: `analyze` is `engine.collect`
+One code path, the engine's (serving/engine.py), as the CLI's: `analyze` is `Engine.analyze_path`
 (discovery, `report.analyze_span` per span in child processes or on Dask) and `to_dict` is
 `engine.json_report`; summaries are
 `report.combine_results`; `compare` is `engine.run_result` + `compare.compare`, as `diff`.
@@ -94,8 +94,8 @@ def analyze(path_or_url: str, *, jobs: Optional[int] = None, dask: Optional[str]
     if peak is not None:
         os.environ[peaks.ENV_PEAK] = peak  # the analysis children inherit it
     try:
-        logdir, spans, results, errors, single_file = engine.collect(
-            str(path_or_url), debug=debug, jobs=jobs, memory_budget=budget, dask_address=dask)
+        analysis = engine.Engine(str(path_or_url), jobs=jobs, memory_budget=budget, dask_address=dask,
+                                 debug=debug).analyze_path()
     except engine.NothingAnalysed as exc:
         raise ValueError(str(exc)) from None
     finally:
@@ -104,7 +104,8 @@ def analyze(path_or_url: str, *, jobs: Optional[int] = None, dask: Optional[str]
                 os.environ.pop(peaks.ENV_PEAK, None)
             else:
                 os.environ[peaks.ENV_PEAK] = saved
-    return Report(str(path_or_url), logdir, spans, results, errors, single_file)
+    return Report(str(path_or_url), analysis.logdir, analysis.spans, analysis.results, analysis.errors,
+                  analysis.single_file)
 
 
 class Report:

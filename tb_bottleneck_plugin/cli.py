@@ -235,22 +235,6 @@ def _fail(message: str) -> int:
     return 2
 
 
-# The orchestration lives in the engine (serving/engine.py); these old names are the engine's,
-# loaded on first use (so `--help`, `diff` and `demo` do not import the analysis).
-_ENGINE_NAMES = {"NothingAnalysed": "NothingAnalysed", "collect": "collect", "json_report": "json_report",
-                 "_json_safe": "json_safe", "_analyze_all": "analyze_all",
-                 # the analysis children's log (section tracebacks) is silenced unless --debug
-                 "CHILD_TRACEBACKS_ENV": "CHILD_TRACEBACKS_ENV"}
-
-
-def __getattr__(name):
-    if name in _ENGINE_NAMES:
-        from .serving import engine
-
-        return getattr(engine, _ENGINE_NAMES[name])
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def _report(path: str, *, as_json: bool, debug: bool = False, jobs: Optional[int] = None,
             memory_budget: Optional[int] = None, dask_address: Optional[str] = None,
             html: Optional[str] = None, what_if: bool = False, findings: bool = False) -> int:
@@ -258,26 +242,23 @@ def _report(path: str, *, as_json: bool, debug: bool = False, jobs: Optional[int
     from .views import text_report
 
     try:
-        logdir, spans, results, errors, single_file = engine.collect(
-            path, debug=debug, jobs=jobs, memory_budget=memory_budget, dask_address=dask_address)
+        analysis = engine.Engine(path, jobs=jobs, memory_budget=memory_budget, dask_address=dask_address,
+                                 debug=debug).analyze_path()
     except engine.NothingAnalysed as exc:
         if not exc.errors:
             return _fail(str(exc))
         for e in exc.errors:
             print(f"tb-bottlenecks: {e}", file=sys.stderr)
         return 2
+    logdir, results, errors, single_file = analysis.logdir, analysis.results, analysis.errors, analysis.single_file
     if findings:
-        from .views import findings as findings_view
-
-        doc = engine.json_safe(engine.json_report(logdir, spans, results, errors, single_file))
-        json.dump(findings_view.document_findings(doc), sys.stdout, indent=1, ensure_ascii=False)
+        json.dump(analysis.findings(), sys.stdout, indent=1, ensure_ascii=False)
         sys.stdout.write("\n")
     elif as_json and what_if:
-        json.dump(engine.json_safe(_step_models(engine.json_report(logdir, spans, results, errors, single_file))), sys.stdout,
-                  indent=1)
+        json.dump(_step_models(analysis.document()), sys.stdout, indent=1)
         sys.stdout.write("\n")
     elif as_json:
-        json.dump(engine.json_safe(engine.json_report(logdir, spans, results, errors, single_file)), sys.stdout, indent=1)
+        json.dump(analysis.document(), sys.stdout, indent=1)
         sys.stdout.write("\n")
     elif what_if:
         summary = functools.partial(engine.summary, views=False)

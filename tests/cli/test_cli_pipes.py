@@ -14,6 +14,7 @@ import textwrap
 import pytest
 
 from tb_bottleneck_plugin import cli
+from tb_bottleneck_plugin.serving import engine
 
 from conftest import DEMO_LOGS  # noqa: E402
 from trace_builder import TraceBuilder
@@ -121,5 +122,5 @@ def test_children_print_no_traceback_without_debug(tmp_path):
     dbg = subprocess.run(_argv(["report", str(run), "--jobs", "2", "--debug"]), capture_output=True, text=True,
                          env=env, timeout=300)
     assert dbg.returncode == 0 and "Traceback" in dbg.stderr, dbg.stderr
-    assert cli.CHILD_TRACEBACKS_ENV not in os.environ
+    assert engine.CHILD_TRACEBACKS_ENV not in os.environ
 

@@ -1,5 +1,5 @@
 """The Python API (tb_bottleneck_plugin.api, issue 25): the same numbers as the CLI's
-``--json`` (one code path: cli.collect / cli.json_report), DataFrames built from them, a
+``--json`` (one code path: engine.collect / engine.json_report), DataFrames built from them, a
 comparison equal to ``diff --json``, and pandas never imported by the tab's or the CLI's
 import path."""
 from __future__ import annotations

@@ -10,6 +10,7 @@ import jsonschema
 import pytest
 
 from tb_bottleneck_plugin import cli
+from tb_bottleneck_plugin.serving import engine
 from tb_bottleneck_plugin.views import findings as F
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,7 +27,7 @@ def _validator(name):
 def demo_doc():
     if not DEMO.is_dir():
         pytest.skip("demo_logs missing")
-    return cli._json_safe(cli.json_report(*cli.collect(str(DEMO), jobs=2)))
+    return engine.Analysis(*engine.collect(str(DEMO), jobs=2)).document()  # what report --json prints
 
 
 def _resolves(ref: str, report: dict) -> bool:
