@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from .. import thresholds as T
+from ..analysis.collectives import stable_order
 from ..analysis.devices import label as device_label
 from ..analysis.units import HIGHER, LOWER, Metric, path
 from .pipeline import NO_P2P, format_pipeline_text, pipeline_view
@@ -162,8 +163,12 @@ def rank_view(results_by_worker: Dict[str, List[dict]]) -> dict:
     n_ranks = len(rows)
     dur = np.asarray(durs_flat, dtype=np.float64)
     byts = np.array([np.nan if b is None else b for b in bytes_flat], dtype=np.float64)
-    kind_names, kind = np.unique(np.asarray(kinds_flat, dtype=object).astype(str), return_inverse=True) \
-        if kinds_flat else (np.empty(0, str), np.empty(0, np.int64))
+    # kind codes in name order (np.unique's), by a lookup per call in a table of the few names
+    # (sorting 1,024 ranks' kind strings took 4 ms)
+    kind_words = {v: str(v) for v in set(kinds_flat)}
+    kind_names = np.array(sorted(set(kind_words.values())), dtype=str) if kinds_flat else np.empty(0, str)
+    kind_code = {v: int(np.searchsorted(kind_names, w)) for v, w in kind_words.items()}
+    kind = np.fromiter(map(kind_code.__getitem__, kinds_flat), np.int64, len(kinds_flat))
     seg_rank_a = np.asarray(seg_rank, np.int64)
     seg_step_a = np.asarray(seg_step, np.int64)
     seg_len_a = np.asarray(seg_len, np.int64)
@@ -355,6 +360,9 @@ MAX_GROUP_LINES = 12
 P2P_KINDS = ("send", "recv")
 # Unmatched sequence numbers listed per group (the count is always complete).
 MAX_UNMATCHED_LISTED = 20
+# Waits per (rank, group x step cell) summed in one dense array up to this many cells x ranks
+# (8 bytes each), else through a sort of the keys
+DENSE_CELLS = 1 << 21
 
 
 def _declared_groups(partials: Dict[str, List[dict]], workers: List[str]) -> Dict[str, dict]:
@@ -371,10 +379,13 @@ def _declared_groups(partials: Dict[str, List[dict]], workers: List[str]) -> Dic
             for g in groups:
                 if not isinstance(g, dict) or g.get("name") is None:
                     continue
-                row = out.setdefault(str(g["name"]), {"desc": None, "size": None, "ranks": None})
-                for k in ("desc", "size", "ranks"):
-                    if row[k] is None and g.get(k) is not None:
-                        row[k] = g[k]
+                row = out.get(str(g["name"]))
+                if row is None:
+                    out[str(g["name"])] = {"desc": g.get("desc"), "size": g.get("size"), "ranks": g.get("ranks")}
+                elif None in row.values():
+                    for k in ("desc", "size", "ranks"):
+                        if row[k] is None and g.get(k) is not None:
+                            row[k] = g[k]
     return out
 
 
@@ -388,16 +399,12 @@ def _ranks_words(ranks: List[int]) -> str:
     return ",".join(str(r) for r in rs)
 
 
-def _stable_order(key: np.ndarray) -> np.ndarray:
-    """``np.argsort(key, kind="stable")`` of a non-negative int64 key: one quicksort of
-    ``key * n + index`` (all distinct, so its order is the stable one) where that cannot
-    overflow (numpy's stable sort of int64 is a merge sort, ~4x slower), else the stable sort."""
-    n = len(key)
-    if n == 0:
-        return np.zeros(0, np.int64)
-    if (int(key.max()) + 1) * (n + 1) < 2 ** 62:
-        return np.argsort(key * n + np.arange(n))
-    return np.argsort(key, kind="stable")
+def _median(values: List[float]) -> float:
+    """``np.median`` of a short list of finite numbers, the same value without numpy's ~50 µs a
+    call (once per group: 1,024 ranks in TP x DP groups have 136)."""
+    v = sorted(values)
+    h = len(v) // 2
+    return float(v[h]) if len(v) % 2 else (v[h - 1] + v[h]) / 2
 
 
 def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pos, ent_pg, ent_seq, kind, kind_names,
@@ -431,7 +438,7 @@ def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pos,
     else:
         pos = np.zeros(m, np.int64)
         nz = np.flatnonzero(coll)
-        o = nz[_stable_order((ent_rank[nz] * S + ent_col[nz]) * max(n_groups, 1) + ent_pg[nz])]
+        o = nz[stable_order((ent_rank[nz] * S + ent_col[nz]) * max(n_groups, 1) + ent_pg[nz])]
         k = len(o)
         brk = np.r_[True, (np.diff(ent_rank[o]) != 0) | (np.diff(ent_step[o]) != 0) | (np.diff(ent_pg[o]) != 0)]
         starts = np.flatnonzero(brk)
@@ -479,7 +486,7 @@ def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pos,
     col = np.where(seq_cell[cell], ent_seq[idx], pos[idx])
     # by cell, then call (sequence number or position), then rank: idx is in rank order
     width = int(col.max()) + 1 if len(idx) else 1
-    o = _stable_order(cell * width + col) if n_cells * width < 2 ** 62 else np.lexsort((col, cell))
+    o = stable_order(cell * width + col) if n_cells * width < 2 ** 62 else np.lexsort((col, cell))
     idx, cell, pc, col = idx[o], cell[o], pc[o], col[o]
     r_e, d_e = ent_rank[idx], dur[idx]
     by_seq = np.zeros(n_groups, bool)
@@ -528,8 +535,12 @@ def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pos,
         np.add.at(late, (c_group[call[head]], r_e[head]), 1)
         # waits per (rank, cell) over the matched calls
         key = r_e[hit].astype(np.int64) * n_cells + cell[hit]
-        uk, inv = np.unique(key, return_inverse=True)
-        sums = np.bincount(inv.reshape(-1), weights=d_e[hit] - dmin[call[hit]], minlength=len(uk))
+        if n_ranks * n_cells <= DENSE_CELLS:  # one bin per (rank, cell): no sort
+            uk = np.flatnonzero(np.bincount(key, minlength=n_ranks * n_cells))
+            sums = np.bincount(key, weights=d_e[hit] - dmin[call[hit]], minlength=n_ranks * n_cells)[uk]
+        else:
+            uk, inv = np.unique(key, return_inverse=True)
+            sums = np.bincount(inv.reshape(-1), weights=d_e[hit] - dmin[call[hit]], minlength=len(uk))
         k_rank, k_cell = uk // n_cells, uk % n_cells
         if n_steps:
             order = np.argsort(k_cell, kind="stable")
@@ -577,50 +588,62 @@ def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pos,
     if not len(idx) and n_steps:
         part = has_step[:, :n_steps] & ((members.T.astype(np.int64) @ (present_count[:, :n_steps] >= 2)) > 0)
         wait_mat[part] = np.nan_to_num(wait_mat)[part]
-    # ---- one row per group
-    m_per_group = np.bincount(ent_pg[coll & matched], minlength=n_groups)
+    # ---- one row per group (its numbers read from per-group arrays made here once)
+    m_per_group = np.bincount(ent_pg[coll & matched], minlength=n_groups).tolist()
     n_kinds = max(len(kind_names), 1)
     group_kinds = np.unique(ent_pg[coll] * n_kinds + kind[coll])
-    kind_bounds = np.searchsorted(group_kinds, np.arange(n_groups + 1) * n_kinds)
-    strag_bounds = np.searchsorted(s_group, np.arange(n_groups + 1))
+    kind_bounds = np.searchsorted(group_kinds, np.arange(n_groups + 1) * n_kinds).tolist()
+    group_kinds = (group_kinds % n_kinds).tolist()
+    kind_words = [str(k) for k in kind_names.tolist()]
+    strag_bounds = np.searchsorted(s_group, np.arange(n_groups + 1)).tolist()
+    mem_g, mem_r = np.nonzero(members)
+    mem_bounds = np.searchsorted(mem_g, np.arange(n_groups + 1)).tolist()
+    mem_r = mem_r.tolist()
     rank_list = [r["rank"] for r in rows]
+    top_of = late_steps.argmax(axis=1) if n_ranks else np.zeros(n_groups, np.int64)
+    of_steps_of = late_steps.sum(axis=1).tolist()
+    late_top = late[np.arange(n_groups), top_of].tolist() if n_ranks else [0] * n_groups
+    steps_top = late_steps[np.arange(n_groups), top_of].tolist() if n_ranks else [0] * n_groups
+    top_of = top_of.tolist()
+    calls_of, p2p_of, of_calls = calls_per_group.tolist(), p2p_per_group.tolist(), of_calls.tolist()
+    by_seq, by_order = by_seq.tolist(), by_order.tolist()
     out = []
     for p, name in enumerate(pg_names):
         conf, conf_ranks, missing = meta[p]
-        calls = int(calls_per_group[p])
-        m_calls = int(m_per_group[p])
+        calls = calls_of[p]
+        m_calls = m_per_group[p]
+        mine_idx = mem_r[mem_bounds[p]:mem_bounds[p + 1]]
         ranks_declared = sorted(conf_ranks) if conf_ranks else None
-        ranks_present = sorted(rank_list[i] for i in np.flatnonzero(members[p]).tolist())
+        ranks_present = sorted(rank_list[i] for i in mine_idx)
         label_ranks = ranks_declared or ranks_present
         desc = conf.get("desc")
         row = {"name": name, "desc": desc,
                "label": f"{desc or ('process group ' + name)} (ranks {_ranks_words(label_ranks)})",
-               "size": conf.get("size") or (len(conf_ranks) if conf_ranks else int(members[p].sum()) or None),
+               "size": conf.get("size") or (len(conf_ranks) if conf_ranks else len(mine_idx) or None),
                "ranks": ranks_declared, "ranks_present": ranks_present, "missing_ranks": missing,
-               "kinds": sorted({str(kind_names[k]) for k in
-                                (group_kinds[kind_bounds[p]:kind_bounds[p + 1]] % n_kinds).tolist()}),
+               "kinds": sorted({kind_words[k] for k in group_kinds[kind_bounds[p]:kind_bounds[p + 1]]}),
                "match_by": "seq" if by_seq[p] and not by_order[p] else (
                    "order" if by_order[p] and not by_seq[p] else ("seq_and_order" if by_seq[p] else None)),
                "calls": calls, "matched_calls": m_calls, "unmatched_calls": calls - m_calls,
-               "p2p_calls": int(p2p_per_group[p]),
+               "p2p_calls": p2p_of[p],
                "unmatched_seqs": sorted(set(unmatched_seqs.get(p, [])))[:MAX_UNMATCHED_LISTED],
                "straggler": None}
         if missing:
             na[f"ranks.process_groups.{name}"] = (
                 f"no trace for rank(s) {', '.join(map(str, missing))} of {row['label']}: its calls are matched "
                 f"over the {len(ranks_present)} ranks present")
-        of_steps = int(late_steps[p].sum())
+        of_steps = of_steps_of[p]
         if of_steps:
-            top = int(np.argmax(late_steps[p]))
+            top = top_of[p]
             a, b = strag_bounds[p], strag_bounds[p + 1]
             mine = s_rank[a:b] == top
-            caused = float(np.median(np.where(mine, s_lead[a:b], 0.0)))
+            caused = _median(np.where(mine, s_lead[a:b], 0.0).tolist())
             row["straggler"] = {"rank": rows[top]["rank"], "worker": rows[top]["worker"],
-                                "late_calls": int(late[p, top]), "of_calls": int(of_calls[p]),
-                                "late_pct": 100.0 * late[p, top] / of_calls[p] if of_calls[p] else None,
-                                "steps": int(late_steps[p, top]), "of_steps": of_steps,
+                                "late_calls": late_top[p], "of_calls": of_calls[p],
+                                "late_pct": 100.0 * late_top[p] / of_calls[p] if of_calls[p] else None,
+                                "steps": steps_top[p], "of_steps": of_steps,
                                 "wait_caused_pct": caused, "late_steps": s_step[a:b][mine].tolist(),
-                                "_index": top, "_members": np.flatnonzero(members[p]).tolist()}
+                                "_index": top, "_members": list(mine_idx)}
         out.append(row)
     out.sort(key=lambda g: (-(g["calls"] or 0), g["name"]))
     return out
