@@ -918,6 +918,8 @@ def _graph_parts(trace: TraceData, gr, tmpl, in_step, kdur, step_windows, precis
     Small: a few numbers per capture-time op and per replayed kernel position, nothing on
     traces without CUDA graph replays."""
     names_of = trace.strings
+    # times comparable across the files of a worker: new traces count from baseTimeNanoseconds
+    base_us = (getattr(trace.meta, "base_time_ns", None) or 0) / 1000.0
     caps = []
     for j, calls in enumerate(gr["capture_list"]):  # every capture, as one file matches them
         pos = tmpl["owner"][calls] if tmpl is not None else np.full(len(calls), -1, np.int64)
@@ -926,7 +928,7 @@ def _graph_parts(trace: TraceData, gr, tmpl, in_step, kdur, step_windows, precis
         kernel_op[pos >= 0] = inv
         seq = gr["capture_names"].get(j)
         caps.append({
-            "kernels": int(len(calls)), "end_ts": float(gr["capture_end"][j]),
+            "kernels": int(len(calls)), "end_ts": float(gr["capture_end"][j]) + base_us,
             "names_key": graph_replays.names_key([names_of[int(n)] for n in seq]) if seq is not None else None,
             "ops": [{"flops": float(tmpl["flops"][t]) if tmpl["counted"][t] else 0.0,
                      "bytes": float(tmpl["bytes"][t]),
@@ -962,7 +964,7 @@ def _graph_parts(trace: TraceData, gr, tmpl, in_step, kdur, step_windows, precis
                           "names": [names_of[int(n)] for n in distinct], "kernel_name": kernel_name.tolist(),
                           "kernel_us": [round(u, 3) for u in g["us"].tolist()],
                           "replays": [[s, c] for s, c in sorted(g["steps"].items())],
-                          "first_ts": g["first_ts"], "devices": int(n_dev)})
+                          "first_ts": g["first_ts"] + base_us, "devices": int(n_dev)})
     return {"recorded_captures": caps, "unmatched": unmatched}
 
 

@@ -454,12 +454,13 @@ def _graph_sources(trace, gr, key, keys, parent, is_module, name, nc, inc_gpu, g
     def frame_of(node: int) -> Optional[str]:
         return keys.names[int(key[node])] if key[node] >= 0 else None
 
+    base_us = (getattr(trace.meta, "base_time_ns", None) or 0) / 1000.0  # times across files (flops too)
     caps = []
     for j, calls in enumerate(gr["capture_list"]):
         seq = gr["capture_names"].get(j)
         frames, kernel_frame = _table([frame_of(nc + int(c)) for c in calls])
         modules, kernel_module = _table([module_of(nc + int(c)) for c in calls])
-        caps.append({"kernels": int(len(calls)), "end_ts": float(gr["capture_end"][j]),
+        caps.append({"kernels": int(len(calls)), "end_ts": float(gr["capture_end"][j]) + base_us,
                      "names_key": names_key([S[int(n)] for n in seq]) if seq is not None else None,
                      "frames": frames, "kernel_frame": kernel_frame,
                      "modules": modules, "kernel_module": kernel_module})
@@ -480,7 +481,8 @@ def _graph_sources(trace, gr, key, keys, parent, is_module, name, nc, inc_gpu, g
         g["n"] += 1
         g["first_ts"] = min(g["first_ts"], ts)
     unmatched = [{"kernels": len(gk[0]), "names_key": names_key([S[int(n)] for n in gk[0]]),
-                  "kernel_us": [round(u, 3) for u in g["us"].tolist()], "replays": g["n"], "first_ts": g["first_ts"],
+                  "kernel_us": [round(u, 3) for u in g["us"].tolist()], "replays": g["n"],
+                  "first_ts": g["first_ts"] + base_us,
                   "frame": gk[1], "module": gk[2]} for gk, g in groups.items()]
     return {"captures": caps, "unmatched": unmatched} if caps or unmatched else None
 

@@ -309,6 +309,26 @@ def test_summary_says_how_many_replays_are_left(tmp_path):
     assert "flops.mfu_pct" not in summ["not_available"]
 
 
+def test_the_latest_capture_before_the_replays_across_files(tmp_path):
+    """Kineto counts each file's times from its baseTimeNanoseconds. Two spans capture a graph of
+    the same kernels (span 2 with aten::addmm of 2·M rows), span 3 replays it: the capture that
+    ended last before the replay is span 2's, told by the base times (the files' own times are
+    equal), so span 3's replay counts 2·(2M)·N·K + 2·M2·N2·K2."""
+    from trace_builder import write_trace
+
+    run = tmp_path / "run"
+    second = _graph_trace(steps=(1,))
+    for e in second.events:
+        if e.get("name") == "aten::addmm":
+            e["args"]["Input Dims"] = [[N], [2 * M, K], [K, N], [], []]
+    for i, (b, base) in enumerate(((_graph_trace(steps=(1,)), 1), (second, 2), (_graph_trace(False, steps=(1,)), 3))):
+        write_trace(run / f"w0.170000000000{i + 1}.pt.trace.json", b.events, props=b.props,
+                    baseTimeNanoseconds=base * 10 ** 15)
+    (worker,) = _summaries(run)["runs"][0]["workers"]
+    later = 2 * (2 * M) * N * K + 2 * M2 * N2 * K2
+    assert worker["summary"]["flops"]["flops"] == PER_REPLAY + later + later
+
+
 def test_pairing_leaves_the_span_results_as_they_were(tmp_path):
     """A summary is made again and again from the stored span results (the tab, compare, the
     rank table): pairing must not change them (a second summary adds the replays once)."""
