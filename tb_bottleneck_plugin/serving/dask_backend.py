@@ -3,7 +3,7 @@
 One task per span: ``_analyze_task(logdir, run, span)`` runs on a Dask worker, which reads
 the trace itself through the same storage layer as here (a local path the worker can
 see, or ``gs://...`` with the worker's own credentials) and returns only the span's
-result (the report, memory curves and kernel table: KBs), which the service caches
+result (the report, memory curves and kernel table: KBs), which the engine caches
 like a local one. Errors come back as the same outcome tuples as from an analysis child
 (`children.ChildPool.analyze`): ("ok", result) | ("truncated" | "error" | "internal" |
 "died", message). A worker that dies mid-task (out of memory, preempted) is the
@@ -12,7 +12,7 @@ scheduler's business: it reruns the task on another worker, up to its
 "died" and retried on a later scan.
 
 Imported only when a Dask scheduler is configured: nothing here is imported by the
-plugin's entry point, the CLI without ``--dask`` or the service without it.
+plugin's entry point, the CLI without ``--dask`` or the tab without it.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ class DaskUnavailable(Exception):
 def _analyze_task(analyze_span: Optional[Callable], logdir: str, run, span, timeline: bool = False) -> tuple:
     """Runs on a Dask worker: one span analysed, its outcome tuple. ``timeline``: the
     result also carries the span's step-timeline store (report.analyze_span(timeline=True):
-    numpy arrays, ~2 MB for a resnet50-sized span; the service keeps it for the timeline
+    numpy arrays, ~2 MB for a resnet50-sized span; the tab keeps it for the timeline
     routes)."""
     from .. import report
     from ..errors import BottleneckError, TruncatedTraceError
@@ -54,7 +54,7 @@ def _analyze_task(analyze_span: Optional[Callable], logdir: str, run, span, time
         return "truncated", str(exc)
     except BottleneckError as exc:
         return "error", str(exc)
-    except Exception as exc:  # noqa: BLE001 - reported to the service, which logs it
+    except Exception as exc:  # noqa: BLE001 - reported to the engine, which logs it
         return "internal", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
 
 

@@ -1,7 +1,7 @@
 """Where the server keeps the step-timeline stores (analysis/timeline.py) of its spans.
 
 The analysis process builds one store per span (numpy arrays, tens of bytes per event)
-next to the span's report; the service hands it here instead of putting it into the
+next to the span's report; the engine's Analyzer hands it here instead of putting it into the
 JSON result. Stores are kept in memory (a few, least recently used first out) and,
 with a disk cache, as ``<cache key>.timeline.npz`` beside the cached report (no pickle),
 bounded in total size (oldest files removed). A request loads a store from disk when it
