@@ -273,13 +273,17 @@ def build_store(trace: TraceData, steps=None, span=None) -> Dict[str, np.ndarray
     n_rows = len(rows)
 
     # --- assign events to steps (an event overlapping several steps is in each) -----------
+    # (each column's pieces dropped once joined, and no astype copy of a joined column: on
+    # 10M-event traces every full-length int64 column is 76 MiB; benchmarks/README.md)
     if parts:
-        ts = np.concatenate([p[0] for p in parts]).astype(np.float64)
-        dur = np.maximum(np.nan_to_num(np.concatenate([p[1] for p in parts]).astype(np.float64)), 0.0)
-        name = np.concatenate([p[2] for p in parts]).astype(np.int64)
-        corr = np.concatenate([p[3] for p in parts]).astype(np.int64)
-        link = np.concatenate([p[4] for p in parts]).astype(np.int64)
-        row = np.concatenate([p[5] for p in parts]).astype(np.int64)
+        ts = np.concatenate([p[0] for p in parts]).astype(np.float64, copy=False)
+        dur = np.concatenate([p[1] for p in parts]).astype(np.float64, copy=False)
+        dur = np.maximum(np.nan_to_num(dur, copy=False), 0.0, out=dur)
+        name = np.concatenate([p[2] for p in parts]).astype(np.int64, copy=False)
+        corr = np.concatenate([p[3] for p in parts]).astype(np.int64, copy=False)
+        link = np.concatenate([p[4] for p in parts]).astype(np.int64, copy=False)
+        row = np.concatenate([p[5] for p in parts]).astype(np.int64, copy=False)
+        del parts
     else:
         ts = dur = np.zeros(0)
         name = corr = link = row = np.zeros(0, np.int64)
@@ -298,8 +302,12 @@ def build_store(trace: TraceData, steps=None, span=None) -> Dict[str, np.ndarray
         ev_src.append(m)
     src = np.concatenate(ev_src) if ev_src else np.zeros(0, np.int64)
     stp = np.concatenate(ev_step) if ev_step else np.zeros(0, np.int64)
+    del ev_src, ev_step
+    del by_start, s_sorted, run_end, end
     e_ts, e_dur = ts[src], dur[src]
+    del ts, dur
     e_name, e_corr, e_link, e_row = name[src], corr[src], link[src], row[src]
+    del name, corr, link, row, src
 
     # idle causes per step, as events of the idle rows
     sets = _cause_sets(trace, unions, g_rt_all)
@@ -323,8 +331,11 @@ def build_store(trace: TraceData, steps=None, span=None) -> Dict[str, np.ndarray
         e_link = np.concatenate([e_link, np.full(n_idle, -1, np.int64)])
 
     order = np.lexsort((e_ts, e_row, stp))
-    e_ts, e_dur, e_row, stp = e_ts[order], e_dur[order], e_row[order], stp[order]
-    e_name, e_corr, e_link = e_name[order], e_corr[order], e_link[order]
+    e_ts, e_dur = e_ts[order], e_dur[order]
+    e_row, stp = e_row[order], stp[order]
+    e_name, e_corr = e_name[order], e_corr[order]
+    e_link = e_link[order]
+    del order
     seg = stp * n_rows + e_row
     seg_off = np.searchsorted(seg, np.arange(n_steps * n_rows + 1), side="left").astype(np.int64)
 
@@ -341,10 +352,10 @@ def build_store(trace: TraceData, steps=None, span=None) -> Dict[str, np.ndarray
         "version": np.array([STORE_VERSION], np.int64),
         "row_kind": rows_arr[:, 0].astype(np.int8), "row_a": rows_arr[:, 1], "row_b": rows_arr[:, 2],
         "main_thread": np.array([main if main is not None else -1], np.int64),
-        "ev_ts": e_ts.astype(np.float64), "ev_dur": e_dur.astype(np.float64),
+        "ev_ts": e_ts.astype(np.float64, copy=False), "ev_dur": e_dur.astype(np.float64, copy=False),
         "ev_name": np.where(e_name >= 0, remap[np.maximum(e_name, 0)], -1).astype(np.int32),
         "ev_link": np.where(e_link >= 0, remap[np.maximum(e_link, 0)], -1).astype(np.int32),
-        "ev_corr": e_corr.astype(np.int64), "ev_row": e_row.astype(np.int32),
+        "ev_corr": e_corr.astype(np.int64, copy=False), "ev_row": e_row.astype(np.int32),
         "seg_off": seg_off,
         "step_number": steps.numbers.astype(np.int64),
         "step_start": lo_all, "step_end": hi_all,
