@@ -29,15 +29,16 @@ from typing import Any, Callable, Deque, Dict, Optional, Tuple
 
 from ..errors import StorageError
 
-# Peak memory of one analysis (its whole child process) ~ PEAK_BASE_BYTES + PEAK_FACTOR x
-# the uncompressed JSON size: ~0.6 x the JSON on top of ~100 MB of interpreter, numpy and
-# msgspec, rounded so the estimate errs high (measurements: benchmarks/README.md).
-PEAK_FACTOR = 0.8
+# Peak memory of one analysis (its whole child process, with the step-timeline store) ~
+# PEAK_BASE_BYTES + PEAK_FACTOR x the uncompressed JSON size: measured 0.39-0.49 x the JSON
+# on top of ~96 MiB on the 292 MB and 2.2 GB scale traces, rounded so the estimate errs high
+# (~1.2-1.3x the measured peaks; benchmarks/README.md, "Bounded memory").
+PEAK_FACTOR = 0.6
 PEAK_BASE_BYTES = 96 << 20
 # ... and at least this much per trace event: the decoded columns cost per event, not per
-# byte, so a file of tiny events (45 bytes each) peaks at 5-10x its size (measured ~310
-# bytes per event on the 292 MB benchmark trace, ~400 on 1-3M tiny events; benchmarks/README.md).
-PEAK_BYTES_PER_EVENT = 450
+# byte, so a file of tiny events (45 bytes each) peaks at 5x its size (measured 241 bytes
+# per event over the base on 10M tiny events, 126 on 400k, 211 on the 2.2 GB trace).
+PEAK_BYTES_PER_EVENT = 320
 # The event count is estimated from the density of events in the first HEAD_SAMPLE_BYTES
 # of (decompressed) JSON; local files only (a remote file is not read at scheduling time).
 HEAD_SAMPLE_BYTES = 1 << 20
