@@ -26,6 +26,7 @@ from ..analysis.units import HIGHER, LOWER, Metric, path
 from .pipeline import NO_P2P, format_pipeline_text, pipeline_view
 
 SPLIT = ("compute_only_us", "overlapped_us", "exposed_comm_us", "other_us")
+ROW_SUMS = ("step_us",) + SPLIT
 SINGLE_WORKER = "single worker: no ranks to compare"
 NO_COMMUNICATION = "no communication in any rank's steps"
 NO_STEPS = "no included step"
@@ -130,9 +131,10 @@ def rank_view(results_by_worker: Dict[str, List[dict]]) -> dict:
             na[f"ranks.{w}"] = NO_PARTIAL
         elif not steps:
             na[f"ranks.{w}"] = NO_STEPS
-        total = sum(s["step_us"] for s in steps)
-        for key in ("step_us",) + SPLIT:
-            row[key] = sum(s[key] for s in steps) if steps else None
+        # the five sums over the steps in one pass (same order of additions as sum() per key)
+        sums = [sum(c) for c in zip(*[[s[key] for key in ROW_SUMS] for s in steps])] if steps else [None] * 5
+        row.update(zip(ROW_SUMS, sums))
+        total = row["step_us"] if steps else 0
         for key in SPLIT:
             row[key.replace("_us", "_pct")] = 100.0 * row[key] / total if steps and total > 0 else None
         row["avg_step_us"] = total / len(steps) if steps else None
@@ -568,12 +570,14 @@ def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pos,
         w = np.where(has_w, sums[found], 0.0)
         c_start = np.flatnonzero(np.r_[True, np.diff(c_of) != 0])
         w_min, w_max = np.minimum.reduceat(w, c_start), np.maximum.reduceat(w, c_start)
-        w_sum = np.add.reduceat(w, c_start)
-        # numpy sums 8 values or more pairwise: the same sum, to the last bit, as a sum of the
-        # cell's waits alone (a few cells per step: the groups of more than 8 ranks)
-        c_end = np.r_[c_start[1:], len(w)]
-        for c in np.flatnonzero(np.add.reduceat(has_w, c_start) >= 8).tolist():
-            w_sum[c] = w[c_start[c]:c_end[c]][has_w[c_start[c]:c_end[c]]].sum()
+        # Σ of each cell's waits as np.sum adds them (SIMD lanes, pairwise: not in order), so
+        # the same to the last bit: one row per cell in a matrix per count of waits
+        vals, n_w = w[has_w], np.bincount(c_of[has_w], minlength=len(cells))
+        first_w = np.cumsum(n_w) - n_w
+        w_sum = np.zeros(len(cells))
+        for c in np.unique(n_w[n_w > 0]).tolist():
+            at_c = np.flatnonzero(n_w == c)
+            w_sum[at_c] = vals[first_w[at_c, None] + np.arange(c)].sum(axis=1)
         least = np.flatnonzero(w == w_min[c_of])
         least = least[np.r_[True, np.diff(c_of[least]) != 0]]
         strag = w_max > w_min
@@ -698,16 +702,18 @@ def straggler_cause(rank_index: int, members: List[int], steps: List[int], rows:
     keys = [k for k in CAUSE_WORDS if all(k in activity[(rank_index, n)] for n in use)]
     diff, own, med = {}, {}, {}
     # (members x steps) per activity: one median per step over the other members
-    grid = {k: np.array([[activity[(m, n)][k] for n in use] for m in others]) for k in keys}
+    # (medians of short lists in Python: np.median's ~50 µs a call was most of the cost)
+    theirs_of = {n: [activity[(m, n)] for m in others] for n in use}
     for k in keys:
-        mine = np.array([activity[(rank_index, n)][k] for n in use])
-        theirs = np.median(grid[k], axis=0)
-        diff[k], own[k], med[k] = float(np.median(mine - theirs)), float(np.median(mine)), float(np.median(theirs))
+        mine = [activity[(rank_index, n)][k] for n in use]
+        theirs = [_median([a[k] for a in theirs_of[n]]) for n in use]
+        diff[k] = _median([a - b for a, b in zip(mine, theirs)])
+        own[k], med[k] = _median(mine), _median(theirs)
     step_of = [{n: i for i, n in enumerate(rows[m]["per_step"]["steps"])} for m in members]
-    step_med = float(np.median([np.median([rows[m]["per_step"]["step_us"][step_of[j][n]]
-                                           for j, m in enumerate(members)]) for n in use]))
-    comm_own = float(np.median([comm_of.get((rank_index, n), 0.0) for n in use]))
-    comm_med = float(np.median([np.median([comm_of.get((m, n), 0.0) for m in others]) for n in use]))
+    step_med = _median([_median([rows[m]["per_step"]["step_us"][step_of[j][n]] for j, m in enumerate(members)])
+                        for n in use])
+    comm_own = _median([comm_of.get((rank_index, n), 0.0) for n in use])
+    comm_med = _median([_median([comm_of.get((m, n), 0.0) for m in others]) for n in use])
     top = max(diff, key=lambda k: diff[k]) if diff else None
     named = top is not None and step_med > 0 and 100.0 * diff[top] / step_med >= T.STRAGGLER_CAUSE_MIN_PCT
     r = rows[rank_index]["rank"]
