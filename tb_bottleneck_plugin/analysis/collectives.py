@@ -879,17 +879,13 @@ def stable_order(key: np.ndarray) -> np.ndarray:
 
 
 def _codes(values: list, table: Dict[str, int]) -> np.ndarray:
-    """Small-integer codes of repeated strings (first-seen order), C-level lookups."""
-    codes = list(map(table.get, values))
-    if None in codes:
-        # the new names first (first-seen order), then the lookups again: one pass per name
-        for v in dict.fromkeys(values):
-            if table.get(v) is None:
-                table.setdefault(str(v), len(table))
-        codes = list(map(table.get, values))
-        if None in codes:  # names that are not strings (their str() is in the table)
-            codes = [c if c is not None else table[str(v)] for c, v in zip(codes, values)]
-    return np.array(codes, dtype=np.int64)
+    """Small-integer codes of repeated strings (first-seen order), C-level lookups: the
+    distinct values coded once, then one lookup per value."""
+    code_of = {}
+    for v in dict.fromkeys(values):
+        c = table.get(v)
+        code_of[v] = c if c is not None else table.setdefault(str(v), len(table))
+    return np.fromiter(map(code_of.__getitem__, values), np.int64, len(values))
 
 
 def run_table(call_rows: List[Optional[dict]], ranks: Optional[List[int]] = None,

@@ -202,8 +202,11 @@ def rank_view(results_by_worker: Dict[str, List[dict]]) -> dict:
     pg_names = np.array(name_list, dtype=object).astype(str) if name_list else np.empty(0, str)
     ent_pg = np.zeros(len(pg_flat), np.int64) if len(name_list) <= 1 else \
         np.fromiter(map(code_of.__getitem__, pg_flat), np.int64, len(pg_flat))
-    ent_seq = np.full(len(seq_flat), -1, np.int64) if seq_flat.count(None) == len(seq_flat) else \
-        np.nan_to_num(np.array(seq_flat, dtype=np.float64), nan=-1.0).astype(np.int64)
+    try:  # every call with its sequence number: one C-level conversion
+        ent_seq = np.array(seq_flat, dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        ent_seq = np.full(len(seq_flat), -1, np.int64) if seq_flat.count(None) == len(seq_flat) else \
+            np.nan_to_num(np.array(seq_flat, dtype=np.float64), nan=-1.0).astype(np.int64)
     declared_groups = _declared_groups(partials, workers)
     wait_mat = np.full((n_ranks, len(common_steps)), np.nan)
     groups = _match_groups(rows, source, pg_names.tolist(), declared_groups, ent_rank, ent_step, ent_pos, ent_pg,
