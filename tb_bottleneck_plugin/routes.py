@@ -91,25 +91,29 @@ class EncodedBodies:
         self._entries: "OrderedDict[tuple, tuple]" = OrderedDict()
         self._lock = threading.Lock()
 
-    def respond(self, request, key: tuple, source, extra, build):
+    def respond(self, request, key: tuple, source, extra, build, compact: bool = False):
+        """``compact``: JSON without spaces, in UTF-8 (the findings: exactly the bytes
+        views/findings.py bounds), instead of TensorBoard's ASCII with spaces."""
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None and entry[0] is source and entry[1] == extra:
                 self._entries.move_to_end(key)
         if entry is None or entry[0] is not source or entry[1] != extra:
-            # exactly what http_util.Respond would send for the dict
-            text = json.dumps(json_util.Cleanse(build(), "utf-8"), ensure_ascii=True).encode("utf-8")
+            # exactly what http_util.Respond would send for the dict (compact: findings.size's bytes)
+            text = json.dumps(json_util.Cleanse(build(), "utf-8"), ensure_ascii=not compact,
+                              separators=(",", ":") if compact else None).encode("utf-8")
             entry = (source, extra, text, [None])
             with self._lock:
                 self._entries[key] = entry
                 while len(self._entries) > self.size:
                     self._entries.popitem(last=False)
         text, gz = entry[2], entry[3]
+        content_type = "application/json; charset=utf-8" if compact else "application/json"
         if "gzip" in request.headers.get("Accept-Encoding", ""):
             if gz[0] is None:
                 gz[0] = gzip.compress(text, compresslevel=3, mtime=0)
-            return http_util.Respond(request, gz[0], "application/json", content_encoding="gzip")
-        return http_util.Respond(request, text, "application/json")
+            return http_util.Respond(request, gz[0], content_type, content_encoding="gzip")
+        return http_util.Respond(request, text, content_type)
 
 
 @dataclass
@@ -296,7 +300,7 @@ def _serve_findings(ctx: RouteContext, request):
         body["errors"] = [ctx.relative(e) if isinstance(e, str) else e for e in body["errors"]]
         return body
 
-    return ctx.bodies.respond(request, _cache_key("findings", sel), result["report"], errors, build)
+    return ctx.bodies.respond(request, _cache_key("findings", sel), result["report"], errors, build, compact=True)
 
 
 def _serve_memory(ctx: RouteContext, request):

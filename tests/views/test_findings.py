@@ -126,7 +126,8 @@ def test_cli_findings_equal_the_api(capsys):
 
 def test_findings_route_follows_the_schema_and_equals_the_cli(tmp_path, demo_doc):
     """The tab's findings route on two demo runs: 200 bodies in the route schema, equal to the
-    findings of `report --json`'s run summary; 400 without a run, 404 for an unknown one."""
+    findings of `report --json`'s run summary, sent as compact JSON of findings.size bytes; 400
+    without a run, 404 for an unknown one."""
     import sys
 
     sys.path.insert(0, str(REPO / "tests" / "fixtures"))
@@ -146,6 +147,9 @@ def test_findings_route_follows_the_schema_and_equals_the_cli(tmp_path, demo_doc
             cli_rep = F.headline_report(next(e for e in demo_doc["runs"] if e["run"] == name))
             assert body["recommendations"] == F.findings(cli_rep)["recommendations"]
             assert body["verdict"] == F.findings(cli_rep)["verdict"]
+            # the bytes sent are the compact JSON that views/findings.py bounds (no spaces added)
+            raw = h.client.get(f"{rec.PREFIX}/findings", query_string={"run": name}).get_data()
+            assert len(raw) == F.size(body) <= F.FINDINGS_MAX_BYTES
         assert rec.get(h, "findings")[0] == 400
         assert rec.get(h, "findings", run="no such run")[0] == 404
     finally:
