@@ -44,10 +44,11 @@ def digest(trace) -> dict:
 
 
 def _child(path: str, chunk_bytes: int) -> None:
-    from tb_bottleneck_plugin.trace import decode_workers, loader
+    from tb_bottleneck_plugin.trace import decode_workers, loader, text
 
     if chunk_bytes:
         loader.CHUNK_BYTES = loader.PARALLEL_CHUNK_BYTES = chunk_bytes
+        text._OUT_BYTES = min(text._OUT_BYTES, chunk_bytes)  # one cut per text block
         decode_workers.PARALLEL_MIN_BYTES = 0
     sent = []
     close = decode_workers._ChunkSink.close

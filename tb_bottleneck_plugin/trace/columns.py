@@ -9,6 +9,7 @@ counted. `_Builder.finish` makes the `model.TraceData`.
 from __future__ import annotations
 
 import collections
+import re
 import sys
 from itertools import chain, islice
 from operator import attrgetter, eq
@@ -32,6 +33,15 @@ SHAPE_OP_MARKERS = (
     # collectives): a gloo: span is matched to its op by tensor size (collectives.c10d_op_of)
     "c10d::", "_c10d_functional::",
 )
+
+# any(marker in name.lower()), one C-level search per name (traces with a million distinct names)
+_SHAPE_OP_RE = re.compile("|".join(map(re.escape, SHAPE_OP_MARKERS)))
+
+
+def _last(items, n: int) -> list:
+    """The last ``n`` entries of a dict (or dict view) in order, without walking the others."""
+    return list(islice(reversed(items), n))[::-1] if n > 0 else []
+
 
 # c10d point-to-point ops whose "Concrete Inputs" name the peer rank (third argument).
 P2P_OPS = ("c10d::send", "c10d::recv_", "c10d::recv_any_source_")
@@ -143,12 +153,12 @@ class _Builder:
 
     def added_strings(self) -> List[str]:
         """The strings this chunk builder added to its seed's table, in first-seen order."""
-        return list(islice(self.strings, self._base, None)) if len(self.strings) > self._base else []
+        return _last(self.strings, len(self.strings) - self._base)
 
     def added_raw(self) -> List[Tuple[bytes, int]]:
         """The recorded-input texts (and their string ids) this chunk builder met first."""
         raw = self._raw_id_cache
-        return list(islice(raw.items(), self._raw_base, None)) if len(raw) > self._raw_base else []
+        return _last(raw.items(), len(raw) - self._raw_base)
 
     def seed(self) -> Tuple[Dict[str, int], Dict[bytes, int]]:
         """What a chunk builder whose result `merge` takes starts from (see __init__): copies,
@@ -460,17 +470,15 @@ class _Builder:
         # Shapes and dtypes only for the few ops the Tensor Core analysis reports: the
         # rows of those names, found per distinct name (not per row).
         cache = self._shape_name_cache
-        strings = None
         ids, inverse = np.unique(table.name, return_inverse=True)
-        flags = []
-        for nid in ids.tolist():
-            wanted = cache.get(nid)
-            if wanted is None:
-                if strings is None:
-                    strings = list(self.strings)
-                low = strings[nid].lower()
-                wanted = cache[nid] = any(m in low for m in SHAPE_OP_MARKERS)
-            flags.append(wanted)
+        ids = ids.tolist()
+        unknown = [nid for nid in ids if nid not in cache]
+        if unknown:  # names met first: only the table's tail from the lowest of them is listed
+            low_id = unknown[0]
+            tail = _last(self.strings, len(self.strings) - low_id)
+            for nid in unknown:
+                cache[nid] = _SHAPE_OP_RE.search(tail[nid - low_id].lower()) is not None
+        flags = list(map(cache.__getitem__, ids))
         picked = np.flatnonzero(np.array(flags, dtype=np.bool_)[inverse]) if flags else np.empty(0, np.int64)
         p2p_ids = {self.strings[n] for n in P2P_OPS if n in self.strings}
         for local, row in zip(picked.tolist(), rows[picked].tolist()):
@@ -580,7 +588,8 @@ class _Builder:
             def raw_id(i):
                 return i
         else:
-            remap = np.array(list(range(base)) + new_ids or [0], dtype=np.int32)
+            remap = np.arange(max(1, base + len(new)), dtype=np.int32)  # one C pass, however large the table
+            remap[base:base + len(new)] = new_ids
 
             def ids(col):
                 return remap[col] if len(col) else col

@@ -14,13 +14,12 @@ import logging
 import os
 import pickle
 import threading
-from itertools import islice
 from typing import List, Tuple
 
 import numpy as np
 
 from . import model
-from .columns import _Builder
+from .columns import _Builder, _last
 from .events import _decode_events
 
 log = logging.getLogger(__name__)
@@ -120,6 +119,27 @@ def _write_packed(header: bytes, arrays: List[np.ndarray], out) -> int:
         offset += -(-n // _ALIGN) * _ALIGN
     del target
     return offset
+
+
+def _decode_detached(payload, builder: _Builder) -> _Builder:
+    """`_decode_chunk` seeded with ``builder``'s own tables, without copying them (a copy
+    per chunk costs as much as the chunk when a trace has a million names): the chunk
+    grows them, then what it added is taken out again and kept on the chunk for `merge`."""
+    strings, raw = builder.strings, builder._raw_id_cache
+    n_strings, n_raw = len(strings), len(raw)
+    try:
+        chunk = _decode_chunk(payload, (strings, raw))
+    finally:
+        added = _last(strings, len(strings) - n_strings)
+        added_raw = _last(raw.items(), len(raw) - n_raw)
+        for s in added:
+            del strings[s]
+        for key, _ in added_raw:
+            del raw[key]
+    chunk.__class__ = _Received  # same state; merge reads what it added from the lists below
+    chunk.strings, chunk._raw_id_cache = {}, {}
+    chunk._added_strings, chunk._added_raw = added, added_raw
+    return chunk
 
 
 class _Received(_Builder):
@@ -222,6 +242,10 @@ class _Worker:
     go through the pipe. Measurements: benchmarks/README.md, "perf3" and "perf4"."""
 
     SLOT_BYTES = 8 << 20
+    # A result always fits its slot (anonymous memory: only the pages written are used), so a
+    # worker never writes a large result into the pipe while this process writes a large
+    # message (a chunk's many new names) into it: both would wait for ever.
+    RESULT_SLOT_BYTES = 128 << 20
 
     def __init__(self):
         import mmap
@@ -232,7 +256,7 @@ class _Worker:
         if threading.active_count() == 1:
             context = multiprocessing.get_context("fork")
             # MAP_SHARED; per chunk in flight: its text, its result
-            self.slots = [(mmap.mmap(-1, self.SLOT_BYTES), mmap.mmap(-1, self.SLOT_BYTES))
+            self.slots = [(mmap.mmap(-1, self.SLOT_BYTES), mmap.mmap(-1, self.RESULT_SLOT_BYTES))
                           for _ in range(IN_FLIGHT_PER_WORKER)]
         else:
             context = multiprocessing.get_context("forkserver")
@@ -258,9 +282,9 @@ class _Worker:
 
     def send(self, payload, builder: _Builder) -> None:
         table = builder.strings
-        strings = list(islice(table, self.sent_strings, None)) if len(table) > self.sent_strings else []
+        strings = _last(table, len(table) - self.sent_strings)
         raw = builder._raw_id_cache
-        raw_new = list(islice(raw.items(), self.sent_raw, None)) if len(raw) > self.sent_raw else []
+        raw_new = _last(raw.items(), len(raw) - self.sent_raw)
         size = len(payload)
         slot = self.sent_count % IN_FLIGHT_PER_WORKER  # its previous chunk's result is in: free
         if self.slots is not None and size <= self.SLOT_BYTES:
@@ -368,9 +392,9 @@ def _worker_main(conn, owner_pid: int, slots, parent_end) -> None:
             except Exception as exc:  # noqa: BLE001 - raised again in the loading process
                 reply = ("error", exc)
             finally:
-                for s in list(islice(strings, n_strings, None)):
+                for s in _last(strings, len(strings) - n_strings):
                     del strings[s]
-                for key in list(islice(raw, n_raw, None)):
+                for key in _last(raw, len(raw) - n_raw):
                     del raw[key]
             del payload
             try:
@@ -444,7 +468,7 @@ class _ChunkSink:
             if not self.pending:  # nothing before it is still out: straight into the builder
                 self.builder.add(_decode_events(payload, self.builder))
             else:
-                self.pending.append((None, _decode_chunk(payload, self.builder.seed())))
+                self.pending.append((None, _decode_detached(payload, self.builder)))
             return
         try:
             free.send(payload, self.builder)
