@@ -376,6 +376,7 @@ def _declared_groups(partials: Dict[str, List[dict]], workers: List[str]) -> Dic
     """Process group name -> {desc, size, ranks} over every rank's partial (the first that
     says each)."""
     out: Dict[str, dict] = {}
+    complete = set()  # names whose three fields are known: the other ranks' copies are skipped
     last = None
     for w in workers:
         for p in partials[w]:
@@ -384,15 +385,21 @@ def _declared_groups(partials: Dict[str, List[dict]], workers: List[str]) -> Dic
                 continue
             last = groups
             for g in groups:
-                if not isinstance(g, dict) or g.get("name") is None:
+                name = g.get("name") if isinstance(g, dict) else None
+                if name is None:
                     continue
-                row = out.get(str(g["name"]))
+                name = str(name)
+                if name in complete:
+                    continue
+                row = out.get(name)
                 if row is None:
-                    out[str(g["name"])] = {"desc": g.get("desc"), "size": g.get("size"), "ranks": g.get("ranks")}
-                elif None in row.values():
+                    row = out[name] = {"desc": g.get("desc"), "size": g.get("size"), "ranks": g.get("ranks")}
+                else:
                     for k in ("desc", "size", "ranks"):
                         if row[k] is None and g.get(k) is not None:
                             row[k] = g[k]
+                if None not in row.values():
+                    complete.add(name)
     return out
 
 
@@ -445,7 +452,13 @@ def _match_groups(rows, source, pg_names, declared, ent_rank, ent_step, ent_pos,
     else:
         pos = np.zeros(m, np.int64)
         nz = np.flatnonzero(coll)
-        o = nz[stable_order((ent_rank[nz] * S + ent_col[nz]) * max(n_groups, 1) + ent_pg[nz])]
+        seg_key = seg_rank * S + np.searchsorted(steps_arr, seg_step) if n_steps else seg_rank
+        if n_groups < 2 ** 16 and len(np.unique(seg_key)) == len(seg_key):
+            # each (rank, step) one run of entries: a stable sort by group alone keeps a run's
+            # calls of a group together and in order (numpy's radix sort of 16-bit keys)
+            o = nz[np.argsort(ent_pg[nz].astype(np.uint16), kind="stable")]
+        else:
+            o = nz[stable_order((ent_rank[nz] * S + ent_col[nz]) * max(n_groups, 1) + ent_pg[nz])]
         k = len(o)
         brk = np.r_[True, (np.diff(ent_rank[o]) != 0) | (np.diff(ent_step[o]) != 0) | (np.diff(ent_pg[o]) != 0)]
         starts = np.flatnonzero(brk)
