@@ -32,7 +32,7 @@ from ..errors import StorageError
 # Peak memory of one analysis (its whole child process, with the step-timeline store) ~
 # PEAK_BASE_BYTES + PEAK_FACTOR x the uncompressed JSON size: measured 0.39-0.49 x the JSON
 # on top of ~96 MiB on the 292 MB and 2.2 GB scale traces, rounded so the estimate errs high
-# (~1.2-1.3x the measured peaks; benchmarks/README.md, "Bounded memory").
+# (1.14-1.4x the measured peaks; benchmarks/README.md, "Bounded memory").
 PEAK_FACTOR = 0.6
 PEAK_BASE_BYTES = 96 << 20
 # ... and at least this much per trace event: the decoded columns cost per event, not per
