@@ -573,12 +573,15 @@ class _Builder:
         """Append a chunk decoded elsewhere (another process, or a chunk builder of this
         one): remap its string ids. The first ``other._base`` strings are this builder's,
         with the same ids (this table only grows); the others are added in the order the
-        chunk met them, exactly as if it had been decoded here."""
+        chunk met them, exactly as if it had been decoded here. A chunk whose first
+        ``_base`` ids are another table's (a decode worker's own) carries their ids here as
+        ``_base_map``; the chunk's whole map is left on it as ``_base_map`` after the merge."""
         table = self.strings
         base = other._base
         new = other.added_strings()
         new_ids = [table.setdefault(s, len(table)) for s in new]
-        if new_ids == list(range(base, base + len(new))):  # same ids here (the usual case)
+        base_map = getattr(other, "_base_map", None)
+        if base_map is None and new_ids == list(range(base, base + len(new))):  # same ids here (the usual case)
             def ids(col):
                 return col
 
@@ -588,8 +591,12 @@ class _Builder:
             def raw_id(i):
                 return i
         else:
-            remap = np.arange(max(1, base + len(new)), dtype=np.int32)  # one C pass, however large the table
-            remap[base:base + len(new)] = new_ids
+            remap = np.empty(base + len(new), dtype=np.int32)  # C passes, however large the table
+            remap[:base] = np.arange(base) if base_map is None else base_map
+            remap[base:] = new_ids
+            other._base_map = remap
+            if not len(remap):
+                remap = np.zeros(1, np.int32)  # (no ids to map: only all -1 columns, if any)
 
             def ids(col):
                 return remap[col] if len(col) else col
@@ -598,7 +605,7 @@ class _Builder:
                 return np.where(col >= 0, remap[np.maximum(col, 0)], -1).astype(np.int32)
 
             def raw_id(i):
-                return i if i < base else new_ids[i - base]
+                return int(remap[i])
         # The recorded-input texts the chunk met first: known here from now on, as if it had been
         # decoded here; one this builder (an earlier chunk) knows already was counted again by the
         # chunk if it had to be repaired (_raw_ids counts a replacement once per distinct text).

@@ -235,11 +235,12 @@ class _Worker:
     worker. Here the loading thread copies the chunk into a shared memory slot (an
     anonymous shared mapping made before the fork) and writes a small message into a
     pipe, a write that never waits for the worker to be scheduled. The worker answers the
-    same way: its columns as raw bytes (`_pack`) in a second slot. Before each next chunk the loading
-    thread takes a finished result if one is there (`ready`). The worker keeps a mirror of
-    this process's string table, so a chunk carries only the table's new entries. Without
-    fork (a fork server, when threads run) or for a chunk larger than its slot, the bytes
-    go through the pipe. Measurements: benchmarks/README.md, "perf3" and "perf4"."""
+    same way: its columns as raw bytes (`_pack`) in a second slot. Before each next chunk
+    the loading thread takes a finished result if one is there (`ready`). The worker keeps
+    a string table of its own, so a result carries only the names it met first, mapped to
+    this process's ids on merge (`id_map`). Without fork (a fork server, when threads run)
+    or for a chunk larger than its slot, the bytes go through the pipe. Measurements:
+    benchmarks/README.md, "perf3", "perf4" and issue 39's section."""
 
     SLOT_BYTES = 8 << 20
     # A result always fits its slot (anonymous memory: only the pages written are used), so a
@@ -277,28 +278,23 @@ class _Worker:
             child.close()
         self.out = collections.deque()  # per chunk out, in order: its slot, its size or its bytes
         self.sent_count = 0
-        self.sent_strings = 0  # entries of the main string table the worker has
-        self.sent_raw = 1  # ... and of its recorded-input ids (b"" -> -1 is always there)
+        # The worker keeps a string table of its own (the names of the chunks it decoded,
+        # in the order it met them): its ids here, set by each merge (_Builder.merge)
+        self.id_map = np.empty(0, np.int32)
 
-    def send(self, payload, builder: _Builder) -> None:
-        table = builder.strings
-        strings = _last(table, len(table) - self.sent_strings)
-        raw = builder._raw_id_cache
-        raw_new = _last(raw.items(), len(raw) - self.sent_raw)
+    def send(self, payload, builder: _Builder = None) -> None:
         size = len(payload)
         slot = self.sent_count % IN_FLIGHT_PER_WORKER  # its previous chunk's result is in: free
         if self.slots is not None and size <= self.SLOT_BYTES:
             self.slots[slot][0][:size] = payload
-            self.conn.send((strings, raw_new, slot, size))
+            self.conn.send((slot, size))
             self.out.append((slot, size))
         else:
             payload = bytes(payload)
-            self.conn.send((strings, raw_new, slot, None))
+            self.conn.send((slot, None))
             self.conn.send_bytes(payload)
             self.out.append((slot, payload))
         self.sent_count += 1
-        self.sent_strings += len(strings)
-        self.sent_raw += len(raw_new)
 
     def can_take(self, size: int) -> bool:
         """A second chunk only through the slot: two large writes through the pipe, this
@@ -330,7 +326,11 @@ class _Worker:
         if status == "slot":
             value = memoryview(self.slots[self.out[0][0]][1])[:value]
         try:
-            return _unpack(value, into)
+            chunk = _unpack(value, into)
+            if chunk._base != len(self.id_map):  # results come in the order sent: never
+                raise RuntimeError(f"decode worker: {chunk._base} strings before its chunk, {len(self.id_map)} mapped")
+            chunk._base_map = self.id_map
+            return chunk
         finally:
             if status == "slot":
                 value.release()
@@ -368,6 +368,9 @@ def _worker_main(conn, owner_pid: int, slots, parent_end) -> None:
         parent_end.close()
     procguard.die_with_parent(owner_pid)
     gc.disable()  # it only decodes: no reference cycles (see loader._collector_paused)
+    # This worker's own string table and recorded-input ids, grown chunk by chunk: a chunk
+    # hands over only the names this worker had not met (the loading process maps its ids,
+    # _Worker.id_map), and nothing flows the other way.
     strings: dict = {}
     raw: dict = {b"": -1}
     try:
@@ -376,23 +379,17 @@ def _worker_main(conn, owner_pid: int, slots, parent_end) -> None:
                 message = conn.recv()
                 if message is None:
                     break
-                new_strings, new_raw, slot, size = message
+                slot, size = message
                 payload = conn.recv_bytes() if size is None else slots[slot][0][:size]
             except (EOFError, OSError):
                 break
-            for s in new_strings:
-                strings[s] = len(strings)
-            raw.update(new_raw)
-            # The chunk builder grows the mirror itself (no copy of the tables per chunk);
-            # what it added is taken out again after packing.
             n_strings, n_raw = len(strings), len(raw)
             try:
                 header, arrays, packed = _pack(_decode_chunk(payload, (strings, raw)))
                 reply = None
             except Exception as exc:  # noqa: BLE001 - raised again in the loading process
                 reply = ("error", exc)
-            finally:
-                for s in _last(strings, len(strings) - n_strings):
+                for s in _last(strings, len(strings) - n_strings):  # the table as the loading process knows it
                     del strings[s]
                 for key in _last(raw, len(raw) - n_raw):
                     del raw[key]
@@ -496,6 +493,7 @@ class _ChunkSink:
             return
         self.pending.popleft()
         self.builder.merge(result)
+        worker.id_map = result._base_map  # the worker's table after this chunk, in this one's ids
 
     def _local_fallback(self) -> None:
         pending, self.pending = self.pending, collections.deque()

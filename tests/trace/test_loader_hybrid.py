@@ -384,3 +384,37 @@ def test_a_worker_killed_mid_load_falls_back_to_this_process(monkeypatch, small_
     assert fallbacks and fallbacks[0] >= 1, "chunks the dead worker held were decoded here"
     assert len(workers_started) == 2
     _all_ended(workers_started)
+
+
+def test_many_names_and_repaired_inputs_across_workers(tmp_path, monkeypatch):
+    """Each worker keeps a string table of its own and hands over only the names it had not
+    met; this process maps them (_Worker.id_map). Names new in every chunk, names repeated
+    across chunks of different workers, and recorded inputs with invalid UTF-8 met in many
+    chunks (one repair counted per distinct text, as in-process) give the in-process load."""
+    import json
+
+    events = []
+    for i in range(3000):
+        args = {"Input Dims": [[i % 7, 3]], "Input type": ["float"]}
+        text = json.dumps({"ph": "X", "cat": "cpu_op", "name": f"aten::mm_{i % 300}" if i % 2 else f"fn_{i}",
+                           "pid": 1, "tid": 1, "ts": 2.0 * i, "dur": 1, "args": args}).encode()
+        if i % 5 == 0:  # the same broken text in many chunks
+            text = text.replace(b'"float"', b'"fl\xffoat"')
+        events.append(text)
+    path = tmp_path / "names.pt.trace.json"
+    path.write_bytes(b'{"traceEvents": [' + b", ".join(events) + b"]}")
+    for module, name in ((loader, "CHUNK_BYTES"), (loader, "PARALLEL_CHUNK_BYTES"), (loader_text, "_OUT_BYTES")):
+        monkeypatch.setattr(module, name, 8192)
+    monkeypatch.setattr(loader_workers, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setenv("TB_BOTTLENECKS_DECODE_PROCESSES", "0")
+    local = loader.load_trace(str(path))
+    assert any("invalid UTF-8" in w for w in local.meta.warnings)
+    monkeypatch.setenv("TB_BOTTLENECKS_DECODE_PROCESSES", "2")
+    sent = []
+    close = loader_workers._ChunkSink.close
+    monkeypatch.setattr(loader_workers._ChunkSink, "close", lambda self: (sent.append(self.sent), close(self))[1])
+    parallel = loader.load_trace(str(path))
+    assert sum(sent) >= 10
+    a, b = _everything(local), _everything(parallel)
+    for key in a:
+        assert a[key] == b[key], key
