@@ -272,7 +272,7 @@ def _subset_nesting(host: Dict[str, np.ndarray], rows: np.ndarray):
     local[rows] = np.arange(n)
 
     def up_to_member(node):  # nearest ancestor-or-self among rows (host index), walking up
-        node = node.copy()
+        # (``node``: a fresh array of the caller's, walked in place)
         go = np.flatnonzero(node >= 0)
         go = go[local[node[go]] < 0]
         while len(go):
@@ -283,6 +283,7 @@ def _subset_nesting(host: Dict[str, np.ndarray], rows: np.ndarray):
 
     up = up_to_member(h_par[rows])
     parent = np.where(up >= 0, local[np.maximum(up, 0)], -1)
+    del up
     # depth: list ranking along the member parents (log2(depth) rounds)
     depth = (parent >= 0).astype(np.int64)
     nxt = parent.copy()
@@ -291,6 +292,7 @@ def _subset_nesting(host: Dict[str, np.ndarray], rows: np.ndarray):
         depth[go] += depth[nxt[go]]
         nxt[go] = nxt[nxt[go]]
         go = go[nxt[go] >= 0]
+    del nxt, go
     zero = np.flatnonzero(host["end"][rows] <= host["ts"][rows])
     if len(zero):
         a = up_to_member(host["container"][rows[zero]])
@@ -309,7 +311,8 @@ def op_nesting(trace: TraceData, host: Optional[Dict[str, np.ndarray]] = None) -
     cpu = trace.cpu
     rows = _op_rows(trace)
     ts = cpu.ts[rows]
-    dur = np.maximum(np.nan_to_num(cpu.dur[rows], nan=0.0), 0.0)
+    dur = cpu.dur[rows]  # (a fresh array: NaN/negative fixed in place)
+    dur = np.maximum(np.nan_to_num(dur, nan=0.0, copy=False), 0.0, out=dur)
     end = ts + dur
     if not len(rows):
         depth, parent = (np.zeros(0, np.int64),) * 2

@@ -203,8 +203,10 @@ def source_view(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = Non
     has_cs = np.concatenate([cpu.call_stack >= 0, np.zeros(nr, bool)]) & not_step
     has_frames = bool(is_user.any())
     has_stack = has_frames or bool(has_cs.any())
-    uf = _nearest(parent, is_user) if has_frames else np.full(n, -1, np.int64)
-    cs = _nearest(parent, has_cs) if has_cs.any() else np.full(n, -1, np.int64)
+    # (without frames or call stacks: one read-only -1 per node, no memory per node)
+    none = np.broadcast_to(np.int64(-1), (n,))
+    uf = _nearest(parent, is_user) if has_frames else none
+    cs = _nearest(parent, has_cs) if has_cs.any() else none
     # --- frame key of each node ----------------------------------------------------------
     keys = _Keys()
     key = np.full(n, -1, np.int64)
@@ -245,8 +247,8 @@ def source_view(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = Non
 
     stack_threads = threads_of(is_py | has_cs)
     py_threads = threads_of(is_py)
-    want = (key < 0) & ~is_py & (cs < 0)
-    for t in sorted(threads_of(want) - stack_threads):
+    want = (key < 0) & ~is_py & (cs < 0) if stack_threads else None  # nothing to adopt from
+    for t in (sorted(threads_of(want) - stack_threads) if stack_threads else ()):
         q = np.flatnonzero(want & (thr == t))
         for t2 in sorted(stack_threads):
             if thr_pid[t2] != thr_pid[t] or not len(q):
