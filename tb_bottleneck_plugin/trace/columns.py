@@ -162,7 +162,7 @@ class _Builder:
 
     def seed(self) -> Tuple[Dict[str, int], Dict[bytes, int]]:
         """What a chunk builder whose result `merge` takes starts from (see __init__): copies,
-        as a pool pickles them later, while this builder may grow."""
+        while this builder may grow (the loader's own chunks use decode_workers._decode_detached)."""
         return dict(self.strings), dict(self._raw_id_cache)
 
     def problem_counts(self) -> tuple:

@@ -282,7 +282,7 @@ class _Worker:
         # in the order it met them): its ids here, set by each merge (_Builder.merge)
         self.id_map = np.empty(0, np.int32)
 
-    def send(self, payload, builder: _Builder = None) -> None:
+    def send(self, payload) -> None:
         size = len(payload)
         slot = self.sent_count % IN_FLIGHT_PER_WORKER  # its previous chunk's result is in: free
         if self.slots is not None and size <= self.SLOT_BYTES:
@@ -468,7 +468,7 @@ class _ChunkSink:
                 self.pending.append((None, _decode_detached(payload, self.builder)))
             return
         try:
-            free.send(payload, self.builder)
+            free.send(payload)
         except (OSError, EOFError):  # the worker is gone
             self._local_fallback()
             self.builder.add(_decode_events(payload, self.builder))

@@ -367,8 +367,8 @@ def test_a_worker_killed_mid_load_falls_back_to_this_process(monkeypatch, small_
     original = loader_workers._Worker.send
     killed = []
 
-    def send(self, payload, builder):
-        original(self, payload, builder)
+    def send(self, payload):
+        original(self, payload)
         if self is workers_started[0] and self.sent_count == 2 and not killed:
             os.kill(self.process.pid, signal.SIGKILL)
             self.process.join(timeout=5)
