@@ -238,13 +238,15 @@ def build_store(trace: TraceData, steps=None, span=None) -> Dict[str, np.ndarray
         rid = np.empty(len(uniq), np.int64)
         for u in order:
             rid[u] = row_of(ROW_CPU, uniq[u, 0], uniq[u, 1])
-        parts.append((c.ts[cpu_keep], c.dur[cpu_keep], c.name[cpu_keep], c.external_id[cpu_keep],
-                      np.full(len(cpu_keep), -1, np.int64), rid[inv.reshape(-1)]))
+        parts.append([c.ts[cpu_keep], c.dur[cpu_keep], c.name[cpu_keep], c.external_id[cpu_keep],
+                      np.full(len(cpu_keep), -1, np.int64), rid[inv.reshape(-1)]])
+        del th_inv, inv
+    del thread, depth, cpu_keep  # (per CPU row: not needed past the CPU lanes)
     dl_rows = np.flatnonzero(dl)
     if len(dl_rows) or main is not None:
         r = row_of(ROW_DATALOADER, 0, 0)
-        parts.append((c.ts[dl_rows], c.dur[dl_rows], c.name[dl_rows], c.external_id[dl_rows],
-                      np.full(len(dl_rows), -1, np.int64), np.full(len(dl_rows), r, np.int64)))
+        parts.append([c.ts[dl_rows], c.dur[dl_rows], c.name[dl_rows], c.external_id[dl_rows],
+                      np.full(len(dl_rows), -1, np.int64), np.full(len(dl_rows), r, np.int64)])
 
     # runtime calls, one row per thread; the innermost CPU op holding each
     if len(rt):
@@ -254,7 +256,7 @@ def build_store(trace: TraceData, steps=None, span=None) -> Dict[str, np.ndarray
         rkeys = _thread_key(rt.pid, rt.tid)
         uniq, inv = np.unique(rkeys, return_inverse=True)
         rid = np.array([row_of(ROW_RUNTIME, u, 0) for u in uniq], np.int64)
-        parts.append((rt.ts, rt.dur, rt.name, rt.correlation, rt_link, rid[inv.reshape(-1)]))
+        parts.append([rt.ts, rt.dur, rt.name, rt.correlation, rt_link, rid[inv.reshape(-1)]])
     else:
         rt_link = np.zeros(0, np.int64)
 
@@ -267,7 +269,7 @@ def build_store(trace: TraceData, steps=None, span=None) -> Dict[str, np.ndarray
         pair, inv = np.unique(dev_inv.reshape(-1) * len(str_u) + str_inv.reshape(-1), return_inverse=True)
         rid = np.array([row_of(ROW_GPU, dev_u[u // len(str_u)], str_u[u % len(str_u)]) for u in pair.tolist()],
                        np.int64)
-        parts.append((g.ts, g.dur, g.name, g.correlation, g_link, rid[inv.reshape(-1)]))
+        parts.append([g.ts, g.dur, g.name, g.correlation, g_link, rid[inv.reshape(-1)]])
 
     idle_row = [row_of(ROW_IDLE, 0, i) for i in range(len(IDLE_CAUSES))]
     n_rows = len(rows)
@@ -275,14 +277,20 @@ def build_store(trace: TraceData, steps=None, span=None) -> Dict[str, np.ndarray
     # --- assign events to steps (an event overlapping several steps is in each) -----------
     # (each column's pieces dropped once joined, and no astype copy of a joined column: on
     # 10M-event traces every full-length int64 column is 76 MiB; benchmarks/README.md)
+    def joined(k, dtype):  # column k of every part, its pieces dropped once joined
+        col = np.concatenate([p[k] for p in parts]).astype(dtype, copy=False)
+        for p in parts:
+            p[k] = None
+        return col
+
     if parts:
-        ts = np.concatenate([p[0] for p in parts]).astype(np.float64, copy=False)
-        dur = np.concatenate([p[1] for p in parts]).astype(np.float64, copy=False)
+        ts = joined(0, np.float64)
+        dur = joined(1, np.float64)
         dur = np.maximum(np.nan_to_num(dur, copy=False), 0.0, out=dur)
-        name = np.concatenate([p[2] for p in parts]).astype(np.int64, copy=False)
-        corr = np.concatenate([p[3] for p in parts]).astype(np.int64, copy=False)
-        link = np.concatenate([p[4] for p in parts]).astype(np.int64, copy=False)
-        row = np.concatenate([p[5] for p in parts]).astype(np.int64, copy=False)
+        name = joined(2, np.int64)
+        corr = joined(3, np.int64)
+        link = joined(4, np.int64)
+        row = joined(5, np.int64)
         del parts
     else:
         ts = dur = np.zeros(0)
