@@ -30,14 +30,14 @@ from typing import Any, Callable, Deque, Dict, Optional, Tuple
 from ..errors import StorageError
 
 # Peak memory of one analysis (its whole child process, with the step-timeline store) ~
-# PEAK_BASE_BYTES + PEAK_FACTOR x the uncompressed JSON size: measured 0.39-0.49 x the JSON
+# PEAK_BASE_BYTES + PEAK_FACTOR x the uncompressed JSON size: measured 0.38-0.49 x the JSON
 # on top of ~96 MiB on the 292 MB and 2.2 GB scale traces, rounded so the estimate errs high
-# (1.14-1.4x the measured peaks; benchmarks/README.md, "Bounded memory").
+# (1.2-1.6x the measured peaks; benchmarks/README.md, "Bounded memory").
 PEAK_FACTOR = 0.6
 PEAK_BASE_BYTES = 96 << 20
 # ... and at least this much per trace event: the decoded columns cost per event, not per
-# byte, so a file of tiny events (45 bytes each) peaks at 5x its size (measured 241 bytes
-# per event over the base on 10M tiny events, 126 on 400k, 211 on the 2.2 GB trace).
+# byte, so a file of tiny events (45 bytes each) peaks at 5x its size (measured 209 bytes
+# per event over the base on 10M tiny events, 126 on 400k, 207 on the 2.2 GB trace).
 PEAK_BYTES_PER_EVENT = 320
 # The event count is estimated from the density of events in the first HEAD_SAMPLE_BYTES
 # of (decompressed) JSON; local files only (a remote file is not read at scheduling time).
