@@ -78,6 +78,36 @@ def unique_rows(key) -> Tuple[np.ndarray, np.ndarray]:
     return key[first], code
 
 
+def unique_columns(*columns) -> Tuple[np.ndarray, np.ndarray]:
+    """``unique_rows(np.stack(columns, 1))`` for 1-D integer columns of one length, without
+    the stacked (n, m) int64 copy: the combined code is built column by column in place, and
+    a constant column (``np.broadcast_to``, stride 0: trace/model.constant_column) adds
+    nothing to it, so it is never expanded."""
+    n = len(columns[0])
+    if n == 0:
+        return np.zeros((0, len(columns)), np.int64), np.zeros(0, np.int64)
+    code = np.zeros(n, np.int64)
+    size = 1
+    for col in columns:
+        col = np.asarray(col)
+        if col.strides == (0,):  # one value in every row: code * 1 + 0
+            continue
+        values, inv = unique_inverse(col)
+        u = len(values)
+        del values
+        if size * u >= _CODE_LIMIT:
+            used, code = _ranked(code, size, n)
+            size = len(used)
+        code *= u
+        code += inv
+        del inv
+        size *= u
+    _, code = _ranked(code, size, n)
+    first = np.zeros(int(code.max()) + 1, np.int64)
+    first[code[::-1]] = np.arange(n - 1, -1, -1)
+    return np.stack([np.asarray(col)[first].astype(np.int64) for col in columns], 1), code
+
+
 def _ranked(code: np.ndarray, size: int, n: int) -> Tuple[np.ndarray, np.ndarray]:
     if _dense_ok(size, n):
         return _rank_dense(code, size)

@@ -419,6 +419,13 @@ def _launched_times(trace: TraceData, rows, depth, alias, merged, gpu_runtime, o
     return gpu, gpu_self, tc, rt_self
 
 
+def _gather(col: np.ndarray, rows) -> np.ndarray:
+    """``col[rows]``, kept a broadcast when ``col`` is a constant column (stride 0)."""
+    if col.strides == (0,) and len(col):
+        return np.broadcast_to(col[:1], (len(col[rows]) if isinstance(rows, slice) else len(rows),))
+    return col[rows]
+
+
 def _merged_into(parent, name, kind) -> np.ndarray:
     """For each op, the op it is merged into (itself when not merged): an op that is the
     only child of an op of the same name (both CPU ops, not annotations) is one call of
@@ -491,20 +498,19 @@ def operator_view(trace: TraceData, steps: Steps, span=None) -> dict:
     # the (step, name, dims, types) key written in place, and each temporary dropped once
     # read: this view runs last, on top of every cached column of the span (peak memory)
     cpu = trace.cpu
+    if len(keep) == len(rows):  # every op inside an included step (the usual case): no gathers
+        keep = slice(None)
     kept_rows = rows[keep]
-    key = np.empty((len(keep), 4), np.int64)
-    key[:, 0] = order[jc[keep]]
+    step_col = order[jc[keep]]
     del j, jc, inside
-    key[:, 1] = cpu.name[kept_rows]
-    key[:, 2] = cpu.input_dims[kept_rows]
-    key[:, 3] = cpu.input_types[kept_rows]
-    del kept_rows
-    out["record_shapes"] = bool((key[:, 2] >= 0).any())
-    if len(key) == 0:
+    # the key's columns side by side (factorize.unique_columns: no (n, 4) int64 copy; a
+    # constant column, e.g. no recorded inputs, stays a broadcast)
+    dims_col, types_col = (_gather(c, kept_rows) for c in (cpu.input_dims, cpu.input_types))
+    out["record_shapes"] = bool((dims_col >= 0).any())
+    if len(step_col) == 0:
         return out
-    uniq, inv = _unique_rows(key)
-    del key
-    inv = inv.reshape(-1)
+    uniq, inv = factorize.unique_columns(step_col, cpu.name[kept_rows], dims_col, types_col)
+    del kept_rows, step_col, dims_col, types_col
     k = len(uniq)
     sums = {"calls": np.bincount(inv, minlength=k).astype(np.float64),
             "top_calls": np.bincount(inv, weights=(inst["depth"][keep] == 0).astype(np.float64), minlength=k)}

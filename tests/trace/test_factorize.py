@@ -3,7 +3,7 @@ on dense keys (no sort), sparse ones (sorted) and mixes, including int64 extreme
 import numpy as np
 import pytest
 
-from tb_bottleneck_plugin.analysis.factorize import unique_inverse, unique_rows
+from tb_bottleneck_plugin.analysis.factorize import unique_columns, unique_inverse, unique_rows
 
 
 def _column(rng, kind, n):
@@ -35,6 +35,29 @@ def test_unique_rows_equals_numpy(seed):
             assert values.dtype == want_values.dtype
             np.testing.assert_array_equal(values, want_values)
             np.testing.assert_array_equal(inv1, want_inv1.reshape(-1))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_unique_columns_equals_numpy_rows(seed):
+    """The key given as separate columns of mixed int dtypes, some constant broadcasts
+    (loaded constant columns): np.unique's rows and inverse of the stacked int64 key."""
+    rng = np.random.default_rng(100 + seed)
+    n = int(rng.integers(0, 3000))
+    cols = []
+    for j in range(int(rng.integers(1, 6))):
+        choice = int(rng.integers(0, 3))
+        if choice == 0 and n:
+            cols.append(np.broadcast_to(np.array([rng.integers(-3, 3)], np.int32), (n,)))
+        elif choice == 1:
+            cols.append(rng.integers(-1, 50, n).astype(np.int32))
+        else:
+            cols.append(_column(rng, ["dense", "ids", "sparse", "extreme"][j % 4], n).astype(np.int64))
+    key = np.stack(cols, 1).astype(np.int64) if n else np.zeros((0, len(cols)), np.int64)
+    rows, inv = unique_columns(*cols)
+    want_rows, want_inv = np.unique(key, axis=0, return_inverse=True)
+    assert rows.dtype == np.int64 and rows.shape == want_rows.shape
+    np.testing.assert_array_equal(rows, want_rows)
+    np.testing.assert_array_equal(inv, want_inv.reshape(-1))
 
 
 def test_dense_keys_take_no_sort(monkeypatch):
