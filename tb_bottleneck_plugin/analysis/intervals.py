@@ -19,11 +19,16 @@ def merge(starts: np.ndarray, ends: np.ndarray) -> Intervals:
     starts = np.asarray(starts, dtype=np.float64)
     ends = np.asarray(ends, dtype=np.float64)
     keep = ends > starts
-    starts, ends = starts[keep], ends[keep]
+    if not keep.all():  # (no copy of the inputs when nothing is dropped: host spans of big traces)
+        starts, ends = starts[keep], ends[keep]
+    del keep
     if len(starts) == 0:
         return np.empty(0), np.empty(0)
-    order = np.argsort(starts, kind="stable")
-    starts, ends = starts[order], ends[order]
+    # (NaN rows are gone: starts in trace order are usually sorted, whose stable order is the identity)
+    if not (starts[1:] >= starts[:-1]).all():
+        order = np.argsort(starts, kind="stable")
+        starts, ends = starts[order], ends[order]
+        del order
     running_end = np.maximum.accumulate(ends)
     # A new merged interval begins where the start is beyond everything before it.
     new = np.empty(len(starts), dtype=bool)

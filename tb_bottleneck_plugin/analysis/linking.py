@@ -102,8 +102,9 @@ def calls_inside(trace: TraceData, cpu_rows=None, among: Optional[Pairs] = None)
     if among is not None:
         rows = np.asarray(cpu_rows) if cpu_rows is not None else np.ones(len(cpu), bool)
         if rows.dtype != bool and (len(rows) < 2 or bool((np.diff(rows) > 0).all())):
-            rows = np.bincount(rows.astype(np.int64), minlength=len(cpu)).astype(bool) if len(rows) \
-                else np.zeros(len(cpu), bool)  # sorted distinct rows: the same pair order
+            mask = np.zeros(len(cpu), bool)  # sorted distinct rows: the same pair order
+            mask[rows] = True  # (a bool mask, not an int64 bincount of every CPU row)
+            rows = mask
         if rows.dtype == bool and len(rows) == len(cpu) and not (rows & ~_op_mask(trace)).any():
             op, call = among
             keep = rows[op]

@@ -55,7 +55,7 @@ def _nesting(pid, tid, ts, end, container: Optional[np.ndarray] = None, threads:
         if len(zero):
             depth[zero] = (np.searchsorted(starts_sorted, ts[zero], side="right")
                            - np.searchsorted(ends_sorted, ts[zero], side="right"))
-        del ends_sorted
+        del ends_sorted, starts_sorted  # (made again below if needed: not held through the parents)
         # Parent: the nearest earlier op one level up. Entries in (depth, position) order
         # ask for (depth - 1, position): sorted queries into the same sorted codes.
         key_order = _stable_order(d_full)
@@ -65,17 +65,31 @@ def _nesting(pid, tid, ts, end, container: Optional[np.ndarray] = None, threads:
         code = kd * big + key_order
         q = np.flatnonzero(kd > 0)
         if len(q):
-            j = np.searchsorted(code, code[q] - big, side="left") - 1
-            del code
-            ok = (j >= 0) & (kd[np.maximum(j, 0)] == kd[q] - 1)
-            parent[o[key_order[q[ok]]]] = o[key_order[j[ok]]]
-            del j, ok
+            # (in place, each index array dropped once read: this is the host nesting's peak)
+            query = code[q]
+            query -= big
+            j = np.searchsorted(code, query, side="left")
+            del query, code
+            j -= 1
+            j_depth = kd[np.maximum(j, 0)]
+            q_depth = kd[q]
+            del kd
+            q_depth -= 1
+            ok = j_depth == q_depth
+            del j_depth, q_depth
+            ok &= j >= 0
+            q, j = q[ok], j[ok]
+            del ok
+            child = o[key_order[q]]
+            del q
+            parent[child] = o[key_order[j]]
+            del j, child
         else:
-            del code
-        del q, kd, key_order
+            del code, kd, q
+        del key_order
         if container is not None and len(zero) and len(o):
             # the last positive interval starting at or before the point, then up while closed
-            j = np.searchsorted(starts_sorted, ts[zero], side="right") - 1
+            j = np.searchsorted(ts[o], ts[zero], side="right") - 1
             cand = np.where(j >= 0, o[np.maximum(j, 0)], -1)
             while True:
                 closed = cand >= 0
@@ -310,15 +324,16 @@ def op_nesting(trace: TraceData, host: Optional[Dict[str, np.ndarray]] = None) -
     (the same arrays as nesting the ops alone)."""
     cpu = trace.cpu
     rows = _op_rows(trace)
+    derived = bool(len(rows)) and host is not None and host["laminar"]
+    if derived:  # before the times below: its temporaries are gone when they are made (peak)
+        depth, parent = _subset_nesting(host, rows)
     ts = cpu.ts[rows]
     dur = cpu.dur[rows]  # (a fresh array: NaN/negative fixed in place)
     dur = np.maximum(np.nan_to_num(dur, nan=0.0, copy=False), 0.0, out=dur)
     end = ts + dur
     if not len(rows):
         depth, parent = (np.zeros(0, np.int64),) * 2
-    elif host is not None and host["laminar"]:
-        depth, parent = _subset_nesting(host, rows)
-    else:
+    elif not derived:
         depth, parent = _nesting(cpu.pid[rows], cpu.tid[rows], ts, end)
     return {"rows": rows, "ts": ts, "dur": dur, "end": end, "depth": depth, "parent": parent}
 

@@ -166,3 +166,36 @@ def test_clean_matches_the_isinstance_chain():
         got, want = report._clean(value), _clean_by_isinstance(value)
         # repr: types and -0.0 too (== alone would take 1 == 1.0 == True and 0.0 == -0.0)
         assert repr(got) == repr(want)
+
+
+def _merge_by_sweep(starts, ends):
+    """Union of [s, e) intervals by a plain sorted sweep (zero-length and NaN ones dropped)."""
+    pairs = sorted((s, e) for s, e in zip(starts.tolist(), ends.tolist()) if e > s)
+    out = []
+    for s, e in pairs:
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return [p[0] for p in out], [p[1] for p in out]
+
+
+def test_merge_matches_a_sweep_sorted_or_not():
+    """intervals.merge skips the sort (and the copy) of inputs already in start order with
+    nothing to drop: the same union as a sweep, whether sorted, unsorted, with NaN or
+    zero-length intervals."""
+    from tb_bottleneck_plugin.analysis import intervals as iv
+
+    rng = np.random.default_rng(7)
+    for trial in range(60):
+        n = int(rng.integers(0, 300))
+        starts = rng.integers(0, 500, n).astype(np.float64)
+        ends = starts + rng.integers(0 if trial % 3 else 1, 30, n)
+        if trial % 2:
+            order = np.argsort(starts, kind="stable")
+            starts, ends = starts[order], ends[order]
+        if trial % 5 == 4 and n:
+            starts[rng.integers(0, n)] = np.nan
+        s, e = iv.merge(starts, ends)
+        want_s, want_e = _merge_by_sweep(starts, ends)
+        assert s.tolist() == want_s and e.tolist() == want_e
