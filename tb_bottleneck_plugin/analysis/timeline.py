@@ -241,7 +241,9 @@ def build_store(trace: TraceData, steps=None, span=None) -> Dict[str, np.ndarray
         parts.append([c.ts[cpu_keep], c.dur[cpu_keep], c.name[cpu_keep], c.external_id[cpu_keep],
                       np.full(len(cpu_keep), -1, np.int64), rid[inv.reshape(-1)]])
         del th_inv, inv
-    del thread, depth, cpu_keep  # (per CPU row: not needed past the CPU lanes)
+    del thread, depth, cpu_keep, cpu_rows, nest  # (per CPU row: not needed past the CPU lanes)
+    if span is not None:  # the op nesting's last reader (48 bytes per op, the span's cache)
+        span.release("op_nesting")
     dl_rows = np.flatnonzero(dl)
     if len(dl_rows) or main is not None:
         r = row_of(ROW_DATALOADER, 0, 0)
@@ -312,10 +314,19 @@ def build_store(trace: TraceData, steps=None, span=None) -> Dict[str, np.ndarray
     stp = np.concatenate(ev_step) if ev_step else np.zeros(0, np.int64)
     del ev_src, ev_step
     del by_start, s_sorted, run_end, end
-    e_ts, e_dur = ts[src], dur[src]
-    del ts, dur
-    e_name, e_corr, e_link, e_row = name[src], corr[src], link[src], row[src]
-    del name, corr, link, row, src
+    # (one column at a time, each dropped once gathered)
+    e_ts = ts[src]
+    del ts
+    e_dur = dur[src]
+    del dur
+    e_name = name[src]
+    del name
+    e_corr = corr[src]
+    del corr
+    e_link = link[src]
+    del link
+    e_row = row[src]
+    del row, src
 
     # idle causes per step, as events of the idle rows
     sets = _cause_sets(trace, unions, g_rt_all)
@@ -339,9 +350,12 @@ def build_store(trace: TraceData, steps=None, span=None) -> Dict[str, np.ndarray
         e_link = np.concatenate([e_link, np.full(n_idle, -1, np.int64)])
 
     order = np.lexsort((e_ts, e_row, stp))
-    e_ts, e_dur = e_ts[order], e_dur[order]
-    e_row, stp = e_row[order], stp[order]
-    e_name, e_corr = e_name[order], e_corr[order]
+    e_ts = e_ts[order]
+    e_dur = e_dur[order]
+    e_row = e_row[order]
+    stp = stp[order]
+    e_name = e_name[order]
+    e_corr = e_corr[order]
     e_link = e_link[order]
     del order
     seg = stp * n_rows + e_row
