@@ -62,31 +62,19 @@ def _nesting(pid, tid, ts, end, container: Optional[np.ndarray] = None, threads:
         kd = d_full[key_order]
         del d_full
         big = len(o) + 1
-        code = kd * big + key_order
-        q = np.flatnonzero(kd > 0)
-        if len(q):
-            # (in place, each index array dropped once read: this is the host nesting's peak)
-            query = code[q]
-            query -= big
-            j = np.searchsorted(code, query, side="left")
-            del query, code
-            j -= 1
-            j_depth = kd[np.maximum(j, 0)]
-            q_depth = kd[q]
-            del kd
-            q_depth -= 1
-            ok = j_depth == q_depth
-            del j_depth, q_depth
-            ok &= j >= 0
-            q, j = q[ok], j[ok]
-            del ok
-            child = o[key_order[q]]
-            del q
-            parent[child] = o[key_order[j]]
-            del j, child
-        else:
-            del code, kd, q
-        del key_order
+        code = kd * big + key_order  # (kd is code // big: 0 <= key_order < big)
+        q0 = int(np.searchsorted(kd, 0, side="right"))  # kd ascending: the queries are code[q0:]
+        del kd
+        # in blocks of queries (each one's answer its own): the index temporaries are a block's,
+        # not 5 x 8 bytes per host event (this was the host nesting's peak)
+        for a in range(q0, len(code), _WALK_BLOCK):
+            q = np.arange(a, min(a + _WALK_BLOCK, len(code)))
+            q_code = code[q]
+            j = np.searchsorted(code, q_code - big, side="left") - 1
+            ok = (j >= 0) & (code[np.maximum(j, 0)] // big == q_code // big - 1)
+            parent[o[key_order[q[ok]]]] = o[key_order[j[ok]]]
+            del q, q_code, j, ok
+        del code, key_order
         if container is not None and len(zero) and len(o):
             # the last positive interval starting at or before the point, then up while closed
             j = np.searchsorted(ts[o], ts[zero], side="right") - 1
@@ -286,47 +274,78 @@ def _subset_nesting(host: Dict[str, np.ndarray], rows: np.ndarray):
     local[rows] = np.arange(n)
 
     def up_to_member(node):  # nearest ancestor-or-self among rows (host index), walking up
-        # (``node``: a fresh array of the caller's, walked in place)
-        go = np.flatnonzero(node >= 0)
-        go = go[local[node[go]] < 0]
-        while len(go):
-            node[go] = h_par[node[go]]
-            go = go[node[go] >= 0]
-            go = go[local[node[go]] < 0]
+        # (``node``: a fresh array of the caller's, walked in place; in blocks, each node's walk
+        # being its own: the index temporaries are a block's, not 4 x 8 bytes per event)
+        for i0 in range(0, len(node), _WALK_BLOCK):
+            part = node[i0:i0 + _WALK_BLOCK]
+            go = np.flatnonzero(part >= 0)
+            go = go[local[part[go]] < 0]
+            while len(go):
+                part[go] = h_par[part[go]]
+                go = go[part[go] >= 0]
+                go = go[local[part[go]] < 0]
         return node
 
     up = up_to_member(h_par[rows])
-    parent = np.where(up >= 0, local[np.maximum(up, 0)], -1)
+    # parent = where(up >= 0, local[max(up, 0)], -1), in place
+    outside = up < 0
+    np.maximum(up, 0, out=up)
+    parent = local[up]
     del up
+    parent[outside] = -1
+    del outside
     # depth: list ranking along the member parents (log2(depth) rounds)
     depth = (parent >= 0).astype(np.int64)
-    nxt = parent.copy()
-    go = np.flatnonzero(nxt >= 0)
+    go = np.flatnonzero(depth)
+    nxt = parent.copy() if len(go) else None  # (no copy when no member is inside another)
     while len(go):
         depth[go] += depth[nxt[go]]
         nxt[go] = nxt[nxt[go]]
         go = go[nxt[go] >= 0]
     del nxt, go
-    zero = np.flatnonzero(host["end"][rows] <= host["ts"][rows])
+    zero = np.flatnonzero((host["end"] <= host["ts"])[rows])  # (a mask gathered: not two time columns)
     if len(zero):
         a = up_to_member(host["container"][rows[zero]])
         depth[zero] = np.where(a >= 0, depth[local[np.maximum(a, 0)]] + 1, 0)
     return depth, parent
 
 
-def op_nesting(trace: TraceData, host: Optional[Dict[str, np.ndarray]] = None) -> Dict[str, np.ndarray]:
+def _gather_in_place(a: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``a[rows]`` (rows ascending, distinct) written over ``a``'s own first ``len(rows)``
+    slots, in blocks, and returned as that prefix: no second array of the rows. Block by
+    block the reads (rows[i] >= i) lie at or past the block being written. A copy when
+    fewer than half the rows are kept (the prefix would hold the whole buffer)."""
+    k = len(rows)
+    if 2 * k < len(a):
+        return a[rows]
+    for i0 in range(0, k, _WALK_BLOCK):
+        i1 = min(i0 + _WALK_BLOCK, k)
+        a[i0:i1] = a[rows[i0:i1]]
+    return a[:k]
+
+
+_WALK_BLOCK = 1 << 20
+
+
+def op_nesting(trace: TraceData, host: Optional[Dict[str, np.ndarray]] = None, *,
+               consume_host: bool = False) -> Dict[str, np.ndarray]:
     """The CPU op nesting of one trace, the one computation of it (the Operator view and
     the step timeline's lanes use it): every CPU op / user annotation except
     ProfilerStep#N, ``rows`` (into trace.cpu), ``ts``, ``dur`` (NaN/negative as 0),
     ``end``, ``depth`` (0 = inside no other op of the set on its thread) and ``parent``
     (index into ``rows`` of the direct parent, -1 for none); see ``_nesting``. Read-only.
     ``host``: ``host_nesting(trace)``, from which it is derived when that nests exactly
-    (the same arrays as nesting the ops alone)."""
+    (the same arrays as nesting the ops alone). ``consume_host``: the caller drops ``host``
+    after this call and nothing else holds it; its ts/dur/end buffers (trace.cpu's rows
+    first, the same values as made here) are then reused for the ops' own, in place."""
     cpu = trace.cpu
     rows = _op_rows(trace)
     derived = bool(len(rows)) and host is not None and host["laminar"]
     if derived:  # before the times below: its temporaries are gone when they are made (peak)
         depth, parent = _subset_nesting(host, rows)
+        if consume_host:  # (24 bytes per host event not allocated again: source attribution's peak)
+            ts, dur, end = (_gather_in_place(host[k], rows) for k in ("ts", "dur", "end"))
+            return {"rows": rows, "ts": ts, "dur": dur, "end": end, "depth": depth, "parent": parent}
     ts = cpu.ts[rows]
     dur = cpu.dur[rows]  # (a fresh array: NaN/negative fixed in place)
     dur = np.maximum(np.nan_to_num(dur, nan=0.0, copy=False), 0.0, out=dur)

@@ -54,8 +54,11 @@ def _laminar_set(rng, n_threads=3, size=60):
     return (np.array(pid)[perm], np.array(tid)[perm], np.array(ts)[perm], np.array(end)[perm])
 
 
+@pytest.mark.parametrize("block", [None, 7])
 @pytest.mark.parametrize("seed", range(8))
-def test_nesting_matches_the_definition_and_subsets_derive_exactly(seed):
+def test_nesting_matches_the_definition_and_subsets_derive_exactly(seed, block, monkeypatch):
+    if block:  # the parent search and the walks up in many blocks (1M events by default)
+        monkeypatch.setattr(op, "_WALK_BLOCK", block)
     rng = np.random.default_rng(seed)
     pid, tid, ts, end = _laminar_set(rng)
     container = np.full(len(ts), -1, np.int64)
@@ -96,3 +99,10 @@ def test_the_op_nesting_from_the_host_nesting_equals_the_ops_nested_alone(folder
     assert len(host["parent"]) == len(trace.cpu) + len(trace.runtime)
     if folder.name == "resnet50_v100_nw0":  # exactly nesting: the derivation is what ran
         assert host["laminar"]
+    # source attribution's form: the host's time columns reused in place (gathered in blocks)
+    for block in (1000, 1 << 20):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(op, "_WALK_BLOCK", block)
+            consumed = op.op_nesting(trace, op.host_nesting(trace), consume_host=True)
+        for k in alone:
+            assert consumed[k].dtype == alone[k].dtype and np.array_equal(consumed[k], alone[k]), k
