@@ -143,7 +143,8 @@ def _nearest(parent: np.ndarray, prop: np.ndarray) -> np.ndarray:
     """For each node, the nearest ancestor-or-self with ``prop`` (-1 when none), by
     pointer doubling: O(n log depth), no per-node loop."""
     n = len(parent)
-    jump = np.where(prop, np.arange(n), parent)
+    jump = np.arange(n, dtype=np.result_type(parent, np.int64))  # = where(prop, arange(n), parent), in place
+    np.copyto(jump, parent, where=~prop)
     # only the nodes still pointing at an ancestor without ``prop`` take part in a round
     act = np.flatnonzero(jump >= 0)
     act = act[~prop[jump[act]]]
@@ -156,8 +157,11 @@ def _nearest(parent: np.ndarray, prop: np.ndarray) -> np.ndarray:
 
 
 def _strict(parent: np.ndarray, nearest: np.ndarray) -> np.ndarray:
-    """Nearest strict ancestor from the ancestor-or-self ``nearest``."""
-    return np.where(parent >= 0, nearest[np.maximum(parent, 0)], -1)
+    """Nearest strict ancestor from the ancestor-or-self ``nearest``
+    (``where(parent >= 0, nearest[max(parent, 0)], -1)``, one temporary less)."""
+    out = nearest[np.maximum(parent, 0)]
+    out[parent < 0] = -1
+    return out
 
 
 def _laminar(ts, end, depth, parent) -> bool:
@@ -226,8 +230,8 @@ def round3_list(values: np.ndarray) -> list:
 def host_nesting(trace: TraceData) -> Dict[str, np.ndarray]:
     """The nesting of every host event of one trace per thread: trace.cpu rows (every kind,
     ProfilerStep#N included), then trace.runtime rows. ``thread`` (``thread_ids``),
-    ``thread_pid`` (the pid of each thread id), ``ts``, ``dur`` (NaN/negative as 0), ``end``, ``depth``, ``parent``
-    (see ``_nesting``), ``container`` (zero-length events: the innermost positive-length
+    ``thread_pid`` (the pid of each thread id), ``ts``, ``dur`` (NaN/negative as 0), ``end``, ``parent``
+    (see ``_nesting``; its depth is not kept), ``container`` (zero-length events: the innermost positive-length
     event holding their time) and ``laminar`` (``_laminar``). Source attribution walks it; ``op_nesting`` is derived from it
     when it nests exactly, so one nesting is computed per trace. Read-only."""
     cpu, rt = trace.cpu, trace.runtime
@@ -248,8 +252,10 @@ def host_nesting(trace: TraceData) -> Dict[str, np.ndarray]:
         depth, parent = _nesting(None, None, ts, end, container, threads=thread)
     else:
         depth, parent = np.zeros(0, np.int64), np.zeros(0, np.int64)
-    return {"thread": thread, "thread_pid": thread_pid, "ts": ts, "dur": dur, "end": end, "depth": depth,
-            "parent": parent, "container": container, "laminar": _laminar(ts, end, depth, parent)}
+    laminar = _laminar(ts, end, depth, parent)
+    del depth  # (read by no one past the laminar test: 8 bytes per host event not held)
+    return {"thread": thread, "thread_pid": thread_pid, "ts": ts, "dur": dur, "end": end,
+            "parent": parent, "container": container, "laminar": laminar}
 
 
 def span_host_nesting(span) -> Dict[str, np.ndarray]:
