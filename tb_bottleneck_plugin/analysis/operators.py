@@ -68,11 +68,14 @@ def _nesting(pid, tid, ts, end, container: Optional[np.ndarray] = None, threads:
         # in blocks of queries (each one's answer its own): the index temporaries are a block's,
         # not 5 x 8 bytes per host event (this was the host nesting's peak)
         for a in range(q0, len(code), _WALK_BLOCK):
-            q = np.arange(a, min(a + _WALK_BLOCK, len(code)))
-            q_code = code[q]
-            j = np.searchsorted(code, q_code - big, side="left") - 1
-            ok = (j >= 0) & (code[np.maximum(j, 0)] // big == q_code // big - 1)
-            parent[o[key_order[q[ok]]]] = o[key_order[j[ok]]]
+            q_code = code[a:a + _WALK_BLOCK]
+            j = np.searchsorted(code, q_code - big, side="left")
+            j -= 1
+            ok = code[np.maximum(j, 0)] // big == q_code // big - 1
+            ok &= j >= 0
+            q = np.flatnonzero(ok)
+            q += a
+            parent[o[key_order[q]]] = o[key_order[j[ok]]]
             del q, q_code, j, ok
         del code, key_order
         if container is not None and len(zero) and len(o):
@@ -145,14 +148,24 @@ def _nearest(parent: np.ndarray, prop: np.ndarray) -> np.ndarray:
     n = len(parent)
     jump = np.arange(n, dtype=np.result_type(parent, np.int64))  # = where(prop, arange(n), parent), in place
     np.copyto(jump, parent, where=~prop)
-    # only the nodes still pointing at an ancestor without ``prop`` take part in a round
-    act = np.flatnonzero(jump >= 0)
-    act = act[~prop[jump[act]]]
+    # only the nodes still pointing at an ancestor without ``prop`` take part in a round. In
+    # blocks of nodes: a jump always points at an ancestor with no ``prop`` node strictly
+    # between, so a block may read the jumps an earlier block of the round advanced; the end
+    # (each jump at -1 or a ``prop`` node) is the same, and the temporaries are a block's
+    def still_open(a):
+        a = a[jump[a] >= 0]
+        return a[~prop[jump[a]]]
+
+    act = np.concatenate([still_open(np.arange(i0, min(i0 + _WALK_BLOCK, n))) for i0 in range(0, n, _WALK_BLOCK)]
+                         or [np.zeros(0, np.int64)])
     while len(act):
-        nxt = jump[jump[act]]
-        jump[act] = nxt
-        act = act[nxt >= 0]
-        act = act[~prop[jump[act]]]
+        parts = []
+        for i0 in range(0, len(act), _WALK_BLOCK):
+            a = act[i0:i0 + _WALK_BLOCK]
+            jump[a] = jump[jump[a]]
+            parts.append(still_open(a))
+        act = np.concatenate(parts)
+        del parts
     return jump
 
 
@@ -161,6 +174,15 @@ def _strict(parent: np.ndarray, nearest: np.ndarray) -> np.ndarray:
     (``where(parent >= 0, nearest[max(parent, 0)], -1)``, one temporary less)."""
     out = nearest[np.maximum(parent, 0)]
     out[parent < 0] = -1
+    return out
+
+
+def _strict_none(parent: np.ndarray, nearest: np.ndarray) -> np.ndarray:
+    """``_strict(parent, nearest) < 0`` (no strict ancestor with the property), in blocks:
+    no per-node int64 temporaries."""
+    out = np.empty(len(parent), bool)
+    for i0 in range(0, len(parent), _WALK_BLOCK):
+        out[i0:i0 + _WALK_BLOCK] = _strict(parent[i0:i0 + _WALK_BLOCK], nearest) < 0
     return out
 
 
@@ -330,7 +352,7 @@ def _gather_in_place(a: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return a[:k]
 
 
-_WALK_BLOCK = 1 << 20
+_WALK_BLOCK = 1 << 18  # (int64 temporaries of 2 MiB per block)
 
 
 def op_nesting(trace: TraceData, host: Optional[Dict[str, np.ndarray]] = None, *,

@@ -28,7 +28,7 @@ import numpy as np
 from ..trace.model import CPU_OP, CPU_PYTHON, CPU_USER_ANNOTATION, TraceData
 from . import intervals as iv
 from .breakdown import dataloader_mask
-from .operators import _nearest, _strict, host_nesting, op_nesting, span_host_nesting
+from .operators import _nearest, _strict, _strict_none, host_nesting, op_nesting, span_host_nesting
 from .units import Unit, NONE_FAILED, pct
 
 NAME = "source_attribution"  # report["source"] is already the trace path
@@ -131,8 +131,15 @@ def _in_windows(ts: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """Whether each time lies in one of the sorted disjoint windows [lo, hi)."""
     if not len(lo):
         return np.zeros(len(ts), bool)
-    i = np.searchsorted(lo, ts, side="right") - 1
-    return (i >= 0) & (ts < hi[np.maximum(i, 0)])
+    out = np.empty(len(ts), bool)
+    for a in range(0, len(ts), _BLOCK):  # (in blocks: the index temporaries are a block's)
+        t = ts[a:a + _BLOCK]
+        i = np.searchsorted(lo, t, side="right") - 1
+        out[a:a + _BLOCK] = (i >= 0) & (t < hi[np.maximum(i, 0)])
+    return out
+
+
+_BLOCK = 1 << 18
 
 
 def _sum_inside(thr_a, ts_a, w, thr_q, lo_q, hi_q) -> np.ndarray:
@@ -314,7 +321,7 @@ def source_view(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = Non
     gpu_us = float(gdur[inc_gpu].sum())
     # --- per line ------------------------------------------------------------------------
     op_near = _nearest(parent, is_op)
-    top_op = is_op & (_strict(parent, op_near) < 0) & inc_node
+    top_op = is_op & _strict_none(parent, op_near) & inc_node
     nk = len(keys.names)
     lines = {
         "cpu_us": np.bincount(key[top_op & (key >= 0)], dur[top_op & (key >= 0)], minlength=nk),

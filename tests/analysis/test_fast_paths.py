@@ -12,6 +12,7 @@ from __future__ import annotations
 import pickle
 
 import numpy as np
+import pytest
 
 from tb_bottleneck_plugin.analysis import linking, operators
 from tb_bottleneck_plugin.trace import model
@@ -59,7 +60,13 @@ def test_thread_ids_match_np_unique():
         assert (operators.thread_ids(pid, tid) == want).all()
 
 
-def test_nearest_matches_full_pointer_doubling():
+@pytest.mark.parametrize("block", [None, 3])
+def test_nearest_matches_full_pointer_doubling(block, monkeypatch):
+    """Also with its rounds in blocks of 3 nodes (1M by default): a block reads the jumps an
+    earlier block of the round advanced, and the answer is the same."""
+    if block:
+        monkeypatch.setattr(operators, "_WALK_BLOCK", block)
+
     def full(parent, prop):
         jump = np.where(prop, np.arange(len(parent)), parent)
         while True:
@@ -77,6 +84,8 @@ def test_nearest_matches_full_pointer_doubling():
                            for i in range(n)], np.int64)
         prop = rng.random(n) < rng.random()
         assert (operators._nearest(parent, prop) == full(parent, prop)).all()
+        strict = np.where(parent >= 0, full(parent, prop)[np.maximum(parent, 0)], -1)
+        assert (operators._strict_none(parent, full(parent, prop)) == (strict < 0)).all()
 
 
 def _trace(strings):
