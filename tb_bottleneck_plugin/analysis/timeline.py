@@ -60,7 +60,7 @@ from . import intervals as iv
 from .breakdown import cumulative_unions, dataloader_mask
 from .context import GRAPH_LAUNCH_CALLS, short_kernel_bound
 from .linking import gpu_runtime_index, innermost_enclosing, span_gpu_runtime, span_op_calls
-from .operators import op_nesting, span_op_nesting
+from .operators import _gather, op_nesting, span_op_nesting
 from .signals import op_names, sync_rows
 from .steps import find_steps
 
@@ -225,6 +225,9 @@ def build_store(trace: TraceData, steps=None, span=None) -> Dict[str, np.ndarray
 
     # CPU threads (DataLoader spans go to their own row)
     cpu_keep = cpu_rows[~dl[cpu_rows] & (depth[cpu_rows] < MAX_CPU_DEPTH)]
+    del cpu_rows, nest  # the op nesting's last reader (48 bytes per op, the span's cache): gone
+    if span is not None:  # before the lanes' columns below are gathered
+        span.release("op_nesting")
     if main is not None:
         row_of(ROW_CPU, main, 0)
     if len(cpu_keep):
@@ -238,12 +241,12 @@ def build_store(trace: TraceData, steps=None, span=None) -> Dict[str, np.ndarray
         rid = np.empty(len(uniq), np.int64)
         for u in order:
             rid[u] = row_of(ROW_CPU, uniq[u, 0], uniq[u, 1])
-        parts.append([c.ts[cpu_keep], c.dur[cpu_keep], c.name[cpu_keep], c.external_id[cpu_keep],
-                      np.full(len(cpu_keep), -1, np.int64), rid[inv.reshape(-1)]])
-        del th_inv, inv
-    del thread, depth, cpu_keep, cpu_rows, nest  # (per CPU row: not needed past the CPU lanes)
-    if span is not None:  # the op nesting's last reader (48 bytes per op, the span's cache)
-        span.release("op_nesting")
+        del th_inv
+        # (a constant column and the -1 links stay broadcasts until the join below)
+        parts.append([c.ts[cpu_keep], c.dur[cpu_keep], c.name[cpu_keep], _gather(c.external_id, cpu_keep),
+                      np.broadcast_to(np.int64(-1), (len(cpu_keep),)), rid[inv.reshape(-1)]])
+        del inv
+    del thread, depth, cpu_keep  # (per CPU row: not needed past the CPU lanes)
     dl_rows = np.flatnonzero(dl)
     if len(dl_rows) or main is not None:
         r = row_of(ROW_DATALOADER, 0, 0)
