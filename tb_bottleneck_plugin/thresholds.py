@@ -119,6 +119,8 @@ STRAGGLER_WAIT_HIGH_PCT = 20.0
 # straggler spends at least this share of the group's median step more in it than the
 # median of the other ranks of its group.
 STRAGGLER_CAUSE_MIN_PCT = 5.0
+# A kernel family is named in a compute cause when it makes this % of the compute difference.
+STRAGGLER_CAUSE_FAMILY_MIN_PCT = 20.0
 # Pipeline parallelism (§12): advice when the stages are blocked in point-to-point calls at
 # least this share of the step; rebalancing when a stage's busy time exceeds the mean by this.
 PIPELINE_BUBBLE_PCT = 10.0

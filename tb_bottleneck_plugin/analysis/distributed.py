@@ -427,6 +427,10 @@ def _ranks_text(text: str) -> Optional[List[int]]:
 # the straggler's minus the median of the other ranks of its group names why it arrives late.
 ACTIVITY = ("dataloader_us", "h2d_us", "sync_us", "compute_forward_us", "compute_backward_us",
             "compute_optimizer_us", "host_gap_us")
+# On a GPU trace, besides: each kernel family's compute (compilation.kernel_family of the kernel
+# name), so that a compute cause says which kind of kernel the straggler runs longer.
+KERNEL_FAMILY_ACTIVITY = {"gemm": "compute_gemm_us", "attention": "compute_attention_us",
+                          "triton": "compute_triton_us", "other": "compute_other_kernels_us"}
 BACKWARD_PREFIX = "autograd::engine::evaluate_function:"
 OPTIMIZER_PREFIX = "Optimizer.step#"
 
@@ -434,8 +438,8 @@ OPTIMIZER_PREFIX = "Optimizer.step#"
 def step_activity(trace: TraceData, lo: np.ndarray, hi: np.ndarray, comp: iv.Intervals, gpu_trace: bool,
                   span=None) -> Dict[str, np.ndarray]:
     """Per included step window [lo, hi): µs of each ACTIVITY (each measured on its own: the
-    parts may overlap). ``comp``: the rank's compute intervals (§12: kernels on a GPU trace,
-    host compute on a CPU-only one)."""
+    parts may overlap), and on a GPU trace of each KERNEL_FAMILY_ACTIVITY. ``comp``: the rank's
+    compute intervals (§12: kernels on a GPU trace, host compute on a CPU-only one)."""
     from .breakdown import dataloader_mask
     from .signals import SYNC_CALLS, SYNC_MEMCPY_CALLS
 
@@ -465,7 +469,9 @@ def step_activity(trace: TraceData, lo: np.ndarray, hi: np.ndarray, comp: iv.Int
         comp_bwd, comp_opt = union(bwd_k, g), union(opt_k, g)
         comp_rest = iv.subtract(comp, iv.merge(np.concatenate([comp_bwd[0], comp_opt[0]]),
                                                np.concatenate([comp_bwd[1], comp_opt[1]])))
+        by_family = _kernel_family_activity(trace, kern, union, cover)
     else:
+        by_family = {}
         comp_bwd = iv.intersect(comp, backward)
         comp_opt = iv.subtract(iv.intersect(comp, optimizer), backward)
         taken = iv.merge(np.concatenate([loader[0], backward[0], optimizer[0]]),
@@ -481,7 +487,24 @@ def step_activity(trace: TraceData, lo: np.ndarray, hi: np.ndarray, comp: iv.Int
     return {"dataloader_us": cover(loader), "h2d_us": cover(h2d), "sync_us": cover(sync),
             "compute_forward_us": cover(comp_rest), "compute_backward_us": cover(comp_bwd),
             "compute_optimizer_us": cover(comp_opt),
-            "host_gap_us": np.maximum((hi - lo) - cover(busy), 0.0)}
+            "host_gap_us": np.maximum((hi - lo) - cover(busy), 0.0), **by_family}
+
+
+def _kernel_family_activity(trace: TraceData, kern: np.ndarray, union, cover) -> Dict[str, np.ndarray]:
+    """Per step, µs of compute kernels (``kern``) of each family: one name classification per
+    distinct kernel name."""
+    from .compilation import kernel_family
+
+    names = trace.gpu.name
+    rows = np.flatnonzero(kern)
+    out = {}
+    if not len(rows):
+        return {key: cover(union(rows, trace.gpu)) for key in KERNEL_FAMILY_ACTIVITY.values()}
+    uniq, inv = np.unique(names[rows], return_inverse=True)
+    fam = np.array([kernel_family(trace.strings[int(i)]) for i in uniq.tolist()])[inv]
+    for family, key in KERNEL_FAMILY_ACTIVITY.items():
+        out[key] = cover(union(rows[fam == family], trace.gpu))
+    return out
 
 
 def _inside(ints: iv.Intervals, t: np.ndarray) -> np.ndarray:

@@ -684,6 +684,10 @@ CAUSE_WORDS = {
     "host_gap_us": "with its host idle (host gaps: no op running)",
 }
 COMPUTE_ACTIVITIES = ("compute_forward_us", "compute_backward_us", "compute_optimizer_us")
+# A compute cause's kernel families (analysis/distributed.KERNEL_FAMILY_ACTIVITY; GPU traces), in words.
+KERNEL_FAMILY_WORDS = {"compute_gemm_us": "GEMM kernels", "compute_attention_us": "attention kernels",
+                       "compute_triton_us": "Triton (torch.compile) kernels",
+                       "compute_other_kernels_us": "other kernels"}
 # The cause by difference reads at most this many of the straggler's late steps (evenly spaced).
 MAX_CAUSE_STEPS = 64
 # What to do about each cause, said of the late rank.
@@ -751,10 +755,30 @@ def straggler_cause(rank_index: int, members: List[int], steps: List[int], rows:
             out["sentence"] += (f": a compute straggler hidden by the {what}: its own {what} time looks short "
                                 f"({comm_own / 1000:.1f} vs {comm_med / 1000:.1f} ms per step) because it arrives "
                                 f"last and waits for no one")
+        if top in COMPUTE_ACTIVITIES:
+            _add_kernel_families(out, rank_index, use, activity, theirs_of)
     else:
         out["sentence"] = (f"no activity of rank {r} exceeds the other ranks' median by "
                            f"{T.STRAGGLER_CAUSE_MIN_PCT:g}% of a step (DataLoader, copies, sync, compute, host gaps)")
     return out
+
+
+def _add_kernel_families(out: dict, rank_index: int, use: List[int], activity: Dict[Tuple[int, int], dict],
+                         theirs_of: Dict[int, List[dict]]) -> None:
+    """A compute cause on a GPU trace, by kernel family: the same median difference per family
+    (``kernel_family_diff_us_per_step``); the families that account for it named in the sentence
+    (largest first, those of at least STRAGGLER_CAUSE_FAMILY_MIN_PCT of the compute difference)."""
+    keys = [k for k in KERNEL_FAMILY_WORDS if all(k in activity[(rank_index, n)] for n in use)]
+    if not keys:
+        return
+    fam = {k: _median([activity[(rank_index, n)][k] - _median([a[k] for a in theirs_of[n]]) for n in use])
+           for k in keys}
+    out["kernel_family_diff_us_per_step"] = fam
+    named = sorted((k for k in keys if fam[k] > 0 and 100.0 * fam[k] >= T.STRAGGLER_CAUSE_FAMILY_MIN_PCT * out["diff_us"]),
+                   key=lambda k: -fam[k])
+    if named:
+        out["sentence"] += "; by kernel family: " + ", ".join(
+            f"{KERNEL_FAMILY_WORDS[k]} +{fam[k] / 1000:.1f} ms" for k in named)
 
 
 class _CommPerRankStep:

@@ -45,12 +45,14 @@ def _ar_args(pg, ranks_, seq, nelems=1024):
 GROUPS = {"tp01": [0, 1], "tp23": [2, 3]}
 
 
-def _rank_trace(rank, ar_ms, loader_ms=5.0, backward_gemm_ms=10.0, seqs=True, drop=(), nelems=None):
+def _rank_trace(rank, ar_ms, loader_ms=5.0, backward_gemm_ms=10.0, seqs=True, drop=(), nelems=None,
+                backward_kernels=()):
     """One GPU rank of a 4-rank run with two tensor-parallel groups, tp01 = ranks 0-1 and
     tp23 = ranks 2-3, two steps of 200 ms. In each step: a DataLoader span [0, loader_ms),
     a backward node [10, 60) that launches a GEMM of ``backward_gemm_ms`` at 12, then two
     all-reduces of the rank's group, each ``ar_ms`` long, at 70 and 85 (Seq 2s and 2s+1 in step
-    s, when ``seqs``). ``drop``: (step, index) pairs of all-reduces left out."""
+    s, when ``seqs``). ``drop``: (step, index) pairs of all-reduces left out. ``backward_kernels``:
+    (name, start ms, ms) of more kernels the backward node launches."""
     pg = "tp01" if rank < 2 else "tp23"
     info = {"backend": "nccl", "rank": rank, "world_size": 4, "pg_count": 2,
             "pg_config": [{"pg_name": name, "pg_desc": "TP", "backend_config": "cuda:nccl", "pg_size": 2,
@@ -62,6 +64,8 @@ def _rank_trace(rank, ar_ms, loader_ms=5.0, backward_gemm_ms=10.0, seqs=True, dr
         b.cpu(LOADER, t0, loader_ms * MS, cat="user_annotation")
         b.cpu(BACKWARD, t0 + 10 * MS, 50 * MS)
         b.launch(GEMM, t0 + 12 * MS, t0 + 12 * MS, backward_gemm_ms * MS)
+        for name, start, ms in backward_kernels:
+            b.launch(name, t0 + start * MS, t0 + start * MS, ms * MS)
         for k, start in enumerate((70, 85)):
             if (step, k) in drop:
                 continue
@@ -119,12 +123,36 @@ def test_two_groups_with_different_stragglers(tmp_path):
     assert c2["hidden_compute"] is True
     assert (c2["comm_us_per_step"], c2["median_others_comm_us_per_step"]) == (20 * MS, 100 * MS)
     assert "compute straggler hidden by the all-reduce" in c2["sentence"]
+    # by kernel family: the whole 40 ms is the backward GEMM (volta_sgemm); no other family differs
+    assert c2["kernel_family_diff_us_per_step"] == {"compute_gemm_us": 40 * MS, "compute_attention_us": 0.0,
+                                                    "compute_triton_us": 0.0, "compute_other_kernels_us": 0.0}
+    assert c2["sentence"].endswith("; by kernel family: GEMM kernels +40.0 ms")
+    assert "kernel_family_diff_us_per_step" not in c1  # not a compute cause
     # run level: each rank's waits summed over its groups (0: 40 ms, 1: 0, 2: 0, 3: 80 ms per step)
     assert [r["per_step"]["wait_us"] for r in view["ranks"]] == [[40 * MS] * 2, [0.0] * 2, [0.0] * 2,
                                                                 [80 * MS] * 2]
     text = ranks.format_ranks_text(view)
     assert "TP (ranks 2,3): rank 2 is late in 100% of its all-reduces" in text
     assert "compute straggler hidden by the all-reduce" in text
+
+
+def test_a_compute_cause_names_the_kernel_families_that_differ(tmp_path):
+    """Rank 2's backward runs the same 10 ms GEMM as everyone, plus a 30 ms Triton kernel and a
+    4 ms elementwise kernel that the others run for 1 ms each (at 25 and 56 ms). Compute in
+    backward: 44 vs 12 ms, 32 ms more per step (16 % of the step); by family Triton +29 ms
+    (91 % of 32), other kernels +3 ms (9 %: under STRAGGLER_CAUSE_FAMILY_MIN_PCT, not named), GEMM 0."""
+    tri, elem = "triton_poi_fused_add_mul_0", "void at::native::vectorized_elementwise_kernel<4>"
+    slow = dict(backward_kernels=((tri, 25.0, 30.0), (elem, 56.0, 4.0)))
+    fast = dict(backward_kernels=((tri, 25.0, 1.0), (elem, 56.0, 1.0)))
+    view = _view(_write_run(tmp_path, per_rank={0: fast, 1: fast, 2: dict(slow, backward_gemm_ms=10.0),
+                                                  3: fast}), "tp4")
+    cause = _group(view, "tp23")["straggler"]["cause"]
+    assert cause["activity"] == "compute_backward_us" and cause["diff_us"] == pytest.approx(32 * MS)
+    fam = cause["kernel_family_diff_us_per_step"]
+    assert fam["compute_triton_us"] == pytest.approx(29 * MS)
+    assert fam["compute_other_kernels_us"] == pytest.approx(3 * MS)
+    assert fam["compute_gemm_us"] == fam["compute_attention_us"] == 0.0
+    assert cause["sentence"].endswith("; by kernel family: Triton (torch.compile) kernels +29.0 ms")
 
 
 def test_missing_rank_file(tmp_path):
