@@ -50,8 +50,13 @@ def unique_inverse(col) -> Tuple[np.ndarray, np.ndarray]:
     if not _dense_ok(span, n):
         values, inv = np.unique(col, return_inverse=True)
         return values, inv.reshape(-1).astype(np.int64, copy=False)
-    code = col.astype(np.int64) - lo if lo else col.astype(np.int64, copy=False)
+    # (indices of any integer dtype as they are: no int64 copy of an int32 column of ids)
+    if lo:
+        code = np.subtract(col, lo, dtype=np.int64)
+    else:
+        code = col if col.dtype.kind in "iu" else col.astype(np.int64)
     values, inv = _rank_dense(code, span)
+    del code
     return (values + lo).astype(col.dtype, copy=False), inv
 
 
