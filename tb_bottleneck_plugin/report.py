@@ -151,14 +151,14 @@ def analyze_trace(trace: model.TraceData, *, run=None, worker=None, span=None, s
             rep["occupancy"]["kernels"] = []
     # the operator view and the rank partial reuse the span's op nesting and GPU->runtime index (ctx)
     op_view = sec.run("operator_view", operators.operator_view, trace, found, span=ctx) if found is not None else None
-    if not timeline:  # the Operator view was the op nesting's last reader (48 bytes per op; the store reads it last)
-        ctx.release("op_nesting")
-    dist_part = sec.run("distributed", distributed.span_partial, trace, found, span=ctx)  # ranks.rank_view input
     store = None
-    if timeline:  # the step-timeline store, from the same per-span context (steps, unions)
+    if timeline:  # the step-timeline store, from the same per-span context (steps, unions); before
+        # the rank partial, which does not read the op nesting the store releases (48 bytes per op)
         from .analysis import timeline as _timeline
 
         store = _Sections({}, source=trace.meta.source).run("timeline", _timeline.build_store, trace, span=ctx)
+    ctx.release("op_nesting")  # (its last readers, the Operator view and the store, have run)
+    dist_part = sec.run("distributed", distributed.span_partial, trace, found, span=ctx)  # ranks.rank_view input
     rep["errors"] = sec.errors
     rep["not_available_labels"] = not_available_labels(not_available, rep)
     out_report = _clean(rep)
