@@ -16,6 +16,7 @@ address (router.js `open`) and open again after a reload.
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -94,6 +95,12 @@ def _check_screen(frame, run, rep):
 def test_first_screen_of_every_demo_run(tensorboard_server, browser_page):
     base = tensorboard_server(DEMO_LOGS)
     runs_body = wait_route(base, "runs")
+    deadline = time.time() + 120
+    # the first scan runs in the background: the runs route answers at once, "pending" or
+    # "scanning" with no runs yet, and the dashboard polls it again (static/index.js), as here
+    while runs_body["scan"]["state"] in ("pending", "scanning") and time.time() < deadline:
+        time.sleep(0.2)
+        runs_body = wait_route(base, "runs")
     assert runs_body["default_run"] == _newest_run()
     for run in RUNS:  # analysed before the page asks (the first screen, not the loading state)
         wait_route(base, "report", timeout=900, run=run)
