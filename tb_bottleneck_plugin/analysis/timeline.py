@@ -319,19 +319,14 @@ def build_store(trace: TraceData, steps=None, span=None) -> Dict[str, np.ndarray
     # each event's step (the concatenation of a np.full(len(m), i) per step)
     stp = np.repeat(np.arange(n_steps, dtype=np.int64), ev_count) if n_steps else np.zeros(0, np.int64)
     del ev_count
-    # (one column at a time, each dropped once gathered)
-    e_ts = ts[src]
-    del ts
-    e_dur = dur[src]
-    del dur
-    e_name = name[src]
-    del name
-    e_corr = corr[src]
-    del corr
-    e_link = link[src]
-    del link
-    e_row = row[src]
-    del row, src
+    # one column at a time, each dropped once gathered (the peak: one column, not all twice)
+    columns = [ts, dur, name, corr, link, row]
+    del ts, dur, name, corr, link, row
+    for k in range(len(columns)):
+        columns[k] = columns[k][src]
+    del src
+    e_ts, e_dur, e_name, e_corr, e_link, e_row = columns
+    del columns
 
     # idle causes per step, as events of the idle rows
     sets = _cause_sets(trace, unions, g_rt_all)
