@@ -64,9 +64,9 @@ def runtime_gpu_rows(trace: TraceData, gpu_runtime: np.ndarray = None) -> Tuple[
     return offsets, order.astype(np.int64)
 
 
-def _thread_ids(pid_a, tid_a, pid_b, tid_b):
-    """Dense thread ids for two (pid, tid) column pairs, consistent between them."""
-    return factorize.thread_ids_of(pid_a, tid_a, pid_b, tid_b)
+def _thread_ids(*columns):
+    """Dense thread ids for (pid, tid) column pairs, consistent between them."""
+    return factorize.thread_ids_of(*columns)
 
 
 def _op_mask(trace: TraceData) -> np.ndarray:
@@ -119,37 +119,56 @@ def calls_inside(trace: TraceData, cpu_rows=None, among: Optional[Pairs] = None)
     empty = (np.zeros(0, np.int64), np.zeros(0, np.int64))
     if len(cpu_rows) == 0 or len(rt) == 0:
         return empty
-    op_thr, rt_thr = _thread_ids(cpu.pid[cpu_rows], cpu.tid[cpu_rows], rt.pid, rt.tid)
-    # Runtime calls sorted by (thread, ts).
+    # Runtime calls sorted by (thread, ts); each thread's calls are r_*_sorted[bounds[k]:bounds[k + 1]]
+    (rt_thr,) = _thread_ids(rt.pid, rt.tid)
     r_order = np.lexsort((rt.ts, rt_thr))
-    r_thr_sorted = rt_thr[r_order]
     r_ts_sorted = rt.ts[r_order]
+    bounds = np.searchsorted(rt_thr[r_order], np.arange(int(rt_thr.max()) + 2))
+    del rt_thr
+    key_rows = r_order[bounds[:-1]]  # one call of each runtime thread: its (pid, tid)
+    key_pid, key_tid = rt.pid[key_rows], rt.tid[key_rows]
+    call_end = rt.ts + rt.dur
+    # in blocks of ops (each op's pairs its own, in op order): the per-op temporaries (thread,
+    # start, end, bounds, counts: ~70 bytes per op) are a block's, not every op's (on 10M tiny
+    # events they were the Tensor Core section's peak, +857 MiB)
+    out_op, out_rt = [], []
+    for b0 in range(0, len(cpu_rows), _OP_BLOCK):
+        rows = cpu_rows[b0:b0 + _OP_BLOCK]
+        _pairs_of_block(cpu, rows, key_pid, key_tid, bounds, r_order, r_ts_sorted, call_end, out_op, out_rt)
+    if not out_op:
+        return empty
+    return np.concatenate(out_op), np.concatenate(out_rt)
+
+
+def _pairs_of_block(cpu, cpu_rows, key_pid, key_tid, bounds, r_order, r_ts_sorted, call_end, out_op, out_rt):
+    """calls_inside's pairs of the ops ``cpu_rows`` appended to out_op/out_rt (in op order).
+    ``key_pid/key_tid``: the runtime threads' (pid, tid) by thread id; thread k's calls are
+    ``r_order[bounds[k]:bounds[k + 1]]``, sorted by start (``r_ts_sorted``)."""
+    op_thr, key_thr = factorize.thread_ids_of(cpu.pid[cpu_rows], cpu.tid[cpu_rows], key_pid, key_tid)
+    to_rt = np.full(int(max(op_thr.max(), key_thr.max())) + 1, -1, np.int64)
+    to_rt[key_thr] = np.arange(len(key_thr))  # the ops' thread ids -> the runtime's (-1: no calls)
+    op_thr = to_rt[op_thr]
     op_ts = cpu.ts[cpu_rows]
     op_end = op_ts + cpu.dur[cpu_rows]
     lo = np.zeros(len(cpu_rows), np.int64)
     hi = np.zeros(len(cpu_rows), np.int64)
-    thr_bounds = np.searchsorted(r_thr_sorted, np.arange(int(r_thr_sorted.max()) + 2 if len(r_thr_sorted) else 1))
-    for t in np.unique(op_thr):
-        if t + 1 >= len(thr_bounds):
-            continue
-        a, b = thr_bounds[t], thr_bounds[t + 1]
-        if a == b:
-            continue
+    for t in np.flatnonzero(np.bincount(op_thr + 1)[1:]):  # the runtime threads with ops here
+        a, b = bounds[t], bounds[t + 1]
         sel = op_thr == t
         seg = r_ts_sorted[a:b]
         lo[sel] = a + np.searchsorted(seg, op_ts[sel], side="left")
         hi[sel] = a + np.searchsorted(seg, op_end[sel], side="right")
+    del op_thr, op_ts
     counts = np.maximum(hi - lo, 0)
+    del hi
     total = int(counts.sum())
     if total == 0:
-        return empty
+        return
     # the pairs in blocks of ops of about _PAIR_BLOCK candidate pairs: the temporaries are one
     # block's, not the whole set's (on the 292 MB benchmark the candidates would be ~30 MB)
-    call_end = rt.ts + rt.dur
     cum = np.cumsum(counts)
     cut = np.searchsorted(cum, np.arange(_PAIR_BLOCK, total, _PAIR_BLOCK), side="left") + 1
     edges = np.unique(np.concatenate([[0], cut, [len(counts)]]))
-    out_op, out_rt = [], []
     for i0, i1 in zip(edges[:-1].tolist(), edges[1:].tolist()):
         c = counts[i0:i1]
         n_pairs = int(c.sum())
@@ -163,12 +182,10 @@ def calls_inside(trace: TraceData, cpu_rows=None, among: Optional[Pairs] = None)
         ok = call_end[pair_rt] <= op_end[pair_op]
         out_op.append(cpu_rows[pair_op[ok]])
         out_rt.append(pair_rt[ok].astype(np.int64, copy=False))
-    if not out_op:
-        return empty
-    return np.concatenate(out_op), np.concatenate(out_rt)
 
 
 _PAIR_BLOCK = 1 << 18
+_OP_BLOCK = 1 << 18
 
 
 def gpu_ops_pairs(trace: TraceData, cpu_rows=None, gpu_runtime: np.ndarray = None
