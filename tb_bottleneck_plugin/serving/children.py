@@ -20,7 +20,7 @@ from typing import Callable, List, Optional
 
 from .. import report
 from ..errors import BottleneckError, TruncatedTraceError
-from ..trace import procguard
+from ..trace import decode_workers, procguard
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,7 @@ RECYCLE_AFTER_BYTES = 64 << 20  # a child that analysed a file this large is not
 # (TB_BOTTLENECKS_ANALYSIS_NICE overrides it; the CLI's children run at 0: they are the
 # foreground work there.) On a heavily loaded machine niced children get a small share.
 ANALYSIS_NICE = 10
+DECODE_PROCESSES_ENV = "TB_BOTTLENECKS_DECODE_PROCESSES"
 _CHILD_CODE = ("import sys; from tb_bottleneck_plugin.serving.children import _child_entry; "
                "_child_entry(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))")
 
@@ -74,9 +75,6 @@ def _child_entry(fd: int, owner_pid: int, nice: int = ANALYSIS_NICE) -> None:
     # a SIGINT that still reaches one (the child runs in its own session, see _Child; a
     # `kill -INT` to it) must not print a KeyboardInterrupt traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # Analysis children already run one per core (scheduler.py), and the memory budget
-    # counts one process per span: no extra decode worker per child unless asked for.
-    os.environ.setdefault("TB_BOTTLENECKS_DECODE_PROCESSES", "0")
     if os.environ.get("TB_BOTTLENECKS_CHILD_TRACEBACKS") == "0":
         # the CLI without --debug (cli.CHILD_TRACEBACKS_ENV): a failed section is one line
         # there, from the report; no traceback from logging's last resort here
@@ -100,9 +98,10 @@ def _child_entry(fd: int, owner_pid: int, nice: int = ANALYSIS_NICE) -> None:
     try:
         while True:
             try:
-                logdir, run, span = conn.recv()
+                logdir, run, span, decode_processes = conn.recv()
             except (EOFError, OSError):
                 return  # the parent is done with us (or gone)
+            os.environ[DECODE_PROCESSES_ENV] = str(decode_processes)  # ChildPool.analyze decided
             try:
                 outcome = ("ok", report.analyze_span(logdir, run, span, progress=progress, timeline=True))
             except TruncatedTraceError as exc:
@@ -358,8 +357,16 @@ class ChildPool:
         except (OSError, ValueError, RuntimeError) as exc:
             return "internal", f"cannot start an analysis process: {type(exc).__name__}: {exc}"
         outcome = None
+        # Children run up to one per core (scheduler.py) and the memory budget counts one
+        # process per span: a child decodes with a worker process of its own only while no
+        # other analysis of this pool runs, and then only as the loader would here (an idle
+        # core); a number the user set (TB_BOTTLENECKS_DECODE_PROCESSES) holds for every span.
+        with self._lock:
+            alone = len(self._busy) == 1
+        asked = os.environ.get(DECODE_PROCESSES_ENV, "").strip()
+        decode_processes = decode_workers.default_count() if alone or asked else 0
         try:
-            child.conn.send((logdir, run, span))
+            child.conn.send((logdir, run, span, decode_processes))
             while True:
                 message = child.conn.recv()
                 if message[0] == "progress":

@@ -18,7 +18,7 @@ from typing import List, Tuple
 
 import numpy as np
 
-from . import model
+from . import model, procguard
 from .columns import _Builder, _last
 from .events import _decode_events
 
@@ -197,6 +197,12 @@ PARALLEL_MIN_BYTES = 64 << 20  # estimated text size (gzip inflates traces >= 12
 IN_FLIGHT_PER_WORKER = 2  # chunks a worker holds: one decoding, one waiting (so it never waits for this thread)
 
 
+def default_count() -> int:
+    """How many decode workers a load here would start (`_decode_workers`): what an
+    analysis child is told to use while it is the only one running (serving/children.py)."""
+    return _decode_workers()
+
+
 def _decode_workers() -> int:
     """Worker processes that decode chunks of large files beside this process.
 
@@ -253,8 +259,9 @@ class _Worker:
         import multiprocessing
 
         # fork is cheap but unsafe once threads run (TensorBoard's server): then use a
-        # fork server, which forks from a clean single-threaded process.
-        if threading.active_count() == 1:
+        # fork server, which forks from a clean single-threaded process. An analysis
+        # child's parent watcher (procguard) does not count.
+        if procguard.only_watchers_running():
             context = multiprocessing.get_context("fork")
             # MAP_SHARED; per chunk in flight: its text, its result
             self.slots = [(mmap.mmap(-1, self.SLOT_BYTES), mmap.mmap(-1, self.RESULT_SLOT_BYTES))

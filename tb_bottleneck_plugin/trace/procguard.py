@@ -67,5 +67,15 @@ def die_with_parent(owner_pid: Optional[int] = None) -> None:
     _set_pdeathsig()
     if owner_pid is not None and not _alive(owner_pid):
         os._exit(1)  # the parent died before we got here (PDEATHSIG was set too late)
-    threading.Thread(target=_watch, args=(parent, owner_pid), daemon=True,
-                     name="bottlenecks-parent-watch").start()
+    threading.Thread(target=_watch, args=(parent, owner_pid), daemon=True, name=WATCH_THREAD_NAME).start()
+
+
+WATCH_THREAD_NAME = "bottlenecks-parent-watch"
+
+
+def only_watchers_running() -> bool:
+    """True when the calling thread is the only one but for this module's watcher, which
+    only sleeps and polls (holds no lock a forked process could inherit): a fork from here
+    is as safe as from a single-threaded process (an analysis child's decode workers)."""
+    me = threading.current_thread()
+    return all(t is me or t.name == WATCH_THREAD_NAME for t in threading.enumerate())
