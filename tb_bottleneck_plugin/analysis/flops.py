@@ -37,7 +37,7 @@ from ..trace.model import GPU_KERNEL, TraceData
 from . import linking
 from .accelerators import no_gpu_reason
 from . import graph_replays, peaks, precision
-from .factorize import unique_inverse, unique_rows
+from .factorize import unique_inverse, unique_rows, unique_values
 from .operators import NA_FLOPS_NO_SHAPES
 
 CLASSES = ("gemm", "conv", "attention", "elementwise", "other")
@@ -1013,7 +1013,7 @@ def _per_op(f_idx, e_idx, inner, f_flops, op_bytes, op_kus, pk, peak, na) -> dic
     hbm = (peak or {}).get("hbm_gbps")
     own = np.concatenate([f_idx, e_idx]).astype(np.int64)
     inner_idx = np.flatnonzero(inner) if inner.dtype == bool else np.asarray(inner, np.int64)
-    index = np.unique(np.concatenate([own, inner_idx]))
+    index = unique_values(np.concatenate([own, inner_idx]))
     at_f, at_own = np.searchsorted(index, f_idx), np.searchsorted(index, own)
     fields = {f: np.zeros(len(index)) for f in OP_FIELDS}
     # added, not set: a CUDA graph's capture-time op holds one call per replay (issue 34 item 2)

@@ -432,11 +432,11 @@ def _kernel_table(trace: TraceData, krows: np.ndarray, w: np.ndarray, top_n: int
     """Kernels grouped by (device, name, grid, block, registers, shared memory); ``occ``
     and ``src`` are the shown occupancy and its source for each of ``krows``."""
     gpu = trace.gpu
-    keys = np.stack([gpu.device[krows].astype(np.int64), gpu.name[krows].astype(np.int64),
-                     gpu.grid_x[krows], gpu.grid_y[krows], gpu.grid_z[krows],
-                     gpu.block_x[krows], gpu.block_y[krows], gpu.block_z[krows],
-                     gpu.registers_per_thread[krows], gpu.shared_memory[krows]], axis=1)
-    uniq, inv = factorize.unique_rows(keys)
+    # (the columns as they are, not an (n, 10) stack: each is ranked contiguous)
+    uniq, inv = factorize.unique_columns(gpu.device[krows].astype(np.int64), gpu.name[krows].astype(np.int64),
+                                         gpu.grid_x[krows], gpu.grid_y[krows], gpu.grid_z[krows],
+                                         gpu.block_x[krows], gpu.block_y[krows], gpu.block_z[krows],
+                                         gpu.registers_per_thread[krows], gpu.shared_memory[krows])
     n = len(uniq)
     calls = np.bincount(inv, minlength=n)
     total = np.bincount(inv, weights=w, minlength=n)
