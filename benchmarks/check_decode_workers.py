@@ -1,6 +1,6 @@
 """Every loaded table, in-process and with decode workers, compared byte for byte (issue 39).
 
-    python benchmarks/check_decode_workers.py [--workers 2] [--chunk-bytes N] [FILE ...]
+    python benchmarks/check_decode_workers.py [--workers 2] [--chunk-bytes N] [--native] [FILE ...]
 
 Without files: the 292 MB benchmark trace (benchmarks/out/..., built by bench_load.py) and
 every trace under ../shared/traces. Each file is loaded twice in fresh child processes, with
@@ -8,6 +8,10 @@ TB_BOTTLENECKS_DECODE_PROCESSES=0 and =N (``--chunk-bytes``: both loads' chunks 
 workers for files of any size); every column, the string table, the recorded inputs, the
 kernel launches and the whole meta are hashed (sha1) and the two digests compared. Prints one
 line per file and exits 1 on a difference. Not a test (it takes minutes on the big file).
+``--native``: the msgspec way (TB_BOTTLENECKS_NATIVE_DECODE=0) against the native scanner
+(trace/native.py), each in-process and with N workers (a load with workers cuts smaller chunks
+than one without, and rows are grouped by category within a chunk: each mode against itself);
+the line says how many chunks the loading process decoded natively and how many fell back.
 """
 from __future__ import annotations
 
@@ -50,15 +54,19 @@ def _child(path: str, chunk_bytes: int) -> None:
         loader.CHUNK_BYTES = loader.PARALLEL_CHUNK_BYTES = chunk_bytes
         text._OUT_BYTES = min(text._OUT_BYTES, chunk_bytes)  # one cut per text block
         decode_workers.PARALLEL_MIN_BYTES = 0
+    from tb_bottleneck_plugin.trace import native
+
     sent = []
     close = decode_workers._ChunkSink.close
     decode_workers._ChunkSink.close = lambda self: (sent.append(self.sent), close(self))[1]
     trace = loader.load_trace(path)
-    sys.stdout.write(json.dumps({"digest": digest(trace), "sent": sum(sent)}))
+    sys.stdout.write(json.dumps({"digest": digest(trace), "sent": sum(sent), "native": native.stats}))
 
 
-def load_digest(path: str, workers: int, chunk_bytes: int) -> dict:
+def load_digest(path: str, workers: int, chunk_bytes: int, native=None) -> dict:
     env = {**os.environ, "TB_BOTTLENECKS_DECODE_PROCESSES": str(workers)}
+    if native is not None:
+        env["TB_BOTTLENECKS_NATIVE_DECODE"] = "1" if native else "0"
     run = subprocess.run([sys.executable, __file__, "--child", path, "--chunk-bytes", str(chunk_bytes)],
                          cwd=REPO, env=env, capture_output=True, text=True)
     if run.returncode != 0:
@@ -71,11 +79,15 @@ def main() -> int:
     ap.add_argument("files", nargs="*")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--chunk-bytes", type=int, default=0)
+    ap.add_argument("--native", action="store_true",
+                    help="msgspec in-process against the native scanner in-process and with --workers")
     ap.add_argument("--child")
     args = ap.parse_args()
     if args.child:
         _child(args.child, args.chunk_bytes)
         return 0
+    if args.native:
+        return compare_native(args)
     files = args.files or ([str(BENCH_FILE)] if BENCH_FILE.exists() else []) + sorted(
         str(p) for p in (SHARED / "traces").rglob("*.json*") if p.is_file())
     bad = 0
@@ -92,6 +104,37 @@ def main() -> int:
               + (f": {diff}" if diff else ""))
         bad += bool(diff)
     print(f"{len(files) - bad} of {len(files)} files identical")
+    return 1 if bad else 0
+
+
+def _files(args) -> list:
+    return args.files or ([str(BENCH_FILE)] if BENCH_FILE.exists() else []) + sorted(
+        str(p) for p in (SHARED / "traces").rglob("*.json*") if p.is_file())
+
+
+def compare_native(args) -> int:
+    """The msgspec way against the native scanner, in-process and with workers."""
+    files = _files(args)
+    bad = 0
+    for path in files:
+        parts = []
+        same = True
+        for workers in (0, args.workers):
+            ref = load_digest(path, workers, args.chunk_bytes, native=False)
+            got = load_digest(path, workers, args.chunk_bytes, native=True)
+            if "error" in ref or "error" in got:
+                ok = ref.get("error") == got.get("error")
+                parts.append(f"{workers} workers: error {'same' if ok else 'DIFFERENT'} ({got.get('error')})")
+            else:
+                diff = [k for k in ref["digest"] if ref["digest"][k] != got["digest"].get(k)]
+                ok = not diff
+                stats = got["native"]  # the loading process's chunks (a worker's are its own)
+                parts.append(f"{workers} workers: {'same' if ok else f'DIFFERENT {diff}'} (here native "
+                             f"{stats['native']}, fallback {stats['fallback']}; chunks sent {got['sent']})")
+            same = same and ok
+        print(f"{'same' if same else 'DIFFERENT'} {path}: " + "; ".join(parts))
+        bad += not same
+    print(f"{len(files) - bad} of {len(files)} files identical (native vs msgspec)")
     return 1 if bad else 0
 
 

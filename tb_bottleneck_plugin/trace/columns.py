@@ -467,6 +467,19 @@ class _Builder:
         if keep is not None:
             table = table.take(keep)
             rows = rows[keep]
+        self._record_inputs(table, rows, dims, types, lambda row: args[row].concrete_inputs)
+        files = list(map(_KERNEL_FILE, args))  # Inductor launches only (few): one C-level pass
+        if files.count(None) != len(files):
+            self._add_kernel_launches(args, files, keep)
+        self.cpu_rows += len(table)
+        self._span(table.ts, table.ts + table.dur)
+        self.cpu.append(table)
+
+    def _record_inputs(self, table, rows: np.ndarray, dims, types, concrete) -> None:
+        """The recorded inputs of ``table`` (a CPU block after its dropped rows; ``rows``:
+        each kept row's index in the block) for the ops SHAPE_OP_MARKERS names: ``dims[row]``,
+        ``types[row]`` their texts (b"" when absent), ``concrete(row)`` "Concrete Inputs".
+        Shared with the native decoding (native.py)."""
         # Shapes and dtypes only for the few ops the Tensor Core analysis reports: the
         # rows of those names, found per distinct name (not per row).
         cache = self._shape_name_cache
@@ -487,16 +500,12 @@ class _Builder:
                 self.op_inputs.dims[index] = self._decoded(dims[row])
             if types[row]:
                 self.op_inputs.types[index] = self._decoded(types[row])
-            if p2p_ids and len(args[row].concrete_inputs) and int(table.name[local]) in p2p_ids:
-                peer = _peer_of(self._decoded(args[row].concrete_inputs))
-                if peer is not None:
-                    self.op_inputs.peers[index] = peer
-        files = list(map(_KERNEL_FILE, args))  # Inductor launches only (few): one C-level pass
-        if files.count(None) != len(files):
-            self._add_kernel_launches(args, files, keep)
-        self.cpu_rows += len(table)
-        self._span(table.ts, table.ts + table.dur)
-        self.cpu.append(table)
+            if p2p_ids and int(table.name[local]) in p2p_ids:
+                text = concrete(row)
+                if len(text):
+                    peer = _peer_of(self._decoded(text))
+                    if peer is not None:
+                        self.op_inputs.peers[index] = peer
 
     def _add_kernel_launches(self, args: list, files: list, keep) -> None:
         """Kernel file/hash/backend of the events (of this block) that carry them, keyed by

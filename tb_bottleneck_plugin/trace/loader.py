@@ -55,6 +55,7 @@ from .events import (
 )
 from .text import _max_decompressed, _Prefetcher, _text_blocks  # noqa: F401 - _max_decompressed re-exported
 from .decode_workers import _ChunkSink
+from .native import decode_into
 
 CHUNK_BYTES = 4 << 20  # decoded text per chunk: big enough to amortise, small for memory (8 MB
 # chunks: the same CPU, 12 MB more peak RSS on the 292 MB benchmark; benchmarks/README.md)
@@ -251,7 +252,7 @@ def _load_stream(stream, source: str, gzipped: bool, progress, limit: int) -> mo
         try:
             sink.drain()  # chunks in order before the tail
             if meta.container == "array":
-                builder.add(_decode_events(tail, builder))
+                decode_into(tail, builder)
             else:
                 builder.add(_decode_object(b'{"traceEvents":' + tail, builder, meta, source) or [])
         except (msgspec.DecodeError, UnicodeDecodeError):

@@ -1,0 +1,492 @@
+"""A chunk of event JSON straight to columns through the optional C scanner (issue 39).
+
+Part of the loader: `decode_into` is what every chunk goes through (in-process and in
+decode workers). The C extension `_fastscan` (built by setup.py when a compiler is there)
+reads the chunk into per-field value arrays without a Python object per event; this module
+then builds exactly the blocks `_Builder.add` would from the msgspec events: the same
+grouping by category, the same string ids in the same first-seen order (interning goes
+through the builder's own `intern`/`_raw_ids`/`_optional_ids`, once per distinct text), the
+same columns, recorded inputs, launches and counters.
+
+Only the clean case is handled here. The scanner answers None for anything unusual in the
+text (see _fastscan.c), and this module raises `_NotHandled`, before it changes the builder,
+for values whose handling would warn or count a field problem (negative sizes, values beyond
+int32, strings in float fields, ...): such a chunk goes the msgspec way (`events.
+_decode_events` + `_Builder.add`) unchanged, so lenient decoding and its warnings live in
+one place. TB_BOTTLENECKS_NATIVE_DECODE=0 turns this path off.
+"""
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+from typing import List
+
+import numpy as np
+
+from . import model
+from .columns import _CPU_KIND, _GPU_ANNOTATION, _GPU_KIND, _NOT_HOST, _RUNTIME
+from .events import _checked_int, _decode_events
+
+try:
+    from . import _fastscan
+except ImportError:  # no compiler at install time: the msgspec way only
+    _fastscan = None
+
+# Field order of the scanner's result (EVENT_FIELDS then ARGS_FIELDS in _fastscan.c).
+(PH, CAT, NAME, PID, TID, TS, DUR, ARGS,
+ DEVICE, STREAM, CORRELATION, EXT, EXT_OLD, REGISTERS, SHARED_MEMORY, BLOCKS_PER_SM, WARPS_PER_SM,
+ OCCUPANCY_PCT, BYTES, SIZE, DEVICE_TYPE, DEVICE_ID, MEM_BYTES, TOTAL_ALLOCATED, TOTAL_RESERVED, ADDR,
+ IN_NELEMS, OUT_NELEMS, GROUP_SIZE, PG_NAME, SEQ, SEQUENCE,
+ DTYPE, COLL_NAME, KERNEL_FILE, KERNEL_HASH, KERNEL_BACKEND,
+ PG_RANKS, INPUT_DIMS, INPUT_DIMS_2020, INPUT_TYPE, CONCRETE, CALL_STACK,
+ GRID, BLOCK, OCCUPANCY) = range(46)
+NF = 46
+LAYOUT = 1  # of the result; _fastscan.c says which it writes
+# value kinds
+K_ABSENT, K_NULL, K_INT, K_FLOAT, K_STR, K_RAW, K_LIST3, K_OBJECT = range(8)
+if _fastscan is not None and (getattr(_fastscan, "NF", None), getattr(_fastscan, "LAYOUT", None)) != (NF, LAYOUT):
+    _fastscan = None  # a build of another version of _fastscan.c: not used
+
+# chunks decoded each way in this process (tests: the scanner is really used)
+stats = {"native": 0, "fallback": 0}
+
+
+def available() -> bool:
+    """The scanner is built and not switched off (TB_BOTTLENECKS_NATIVE_DECODE=0)."""
+    return _fastscan is not None and os.environ.get("TB_BOTTLENECKS_NATIVE_DECODE", "").strip() != "0"
+
+
+def decode_into(payload, builder) -> None:
+    """The events of one chunk (JSON array text) into ``builder``: natively when the chunk
+    is the clean case, else `_decode_events` + `_Builder.add`, as before."""
+    if not add_native(payload, builder):
+        builder.add(_decode_events(payload, builder))
+
+
+class _NotHandled(Exception):
+    pass
+
+
+def add_native(payload, builder) -> bool:
+    """`builder.add(_decode_events(payload, builder))` without per-event objects; False
+    (the builder untouched) when the chunk is not the clean case."""
+    if not available():
+        return False
+    result = _fastscan.scan(payload)
+    if result is None:
+        stats["fallback"] += 1
+        return False
+    try:
+        chunk = _Chunk(result, payload)
+        plan = chunk.plan()
+    except _NotHandled:
+        stats["fallback"] += 1
+        return False
+    plan(builder)
+    stats["native"] += 1
+    return True
+
+
+def _first_seen(local: np.ndarray) -> np.ndarray:
+    """The distinct ids >= 0 of ``local`` in the order they first occur."""
+    local = local[local >= 0]
+    if not len(local):
+        return local
+    ids, first = np.unique(local, return_index=True)
+    return ids[np.argsort(first, kind="stable")]
+
+
+def _mapped(local: np.ndarray, order: np.ndarray, ids: np.ndarray, size: int) -> np.ndarray:
+    """``local`` (ids < size, -1 absent) through order -> ids; -1 stays -1."""
+    lut = np.full(size + 1, -1, np.int32)
+    lut[order] = ids
+    return lut[local]
+
+
+class _Chunk:
+    def __init__(self, result, payload):
+        n, kinds, values, dims, spans = result
+        self.n = n
+        self.kinds = np.frombuffer(kinds, np.uint8).reshape(n, NF)
+        self.values = np.frombuffer(values, np.int64).reshape(n, NF)
+        self.dims = np.frombuffer(dims, np.int64).reshape(n, 6)
+        view = memoryview(payload)
+        try:
+            self.texts: List[bytes] = [bytes(view[o:o + size]) for o, size in
+                                       np.frombuffer(spans, np.int64).reshape(-1, 2).tolist()]
+        finally:
+            view.release()
+        self.strs: List[str] = [t.decode("utf-8") for t in self.texts]  # valid UTF-8 (checked)
+        self._numeric_strings = {}
+
+    # ------------------------------------------------------------------ columns
+    def str_ids(self, field: int, rows) -> np.ndarray:
+        """Local text ids of a string/raw field (-1: absent or null)."""
+        k = self.kinds[rows, field]
+        return np.where((k == K_STR) | (k == K_RAW), self.values[rows, field], -1)
+
+    def floats(self, field: int, rows, nonnegative: bool = False) -> np.ndarray:
+        """`columns._float_col` of a numeric field (NaN: absent or null)."""
+        k = self.kinds[rows, field]
+        v = self.values[rows, field]
+        if (k == K_STR).any():
+            raise _NotHandled
+        out = np.where(k == K_INT, v.astype(np.float64), np.where(k == K_FLOAT, v.view(np.float64), np.nan))
+        if nonnegative and (out < 0).any():  # `_Builder._floats` would count them
+            raise _NotHandled
+        return out
+
+    def ints(self, rows, *fields, min_value=None, int32: bool = False) -> np.ndarray:
+        """`_Builder._ints` / `columns._int_col` of the first present of ``fields`` (as the
+        builder's ``a.x if a.x is not None else ...``), without anything to count."""
+        k = self.kinds[rows, fields[0]]
+        v = self.values[rows, fields[0]]
+        for field in fields[1:]:
+            none = k <= K_NULL
+            if none.any():
+                k = np.where(none, self.kinds[rows, field], k)
+                v = np.where(none, self.values[rows, field], v)
+        if (k == K_FLOAT).any():
+            raise _NotHandled
+        out = np.where(k == K_INT, v, -1)
+        is_str = k == K_STR
+        if is_str.any():
+            texts = np.unique(v[is_str]).tolist()
+            numpy_values = [self._numpy_int(t) for t in texts]
+            if all(x is not None for x in numpy_values):  # np.fromiter takes the whole column
+                mapped = numpy_values
+            else:  # value by value (_checked_int)
+                mapped = []
+                for t in texts:
+                    x, problem = _checked_int(self.strs[t])
+                    if problem:
+                        raise _NotHandled
+                    mapped.append(x)
+            lut = dict(zip(texts, mapped))
+            out[is_str] = [lut[t] for t in v[is_str].tolist()]
+        if min_value is not None and (out < min_value).any():
+            raise _NotHandled
+        if int32:
+            if ((out < -(1 << 31)) | (out >= (1 << 31))).any():
+                raise _NotHandled
+            return out.astype(np.int32)
+        return out
+
+    def _numpy_int(self, t: int):
+        """What np.fromiter makes of the string (None: it raises)."""
+        cache = self._numeric_strings
+        if t not in cache:
+            try:
+                cache[t] = int(np.fromiter([self.strs[t]], np.int64, 1)[0])
+            except (TypeError, ValueError, OverflowError):
+                cache[t] = None
+        return cache[t]
+
+    def times(self, rows):
+        """`_Builder._times`: (ts, dur, keep, counters)."""
+        ts = self.floats(TS, rows)
+        dur = self.floats(DUR, rows)
+        bad_ts = ~np.isfinite(ts)
+        bad_dur = ~np.isfinite(dur)
+        keep = None
+        counts = [0, 0, 0]  # dropped_bad_ts, dropped_missing_dur, negative_dur
+        if bad_ts.any() or bad_dur.any():
+            counts[0] = int(bad_ts.sum())
+            counts[1] = int((bad_dur & ~bad_ts).sum())
+            keep = ~(bad_ts | bad_dur)
+        neg = dur < 0
+        if neg.any():
+            counts[2] = int(neg.sum())
+            dur = np.where(neg, 0.0, dur)
+        with np.errstate(over="ignore", invalid="ignore"):
+            overflow = ~np.isfinite(ts + dur) & np.isfinite(ts) & np.isfinite(dur)
+        if overflow.any():  # a field problem the builder notes
+            raise _NotHandled
+        return ts, dur, keep, counts
+
+    # ------------------------------------------------------------------ the chunk
+    def plan(self):
+        """Everything that may turn out unusual, computed; returns the function that adds
+        the blocks to a builder (interning in `_Builder.add`'s order), which cannot fail."""
+        n = self.n
+        kinds, values = self.kinds, self.values
+        strs = self.strs
+        empty, none = len(strs), len(strs) + 1  # name absent: "", null: None (interned as "None")
+        strs.extend(["", "None"])
+        nk = kinds[:, NAME]
+        name = np.where(nk == K_STR, values[:, NAME], np.where(nk == K_ABSENT, empty, none))
+        x_id = next((i for i, t in enumerate(self.texts) if t == b"X"), -2)
+        memory_id = next((i for i, t in enumerate(self.texts) if t == b"[memory]"), -2)
+        is_memory = (nk == K_STR) & (values[:, NAME] == memory_id)
+        is_x = (kinds[:, PH] == K_STR) & (values[:, PH] == x_id)
+        complete = np.flatnonzero(is_x & ~is_memory)
+        memory_rows = np.flatnonzero(is_memory)
+        cat = self.str_ids(CAT, complete)
+
+        gpu, gpu_kind, runtime, driver, cpu, cpu_kind, cpu_cats, annotations = [], [], [], [], [], [], [], []
+        counts = []  # (category key, events) in first-seen order
+        profiler = []
+        # buckets in first-seen order, the absent/null category (None) among them
+        order = _first_seen(np.where(cat < 0, len(strs), cat))
+        for c in order.tolist():
+            rows = complete[np.where(cat < 0, len(strs), cat) == c]
+            value = None if c == len(strs) else strs[c]
+            key = value if value is not None else ""
+            counts.append((key, len(rows)))
+            low = value.lower() if value is not None else None
+            if low in _GPU_KIND:
+                gpu.append(rows)
+                gpu_kind.append(np.full(len(rows), _GPU_KIND[low], np.int8))
+            elif low in _RUNTIME:
+                runtime.append(rows)
+                driver.append(np.full(len(rows), _RUNTIME[low], np.bool_))
+            elif low in _GPU_ANNOTATION or (low is not None and low.startswith("gpu_user")):
+                annotations.append(rows)
+            elif low in _NOT_HOST:
+                if low == "trace":
+                    profiler.append(rows)
+            else:
+                cpu.append(rows)
+                cpu_kind.append(np.full(len(rows), _CPU_KIND.get(low, model.CPU_OTHER), np.int8))
+                cpu_cats.append(("" if value is None else value, len(rows)))
+
+        def cat_rows(parts):
+            return np.concatenate(parts) if parts else np.empty(0, np.int64)
+
+        gpu_step = self._gpu(cat_rows(gpu), cat_rows(gpu_kind).astype(np.int8), name)
+        runtime_step = self._runtime(cat_rows(runtime), cat_rows(driver).astype(np.bool_), name)
+        cpu_step = self._cpu(cat_rows(cpu), cat_rows(cpu_kind).astype(np.int8), cpu_cats, name)
+        memory_step = self._memory(memory_rows)
+        annotation_step = self._annotations(cat_rows(annotations), name)
+        spans = []
+        for rows in profiler:
+            ts, dur = self.floats(TS, rows), self.floats(DUR, rows)
+            ok = np.isfinite(ts) & np.isfinite(dur) & (dur >= 0)
+            if ok.any():
+                spans.append((float(ts[ok].min()), float((ts[ok] + dur[ok]).max())))
+
+        def apply(builder) -> None:
+            builder.event_count += n
+            totals = builder.category_counts
+            for key, k in counts:
+                totals[key] = totals.get(key, 0) + k
+            if len(memory_rows):
+                totals["[memory]"] = totals.get("[memory]", 0) + len(memory_rows)
+            for first, last in spans:
+                builder.profiler_first_ts = min(builder.profiler_first_ts, first)
+                builder.profiler_last_ts = max(builder.profiler_last_ts, last)
+            for step in (gpu_step, runtime_step, cpu_step, memory_step, annotation_step):
+                if step is not None:
+                    step(builder)
+
+        return apply
+
+    # ------------------------------------------------------------------ blocks
+    def _names(self, builder, name: np.ndarray, rows) -> np.ndarray:
+        """`builder.intern` of the rows' names, each distinct name once in first-seen order."""
+        local = name[rows]
+        order = _first_seen(local)
+        ids = builder.intern([self.strs[i] for i in order.tolist()])
+        return _mapped(local, order, ids, len(self.strs))
+
+    def _raw_ids(self, builder, local: np.ndarray) -> np.ndarray:
+        """`builder._raw_ids` of raw texts (-1 absent), each distinct text once."""
+        order = _first_seen(local)
+        if not len(order):
+            return np.full(len(local), -1, np.int32)
+        ids = builder._raw_ids([self.texts[i] for i in order.tolist()])
+        return _mapped(local, order, ids, len(self.strs))
+
+    def _optional_ids(self, builder, local: np.ndarray) -> np.ndarray:
+        order = _first_seen(local)
+        if not len(order):
+            return np.full(len(local), -1, np.int32)
+        ids = builder._optional_ids([self.strs[i] for i in order.tolist()])
+        return _mapped(local, order, ids, len(self.strs))
+
+    @staticmethod
+    def _counted(builder, counts) -> None:
+        builder.dropped_bad_ts += counts[0]
+        builder.dropped_missing_dur += counts[1]
+        builder.negative_dur += counts[2]
+
+    def _gpu(self, rows, kind, name):
+        if not len(rows):
+            return None
+        ts, dur, keep, counts = self.times(rows)
+        occupancy = self.kinds[rows, OCCUPANCY]
+        if (occupancy > K_NULL).any():  # the scanner takes null only; kept for safety
+            raise _NotHandled
+        dims = self.dims[rows]
+        nelems_kind = self.kinds[rows, IN_NELEMS]
+        coll = np.flatnonzero(nelems_kind > K_NULL)
+        columns = dict(
+            kind=kind, ts=ts, dur=dur,
+            device=self.ints(rows, DEVICE, PID, int32=True),
+            stream=self.ints(rows, STREAM, TID),
+            correlation=self.ints(rows, CORRELATION),
+            external_id=self.ints(rows, EXT, EXT_OLD),
+            grid_x=dims[:, 0], grid_y=dims[:, 1], grid_z=dims[:, 2],
+            block_x=dims[:, 3], block_y=dims[:, 4], block_z=dims[:, 5],
+            registers_per_thread=self.ints(rows, REGISTERS, min_value=-1),
+            shared_memory=self.ints(rows, SHARED_MEMORY, min_value=-1),
+            blocks_per_sm=self.floats(BLOCKS_PER_SM, rows, nonnegative=True),
+            warps_per_sm=self.floats(WARPS_PER_SM, rows, nonnegative=True),
+            achieved_occupancy_pct=self.floats(OCCUPANCY_PCT, rows, nonnegative=True),
+            occupancy_limit=np.full(len(rows), -1, np.int32),
+            bytes=self.ints(rows, BYTES, SIZE, min_value=-1),
+            msg_nelems=self.ints(rows, IN_NELEMS, min_value=-1),
+        )
+        dtype_local = self.str_ids(DTYPE, rows)
+        collective = None
+        if len(coll):
+            crow = rows[coll]
+            pg_kind = self.kinds[crow, PG_NAME]
+            if (pg_kind == K_FLOAT).any():
+                raise _NotHandled
+            pg_name = [None if k <= K_NULL else self.strs[v] if k == K_STR else str(v)
+                       for k, v in zip(pg_kind.tolist(), self.values[crow, PG_NAME].tolist())]
+            collective = dict(
+                msg_out_nelems=self.ints(crow, OUT_NELEMS, min_value=-1),
+                group_size=self.ints(crow, GROUP_SIZE, min_value=-1),
+                seq=self.ints(crow, SEQ, min_value=-1),
+                coll_name=self.str_ids(COLL_NAME, crow), pg_name=pg_name, pg_ranks=self.str_ids(PG_RANKS, crow))
+
+        def step(builder):
+            table = model.GpuTable(name=self._names(builder, name, rows),
+                                   msg_dtype=self._optional_ids(builder, dtype_local), **columns)
+            if collective is not None:
+                table.msg_out_nelems[coll] = collective["msg_out_nelems"]
+                table.group_size[coll] = collective["group_size"]
+                table.seq[coll] = collective["seq"]
+                table.coll_name[coll] = self._optional_ids(builder, collective["coll_name"])
+                table.pg_name[coll] = builder._optional_ids(collective["pg_name"])
+                table.pg_ranks[coll] = self._raw_ids(builder, collective["pg_ranks"])
+            if keep is not None:
+                table = table.take(keep)
+            self._counted(builder, counts)
+            builder._span(table.ts, table.ts + table.dur)
+            builder.gpu.append(table)
+
+        return step
+
+    def _runtime(self, rows, driver, name):
+        if not len(rows):
+            return None
+        ts, dur, keep, counts = self.times(rows)
+        columns = dict(
+            pid=self.ints(rows, PID), tid=self.ints(rows, TID), ts=ts, dur=dur,
+            correlation=self.ints(rows, CORRELATION), external_id=self.ints(rows, EXT, EXT_OLD),
+            is_driver=driver)
+
+        def step(builder):
+            table = model.RuntimeTable(name=self._names(builder, name, rows), **columns)
+            if keep is not None:
+                table = table.take(keep)
+            self._counted(builder, counts)
+            builder._span(table.ts, table.ts + table.dur)
+            builder.runtime.append(table)
+
+        return step
+
+    def _cpu(self, rows, kind, cat_runs, name):
+        if not len(rows):
+            return None
+        ts, dur, keep, counts = self.times(rows)
+        columns = dict(
+            kind=kind, pid=self.ints(rows, PID), tid=self.ints(rows, TID), ts=ts, dur=dur,
+            external_id=self.ints(rows, EXT), sequence=self.ints(rows, SEQUENCE))
+        dims = self.str_ids(INPUT_DIMS, rows)
+        dims = np.where(dims >= 0, dims, self.str_ids(INPUT_DIMS_2020, rows))
+        types = self.str_ids(INPUT_TYPE, rows)
+        stacks = self.str_ids(CALL_STACK, rows)
+        concrete = self.str_ids(CONCRETE, rows)
+        files = self.str_ids(KERNEL_FILE, rows)
+        texts = self.texts
+
+        def text_of(local):
+            return lambda row: texts[local[row]] if local[row] >= 0 else b""
+
+        class _Texts:  # dims[row] / types[row] as the builder's lists of bytes give them
+            def __init__(self, local):
+                self.get = text_of(local)
+
+            def __getitem__(self, row):
+                return self.get(row)
+
+        def step(builder):
+            names = self._names(builder, name, rows)
+            cats = np.repeat(builder.intern([c for c, _ in cat_runs]), [k for _, k in cat_runs])
+            call_stack = self._raw_ids(builder, stacks)  # before the inputs, as `_add_cpu` interns
+            table = model.CpuTable(category=cats, name=names, input_dims=self._raw_ids(builder, dims),
+                                   input_types=self._raw_ids(builder, types), call_stack=call_stack, **columns)
+            index = np.arange(len(rows))
+            if keep is not None:
+                table = table.take(keep)
+                index = index[keep]
+            builder._record_inputs(table, index, _Texts(dims), _Texts(types), text_of(concrete))
+            if (files >= 0).any():
+                self._launches(builder, rows, files, keep)
+            builder.cpu_rows += len(table)
+            builder._span(table.ts, table.ts + table.dur)
+            self._counted(builder, counts)
+            builder.cpu.append(table)
+
+        return step
+
+    def _launches(self, builder, rows, files, keep) -> None:
+        """`_Builder._add_kernel_launches` of the block's Inductor launches."""
+        file_list = [None if f < 0 else self.strs[f] for f in files.tolist()]
+        hashes = self.str_ids(KERNEL_HASH, rows).tolist()
+        backends = self.str_ids(KERNEL_BACKEND, rows).tolist()
+
+        class _Args:
+            def __getitem__(_, row):
+                return SimpleNamespace(kernel_hash=None if hashes[row] < 0 else self.strs[hashes[row]],
+                                       kernel_backend=None if backends[row] < 0 else self.strs[backends[row]])
+
+        builder._add_kernel_launches(_Args(), file_list, keep)
+
+    def _memory(self, rows):
+        if not len(rows):
+            return None
+        ts = self.floats(TS, rows)
+        keep = np.isfinite(ts)
+        table = model.MemoryTable(
+            ts=ts,
+            device_type=self.ints(rows, DEVICE_TYPE, int32=True),
+            device_id=self.ints(rows, DEVICE_ID, int32=True),
+            bytes=self.ints(rows, MEM_BYTES),
+            total_allocated=self.ints(rows, TOTAL_ALLOCATED, min_value=-1),
+            total_reserved=self.ints(rows, TOTAL_RESERVED, min_value=-1),
+            addr=self.ints(rows, ADDR),
+            pid=self.ints(rows, PID), tid=self.ints(rows, TID),
+        )
+        dropped = int((~keep).sum())
+
+        def step(builder):
+            t = table
+            if not keep.all():
+                builder.dropped_bad_ts += dropped
+                t = t.take(keep)
+            builder._span(t.ts, t.ts)
+            builder.memory.append(t)
+
+        return step
+
+    def _annotations(self, rows, name):
+        if not len(rows):
+            return None
+        ts, dur, keep, counts = self.times(rows)
+        device = self.ints(rows, DEVICE, PID, int32=True)
+        stream = self.ints(rows, STREAM, TID)
+
+        def step(builder):
+            table = model.GpuAnnotationTable(name=self._names(builder, name, rows), ts=ts, dur=dur,
+                                             device=device, stream=stream)
+            if keep is not None:
+                table = table.take(keep)
+            self._counted(builder, counts)
+            builder.annotations.append(table)
+
+        return step
