@@ -65,7 +65,11 @@ def test_nesting_matches_the_definition_and_subsets_derive_exactly(seed, block, 
     depth, parent = op._nesting(pid, tid, ts, end, container)
     bd, bp = _brute(pid, tid, ts, end)
     assert np.array_equal(depth, bd) and np.array_equal(parent, bp)
-    assert op._laminar(ts, end, depth, parent)
+    assert op._laminar(ts, end, parent)
+    no_depth = np.full(len(ts), -1, np.int64)  # the host nesting's form: the same parents, no depth
+    assert op._nesting(pid, tid, ts, end, no_depth, want_depth=False)[0] is None
+    assert np.array_equal(op._nesting(pid, tid, ts, end, want_depth=False)[1], bp)
+    assert np.array_equal(no_depth, container)
     host = {"parent": parent, "ts": ts, "end": end, "container": container}
     for _ in range(4):
         rows = np.flatnonzero(rng.random(len(ts)) < 0.6)
@@ -79,7 +83,25 @@ def test_a_partial_overlap_is_not_laminar_and_the_ops_are_nested_alone():
     pid, tid = np.array([1, 1, 1]), np.array([1, 1, 1])
     ts, end = np.array([0.0, 5.0, 6.0]), np.array([10.0, 15.0, 7.0])
     depth, parent = op._nesting(pid, tid, ts, end)
-    assert not op._laminar(ts, end, depth, parent)
+    assert not op._laminar(ts, end, parent)
+
+
+@pytest.mark.parametrize("block", [None, 3])
+@pytest.mark.parametrize("seed", range(20))
+def test_laminar_from_the_parents_equals_the_depth_definition(seed, block, monkeypatch):
+    # random sets, most of them overlapping without nesting: a positive-length interval
+    # inside some other (depth > 0) is one with a parent, and the test reads only those
+    if block:
+        monkeypatch.setattr(op, "_WALK_BLOCK", block)
+    rng = np.random.default_rng(seed)
+    n = 40
+    pid, tid = np.ones(n, np.int64), rng.integers(0, 2, n)
+    ts = rng.integers(0, 50, n).astype(np.float64)
+    end = ts + rng.integers(0, 3 if seed % 2 else 30, n)
+    depth, parent = op._nesting(pid, tid, ts, end)
+    chk = (end > ts) & (depth > 0)
+    by_depth = bool((parent[chk] >= 0).all() and (end[chk] <= end[np.maximum(parent[chk], 0)]).all())
+    assert op._laminar(ts, end, parent) == by_depth
 
 
 _REAL = [TRACES / "h100" / "gpt2_bf16_eager", DEMO_LOGS / "resnet50_v100_nw0",
