@@ -243,7 +243,7 @@ def source_view(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = Non
         key[hit] = lut[cpu.call_stack[cs[hit]]]
         how[hit & (key >= 0)] = 2
     # --- autograd-engine threads: adopt the waiting Python thread's context ---------------
-    anchor = np.arange(n)
+    anchor = None  # (np.arange(n), made only when an event adopts another's: 8 bytes per node)
     in_bwd = _nearest(parent, is_bwd) if is_bwd.any() else None
     thr = host["thread"]  # dense thread ids, in (pid, tid) order
     n_thr = int(thr.max()) + 1 if n else 0
@@ -268,6 +268,7 @@ def source_view(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = Non
                 ok = cand >= 0
                 ok[ok] = cs_bwd[cpu.call_stack[cand[ok]]]
                 got = q[ok]
+                anchor = np.arange(n) if anchor is None else anchor
                 anchor[got] = cand[ok]
                 key[got] = key[cand[ok]]
                 how[got] = 4
@@ -288,6 +289,7 @@ def source_view(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = Non
             ok = cand >= 0
             ok[ok] = in_bwd[cand[ok]] >= 0
             got = q[ok]
+            anchor = np.arange(n) if anchor is None else anchor
             anchor[got] = cand[ok]
             key[got] = key[cand[ok]]
             how[got] = 3
@@ -322,6 +324,7 @@ def source_view(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = Non
     # --- per line ------------------------------------------------------------------------
     op_near = _nearest(parent, is_op)
     top_op = is_op & _strict_none(parent, op_near) & inc_node
+    del op_near  # (8 bytes per node, not held through the sections below)
     nk = len(keys.names)
     lines = {
         "cpu_us": np.bincount(key[top_op & (key >= 0)], dur[top_op & (key >= 0)], minlength=nk),
@@ -605,7 +608,8 @@ def _labels(trace, steps, thr, ts, anchor, g_node, inc_gpu, gdur, h_lo, h_hi):
     thread's for autograd-engine calls) and its gpu_user_annotation time."""
     cpu, S = trace.cpu, trace.strings
     step_ids = trace.string_ids(lambda s: s.startswith("ProfilerStep#"))
-    rows = np.flatnonzero((cpu.kind == CPU_USER_ANNOTATION) & ~np.isin(cpu.name, step_ids))
+    rows = np.flatnonzero(cpu.kind == CPU_USER_ANNOTATION)
+    rows = rows[~np.isin(cpu.name[rows], step_ids)]  # (the few annotations' names: no isin over every event)
     if not len(rows):
         return [], 0.0
     merged = iv.merge(h_lo, h_hi)
@@ -618,7 +622,7 @@ def _labels(trace, steps, thr, ts, anchor, g_node, inc_gpu, gdur, h_lo, h_hi):
     union = float(iv.covered_in(iv.merge(ts[rows], r_end), h_lo, h_hi).sum()) if len(h_lo) else 0.0
     # GPU activity by its anchor (thread, start)
     sel = np.flatnonzero(inc_gpu & (g_node >= 0))
-    a = anchor[g_node[sel]]
+    a = np.asarray(g_node[sel], np.int64) if anchor is None else anchor[g_node[sel]]  # (None: each its own)
     g_in = _sum_inside(thr[a], ts[g_node[sel]], gdur[sel], thr[rows], ts[rows], r_end)
     ga = trace.gpu_annotations
     g_inc = _in_windows(ga.ts, *_sorted_windows(steps.inc_start, steps.inc_end))
@@ -652,6 +656,11 @@ def _compute(span) -> dict:
     # benchmark) but the op nesting, derived from it: derive that now, then let it go, its
     # time columns reused for the ops' (operators.op_nesting, consume_host)
     span.release("host_nesting")
+    # the view's freed per-node masks and blocks back to the system first (trace/heap.py): glibc kept
+    # ~470 MiB of them on 10M tiny events, under the derivation's arrays (the section's peak)
+    from ..trace import heap
+
+    heap.release_free_memory()
     span.once("op_nesting", lambda: op_nesting(span.trace, host, consume_host=True))  # (span_op_nesting's key)
     return section
 
