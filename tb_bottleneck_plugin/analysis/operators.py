@@ -379,29 +379,30 @@ def op_nesting(trace: TraceData, host: Optional[Dict[str, np.ndarray]] = None, *
     """The CPU op nesting of one trace, the one computation of it (the Operator view and
     the step timeline's lanes use it): every CPU op / user annotation except
     ProfilerStep#N, ``rows`` (into trace.cpu), ``ts``, ``dur`` (NaN/negative as 0),
-    ``end``, ``depth`` (0 = inside no other op of the set on its thread) and ``parent``
+    ``depth`` (0 = inside no other op of the set on its thread) and ``parent``
     (index into ``rows`` of the direct parent, -1 for none); see ``_nesting``. Read-only.
     ``host``: ``host_nesting(trace)``, from which it is derived when that nests exactly
     (the same arrays as nesting the ops alone). ``consume_host``: the caller drops ``host``
-    after this call and nothing else holds it; its ts/dur/end buffers (trace.cpu's rows
-    first, the same values as made here) are then reused for the ops' own, in place."""
+    after this call and nothing else holds it; its ts/dur buffers (trace.cpu's rows
+    first, the same values as made here) are then reused for the ops' own, in place.
+    (No ``end``: read by none of its users, and 8 bytes per op held from source attribution
+    to the timeline store, the Operator view's peak.)"""
     cpu = trace.cpu
     rows = _op_rows(trace)
     derived = bool(len(rows)) and host is not None and host["laminar"]
     if derived:  # before the times below: its temporaries are gone when they are made (peak)
         depth, parent = _subset_nesting(host, rows)
         if consume_host:  # (24 bytes per host event not allocated again: source attribution's peak)
-            ts, dur, end = (_gather_in_place(host[k], rows) for k in ("ts", "dur", "end"))
-            return {"rows": rows, "ts": ts, "dur": dur, "end": end, "depth": depth, "parent": parent}
+            ts, dur = (_gather_in_place(host[k], rows) for k in ("ts", "dur"))
+            return {"rows": rows, "ts": ts, "dur": dur, "depth": depth, "parent": parent}
     ts = cpu.ts[rows]
     dur = cpu.dur[rows]  # (a fresh array: NaN/negative fixed in place)
     dur = np.maximum(np.nan_to_num(dur, nan=0.0, copy=False), 0.0, out=dur)
-    end = ts + dur
     if not len(rows):
         depth, parent = (np.zeros(0, np.int64),) * 2
     elif not derived:
-        depth, parent = _nesting(cpu.pid[rows], cpu.tid[rows], ts, end)
-    return {"rows": rows, "ts": ts, "dur": dur, "end": end, "depth": depth, "parent": parent}
+        depth, parent = _nesting(cpu.pid[rows], cpu.tid[rows], ts, ts + dur)
+    return {"rows": rows, "ts": ts, "dur": dur, "depth": depth, "parent": parent}
 
 
 def span_op_nesting(span) -> Dict[str, np.ndarray]:
