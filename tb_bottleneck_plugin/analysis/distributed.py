@@ -20,6 +20,7 @@ import numpy as np
 from ..trace.model import CPU_OP, CPU_USER_ANNOTATION, GPU_KERNEL, GPU_MEMCPY, TraceData
 from . import intervals as iv
 from .breakdown import COMM_CPU_PREFIXES, comm_kernel_mask
+from .factorize import unique_inverse
 from .linking import gpu_runtime_index, innermost_enclosing, span_gpu_runtime, span_op_calls
 from .steps import Steps
 
@@ -500,10 +501,10 @@ def _kernel_family_activity(trace: TraceData, kern: np.ndarray, union, cover) ->
     out = {}
     if not len(rows):
         return {key: cover(union(rows, trace.gpu)) for key in KERNEL_FAMILY_ACTIVITY.values()}
-    uniq, inv = np.unique(names[rows], return_inverse=True)
-    fam = np.array([kernel_family(trace.strings[int(i)]) for i in uniq.tolist()])[inv]
+    uniq, inv = unique_inverse(names[rows])  # (dense name ids: no sort)
+    fam = [kernel_family(trace.strings[int(i)]) for i in uniq.tolist()]
     for family, key in KERNEL_FAMILY_ACTIVITY.items():
-        out[key] = cover(union(rows[fam == family], trace.gpu))
+        out[key] = cover(union(rows[np.array([f == family for f in fam], bool)[inv]], trace.gpu))
     return out
 
 

@@ -241,7 +241,12 @@ def innermost_enclosing(trace: TraceData, cpu_rows, runtime_rows, among: Optiona
     op, call = calls_inside(trace, cpu_rows, among)
     if len(op) == 0 or len(runtime_rows) == 0:
         return out
-    want = np.isin(call, runtime_rows)
+    # np.isin(call, runtime_rows) as a table over the runtime rows (a hash-free lookup)
+    n_rt = len(trace.runtime)
+    wanted = np.zeros(n_rt, bool)
+    wanted[runtime_rows[(runtime_rows >= 0) & (runtime_rows < n_rt)]] = True
+    want = wanted[call]
+    del wanted
     op, call = op[want], call[want]
     if len(op) == 0:
         return out
