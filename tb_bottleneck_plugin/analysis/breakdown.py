@@ -92,10 +92,12 @@ def _intervals_of(trace: TraceData, parts) -> iv.Intervals:
     for table_name, mask in parts:
         t = getattr(trace, table_name)
         starts.append(t.ts[mask])
-        ends.append(t.ts[mask] + t.dur[mask])
+        ends.append(starts[-1] + t.dur[mask])
     if not starts:
         return np.empty(0), np.empty(0)
-    return iv.merge(np.concatenate(starts), np.concatenate(ends))
+    if len(starts) > 1:
+        starts, ends = [np.concatenate(starts)], [np.concatenate(ends)]
+    return iv.merge(starts.pop(), ends.pop())  # (one part: its arrays, not a copy; none held here)
 
 
 @dataclass
@@ -117,7 +119,8 @@ def cumulative_unions(trace: TraceData) -> Dict[str, iv.Intervals]:
     cum_s, cum_e = np.empty(0), np.empty(0)
     for cat in CATEGORIES[:-1]:
         s, e = _intervals_of(trace, masks[cat])
-        cum_s, cum_e = iv.merge(np.concatenate([cum_s, s]), np.concatenate([cum_e, e]))
+        s, e = [np.concatenate([cum_s, s])], [np.concatenate([cum_e, e])]  # (this category's own dropped)
+        cum_s, cum_e = iv.merge(s.pop(), e.pop())
         out[cat] = (cum_s, cum_e)
     return out
 
