@@ -10,14 +10,15 @@
  * over- or underflow, nesting deeper than MAX_DEPTH, a key twice in one object, grid/block
  * that are not 3 integers >= -1, an `occupancy` object, anything after the array.
  *
- * Result: (n, kinds, values, dims, spans), bytes each:
- *   kinds  uint8[n][NF]  per event and field (the F_* order below, mirrored in native.py):
- *          0 absent, 1 null, 2 int, 3 float, 4 string, 5 raw JSON value, 6 list of 3, 7 object
- *   values int64[n][NF]  int: the value; float: its bits (a double); string / raw: the id of
- *                        its text in spans (texts deduplicated by their bytes)
- *   dims   int64[n][6]   grid x y z, block x y z (kind 6)
- *   spans  int64[m][2]   (offset, length) in the chunk of each distinct text: a string's
- *                        content without quotes, a raw value's text as msgspec.Raw keeps it
+ * Result: (n, kinds, values, dims, texts):
+ *   kinds   bytes, uint8[NF][n]  per field (the order below, mirrored in native.py) and event:
+ *           0 absent, 1 null, 2 int, 3 float, 4 string, 5 raw JSON value, 6 list of 3, 7 object
+ *   values  list of NF bytes     per field, int64 values of the events where it is there (kind
+ *           not 0), in order: int: the value; float: its bits (a double); string / raw: the
+ *           index of its text in texts (texts deduplicated by their bytes); else 0
+ *   dims    bytes, int64[n][6]   grid x y z, block x y z (kind 6; else -1)
+ *   texts   list of bytes        each distinct text: a string's content without its quotes,
+ *                                a raw value's text as msgspec.Raw keeps it
  * Numbers: an integer as int64; a float correctly rounded (exact fast path, else strtod).
  * The GIL is released while scanning (the read-ahead thread gunzips meanwhile).
  */
@@ -27,6 +28,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 #define MAX_DEPTH 64
 
@@ -73,11 +77,18 @@ typedef unsigned char uchar;
 
 typedef struct {
     const uchar *base, *p, *end;
-    /* per-event outputs */
+    /* per-event outputs, field-major: field f of event i at f * cap + i */
     size_t n, cap;
     uint8_t *kinds;
-    int64_t *values;
     int64_t *dims;
+    /* per field: the values of the events where it is there (most fields are absent from most
+     * events: a dense array would be mostly zeros) */
+    int64_t *values[64];
+    size_t nvalues[64], capvalues[64];
+    /* per field: its last text (a repeat, e.g. the previous op's call stack, is not hashed) */
+    const uchar *last_text[64];
+    size_t last_len[64];
+    int64_t last_id[64];
     /* distinct texts */
     size_t nspans, spancap;
     int64_t *spans;
@@ -117,6 +128,18 @@ static int grow_table(Scan *s) {
     s->table = t;
     s->tablecap = cap;
     return 0;
+}
+
+static int64_t text_id(Scan *s, const uchar *p, size_t n);
+
+/* text_id of field f's value: the field's previous text compared first. */
+static int64_t field_text_id(Scan *s, int f, const uchar *p, size_t n) {
+    if (s->last_text[f] && s->last_len[f] == n && memcmp(s->last_text[f], p, n) == 0) return s->last_id[f];
+    int64_t id = text_id(s, p, n);
+    s->last_text[f] = p;
+    s->last_len[f] = n;
+    s->last_id[f] = id;
+    return id;
 }
 
 /* The id of the text p[0:n) (a new one if not seen), or -1 when out of memory. */
@@ -170,6 +193,22 @@ static int lex_string(Scan *s, const uchar **start, size_t *len, int allow_escap
     const uchar *p = s->p + 1, *end = s->end;
     const uchar *begin = p;
     for (;;) {
+#ifdef __SSE2__
+        /* 16 bytes at a time to the next quote, backslash, control or non-ASCII byte */
+        const __m128i quote = _mm_set1_epi8('"'), backslash = _mm_set1_epi8('\\'), space = _mm_set1_epi8(0x20);
+        while (end - p >= 16) {
+            __m128i v = _mm_loadu_si128((const __m128i *)p);
+            /* signed: bytes >= 0x80 are negative, so "< 0x20" finds them too */
+            __m128i hit = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, backslash)),
+                                       _mm_cmplt_epi8(v, space));
+            int mask = _mm_movemask_epi8(hit);
+            if (mask) {
+                p += __builtin_ctz((unsigned)mask);
+                break;
+            }
+            p += 16;
+        }
+#endif
         while (p < end && *p >= 0x20 && *p < 0x80 && *p != '"' && *p != '\\') p++;
         if (p >= end) return -1;
         uchar c = *p;
@@ -422,10 +461,29 @@ static int skip_value(Scan *s, int depth) {
     }
 }
 
+/* The slot of field f's value in the current event (0 until written); NULL: out of memory. */
+static int64_t *next_value(Scan *s, int f) {
+    if (s->nvalues[f] == s->capvalues[f]) {
+        size_t cap = s->capvalues[f] ? s->capvalues[f] * 2 : 1024;
+        int64_t *v = realloc(s->values[f], cap * sizeof(int64_t));
+        if (!v) {
+            s->oom = 1;
+            return NULL;
+        }
+        s->values[f] = v;
+        s->capvalues[f] = cap;
+    }
+    int64_t *slot = s->values[f] + s->nvalues[f]++;
+    *slot = 0;
+    return slot;
+}
+
 /* A value of class cls into field f of the current event. */
 static int read_field(Scan *s, int f, int cls, int depth) {
-    size_t at = s->n * NF + (size_t)f;
+    size_t at = (size_t)f * s->cap + s->n;
     uchar c = *s->p;
+    int64_t *value = next_value(s, f);
+    if (!value) return -1;
     if (c == 'n') {
         if (lex_literal(s, "null", 4) < 0) return -1;
         s->kinds[at] = K_NULL;
@@ -439,17 +497,17 @@ static int read_field(Scan *s, int f, int cls, int depth) {
     case C_NUM:
         if (c == '"') {
             if (lex_string(s, &a, &n, 0) < 0) return -1;
-            if ((id = text_id(s, a, n)) < 0) {
+            if ((id = field_text_id(s, f, a, n)) < 0) {
                 s->oom = 1;
                 return -1;
             }
             s->kinds[at] = K_STR;
-            s->values[at] = id;
+            *value = id;
             return 0;
         }
         if (cls == C_NUM && (c == '-' || (c >= '0' && c <= '9'))) {
             int kind;
-            if (lex_number(s, &kind, &s->values[at]) < 0) return -1;
+            if (lex_number(s, &kind, value) < 0) return -1;
             s->kinds[at] = (uint8_t)kind;
             return 0;
         }
@@ -457,12 +515,12 @@ static int read_field(Scan *s, int f, int cls, int depth) {
     case C_RAW: {
         const uchar *from = s->p;
         if (skip_value(s, depth) < 0) return -1;
-        if ((id = text_id(s, from, (size_t)(s->p - from))) < 0) {
+        if ((id = field_text_id(s, f, from, (size_t)(s->p - from))) < 0) {
             s->oom = 1;
             return -1;
         }
         s->kinds[at] = K_RAW;
-        s->values[at] = id;
+        *value = id;
         return 0;
     }
     case C_DIMS: {
@@ -487,7 +545,7 @@ static int read_field(Scan *s, int f, int cls, int depth) {
 
 static int match_key(const uchar *a, size_t n, const FieldDef *defs, const size_t *lens, int count) {
     for (int i = 0; i < count; i++)
-        if (lens[i] == n && memcmp(defs[i].key, a, n) == 0) return i;
+        if (lens[i] == n && (n == 0 || defs[i].key[0] == (char)a[0]) && memcmp(defs[i].key, a, n) == 0) return i;
     return -1;
 }
 
@@ -522,7 +580,8 @@ static int read_object(Scan *s, int is_args, int depth) {
             int f = offset + i;
             if (defs[i].cls == C_ARGS) {
                 if (*s->p == '{') {
-                    s->kinds[s->n * NF + f] = K_OBJECT;
+                    s->kinds[(size_t)f * s->cap + s->n] = K_OBJECT;
+                    if (!next_value(s, f)) return -1;
                     if (read_object(s, 1, depth + 1) < 0) return -1;
                 } else if (read_field(s, f, C_NULLONLY, depth + 1) < 0) {
                     return -1;
@@ -546,16 +605,20 @@ static int read_object(Scan *s, int is_args, int depth) {
     }
 }
 
+/* New field-major arrays (zeroed: absent) with the n events so far copied over. */
 static int grow_events(Scan *s) {
     size_t cap = s->cap ? s->cap * 2 : 4096;
-    uint8_t *k = realloc(s->kinds, cap * NF);
-    if (!k) return -1;
-    s->kinds = k;
-    int64_t *v = realloc(s->values, cap * NF * sizeof(int64_t));
-    if (!v) return -1;
-    s->values = v;
+    uint8_t *k = calloc(cap * NF, 1);
     int64_t *d = realloc(s->dims, cap * 6 * sizeof(int64_t));
-    if (!d) return -1;
+    if (!k || !d) {
+        free(k);
+        if (d) s->dims = d;
+        return -1;
+    }
+    for (size_t f = 0; f < NF && s->n; f++) memcpy(k + f * cap, s->kinds + f * s->cap, s->n);
+    memset(d + s->cap * 6, 0xff, (cap - s->cap) * 6 * sizeof(int64_t)); /* -1 */
+    free(s->kinds);
+    s->kinds = k;
     s->dims = d;
     s->cap = cap;
     return 0;
@@ -576,9 +639,6 @@ static int scan_chunk(Scan *s) {
                 s->oom = 1;
                 return -1;
             }
-            memset(s->kinds + s->n * NF, 0, NF);
-            memset(s->values + s->n * NF, 0, NF * sizeof(int64_t));
-            memset(s->dims + s->n * 6, 0xff, 6 * sizeof(int64_t)); /* -1 */
             if (read_object(s, 0, 1) < 0) return -1;
             s->n++;
             skip_ws(s);
@@ -601,7 +661,7 @@ static int scan_chunk(Scan *s) {
 
 static void scan_free(Scan *s) {
     free(s->kinds);
-    free(s->values);
+    for (int f = 0; f < NF; f++) free(s->values[f]);
     free(s->dims);
     free(s->spans);
     free(s->hashes);
@@ -626,19 +686,83 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
         if (oom) return PyErr_NoMemory();
         Py_RETURN_NONE;
     }
-    /* y# of a NULL pointer is None: an empty chunk's arrays are empty bytes */
-    PyObject *out = Py_BuildValue(
-        "(ny#y#y#y#)", (Py_ssize_t)s.n, s.kinds ? (const char *)s.kinds : "", (Py_ssize_t)(s.n * NF),
-        s.values ? (const char *)s.values : "", (Py_ssize_t)(s.n * NF * sizeof(int64_t)),
-        s.dims ? (const char *)s.dims : "", (Py_ssize_t)(s.n * 6 * sizeof(int64_t)),
-        s.spans ? (const char *)s.spans : "", (Py_ssize_t)(s.nspans * 2 * sizeof(int64_t)));
+    PyObject *out = NULL, *texts = NULL;
+    PyObject *kinds = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(s.n * NF));
+    PyObject *values = PyList_New(NF);
+    PyObject *dims = PyBytes_FromStringAndSize(s.n ? (const char *)s.dims : "", (Py_ssize_t)(s.n * 6 * sizeof(int64_t)));
+    if (!kinds || !values || !dims) goto done;
+    for (size_t f = 0; f < NF && s.n; f++)  /* the fields' first n kinds, one after the other */
+        memcpy(PyBytes_AS_STRING(kinds) + f * s.n, s.kinds + f * s.cap, s.n);
+    for (int f = 0; f < NF; f++) {
+        PyObject *v = PyBytes_FromStringAndSize(s.nvalues[f] ? (const char *)s.values[f] : "",
+                                                (Py_ssize_t)(s.nvalues[f] * sizeof(int64_t)));
+        if (!v) goto done;
+        PyList_SET_ITEM(values, f, v);
+    }
+    texts = PyList_New((Py_ssize_t)s.nspans);
+    if (!texts) goto done;
+    for (size_t i = 0; i < s.nspans; i++) {
+        PyObject *t = PyBytes_FromStringAndSize((const char *)s.base + s.spans[2 * i], (Py_ssize_t)s.spans[2 * i + 1]);
+        if (!t) goto done;
+        PyList_SET_ITEM(texts, (Py_ssize_t)i, t);
+    }
+    out = Py_BuildValue("(nOOOO)", (Py_ssize_t)s.n, kinds, values, dims, texts);
+done:
+    Py_XDECREF(kinds);
+    Py_XDECREF(values);
+    Py_XDECREF(dims);
+    Py_XDECREF(texts);
     scan_free(&s);
+    return out;
+}
+
+/* first_seen(ids, size): the distinct ids >= 0 of ids (int64, contiguous; each < size) in
+ * the order they first occur, as int64 bytes. */
+static PyObject *first_seen(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t size;
+    if (!PyArg_ParseTuple(args, "y*n", &view, &size)) return NULL;
+    if (view.len % (Py_ssize_t)sizeof(int64_t) || size < 0) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "first_seen: int64 ids and a size >= 0");
+        return NULL;
+    }
+    const int64_t *ids = (const int64_t *)view.buf;
+    Py_ssize_t n = view.len / (Py_ssize_t)sizeof(int64_t);
+    uint8_t *seen = calloc((size_t)size + 1, 1);
+    int64_t *order = malloc(((size_t)(n < size ? n : size) + 1) * sizeof(int64_t));
+    if (!seen || !order) {
+        free(seen);
+        free(order);
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t m = 0;
+    int bad = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t id = ids[i];
+        if (id < 0) continue;
+        if (id >= size) {
+            bad = 1;
+            break;
+        }
+        if (!seen[id]) {
+            seen[id] = 1;
+            order[m++] = id;
+        }
+    }
+    PyBuffer_Release(&view);
+    PyObject *out = bad ? NULL : PyBytes_FromStringAndSize((const char *)order, m * (Py_ssize_t)sizeof(int64_t));
+    if (bad) PyErr_SetString(PyExc_ValueError, "first_seen: an id beyond size");
+    free(seen);
+    free(order);
     return out;
 }
 
 static PyMethodDef methods[] = {
     {"scan", scan, METH_O,
-     "scan(chunk) -> (n, kinds, values, dims, spans) or None when the chunk is not the clean case."},
+     "scan(chunk) -> (n, kinds, values, dims, texts) or None when the chunk is not the clean case."},
+    {"first_seen", first_seen, METH_VARARGS, "first_seen(int64 ids, size) -> int64 bytes: distinct ids >= 0 in order."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -649,7 +773,7 @@ PyMODINIT_FUNC PyInit__fastscan(void) {
     for (int i = 0; i < N_ARGS_FIELDS; i++) args_key_len[i] = strlen(ARGS_FIELDS[i].key);
     PyObject *m = PyModule_Create(&module);
     /* native.py uses the module only when both match what it reads (a stale build is not used) */
-    if (m && (PyModule_AddIntConstant(m, "NF", NF) < 0 || PyModule_AddIntConstant(m, "LAYOUT", 1) < 0)) {
+    if (m && (PyModule_AddIntConstant(m, "NF", NF) < 0 || PyModule_AddIntConstant(m, "LAYOUT", 3) < 0)) {
         Py_DECREF(m);
         return NULL;
     }

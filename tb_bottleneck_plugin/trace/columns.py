@@ -467,7 +467,8 @@ class _Builder:
         if keep is not None:
             table = table.take(keep)
             rows = rows[keep]
-        self._record_inputs(table, rows, dims, types, lambda row: args[row].concrete_inputs)
+        self._record_inputs(table, rows, lambda at: (list(map(dims.__getitem__, at)), list(map(types.__getitem__, at))),
+                            lambda row: args[row].concrete_inputs)
         files = list(map(_KERNEL_FILE, args))  # Inductor launches only (few): one C-level pass
         if files.count(None) != len(files):
             self._add_kernel_launches(args, files, keep)
@@ -475,11 +476,12 @@ class _Builder:
         self._span(table.ts, table.ts + table.dur)
         self.cpu.append(table)
 
-    def _record_inputs(self, table, rows: np.ndarray, dims, types, concrete) -> None:
+    def _record_inputs(self, table, rows: np.ndarray, texts_of, concrete) -> None:
         """The recorded inputs of ``table`` (a CPU block after its dropped rows; ``rows``:
-        each kept row's index in the block) for the ops SHAPE_OP_MARKERS names: ``dims[row]``,
-        ``types[row]`` their texts (b"" when absent), ``concrete(row)`` "Concrete Inputs".
-        Shared with the native decoding (native.py)."""
+        each kept row's index in the block) for the ops SHAPE_OP_MARKERS names:
+        ``texts_of(block rows)`` their "Input Dims" and "Input type" texts (two lists of bytes,
+        b"" when absent), ``concrete(block row)`` their "Concrete Inputs". Shared with the
+        native decoding (native.py)."""
         # Shapes and dtypes only for the few ops the Tensor Core analysis reports: the
         # rows of those names, found per distinct name (not per row).
         cache = self._shape_name_cache
@@ -494,12 +496,14 @@ class _Builder:
         flags = list(map(cache.__getitem__, ids))
         picked = np.flatnonzero(np.array(flags, dtype=np.bool_)[inverse]) if flags else np.empty(0, np.int64)
         p2p_ids = {self.strings[n] for n in P2P_OPS if n in self.strings}
-        for local, row in zip(picked.tolist(), rows[picked].tolist()):
+        at = rows[picked].tolist()
+        dims, types = texts_of(at)
+        for local, row, dims_text, types_text in zip(picked.tolist(), at, dims, types):
             index = self.cpu_rows + local
-            if dims[row]:
-                self.op_inputs.dims[index] = self._decoded(dims[row])
-            if types[row]:
-                self.op_inputs.types[index] = self._decoded(types[row])
+            if dims_text:
+                self.op_inputs.dims[index] = self._decoded(dims_text)
+            if types_text:
+                self.op_inputs.types[index] = self._decoded(types_text)
             if p2p_ids and int(table.name[local]) in p2p_ids:
                 text = concrete(row)
                 if len(text):

@@ -41,7 +41,7 @@ except ImportError:  # no compiler at install time: the msgspec way only
  PG_RANKS, INPUT_DIMS, INPUT_DIMS_2020, INPUT_TYPE, CONCRETE, CALL_STACK,
  GRID, BLOCK, OCCUPANCY) = range(46)
 NF = 46
-LAYOUT = 1  # of the result; _fastscan.c says which it writes
+LAYOUT = 3  # of the result; _fastscan.c says which it writes
 # value kinds
 K_ABSENT, K_NULL, K_INT, K_FLOAT, K_STR, K_RAW, K_LIST3, K_OBJECT = range(8)
 if _fastscan is not None and (getattr(_fastscan, "NF", None), getattr(_fastscan, "LAYOUT", None)) != (NF, LAYOUT):
@@ -77,7 +77,7 @@ def add_native(payload, builder) -> bool:
         stats["fallback"] += 1
         return False
     try:
-        chunk = _Chunk(result, payload)
+        chunk = _Chunk(result)
         plan = chunk.plan()
     except _NotHandled:
         stats["fallback"] += 1
@@ -87,13 +87,9 @@ def add_native(payload, builder) -> bool:
     return True
 
 
-def _first_seen(local: np.ndarray) -> np.ndarray:
-    """The distinct ids >= 0 of ``local`` in the order they first occur."""
-    local = local[local >= 0]
-    if not len(local):
-        return local
-    ids, first = np.unique(local, return_index=True)
-    return ids[np.argsort(first, kind="stable")]
+def _first_seen(local: np.ndarray, size: int) -> np.ndarray:
+    """The distinct ids >= 0 of ``local`` (each < size) in the order they first occur."""
+    return np.frombuffer(_fastscan.first_seen(np.ascontiguousarray(local, np.int64), size), np.int64)
 
 
 def _mapped(local: np.ndarray, order: np.ndarray, ids: np.ndarray, size: int) -> np.ndarray:
@@ -104,31 +100,50 @@ def _mapped(local: np.ndarray, order: np.ndarray, ids: np.ndarray, size: int) ->
 
 
 class _Chunk:
-    def __init__(self, result, payload):
-        n, kinds, values, dims, spans = result
+    def __init__(self, result):
+        n, kinds, values, dims, texts = result
         self.n = n
-        self.kinds = np.frombuffer(kinds, np.uint8).reshape(n, NF)
-        self.values = np.frombuffer(values, np.int64).reshape(n, NF)
+        self.kinds = np.frombuffer(kinds, np.uint8).reshape(NF, n)  # field-major
+        self._values = values  # per field: the values where its kind is not 0
+        self._dense = {}
+        self.present = [len(v) for v in values]
         self.dims = np.frombuffer(dims, np.int64).reshape(n, 6)
-        view = memoryview(payload)
-        try:
-            self.texts: List[bytes] = [bytes(view[o:o + size]) for o, size in
-                                       np.frombuffer(spans, np.int64).reshape(-1, 2).tolist()]
-        finally:
-            view.release()
-        self.strs: List[str] = [t.decode("utf-8") for t in self.texts]  # valid UTF-8 (checked)
+        self.texts: List[bytes] = texts
+        # ids past the texts: an absent name ("") and a null one (None, interned as "None")
+        self.size = len(texts) + 2
+        self._strs = {len(texts): "", len(texts) + 1: "None"}
         self._numeric_strings = {}
+
+    def value(self, field: int) -> np.ndarray:
+        """The field's int64 values, one per event (0 where absent)."""
+        dense = self._dense.get(field)
+        if dense is None:
+            dense = self._dense[field] = np.zeros(self.n, np.int64)
+            if self.present[field]:
+                dense[self.kinds[field] != K_ABSENT] = np.frombuffer(self._values[field], np.int64)
+        return dense
+
+    def str(self, i: int) -> str:
+        """Text ``i`` as a string (valid UTF-8: checked by the scanner)."""
+        s = self._strs.get(i)
+        if s is None:
+            s = self._strs[i] = self.texts[i].decode("utf-8")
+        return s
 
     # ------------------------------------------------------------------ columns
     def str_ids(self, field: int, rows) -> np.ndarray:
-        """Local text ids of a string/raw field (-1: absent or null)."""
-        k = self.kinds[rows, field]
-        return np.where((k == K_STR) | (k == K_RAW), self.values[rows, field], -1)
+        """Text ids of a string/raw field (-1: absent or null)."""
+        if not self.present[field]:
+            return np.full(len(rows), -1, np.int64)
+        k = self.kinds[field][rows]
+        return np.where((k == K_STR) | (k == K_RAW), self.value(field)[rows], -1)
 
     def floats(self, field: int, rows, nonnegative: bool = False) -> np.ndarray:
         """`columns._float_col` of a numeric field (NaN: absent or null)."""
-        k = self.kinds[rows, field]
-        v = self.values[rows, field]
+        if not self.present[field]:
+            return np.full(len(rows), np.nan)
+        k = self.kinds[field][rows]
+        v = self.value(field)[rows]
         if (k == K_STR).any():
             raise _NotHandled
         out = np.where(k == K_INT, v.astype(np.float64), np.where(k == K_FLOAT, v.view(np.float64), np.nan))
@@ -139,31 +154,36 @@ class _Chunk:
     def ints(self, rows, *fields, min_value=None, int32: bool = False) -> np.ndarray:
         """`_Builder._ints` / `columns._int_col` of the first present of ``fields`` (as the
         builder's ``a.x if a.x is not None else ...``), without anything to count."""
-        k = self.kinds[rows, fields[0]]
-        v = self.values[rows, fields[0]]
+        fields = [f for f in fields if self.present[f]]
+        if not fields:
+            return np.full(len(rows), -1, np.int32 if int32 else np.int64)
+        k = self.kinds[fields[0]][rows]
+        v = self.value(fields[0])[rows]
         for field in fields[1:]:
             none = k <= K_NULL
             if none.any():
-                k = np.where(none, self.kinds[rows, field], k)
-                v = np.where(none, self.values[rows, field], v)
+                k = np.where(none, self.kinds[field][rows], k)
+                v = np.where(none, self.value(field)[rows], v)
         if (k == K_FLOAT).any():
             raise _NotHandled
         out = np.where(k == K_INT, v, -1)
         is_str = k == K_STR
         if is_str.any():
-            texts = np.unique(v[is_str]).tolist()
+            local = v[is_str]
+            texts = _first_seen(local, self.size).tolist()
             numpy_values = [self._numpy_int(t) for t in texts]
             if all(x is not None for x in numpy_values):  # np.fromiter takes the whole column
                 mapped = numpy_values
             else:  # value by value (_checked_int)
                 mapped = []
                 for t in texts:
-                    x, problem = _checked_int(self.strs[t])
+                    x, problem = _checked_int(self.str(t))
                     if problem:
                         raise _NotHandled
                     mapped.append(x)
-            lut = dict(zip(texts, mapped))
-            out[is_str] = [lut[t] for t in v[is_str].tolist()]
+            lut = np.zeros(self.size, np.int64)
+            lut[texts] = mapped
+            out[is_str] = lut[local]
         if min_value is not None and (out < min_value).any():
             raise _NotHandled
         if int32:
@@ -177,7 +197,7 @@ class _Chunk:
         cache = self._numeric_strings
         if t not in cache:
             try:
-                cache[t] = int(np.fromiter([self.strs[t]], np.int64, 1)[0])
+                cache[t] = int(np.fromiter([self.str(t)], np.int64, 1)[0])
             except (TypeError, ValueError, OverflowError):
                 cache[t] = None
         return cache[t]
@@ -209,16 +229,14 @@ class _Chunk:
         """Everything that may turn out unusual, computed; returns the function that adds
         the blocks to a builder (interning in `_Builder.add`'s order), which cannot fail."""
         n = self.n
-        kinds, values = self.kinds, self.values
-        strs = self.strs
-        empty, none = len(strs), len(strs) + 1  # name absent: "", null: None (interned as "None")
-        strs.extend(["", "None"])
-        nk = kinds[:, NAME]
-        name = np.where(nk == K_STR, values[:, NAME], np.where(nk == K_ABSENT, empty, none))
-        x_id = next((i for i, t in enumerate(self.texts) if t == b"X"), -2)
-        memory_id = next((i for i, t in enumerate(self.texts) if t == b"[memory]"), -2)
-        is_memory = (nk == K_STR) & (values[:, NAME] == memory_id)
-        is_x = (kinds[:, PH] == K_STR) & (values[:, PH] == x_id)
+        kinds = self.kinds
+        empty, none = len(self.texts), len(self.texts) + 1  # name absent: "", null: None ("None")
+        nk = kinds[NAME]
+        name = np.where(nk == K_STR, self.value(NAME), np.where(nk == K_ABSENT, empty, none))
+        x_id = self._index(b"X")
+        memory_id = self._index(b"[memory]")
+        is_memory = (nk == K_STR) & (self.value(NAME) == memory_id)
+        is_x = (kinds[PH] == K_STR) & (self.value(PH) == x_id)
         complete = np.flatnonzero(is_x & ~is_memory)
         memory_rows = np.flatnonzero(is_memory)
         cat = self.str_ids(CAT, complete)
@@ -226,11 +244,12 @@ class _Chunk:
         gpu, gpu_kind, runtime, driver, cpu, cpu_kind, cpu_cats, annotations = [], [], [], [], [], [], [], []
         counts = []  # (category key, events) in first-seen order
         profiler = []
-        # buckets in first-seen order, the absent/null category (None) among them
-        order = _first_seen(np.where(cat < 0, len(strs), cat))
+        # buckets in first-seen order, the absent/null category (None) among them (as id `empty`)
+        cat = np.where(cat < 0, empty, cat)
+        order = _first_seen(cat, self.size)
         for c in order.tolist():
-            rows = complete[np.where(cat < 0, len(strs), cat) == c]
-            value = None if c == len(strs) else strs[c]
+            rows = complete[cat == c] if len(order) > 1 else complete
+            value = None if c == empty else self.str(c)
             key = value if value is not None else ""
             counts.append((key, len(rows)))
             low = value.lower() if value is not None else None
@@ -281,28 +300,34 @@ class _Chunk:
 
         return apply
 
+    def _index(self, text: bytes) -> int:
+        try:
+            return self.texts.index(text)
+        except ValueError:
+            return -2
+
     # ------------------------------------------------------------------ blocks
     def _names(self, builder, name: np.ndarray, rows) -> np.ndarray:
         """`builder.intern` of the rows' names, each distinct name once in first-seen order."""
         local = name[rows]
-        order = _first_seen(local)
-        ids = builder.intern([self.strs[i] for i in order.tolist()])
-        return _mapped(local, order, ids, len(self.strs))
+        order = _first_seen(local, self.size)
+        ids = builder.intern(list(map(self.str, order.tolist())))
+        return _mapped(local, order, ids, self.size)
 
     def _raw_ids(self, builder, local: np.ndarray) -> np.ndarray:
         """`builder._raw_ids` of raw texts (-1 absent), each distinct text once."""
-        order = _first_seen(local)
+        order = _first_seen(local, self.size)
         if not len(order):
             return np.full(len(local), -1, np.int32)
-        ids = builder._raw_ids([self.texts[i] for i in order.tolist()])
-        return _mapped(local, order, ids, len(self.strs))
+        ids = builder._raw_ids(list(map(self.texts.__getitem__, order.tolist())))
+        return _mapped(local, order, ids, self.size)
 
     def _optional_ids(self, builder, local: np.ndarray) -> np.ndarray:
-        order = _first_seen(local)
+        order = _first_seen(local, self.size)
         if not len(order):
             return np.full(len(local), -1, np.int32)
-        ids = builder._optional_ids([self.strs[i] for i in order.tolist()])
-        return _mapped(local, order, ids, len(self.strs))
+        ids = builder._optional_ids(list(map(self.str, order.tolist())))
+        return _mapped(local, order, ids, self.size)
 
     @staticmethod
     def _counted(builder, counts) -> None:
@@ -314,12 +339,10 @@ class _Chunk:
         if not len(rows):
             return None
         ts, dur, keep, counts = self.times(rows)
-        occupancy = self.kinds[rows, OCCUPANCY]
-        if (occupancy > K_NULL).any():  # the scanner takes null only; kept for safety
+        if (self.kinds[OCCUPANCY][rows] > K_NULL).any():  # the scanner takes null only
             raise _NotHandled
         dims = self.dims[rows]
-        nelems_kind = self.kinds[rows, IN_NELEMS]
-        coll = np.flatnonzero(nelems_kind > K_NULL)
+        coll = np.flatnonzero(self.kinds[IN_NELEMS][rows] > K_NULL)
         columns = dict(
             kind=kind, ts=ts, dur=dur,
             device=self.ints(rows, DEVICE, PID, int32=True),
@@ -341,11 +364,11 @@ class _Chunk:
         collective = None
         if len(coll):
             crow = rows[coll]
-            pg_kind = self.kinds[crow, PG_NAME]
+            pg_kind = self.kinds[PG_NAME][crow]
             if (pg_kind == K_FLOAT).any():
                 raise _NotHandled
-            pg_name = [None if k <= K_NULL else self.strs[v] if k == K_STR else str(v)
-                       for k, v in zip(pg_kind.tolist(), self.values[crow, PG_NAME].tolist())]
+            pg_name = [None if k <= K_NULL else self.str(v) if k == K_STR else str(v)
+                       for k, v in zip(pg_kind.tolist(), self.value(PG_NAME)[crow].tolist())]
             collective = dict(
                 msg_out_nelems=self.ints(crow, OUT_NELEMS, min_value=-1),
                 group_size=self.ints(crow, GROUP_SIZE, min_value=-1),
@@ -402,17 +425,14 @@ class _Chunk:
         stacks = self.str_ids(CALL_STACK, rows)
         concrete = self.str_ids(CONCRETE, rows)
         files = self.str_ids(KERNEL_FILE, rows)
-        texts = self.texts
+        texts = self.texts + [b""]  # [-1]: absent
 
-        def text_of(local):
-            return lambda row: texts[local[row]] if local[row] >= 0 else b""
+        def texts_of(at: list):
+            return (list(map(texts.__getitem__, dims[at].tolist())),
+                    list(map(texts.__getitem__, types[at].tolist())))
 
-        class _Texts:  # dims[row] / types[row] as the builder's lists of bytes give them
-            def __init__(self, local):
-                self.get = text_of(local)
-
-            def __getitem__(self, row):
-                return self.get(row)
+        def concrete_of(row: int) -> bytes:
+            return texts[concrete[row]]
 
         def step(builder):
             names = self._names(builder, name, rows)
@@ -424,7 +444,7 @@ class _Chunk:
             if keep is not None:
                 table = table.take(keep)
                 index = index[keep]
-            builder._record_inputs(table, index, _Texts(dims), _Texts(types), text_of(concrete))
+            builder._record_inputs(table, index, texts_of, concrete_of)
             if (files >= 0).any():
                 self._launches(builder, rows, files, keep)
             builder.cpu_rows += len(table)
@@ -436,14 +456,14 @@ class _Chunk:
 
     def _launches(self, builder, rows, files, keep) -> None:
         """`_Builder._add_kernel_launches` of the block's Inductor launches."""
-        file_list = [None if f < 0 else self.strs[f] for f in files.tolist()]
+        file_list = [None if f < 0 else self.str(f) for f in files.tolist()]
         hashes = self.str_ids(KERNEL_HASH, rows).tolist()
         backends = self.str_ids(KERNEL_BACKEND, rows).tolist()
 
         class _Args:
             def __getitem__(_, row):
-                return SimpleNamespace(kernel_hash=None if hashes[row] < 0 else self.strs[hashes[row]],
-                                       kernel_backend=None if backends[row] < 0 else self.strs[backends[row]])
+                return SimpleNamespace(kernel_hash=None if hashes[row] < 0 else self.str(hashes[row]),
+                                       kernel_backend=None if backends[row] < 0 else self.str(backends[row]))
 
         builder._add_kernel_launches(_Args(), file_list, keep)
 
