@@ -59,6 +59,7 @@ from ..trace.model import CPU_OP, CPU_USER_ANNOTATION, GPU_KERNEL, GPU_MEMCPY, T
 from . import intervals as iv
 from .breakdown import cumulative_unions, dataloader_mask
 from .context import GRAPH_LAUNCH_CALLS, short_kernel_bound
+from .factorize import unique_values
 from .linking import gpu_runtime_index, innermost_enclosing, span_gpu_runtime, span_op_calls
 from .operators import _gather, op_nesting, span_op_nesting
 from .signals import op_names, sync_rows
@@ -94,13 +95,18 @@ def _thread_key(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
 
 
 def _union_in(intervals: iv.Intervals, lo: float, hi: float) -> iv.Intervals:
-    """Merged (sorted, disjoint) intervals cut to [lo, hi], by bisection (no full pass)."""
+    """Merged (sorted, disjoint) intervals cut to [lo, hi], by bisection (no full pass).
+    Already merged: the intervals that end after ``lo`` and start before ``hi``, clipped,
+    keep a positive length and stay apart (what iv.merge of them returns, without it:
+    ~0.5 ms a step on the 292 MB benchmark trace)."""
     s, e = intervals
     a = int(np.searchsorted(e, lo, side="right"))
     b = int(np.searchsorted(s, hi, side="left"))
     if b <= a:
         return np.empty(0), np.empty(0)
-    return iv.merge(*iv.clip(s[a:b], e[a:b], lo, hi))
+    if not lo < hi:  # (an empty or NaN window: merge drops what the clip leaves)
+        return iv.merge(*iv.clip(s[a:b], e[a:b], lo, hi))
+    return iv.clip(s[a:b], e[a:b], lo, hi)
 
 
 def idle_causes(trace: TraceData, lo: float, hi: float, host_lo: float, host_hi: float,
@@ -349,20 +355,23 @@ def build_store(trace: TraceData, steps=None, span=None) -> Dict[str, np.ndarray
         e_corr = np.concatenate([e_corr, np.full(n_idle, -1, np.int64)])
         e_link = np.concatenate([e_link, np.full(n_idle, -1, np.int64)])
 
-    order = np.lexsort((e_ts, e_row, stp))
+    # (step, row) as one key, step * n_rows + row (0 <= row < n_rows): the same order as
+    # the pair's, one sort key less
+    seg = stp * n_rows + e_row
+    del stp
+    order = np.lexsort((e_ts, seg))
     e_ts = e_ts[order]
     e_dur = e_dur[order]
     e_row = e_row[order]
-    stp = stp[order]
+    seg = seg[order]
     e_name = e_name[order]
     e_corr = e_corr[order]
     e_link = e_link[order]
     del order
-    seg = stp * n_rows + e_row
     seg_off = np.searchsorted(seg, np.arange(n_steps * n_rows + 1), side="left").astype(np.int64)
 
     # local string table: only the names used
-    used = np.unique(np.concatenate([e_name[e_name >= 0], e_link[e_link >= 0]]))
+    used = unique_values(np.concatenate([e_name[e_name >= 0], e_link[e_link >= 0]]))  # (string ids: no sort)
     remap = np.full(len(trace.strings) + 1, -1, np.int64)
     remap[used] = np.arange(len(used))
     names = [trace.strings[i] for i in used.tolist()]
