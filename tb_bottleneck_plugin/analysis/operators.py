@@ -286,17 +286,27 @@ def host_nesting(trace: TraceData) -> Dict[str, np.ndarray]:
     thread_pid[thread] = pid
     del pid, tid  # (not held through the nesting below)
     ts = np.concatenate([cpu.ts, rt.ts])
-    dur = np.concatenate([cpu.dur, rt.dur])
-    dur = np.maximum(np.nan_to_num(dur, nan=0.0, copy=False), 0.0, out=dur)
-    end = ts + dur
-    container = np.full(n, -1, np.int64)
+    end = _host_dur(cpu, rt)  # ts + dur, in place (dur made again after the walk: 8 bytes per host event
+    end = np.add(ts, end, out=end) if end.dtype == np.result_type(ts, end) else ts + end  # less at its peak)
+    if (end > ts).all():  # no zero-length event: no container to find (a read-only -1 per event, no memory)
+        container = np.broadcast_to(np.int64(-1), (n,))
+    else:
+        container = np.full(n, -1, np.int64)
     if n:
-        _, parent = _nesting(None, None, ts, end, container, threads=thread, want_depth=False)  # (read by no one)
+        _, parent = _nesting(None, None, ts, end, container if container.strides != (0,) else None, threads=thread,
+                             want_depth=False)  # (the depth is read by no one)
     else:
         parent = np.zeros(0, np.int64)
     laminar = _laminar(ts, end, parent)
+    dur = _host_dur(cpu, rt)
     return {"thread": thread, "thread_pid": thread_pid, "ts": ts, "dur": dur, "end": end,
             "parent": parent, "container": container, "laminar": laminar}
+
+
+def _host_dur(cpu, rt) -> np.ndarray:
+    """The host events' durations (cpu rows, then runtime rows), NaN/negative as 0."""
+    dur = np.concatenate([cpu.dur, rt.dur])
+    return np.maximum(np.nan_to_num(dur, nan=0.0, copy=False), 0.0, out=dur)
 
 
 def span_host_nesting(span) -> Dict[str, np.ndarray]:
@@ -317,6 +327,7 @@ def _subset_nesting(host: Dict[str, np.ndarray], rows: np.ndarray):
     such ancestors (a zero-length event: of its container and the container's ancestors)."""
     h_par = host["parent"]
     n = len(rows)
+    zero = np.flatnonzero((host["end"] <= host["ts"])[rows])  # (a mask gathered: not two time columns)
     local = np.full(len(h_par), -1, np.int64)
     local[rows] = np.arange(n)
 
@@ -341,6 +352,8 @@ def _subset_nesting(host: Dict[str, np.ndarray], rows: np.ndarray):
     del up
     parent[outside] = -1
     del outside
+    if not len(zero):
+        del local  # (8 bytes per host event: read again only for zero-length members)
     # depth: list ranking along the member parents (log2(depth) rounds)
     depth = (parent >= 0).astype(np.int64)
     go = np.flatnonzero(depth)
@@ -350,7 +363,6 @@ def _subset_nesting(host: Dict[str, np.ndarray], rows: np.ndarray):
         nxt[go] = nxt[nxt[go]]
         go = go[nxt[go] >= 0]
     del nxt, go
-    zero = np.flatnonzero((host["end"] <= host["ts"])[rows])  # (a mask gathered: not two time columns)
     if len(zero):
         a = up_to_member(host["container"][rows[zero]])
         depth[zero] = np.where(a >= 0, depth[local[np.maximum(a, 0)]] + 1, 0)

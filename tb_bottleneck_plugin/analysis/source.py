@@ -656,6 +656,7 @@ def _compute(span) -> dict:
     # benchmark) but the op nesting, derived from it: derive that now, then let it go, its
     # time columns reused for the ops' (operators.op_nesting, consume_host)
     span.release("host_nesting")
+    host = {k: v for k, v in host.items() if k not in ("thread", "thread_pid")}  # (not read by the derivation)
     # the view's freed per-node masks and blocks back to the system first (trace/heap.py): glibc kept
     # ~470 MiB of them on 10M tiny events, under the derivation's arrays (the section's peak)
     from ..trace import heap
