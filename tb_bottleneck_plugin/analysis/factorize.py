@@ -28,14 +28,20 @@ def _dense_ok(span: int, n: int) -> bool:
     return span <= max(_DENSE_MIN, _DENSE_FACTOR * n)
 
 
-def _rank_dense(code: np.ndarray, span: int) -> Tuple[np.ndarray, np.ndarray]:
-    """(sorted distinct values of ``code``, inverse) for 0 <= code < span."""
+def _rank_dense(code: np.ndarray, span: int, in_place: bool = False) -> Tuple[np.ndarray, np.ndarray]:
+    """(sorted distinct values of ``code``, inverse) for 0 <= code < span. ``in_place``: the
+    inverse written over ``code`` (an int64 array of the caller's own), block by block."""
     present = np.zeros(span, np.bool_)
     present[code] = True
     values = np.flatnonzero(present)
     rank = np.cumsum(present, dtype=np.int64)
     rank -= 1
-    return values, rank[code]
+    if not in_place:
+        return values, rank[code]
+    del present
+    for a in range(0, len(code), _BLOCK):
+        code[a:a + _BLOCK] = rank[code[a:a + _BLOCK]]
+    return values, code
 
 
 def unique_inverse(col) -> Tuple[np.ndarray, np.ndarray]:
@@ -145,15 +151,15 @@ def unique_columns(*columns) -> Tuple[np.ndarray, np.ndarray]:
         size *= u
     if code is None:
         code = np.zeros(n, np.int64)
-    _, code = _ranked(code, size, n)
+    _, code = _ranked(code, size, n, in_place=True)  # (code is this function's own)
     first = np.zeros(int(code.max()) + 1, np.int64)
     first[code[::-1]] = np.arange(n - 1, -1, -1)
     return np.stack([np.asarray(col)[first].astype(np.int64) for col in columns], 1), code
 
 
-def _ranked(code: np.ndarray, size: int, n: int) -> Tuple[np.ndarray, np.ndarray]:
+def _ranked(code: np.ndarray, size: int, n: int, in_place: bool = False) -> Tuple[np.ndarray, np.ndarray]:
     if _dense_ok(size, n):
-        return _rank_dense(code, size)
+        return _rank_dense(code, size, in_place)
     values, inv = np.unique(code, return_inverse=True)
     return values, inv.reshape(-1)
 

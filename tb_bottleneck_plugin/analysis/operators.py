@@ -585,9 +585,11 @@ def operator_view(trace: TraceData, steps: Steps, span=None) -> dict:
     order = np.argsort(h_lo, kind="stable")
     lo, hi = h_lo[order], h_hi[order]
     ts = inst["ts"]
-    j = np.searchsorted(lo, ts, side="right") - 1
-    jc = np.maximum(j, 0)
-    inside = (j >= 0) & (ts < hi[jc])
+    jc = np.searchsorted(lo, ts, side="right")
+    jc -= 1
+    inside = jc >= 0
+    np.maximum(jc, 0, out=jc)  # (the step index, in place)
+    inside &= ts < hi[jc]
     keep = np.flatnonzero(inside)
     # the (step, name, dims, types) key written in place, and each temporary dropped once
     # read: this view runs last, on top of every cached column of the span (peak memory)
@@ -596,7 +598,7 @@ def operator_view(trace: TraceData, steps: Steps, span=None) -> dict:
         keep = slice(None)
     kept_rows = rows[keep]
     step_col = order[jc[keep]]
-    del j, jc, inside
+    del jc, inside
     # the key's columns side by side (factorize.unique_columns: no (n, 4) int64 copy; a
     # constant column, e.g. no recorded inputs, stays a broadcast)
     dims_col, types_col = (_gather(c, kept_rows) for c in (cpu.input_dims, cpu.input_types))
