@@ -64,17 +64,25 @@ def covered_in(merged: Intervals, lo, hi) -> np.ndarray:
     hi = np.atleast_1d(np.asarray(hi, dtype=np.float64))
     if len(s) == 0:
         return np.zeros(len(lo))
-    cum = np.concatenate([[0.0], np.cumsum(e - s)])
+    length = e - s
+    cum = np.concatenate([[0.0], np.cumsum(length)])
 
     def covered_before(t):
-        # total covered length in (-inf, t]
-        i = np.searchsorted(s, t, side="right")  # intervals starting at or before t
-        full = cum[np.maximum(i - 1, 0)]
-        j = np.maximum(i - 1, 0)
-        partial = np.where(i > 0, np.clip(t - s[j], 0, e[j] - s[j]), 0.0)
-        return np.where(i > 0, full + partial, 0.0)
+        # total covered length in (-inf, t]: the intervals before the last one starting at or
+        # before t, plus that one's part up to t (in place: a window array is ~10^5 long)
+        j = np.searchsorted(s, t, side="right")  # intervals starting at or before t
+        j -= 1
+        none = j < 0
+        j[none] = 0
+        out = t - s[j]
+        np.clip(out, 0, length[j], out=out)
+        out += cum[j]
+        out[none] = 0.0
+        return out
 
-    return np.maximum(covered_before(hi) - covered_before(lo), 0.0)
+    out = covered_before(hi)
+    out -= covered_before(lo)
+    return np.maximum(out, 0.0, out=out)
 
 
 def intersect(a: Intervals, b: Intervals) -> Intervals:

@@ -136,7 +136,12 @@ def _downsample(ts: np.ndarray, series: Sequence[np.ndarray], max_points: int) -
         bucket = np.minimum(((ts - ts[0]) / span * nb).astype(np.int64), nb - 1)
     starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
     keep = [starts, [n - 1]]
+    # buckets in runs (times in order): each bucket's extremes by reductions over its run
+    runs = bool((bucket[1:] >= bucket[:-1]).all())
     for s in series:
+        if runs and not (s.dtype.kind == "f" and np.isnan(s).any()):
+            keep += _run_extremes(s, starts)
+            continue
         # argmax / argmin per bucket: sort by (bucket, value) and take last / first.
         order = np.lexsort((s, bucket))
         b_sorted = bucket[order]
@@ -144,6 +149,21 @@ def _downsample(ts: np.ndarray, series: Sequence[np.ndarray], max_points: int) -
         first = np.r_[True, b_sorted[1:] != b_sorted[:-1]]
         keep += [order[last], order[first]]
     return np.unique(np.concatenate([np.asarray(k, dtype=np.int64) for k in keep]))
+
+
+def _run_extremes(s: np.ndarray, starts: np.ndarray) -> list:
+    """Per run of ``s`` (runs start at ``starts``): the last index of its maximum and the
+    first index of its minimum, as the last / first of the run after a stable sort by
+    value (``_downsample``'s lexsort) picks them; ``s`` without NaN."""
+    n = len(s)
+    run = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, n)))
+    pos = np.arange(n)
+    at_max = s == np.maximum.reduceat(s, starts)[run]
+    last_max = np.maximum.reduceat(np.where(at_max, pos, -1), starts)
+    del at_max
+    at_min = s == np.minimum.reduceat(s, starts)[run]
+    first_min = np.minimum.reduceat(np.where(at_min, pos, n), starts)
+    return [last_max, first_min]
 
 
 def _value_at(ts: np.ndarray, values: np.ndarray, at: np.ndarray) -> np.ndarray:

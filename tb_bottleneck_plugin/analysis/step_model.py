@@ -126,16 +126,27 @@ def _name_mask(trace: TraceData, names: np.ndarray, pred) -> np.ndarray:
     """``pred(name)`` per row of a name column (string ids; -1: none), evaluated once per
     distinct name in the column (a kernel column holds tens of names, the string table
     hundreds to thousands of strings)."""
+    return _name_masks(trace, names)(pred)
+
+
+def _name_masks(trace: TraceData, names: np.ndarray):
+    """``lambda pred: _name_mask(trace, names, pred)``, the column's string ids and its
+    distinct names found once (the graph asks several questions of each column)."""
     n_s = len(trace.strings)
     if not len(names):
-        return np.zeros(0, bool)
+        return lambda pred: np.zeros(0, bool)
     col = np.where((names >= 0) & (names < n_s), names, n_s)
     present = np.zeros(n_s + 1, bool)
     present[col] = True
-    table = np.zeros(n_s + 1, bool)
-    for i in np.flatnonzero(present[:n_s]).tolist():
-        table[i] = bool(pred(trace.strings[i]))
-    return table[col]
+    ids = np.flatnonzero(present[:n_s]).tolist()
+    del present
+
+    def mask(pred) -> np.ndarray:
+        table = np.zeros(n_s + 1, bool)
+        for i in ids:
+            table[i] = bool(pred(trace.strings[i]))
+        return table[col]
+    return mask
 
 
 def _codes(col: np.ndarray, codes) -> np.ndarray:
@@ -145,9 +156,10 @@ def _codes(col: np.ndarray, codes) -> np.ndarray:
     return table[col]
 
 
-def _cpu_intervals(trace: TraceData, pred, kinds=(CPU_OP, CPU_USER_ANNOTATION)) -> iv.Intervals:
+def _cpu_intervals(trace: TraceData, pred, kinds=(CPU_OP, CPU_USER_ANNOTATION), names=None) -> iv.Intervals:
+    """``names``: ``_name_masks(trace, trace.cpu.name)`` when the caller has it."""
     cpu = trace.cpu
-    m = _name_mask(trace, cpu.name, pred)
+    m = (names or _name_masks(trace, cpu.name))(pred)
     m &= _codes(cpu.kind, kinds)
     return iv.merge(cpu.ts[m], cpu.ts[m] + cpu.dur[m])
 
@@ -198,8 +210,10 @@ def build_graph(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Op
     gap = np.maximum(ts - prev_end, 0.0)
     busy = np.maximum(end - np.maximum(ts, prev_end), 0.0)
     gap_lo = ts - gap
-    dl = _cpu_intervals(trace, is_dataloader_name)
-    comp = _cpu_intervals(trace, lambda s: s in COMPILE_NAMES or COMPILE_WORK_RE.search(s) is not None)
+    cpu_names = _name_masks(trace, trace.cpu.name)
+    dl = _cpu_intervals(trace, is_dataloader_name, names=cpu_names)
+    comp = _cpu_intervals(trace, lambda s: s in COMPILE_NAMES or COMPILE_WORK_RE.search(s) is not None,
+                          names=cpu_names)
     gap_input = np.minimum(iv.covered_in(dl, gap_lo, ts), gap) if len(dl[0]) else np.zeros(len(ts))
     gap_compile = np.minimum(iv.covered_in(comp, gap_lo, ts), gap - gap_input) if len(comp[0]) else np.zeros(len(ts))
     compiling = (iv.covered_in(comp, ts, ts + np.maximum(dur, 1e-3)) > 0) if len(comp[0]) else np.zeros(len(ts), bool)
@@ -210,14 +224,17 @@ def build_graph(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Op
     call = src >= 0
     names = np.full(n_h, -1, np.int64)
     names[call] = rt.name[src[call]]
-    kind[call & _name_mask(trace, names, lambda s: s in LAUNCH_CALLS)] = H_LAUNCH
-    kind[call & _name_mask(trace, names, lambda s: s in COPY_CALLS)] = H_COPY
-    kind[call & _name_mask(trace, names, lambda s: s in GRAPH_LAUNCH_CALLS)] = H_GRAPH
+    host_names = _name_masks(trace, names)
+    kind[call & host_names(lambda s: s in LAUNCH_CALLS)] = H_LAUNCH
+    kind[call & host_names(lambda s: s in COPY_CALLS)] = H_COPY
+    kind[call & host_names(lambda s: s in GRAPH_LAUNCH_CALLS)] = H_GRAPH
+    del host_names
     sync_of_rt = np.zeros(len(rt), bool)
     sync_of_rt[sync_rows(trace, gpu_runtime)] = True
     kind[call & sync_of_rt[np.maximum(src, 0)]] = H_SYNC
     # compiled regions: host nodes inside them; eager between two compiled graphs of a step
-    compiled_iv = _cpu_intervals(trace, lambda s: COMPILED_REGION_RE.search(s) is not None)
+    compiled_iv = _cpu_intervals(trace, lambda s: COMPILED_REGION_RE.search(s) is not None, names=cpu_names)
+    del cpu_names
     compiled = np.zeros(n_h, bool)
     eager_between = np.zeros(n_h, bool)
     if len(compiled_iv[0]):
@@ -287,16 +304,17 @@ def build_graph(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Op
         prec_names = ("",) + tuple(pk["precisions"])
         prec_code = (pk["precision_code"][grows] + 1).astype(np.int8)
     is_k = gk == GPU_KERNEL
-    fam_gemm = _name_mask(trace, gname, lambda s: kernel_family(s) == "gemm")
-    fam_attn = _name_mask(trace, gname, lambda s: kernel_family(s) == "attention")
+    gpu_names = _name_masks(trace, gname)
+    fam_gemm = gpu_names(lambda s: kernel_family(s) == "gemm")
+    fam_attn = gpu_names(lambda s: kernel_family(s) == "attention")
     g_cls[is_k & fam_gemm & (g_cls == C_OTHER)] = C_GEMM
     g_cls[is_k & fam_attn & _codes(g_cls, (C_OTHER, C_ELEM))] = C_ATTN
-    g_cls[is_k & _name_mask(trace, gname, lambda s: TRITON_RE.search(s) is not None)] = C_TRITON
+    g_cls[is_k & gpu_names(lambda s: TRITON_RE.search(s) is not None)] = C_TRITON
     g_cls[comm_kernel_mask(trace)[grows]] = C_COMM
     memcpy = gk == GPU_MEMCPY
     g_cls[memcpy] = C_D2D
-    g_cls[memcpy & _name_mask(trace, gname, lambda s: "HtoD" in s)] = C_H2D
-    g_cls[memcpy & _name_mask(trace, gname, lambda s: "DtoH" in s)] = C_D2H
+    g_cls[memcpy & gpu_names(lambda s: "HtoD" in s)] = C_H2D
+    g_cls[memcpy & gpu_names(lambda s: "DtoH" in s)] = C_D2H
     g_cls[gk == GPU_MEMSET] = C_MEMSET
 
     # which stream each sync waits for: a device sync all of them (-1); a stream or event
@@ -332,10 +350,10 @@ def build_graph(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Op
     return Graph(gap=gap, gap_input=gap_input, gap_compile=gap_compile, busy=busy, kind=kind, sync_stream=sync_stream,
                  eager_between=eager_between, compiled=compiled, compiling=compiling & ~is_marker, markers=markers, g_launch=g_launch, g_lat=g_lat,
                  g_gap=g_gap, g_dur=g_dur, g_stream=g_stream, g_cls=g_cls, g_row=grows, g_ts=g_ts, g_flops=flops,
-                 g_bytes=nbytes, g_prec=prec_code, precisions=prec_names, g_reduction=is_k & _name_mask(trace, gname, lambda s: REDUCTION_RE.search(s) is not None),
+                 g_bytes=nbytes, g_prec=prec_code, precisions=prec_names, g_reduction=is_k & gpu_names(lambda s: REDUCTION_RE.search(s) is not None),
                  g_tc=tensor_core_kernel_mask(trace)[grows],
-                 g_pageable=memcpy & _name_mask(trace, gname, lambda s: "HtoD" in s and "Pageable" in s),
-                 g_misaligned=is_k & (g_cls == C_GEMM) & _name_mask(trace, gname, lambda s: MISALIGNED_RE.search(s)
+                 g_pageable=memcpy & gpu_names(lambda s: "HtoD" in s and "Pageable" in s),
+                 g_misaligned=is_k & (g_cls == C_GEMM) & gpu_names(lambda s: MISALIGNED_RE.search(s)
                                                                    is not None),
                  step_us=step_us, step_numbers=steps.inc_numbers[order], launch_us=launch_us,
                  recorded_us=float(max(ts[markers[-1]], float(np.max(g_ts + g_dur, initial=-np.inf))) - ts[markers[0]]),
