@@ -484,7 +484,7 @@ static int read_field(Scan *s, int f, int cls, int depth) {
     uchar c = *s->p;
     int64_t *value = next_value(s, f);
     if (!value) return -1;
-    if (c == 'n') {
+    if (c == 'n' && cls != C_RAW) {  /* a raw field keeps null as its text, as msgspec.Raw does */
         if (lex_literal(s, "null", 4) < 0) return -1;
         s->kinds[at] = K_NULL;
         return 0;
