@@ -37,7 +37,7 @@ from ..trace.model import GPU_KERNEL, TraceData
 from . import linking
 from .accelerators import no_gpu_reason
 from . import graph_replays, peaks, precision
-from .factorize import unique_inverse, unique_rows, unique_values
+from .factorize import unique_columns, unique_inverse, unique_rows, unique_values
 from .operators import NA_FLOPS_NO_SHAPES
 
 CLASSES = ("gemm", "conv", "attention", "elementwise", "other")
@@ -568,9 +568,10 @@ def flops_report(trace: TraceData, steps, not_available: Optional[Dict[str, str]
     rc = rows[cand]
     dims_c = cpu.input_dims[rc]
     # an op whose shapes sit in op_inputs (no dims id) is its own key
-    keys = np.stack([names[cand], dims_c, cpu.input_types[rc], np.where(dims_c < 0, rc, -1)], axis=1)
     if len(cand):
-        _, inv = unique_rows(keys)  # np.unique(axis=0)'s order and inverse, without its sort
+        # np.unique(axis=0)'s order and inverse of the (name, dims, types, own row) rows, without
+        # its sort or a stacked copy
+        _, inv = unique_columns(names[cand], dims_c, cpu.input_types[rc], np.where(dims_c < 0, rc, -1))
         first = np.zeros(int(inv.max()) + 1, np.int64)
         first[inv[::-1]] = np.arange(len(inv) - 1, -1, -1)
     else:

@@ -40,7 +40,7 @@ import numpy as np
 from .. import thresholds as T
 from ..trace.model import CPU_OP, CPU_USER_ANNOTATION, GPU_KERNEL, GPU_MEMCPY, GPU_MEMSET, TraceData
 from . import intervals as iv
-from .factorize import unique_rows
+from .factorize import unique_columns, unique_rows
 
 NAME = "step_model"
 # Compute capability of Ampere, the first NVIDIA generation with bf16 Tensor Cores (a fact)
@@ -260,7 +260,7 @@ def build_graph(trace: TraceData, steps, gpu_runtime: np.ndarray, per_kernel: Op
     grows = grows[gorder]
     g_launch = glink[grows]
     g_ts, g_dur = g.ts[grows], np.nan_to_num(g.dur[grows])
-    g_stream = (unique_rows(np.stack([g.device[grows].astype(np.int64), g.stream[grows]], 1))[1]
+    g_stream = (unique_columns(g.device[grows].astype(np.int64), g.stream[grows])[1]
                 if len(grows) else np.zeros(0, np.int64))
     g_stream = np.asarray(g_stream, np.int64).reshape(-1)
     # stream order = launch order (FIFO); predecessor's end
