@@ -25,6 +25,9 @@ The parts, in the order the data flows (this module drives them and is the publi
 - `loader_columns`: typed events -> numpy columns, the string table, recorded inputs,
   warnings (`_Builder`).
 - `loader_workers`: the optional decode worker processes for large files.
+- `native`: every chunk goes through `native.decode_into`: the optional C scanner
+  (`_fastscan.c`) turns a clean chunk into the same columns without an object per event;
+  anything unusual goes the `loader_events` + `loader_columns` way.
 
 Every failure becomes a `TraceError` naming the file and the problem.
 """
