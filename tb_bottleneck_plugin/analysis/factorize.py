@@ -76,6 +76,22 @@ def unique_inverse(col) -> Tuple[np.ndarray, np.ndarray]:
     return (values + lo).astype(col.dtype, copy=False), inv
 
 
+def _rank_table(col):
+    """``(lo, rank)`` with ``unique_inverse(col)[1] == rank[col - lo]`` for an integer column
+    dense enough for a table (unique_inverse's dense case), else None."""
+    if col.dtype.kind not in "iub":
+        return None
+    lo, hi = int(col.min()), int(col.max())
+    if not _dense_ok(hi - lo + 1, len(col)):
+        return None
+    present = np.zeros(hi - lo + 1, np.bool_)
+    for a in range(0, len(col), _BLOCK):
+        present[np.subtract(col[a:a + _BLOCK], lo, dtype=np.int64)] = True
+    rank = np.cumsum(present, dtype=np.int64)
+    rank -= 1
+    return lo, rank
+
+
 def unique_values(col) -> np.ndarray:
     """``np.unique(col)`` for a 1-D integer array (the same values, dtype and order): a
     presence table when the values are dense, no sort."""
@@ -135,6 +151,19 @@ def unique_columns(*columns) -> Tuple[np.ndarray, np.ndarray]:
     for col in columns:
         col = np.asarray(col)
         if col.strides == (0,):  # one value in every row: code * 1 + 0
+            continue
+        table = _rank_table(col) if code is not None else None
+        if table is not None:  # a dense column after the first: its inverse added block by block
+            lo, rank = table
+            u = int(rank[-1]) + 1 if len(rank) else 0
+            if size * u >= _CODE_LIMIT:
+                used, code = _ranked(code, size, n)
+                size = len(used)
+            for a in range(0, n, _BLOCK):  # code * u + inverse (no int64 inverse of every row beside code)
+                part = code[a:a + _BLOCK]
+                part *= u
+                part += rank[np.subtract(col[a:a + _BLOCK], lo, dtype=np.int64)]
+            size *= u
             continue
         values, inv = unique_inverse(col)
         u = len(values)

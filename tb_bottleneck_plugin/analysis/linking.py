@@ -101,7 +101,7 @@ def calls_inside(trace: TraceData, cpu_rows=None, among: Optional[Pairs] = None)
     cpu, rt = trace.cpu, trace.runtime
     if among is not None:
         rows = np.asarray(cpu_rows) if cpu_rows is not None else np.ones(len(cpu), bool)
-        if rows.dtype != bool and (len(rows) < 2 or bool((np.diff(rows) > 0).all())):
+        if rows.dtype != bool and (len(rows) < 2 or bool((rows[1:] > rows[:-1]).all())):  # (no int64 diff)
             mask = np.zeros(len(cpu), bool)  # sorted distinct rows: the same pair order
             mask[rows] = True  # (a bool mask, not an int64 bincount of every CPU row)
             rows = mask

@@ -486,7 +486,8 @@ def _launched_times(trace: TraceData, rows, depth, alias, merged, gpu_runtime, o
     gpu_self = np.zeros(n)
     tc = np.zeros(n)
     local = np.full(len(cpu), -1, np.int64)
-    local[rows] = np.arange(n)
+    for a in range(0, n, _WALK_BLOCK):  # local[rows] = arange(n), without an arange of every op
+        local[rows[a:a + _WALK_BLOCK]] = np.arange(a, min(a + _WALK_BLOCK, n))
     op, call = linking.calls_inside(trace, rows, among=op_calls)
     op = local[op]
     del local
@@ -597,8 +598,8 @@ def operator_view(trace: TraceData, steps: Steps, span=None) -> dict:
     if len(keep) == len(rows):  # every op inside an included step (the usual case): no gathers
         keep = slice(None)
     kept_rows = rows[keep]
-    step_col = order[jc[keep]]
-    del jc, inside
+    step_col = order.astype(np.int32)[jc[keep]]  # (a step index: 4 bytes per op, not 8; the key's values
+    del jc, inside  # come back as int64 from unique_columns)
     # the key's columns side by side (factorize.unique_columns: no (n, 4) int64 copy; a
     # constant column, e.g. no recorded inputs, stays a broadcast)
     dims_col, types_col = (_gather(c, kept_rows) for c in (cpu.input_dims, cpu.input_types))
