@@ -389,7 +389,7 @@ def source_view(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = Non
     line_rows.sort(key=lambda r: -(r["cpu_us"] + r["gpu_us"]))
     # --- modules -------------------------------------------------------------------------
     modules = _modules(trace, parent, is_module, is_op, name, ts, dur, inc_node, g_node, inc_gpu, gdur, anchor,
-                       thr_pid[thr], nc)
+                       thr_pid, thr, nc)
     # --- record_function labels ----------------------------------------------------------
     labels, label_union = _labels(trace, steps, thr, ts, anchor, g_node, inc_gpu, gdur, h_lo, h_hi)
     section = {
@@ -506,10 +506,12 @@ def _top(per_key: Dict[str, dict], steps_us: float) -> List[dict]:
     return rows[:TOP_BOTTLENECK]
 
 
-def _modules(trace, parent, is_module, is_op, name, ts, dur, inc_node, g_node, inc_gpu, gdur, anchor, pid, nc):
+def _modules(trace, parent, is_module, is_op, name, ts, dur, inc_node, g_node, inc_gpu, gdur, anchor, thr_pid, thr,
+             nc):
     """Per module path (``GPT2LMHeadModel_0/GPT2Model_0/GPT2Block_0``): calls, total and self
     CPU time of its frames, GPU time launched in forward (inside the frame) and in backward
-    (ops of the autograd engine whose ``Sequence number`` is a forward op's inside it)."""
+    (ops of the autograd engine whose ``Sequence number`` is a forward op's inside it).
+    ``thr_pid[thr[i]]``: node i's pid (gathered for the few nodes read, not for every node)."""
     S = trace.strings
     mods = np.flatnonzero(is_module)
     if not len(mods):
@@ -544,13 +546,13 @@ def _modules(trace, parent, is_module, is_op, name, ts, dur, inc_node, g_node, i
     has_seq = is_op & (seq >= 0)
     if has_seq.any():
         fwd_ops = np.flatnonzero(has_seq & (near >= 0))
-        fkey = dict(zip(zip(pid[fwd_ops].tolist(), seq[fwd_ops].tolist()), node_path[near[fwd_ops]].tolist()))
+        fkey = dict(zip(zip(thr_pid[thr[fwd_ops]].tolist(), seq[fwd_ops].tolist()), node_path[near[fwd_ops]].tolist()))
         seq_near = _nearest(parent, has_seq)
         cand = inc_gpu & (g_mod < 0) & (g_node >= 0)
         gi = np.flatnonzero(cand)
         sn = seq_near[g_node[gi]]
         gi, sn = gi[sn >= 0], sn[sn >= 0]
-        mp = np.array([fkey.get((p, s), -1) for p, s in zip(pid[sn].tolist(), seq[sn].tolist())], np.int64)
+        mp = np.array([fkey.get((p, s), -1) for p, s in zip(thr_pid[thr[sn]].tolist(), seq[sn].tolist())], np.int64)
         ok = mp >= 0
         bwd = np.bincount(mp[ok], gdur[gi[ok]], minlength=np_)
     # totals include descendants: roll self GPU time up the path tree
