@@ -72,6 +72,10 @@ static const FieldDef ARGS_FIELDS[] = {
 
 static size_t event_key_len[N_EVENT_FIELDS];
 static size_t args_key_len[N_ARGS_FIELDS];
+/* per key length (< MAX_KEY_LEN): the fields with a key that long, -1 ended */
+#define MAX_KEY_LEN 32
+static signed char event_by_len[MAX_KEY_LEN][N_EVENT_FIELDS + 1];
+static signed char args_by_len[MAX_KEY_LEN][N_ARGS_FIELDS + 1];
 
 typedef unsigned char uchar;
 
@@ -543,17 +547,16 @@ static int read_field(Scan *s, int f, int cls, int depth) {
     }
 }
 
-static int match_key(const uchar *a, size_t n, const FieldDef *defs, const size_t *lens, int count) {
-    for (int i = 0; i < count; i++)
-        if (lens[i] == n && (n == 0 || defs[i].key[0] == (char)a[0]) && memcmp(defs[i].key, a, n) == 0) return i;
+/* The field whose key is a[0:n), among the candidates of that length (-1 ended); -1: none. */
+static int match_key(const uchar *a, size_t n, const FieldDef *defs, const signed char *candidates) {
+    for (; *candidates >= 0; candidates++)
+        if (defs[*candidates].key[0] == (char)a[0] && memcmp(defs[*candidates].key, a, n) == 0) return *candidates;
     return -1;
 }
 
 /* An object of known fields (event or args) at s->p ('{'). */
 static int read_object(Scan *s, int is_args, int depth) {
     const FieldDef *defs = is_args ? ARGS_FIELDS : EVENT_FIELDS;
-    const size_t *lens = is_args ? args_key_len : event_key_len;
-    int count = is_args ? N_ARGS_FIELDS : N_EVENT_FIELDS;
     int offset = is_args ? N_EVENT_FIELDS : 0;
     uint64_t seen = 0;
     s->p++;
@@ -571,7 +574,8 @@ static int read_object(Scan *s, int is_args, int depth) {
         s->p++;
         skip_ws(s);
         if (s->p >= s->end) return -1;
-        int i = match_key(a, n, defs, lens, count);
+        int i = n == 0 || n >= MAX_KEY_LEN ? -1
+                : match_key(a, n, defs, is_args ? args_by_len[n] : event_by_len[n]);
         if (i < 0) {
             if (skip_value(s, depth + 1) < 0) return -1;
         } else {
@@ -769,8 +773,20 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastscan", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__fastscan(void) {
-    for (int i = 0; i < N_EVENT_FIELDS; i++) event_key_len[i] = strlen(EVENT_FIELDS[i].key);
-    for (int i = 0; i < N_ARGS_FIELDS; i++) args_key_len[i] = strlen(ARGS_FIELDS[i].key);
+    memset(event_by_len, -1, sizeof(event_by_len));
+    memset(args_by_len, -1, sizeof(args_by_len));
+    for (int i = 0; i < N_EVENT_FIELDS; i++) {
+        size_t n = event_key_len[i] = strlen(EVENT_FIELDS[i].key);
+        int k = 0;
+        while (event_by_len[n][k] >= 0) k++;
+        event_by_len[n][k] = (signed char)i;
+    }
+    for (int i = 0; i < N_ARGS_FIELDS; i++) {
+        size_t n = args_key_len[i] = strlen(ARGS_FIELDS[i].key);
+        int k = 0;
+        while (args_by_len[n][k] >= 0) k++;
+        args_by_len[n][k] = (signed char)i;
+    }
     PyObject *m = PyModule_Create(&module);
     /* native.py uses the module only when both match what it reads (a stale build is not used) */
     if (m && (PyModule_AddIntConstant(m, "NF", NF) < 0 || PyModule_AddIntConstant(m, "LAYOUT", 3) < 0)) {
