@@ -271,7 +271,7 @@ def round3_list(values: np.ndarray) -> list:
 
 def host_nesting(trace: TraceData) -> Dict[str, np.ndarray]:
     """The nesting of every host event of one trace per thread: trace.cpu rows (every kind,
-    ProfilerStep#N included), then trace.runtime rows. ``thread`` (``thread_ids``),
+    ProfilerStep#N included), then trace.runtime rows. ``thread`` (``thread_ids``, int32),
     ``thread_pid`` (the pid of each thread id), ``ts``, ``dur`` (NaN/negative as 0), ``end``, ``parent``
     (see ``_nesting``; its depth is not kept), ``container`` (zero-length events: the innermost positive-length
     event holding their time) and ``laminar`` (``_laminar``). Source attribution walks it; ``op_nesting`` is derived from it
@@ -285,6 +285,7 @@ def host_nesting(trace: TraceData) -> Dict[str, np.ndarray]:
     thread_pid = np.zeros(int(thread.max()) + 1 if n else 0, np.int64)
     thread_pid[thread] = pid
     del pid, tid  # (not held through the nesting below)
+    thread = thread.astype(np.int32)  # (ids < number of threads: 4 bytes per host event held, not 8)
     ts = np.concatenate([cpu.ts, rt.ts])
     end = _host_dur(cpu, rt)  # ts + dur, in place (dur made again after the walk: 8 bytes per host event
     end = np.add(ts, end, out=end) if end.dtype == np.result_type(ts, end) else ts + end  # less at its peak)
