@@ -616,14 +616,20 @@ def operator_view(trace: TraceData, steps: Steps, span=None) -> dict:
                             ("gpu_self_us", "gpu_self"), ("tc_us", "tc")):
         sums[field_name] = np.bincount(inv, weights=inst[src][keep], minlength=k)
     # the FLOP columns are sparse (the few rows that count anything), summed in the same order
-    group_of = np.full(len(rows), -1, np.int64)
-    group_of[keep] = inv
-    flop_group = group_of[inst["flop_rows"]] if "flop_rows" in inst else np.zeros(0, np.int64)
+    if "flop_rows" not in inst:
+        flop_group = np.zeros(0, np.int64)
+    elif isinstance(keep, slice):  # every op kept: its group is its inverse (no per-op copy of it)
+        flop_group = inv[inst["flop_rows"]]
+    else:
+        group_of = np.full(len(rows), -1, np.int64)
+        group_of[keep] = inv
+        flop_group = group_of[inst["flop_rows"]]
+        del group_of
     in_view = flop_group >= 0
     for f in FLOP_FIELDS:
         sums[f] = (np.bincount(flop_group[in_view], weights=inst[f][in_view], minlength=k) if f in inst
                    else np.zeros(k))
-    del inst, group_of, inv, keep, rows, ts
+    del inst, inv, keep, rows, ts
     # inputs: one id per distinct (dims, types) pair
     pairs, input_idx = _unique_rows(uniq[:, 2:])
     input_idx = input_idx.reshape(-1)
