@@ -20,6 +20,7 @@ import numpy as np
 
 from . import model, procguard
 from .columns import _Builder, _last
+from . import native
 from .native import decode_into
 
 log = logging.getLogger(__name__)
@@ -211,7 +212,11 @@ def _decode_workers() -> int:
     (1-minute load average below cores - 0.5), else none: a second core speeds a quiet
     machine's report up, while on a busy one the extra interpreter and pickling only add
     CPU (measurements: benchmarks/README.md, "after perf" and "perf3"). Analyses of many
-    spans at once load every core, so they decode in-process."""
+    spans at once load every core, so they decode in-process. With the native scanner
+    (native.py) a chunk costs a few ms here and the gunzip thread already takes a second
+    core: a worker's handover then only adds CPU (+0.3 s on the 292 MB trace, no faster on
+    2 cores; benchmarks/README.md, issue 39's native section), so it needs three cores and
+    about two of them idle."""
     value = os.environ.get("TB_BOTTLENECKS_DECODE_PROCESSES")
     if value is not None and value.strip():
         try:
@@ -230,6 +235,8 @@ def _decode_workers() -> int:
             return 0
     except (AttributeError, OSError, ImportError):
         return 0
+    if native.available():
+        return 1 if cores >= 3 and load < cores - 1.5 else 0
     return 1 if cores >= 2 and load < cores - 0.5 else 0
 
 

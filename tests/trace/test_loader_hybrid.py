@@ -193,6 +193,7 @@ def test_how_many_workers(monkeypatch):
     monkeypatch.setenv("TB_BOTTLENECKS_DECODE_PROCESSES", "0")
     assert loader_workers._decode_workers() == 0
     monkeypatch.delenv("TB_BOTTLENECKS_DECODE_PROCESSES")
+    monkeypatch.setenv("TB_BOTTLENECKS_NATIVE_DECODE", "0")  # decoding with msgspec
     monkeypatch.setattr(loader_workers.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     monkeypatch.setattr(loader_workers.os, "getloadavg", lambda: (0.9, 0.0, 0.0))
     assert loader_workers._decode_workers() == 1
@@ -201,6 +202,22 @@ def test_how_many_workers(monkeypatch):
     monkeypatch.setattr(loader_workers.os, "sched_getaffinity", lambda pid: {0}, raising=False)
     monkeypatch.setattr(loader_workers.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     assert loader_workers._decode_workers() == 0
+
+
+def test_how_many_workers_with_the_native_scanner(monkeypatch):
+    """The native scanner leaves little for a worker: one only with three cores, two idle."""
+    monkeypatch.delenv("TB_BOTTLENECKS_DECODE_PROCESSES", raising=False)
+    monkeypatch.delenv("TB_BOTTLENECKS_NATIVE_DECODE", raising=False)
+    monkeypatch.setattr(loader_workers.native, "available", lambda: True)
+    monkeypatch.setattr(loader_workers.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(loader_workers.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert loader_workers._decode_workers() == 0
+    monkeypatch.setattr(loader_workers.os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    assert loader_workers._decode_workers() == 1
+    monkeypatch.setattr(loader_workers.os, "getloadavg", lambda: (1.6, 0.0, 0.0))
+    assert loader_workers._decode_workers() == 0
+    monkeypatch.setenv("TB_BOTTLENECKS_DECODE_PROCESSES", "2")  # the setting still decides
+    assert loader_workers._decode_workers() == 2
 
 
 def test_a_daemonic_process_decodes_in_process(monkeypatch, small_chunks):
