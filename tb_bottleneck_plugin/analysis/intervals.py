@@ -94,10 +94,9 @@ def intersect(a: Intervals, b: Intervals) -> Intervals:
     # Every boundary of b cuts a; keep pieces of a that lie inside b.
     cuts = np.unique(np.concatenate([sa, ea, sb, eb]))
     mids = (cuts[:-1] + cuts[1:]) / 2
-    in_a = _contains(sa, ea, mids)
-    in_b = _contains(sb, eb, mids)
-    keep = in_a & in_b
-    return merge(cuts[:-1][keep], cuts[1:][keep])
+    keep = _contains(sa, ea, mids)
+    keep &= _contains(sb, eb, mids)
+    return _kept_runs(cuts, keep)
 
 
 def subtract(a: Intervals, b: Intervals) -> Intervals:
@@ -108,14 +107,28 @@ def subtract(a: Intervals, b: Intervals) -> Intervals:
         return sa, ea
     cuts = np.unique(np.concatenate([sa, ea, sb, eb]))
     mids = (cuts[:-1] + cuts[1:]) / 2
-    keep = _contains(sa, ea, mids) & ~_contains(sb, eb, mids)
-    return merge(cuts[:-1][keep], cuts[1:][keep])
+    keep = _contains(sa, ea, mids)
+    keep &= ~_contains(sb, eb, mids)
+    return _kept_runs(cuts, keep)
+
+
+def _kept_runs(cuts: np.ndarray, keep: np.ndarray) -> Intervals:
+    """``merge(cuts[:-1][keep], cuts[1:][keep])`` for the pieces between consecutive
+    distinct sorted cuts: each run of kept pieces is one interval (touching pieces join;
+    a piece of a NaN cut is never kept: its midpoint is in no interval)."""
+    first = keep.copy()
+    first[1:] &= ~keep[:-1]
+    last = keep  # (the caller's own array)
+    last[:-1] &= ~keep[1:]
+    return cuts[:-1][first], cuts[1:][last]
 
 
 def _contains(s: np.ndarray, e: np.ndarray, t: np.ndarray) -> np.ndarray:
     """For merged intervals (s, e): is each point t inside one of them (s <= t < e)?"""
-    i = np.searchsorted(s, t, side="right") - 1
+    i = np.searchsorted(s, t, side="right")
+    i -= 1
     ok = i >= 0
-    out = np.zeros(len(t), dtype=bool)
-    out[ok] = t[ok] < e[i[ok]]
+    i[~ok] = 0
+    out = t < e[i]
+    out &= ok
     return out
