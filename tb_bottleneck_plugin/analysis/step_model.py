@@ -901,6 +901,12 @@ def _simulated_total(gr: Graph, gap, busy, is_sync, g_lat, g_gap, g_dur, g_strea
     seg_off = []
     sync_end = {}
     offset = 0.0
+    # each bound's values as Python floats (numpy scalar reads were most of the loop's time)
+    b_sync = is_sync[bounds].tolist()
+    b_target = sync_stream[bounds].tolist()
+    b_busy = busy[bounds].tolist()
+    b_cs = cs[bounds].tolist()
+    b_start0 = (cs[bounds] - busy[bounds]).tolist()
     for i, b in enumerate(bounds.tolist()):
         seg_off.append(offset)
         for k in range(n_s):
@@ -913,15 +919,15 @@ def _simulated_total(gr: Graph, gap, busy, is_sync, g_lat, g_gap, g_dur, g_strea
                 started[k] = True
                 if end > gpu_done:
                     gpu_done = end
-        if is_sync[b]:
-            target = int(sync_stream[b])
+        if b_sync[i]:
+            target = b_target[i]
             k = (max(range(n_s), key=stream_end.__getitem__) if target < 0
                  else int(block_of[target]) if target < n_block else -1)
-            start_b = (cs[b] - busy[b]) + offset
+            start_b = b_start0[i] + offset
             if k >= 0 and stream_end[k] > start_b and started[k]:
-                end_b = stream_end[k] + busy[b]
+                end_b = stream_end[k] + b_busy[i]
                 sync_end[b] = end_b
-                offset = end_b - cs[b]
+                offset = end_b - b_cs[i]
     bounds_list = bounds.tolist()
     m0, m1 = int(gr.markers[0]), int(gr.markers[-1])
     host_end_last = sync_end.get(m1)
