@@ -307,3 +307,39 @@ def test_fuzzed_traces_load_the_same_natively(tmp_path, monkeypatch):
                 used = {k: used[k] + native.stats[k] for k in used}
         assert results[0] == results[1], (i, labels)
     assert used["native"] > 1000 and used["fallback"] > 100, used  # both ways taken
+
+
+@needs_extension
+def test_the_scanner_never_reads_past_the_chunk():
+    """Every prefix of a chunk, and mutated ones, scanned with the chunk's end against an
+    unreadable page: a read past the end (a missed bounds check, a 16-byte SSE2 load)
+    would crash the process. (Also run under AddressSanitizer while developing.)"""
+    import ctypes
+    import mmap
+    import random
+
+    page = mmap.PAGESIZE
+    size = 16 * page
+    region = mmap.mmap(-1, size + page)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    start_of = ctypes.c_char.from_buffer(region)
+    if libc.mprotect(ctypes.addressof(start_of) + size, page, 0) != 0:
+        pytest.skip("mprotect is not available here")
+    view = memoryview(region)
+
+    def scan_at_end(data: bytes):
+        view[size - len(data):size] = data
+        return native._fastscan.scan(view[size - len(data):size])
+
+    clean = _chunk()
+    assert scan_at_end(clean) is not None
+    for chunk in (clean, _chunk(*list(FALLBACKS.values())[:8])):
+        for k in range(len(chunk) + 1):
+            scan_at_end(chunk[:k])
+    rng = random.Random(39)
+    for _ in range(5000):
+        b = bytearray(clean)
+        for _ in range(rng.randint(1, 3)):
+            b[rng.randrange(len(b))] = rng.choice(b'"\\{}[],:0123456789.eE+-nulltrfas \x00\x7f\x80\xc3\xe2\xf0\xff')
+        scan_at_end(bytes(b[:rng.randrange(len(b) + 1)]))
