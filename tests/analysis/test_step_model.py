@@ -266,3 +266,46 @@ def test_overlapped_collective_no_longer_holds_the_compute_kernel(tmp_path):
     row = _row(sm, "overlap_comm")
     assert row["saving_us"] == pytest.approx(900.0)
     assert row["rules"] == ["communication", "ddp_buckets", "fsdp_prefetch"]
+
+
+SCHEDULE_TRACES = ("hta/nccl_parser_config/nccl_data.json.gz", "hta/trace_diff/control/control.json.gz",
+                   "h100/gpt2_bf16_eager/worker0.1795701567436882984.pt.trace.json.gz")
+
+
+@needs_traces
+@pytest.mark.parametrize("rel", SCHEDULE_TRACES)
+def test_the_what_ifs_scalar_total_is_the_schedules_bit_for_bit(rel):
+    """The what-ifs' total (step_model._simulated_total: a scalar recurrence over the syncs)
+    against the full list schedule (simulate) on real graphs: the graph's own values and
+    random changes of host gaps, GPU durations, syncs, removed nodes and streams give the same
+    float; a negative step falls back to the schedule."""
+    import numpy as np
+
+    from tb_bottleneck_plugin.analysis import step_model as sm
+    from tb_bottleneck_plugin.analysis.linking import gpu_runtime_index
+    from tb_bottleneck_plugin.analysis.steps import find_steps
+    from tb_bottleneck_plugin.trace import loader
+
+    trace = loader.load_trace(str(TRACES / rel))
+    gr = sm.build_graph(trace, find_steps(trace), gpu_runtime_index(trace))
+    assert gr is not None and (gr.kind == sm.H_SYNC).any()
+    rng = np.random.default_rng(7)
+    cases = [sm._changes(gr)]
+    for i in range(6):
+        ch = sm._changes(gr)
+        ch["gap"] *= rng.uniform(0.0, 2.0, len(ch["gap"]))
+        ch["busy"] *= rng.uniform(0.0, 2.0, len(ch["busy"]))
+        ch["g_dur"] *= rng.uniform(0.0, 2.0, len(ch["g_dur"]))
+        ch["is_sync"] = ch["is_sync"] & (rng.random(len(ch["is_sync"])) < 0.7)
+        ch["g_lat"][rng.random(len(ch["g_lat"])) < 0.05] = -np.inf
+        if i % 2:  # some work moved to a stream of its own (as the comm what-if does)
+            ch["g_stream"] = np.where(rng.random(len(gr.g_stream)) < 0.3, gr.g_stream.max() + 1, gr.g_stream)
+        cases.append(ch)
+    for ch in cases:
+        fast = sm._simulated_total(gr, **ch)
+        assert fast is not None
+        assert fast == sm.simulate(gr, **ch).total_us
+    neg = sm._changes(gr)
+    neg["g_dur"][0] = -(neg["g_gap"][0] + 1.0)
+    assert sm._simulated_total(gr, **neg) is None
+    assert sm._total(gr, neg) == sm.simulate(gr, **neg).total_us
