@@ -146,37 +146,47 @@ def unique_columns(*columns) -> Tuple[np.ndarray, np.ndarray]:
     n = len(columns[0])
     if n == 0:
         return np.zeros((0, len(columns)), np.int64), np.zeros(0, np.int64)
+    # the columns from the last: code = inverse * size + code ranks the rows' tails (c_k, ..., c_m)
+    # in lexicographic order; a code whose product with the next column would be too sparse
+    # for a table is first renumbered densely (by its distinct values, not its span), so the
+    # Operator view's (step, name, dims, types) ends in a table, not a sort of every row
     code = None  # (all zeros until the first column that is not constant: that one's inverse)
     size = 1
-    for col in columns:
+    for col in reversed(columns):
         col = np.asarray(col)
         if col.strides == (0,):  # one value in every row: code * 1 + 0
             continue
+        if code is not None and col.dtype.kind in "iub" and _dense_ok(size, n) and \
+                not _dense_ok(size * (int(col.max()) - int(col.min()) + 1), n):
+            # (before this column's own table or inverse is made: only the code is held then)
+            used, code = _rank_dense(code, size, in_place=True)
+            size = len(used)
+            del used
         table = _rank_table(col) if code is not None else None
+        inv = None
         if table is not None:  # a dense column after the first: its inverse added block by block
             lo, rank = table
             u = int(rank[-1]) + 1 if len(rank) else 0
-            if size * u >= _CODE_LIMIT:
-                used, code = _ranked(code, size, n)
-                size = len(used)
-            for a in range(0, n, _BLOCK):  # code * u + inverse (no int64 inverse of every row beside code)
-                part = code[a:a + _BLOCK]
-                part *= u
-                part += rank[np.subtract(col[a:a + _BLOCK], lo, dtype=np.int64)]
-            size *= u
-            continue
-        values, inv = unique_inverse(col)
-        u = len(values)
-        del values
+        else:
+            values, inv = unique_inverse(col)
+            u = len(values)
+            del values
         if code is None:
             code, size = inv, u
             continue
         if size * u >= _CODE_LIMIT:
             used, code = _ranked(code, size, n)
             size = len(used)
-        code *= u
-        code += inv
-        del inv
+        if inv is None:
+            for a in range(0, n, _BLOCK):  # (no int64 inverse of every row beside code)
+                part = rank[np.subtract(col[a:a + _BLOCK], lo, dtype=np.int64)]
+                part *= size
+                code[a:a + _BLOCK] += part
+            del part
+        else:
+            inv *= size
+            code += inv
+            del inv
         size *= u
     if code is None:
         code = np.zeros(n, np.int64)

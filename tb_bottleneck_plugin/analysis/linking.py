@@ -206,6 +206,20 @@ def gpu_ops_pairs(trace: TraceData, cpu_rows=None, gpu_runtime: np.ndarray = Non
     return pair_op, gpu_rows[starts + np.arange(total)]
 
 
+def _key_order(ops: np.ndarray, keys) -> np.ndarray:
+    """``np.lexsort((ops, *[k[ops] for k in keys]))`` for ascending ``ops``. One key of small
+    integers (a nesting depth): a stable sort of it as int16, which numpy sorts by radix
+    (ties keep the ascending ops), ~7x faster than the lexsort."""
+    if len(keys) == 1:
+        k = np.asarray(keys[0])[ops]
+        if k.dtype.kind in "iu" and len(k):
+            lo, hi = int(k.min()), int(k.max())
+            if hi - lo < (1 << 15):
+                return np.argsort((k - lo).astype(np.int16), kind="stable")
+        return np.argsort(k, kind="stable")
+    return np.lexsort((ops, *[np.asarray(k)[ops] for k in keys]))
+
+
 def first_per_call(pair_op: np.ndarray, pair_call: np.ndarray, n_calls: int, keys=()) -> np.ndarray:
     """For each call 0..n_calls-1, the op among its pairs that sorts first by ``keys``
     (arrays indexed by op, in np.lexsort's order: the last is the primary key), then by op
@@ -222,7 +236,7 @@ def first_per_call(pair_op: np.ndarray, pair_call: np.ndarray, n_calls: int, key
     present = np.zeros(n_ops, bool)
     present[pair_op] = True
     ops = np.flatnonzero(present)
-    ranked = ops[np.lexsort((ops, *[np.asarray(k)[ops] for k in keys]))] if keys else ops
+    ranked = ops[_key_order(ops, keys)] if keys else ops
     rank = np.empty(n_ops, np.int64)
     rank[ranked] = np.arange(len(ranked))
     best = np.full(n_calls, len(ranked), np.int64)
