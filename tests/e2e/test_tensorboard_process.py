@@ -309,7 +309,7 @@ def test_no_child_survives_a_killed_tensorboard(tmp_path):
     pool on too): every process it started (analysis children, their decode workers, the
     multiprocessing helpers) is gone within seconds."""
     logdir = tmp_path / "logs"
-    _big_trace(logdir / "big" / "worker0.1700000000000.pt.trace.json", 150)  # ~80 MB
+    _big_trace(logdir / "big" / "worker0.1700000000000.pt.trace.json", 300)  # ~160 MB: loading for a while
     with tensorboard(str(logdir), tmp_path, env={"TB_BOTTLENECKS_DECODE_PROCESSES": "2"}) as tb:
         tb.get(f"{PREFIX}/runs")
         deadline = time.monotonic() + 60
@@ -318,8 +318,9 @@ def test_no_child_survives_a_killed_tensorboard(tmp_path):
             children = _ours(tb.process.pid)
             view = tb.json(f"{PREFIX}/runs")
             loading = view["runs"] and view["runs"][0]["state"] == "loading"
-            # the analysis child, the decode pool's forkserver and resource tracker, 2 workers
-            if loading and len(children) >= 5:
+            # the analysis child and its 2 decode workers (forked: the child's only other
+            # thread is procguard's watcher, so no fork server)
+            if loading and len(children) >= 3:
                 break
             assert time.monotonic() < deadline, f"never saw the analysis running: {view} {children}"
             time.sleep(0.05)
