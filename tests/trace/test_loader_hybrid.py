@@ -381,12 +381,17 @@ def test_a_worker_killed_mid_load_falls_back_to_this_process(monkeypatch, small_
     import signal
 
     monkeypatch.setenv("TB_BOTTLENECKS_DECODE_PROCESSES", "2")
+    # Workers forked with their shared slots even while other threads run (the full suite's
+    # browser and server threads would select the fork server, whose pipe a stopped worker
+    # would block): a send through a slot never waits for the worker.
+    monkeypatch.setattr(loader_workers.procguard, "only_watchers_running", lambda: True)
     original = loader_workers._Worker.send
     killed = []
 
     def send(self, payload):
         target = self is workers_started[0] and self.sent_count == 1 and not killed
         if target:  # stopped first: with the native scanner it could finish the chunk before the kill
+            assert self.slots is not None
             os.kill(self.process.pid, signal.SIGSTOP)
         original(self, payload)
         if target:
