@@ -21,7 +21,6 @@ import numpy as np
 from . import model, procguard
 from .columns import _Builder, _last
 from . import native
-from .native import decode_into
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +30,7 @@ def _decode_chunk(payload: bytes, seed=None) -> _Builder:
     here while the chunks before it are still out). ``seed``: `_Builder.seed()` of the
     builder it will be merged into."""
     builder = _Builder("", seed)
-    decode_into(payload, builder)
+    native.decode_into(payload, builder)
     return builder
 
 
@@ -477,7 +476,7 @@ class _ChunkSink:
             free = next((w for w in self.pool if w.can_take(len(payload))), None)
         if free is None:
             if not self.pending:  # nothing before it is still out: straight into the builder
-                decode_into(payload, self.builder)
+                native.decode_into(payload, self.builder)
             else:
                 self.pending.append((None, _decode_detached(payload, self.builder)))
             return
@@ -485,7 +484,7 @@ class _ChunkSink:
             free.send(payload)
         except (OSError, EOFError):  # the worker is gone
             self._local_fallback()
-            decode_into(payload, self.builder)
+            native.decode_into(payload, self.builder)
             return
         self.sent += 1
         self.pending.append((free, None))
@@ -518,7 +517,7 @@ class _ChunkSink:
             if worker is None:
                 self.builder.merge(item)
             else:
-                decode_into(item, self.builder)
+                native.decode_into(item, self.builder)
 
     def drain(self) -> None:
         while self.pending:

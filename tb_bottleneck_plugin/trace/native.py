@@ -335,6 +335,11 @@ class _Chunk:
         builder.dropped_missing_dur += counts[1]
         builder.negative_dur += counts[2]
 
+    def _kept(self, builder, table, keep, counts):
+        """The table's rows with usable times (`times`), the dropped ones counted on the builder."""
+        self._counted(builder, counts)
+        return table if keep is None else table.take(keep)
+
     def _gpu(self, rows, kind, name):
         if not len(rows):
             return None
@@ -385,9 +390,7 @@ class _Chunk:
                 table.coll_name[coll] = self._optional_ids(builder, collective["coll_name"])
                 table.pg_name[coll] = builder._optional_ids(collective["pg_name"])
                 table.pg_ranks[coll] = self._raw_ids(builder, collective["pg_ranks"])
-            if keep is not None:
-                table = table.take(keep)
-            self._counted(builder, counts)
+            table = self._kept(builder, table, keep, counts)
             builder._span(table.ts, table.ts + table.dur)
             builder.gpu.append(table)
 
@@ -404,9 +407,7 @@ class _Chunk:
 
         def step(builder):
             table = model.RuntimeTable(name=self._names(builder, name, rows), **columns)
-            if keep is not None:
-                table = table.take(keep)
-            self._counted(builder, counts)
+            table = self._kept(builder, table, keep, counts)
             builder._span(table.ts, table.ts + table.dur)
             builder.runtime.append(table)
 
@@ -504,9 +505,6 @@ class _Chunk:
         def step(builder):
             table = model.GpuAnnotationTable(name=self._names(builder, name, rows), ts=ts, dur=dur,
                                              device=device, stream=stream)
-            if keep is not None:
-                table = table.take(keep)
-            self._counted(builder, counts)
-            builder.annotations.append(table)
+            builder.annotations.append(self._kept(builder, table, keep, counts))
 
         return step
