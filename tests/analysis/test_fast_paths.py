@@ -6,6 +6,7 @@
 - TraceData.string_ids remembers per predicate, never across different closures or globals,
   and a trace with its memo still pickles
 - report._clean (exact types first, list scalars in line) == the isinstance chain it replaced
+- intervals.intersect/subtract of merged sets == cutting at every bound, judged at midpoints
 """
 from __future__ import annotations
 
@@ -208,3 +209,58 @@ def test_merge_matches_a_sweep_sorted_or_not():
         s, e = iv.merge(starts, ends)
         want_s, want_e = _merge_by_sweep(starts, ends)
         assert s.tolist() == want_s and e.tolist() == want_e
+
+
+def _cut_and_midpoint(op, a, b):
+    """intersect/subtract as they were: every bound a cut, each piece judged at its midpoint."""
+    from tb_bottleneck_plugin.analysis import intervals as iv
+
+    (sa, ea), (sb, eb) = a, b
+    if len(sa) == 0 or len(sb) == 0:
+        return ([], []) if op == "intersect" else (sa.tolist(), ea.tolist())
+    cuts = np.unique(np.concatenate([sa, ea, sb, eb]))
+    mids = (cuts[:-1] + cuts[1:]) / 2
+    in_b = iv._contains(sb, eb, mids)
+    keep = iv._contains(sa, ea, mids) & (in_b if op == "intersect" else ~in_b)
+    s, e = iv._kept_runs(cuts, keep)
+    return s.tolist(), e.tolist()
+
+
+def test_intersect_subtract_match_the_cut_and_midpoint_form():
+    """intervals.intersect/subtract of two merged sets (sorted, disjoint, maybe touching) from
+    the b intervals overlapping each a interval give what cutting at every bound and judging
+    each piece at its midpoint gave, also where bounds lie one float step apart (there the
+    midpoint rounds onto a bound: timestamps near 3.7e12 µs with ns fractions)."""
+    from tb_bottleneck_plugin.analysis import intervals as iv
+
+    rng = np.random.default_rng(11)
+
+    def disjoint_set(values):
+        v = np.unique(values)
+        v = v[:len(v) // 2 * 2]
+        s, e = v[0::2].copy(), v[1::2].copy()
+        if len(s) > 2:  # some of them touching
+            e[:-1] = np.where(rng.random(len(s) - 1) < 0.3, s[1:], e[:-1])
+        return s, e
+
+    base = 3743411255749.2134
+    ladder = [base]
+    for _ in range(80):
+        ladder.append(float(np.nextafter(ladder[-1], np.inf)))
+    ladder = np.array(ladder)
+    for trial in range(3000):
+        if trial % 2:
+            a = disjoint_set(rng.integers(0, 400, 2 * int(rng.integers(0, 30))).astype(np.float64))
+            b = disjoint_set(rng.integers(0, 400, 2 * int(rng.integers(0, 30))).astype(np.float64))
+        else:  # one float step apart
+            a = disjoint_set(ladder[rng.integers(0, len(ladder), 2 * int(rng.integers(0, 10)))])
+            b = disjoint_set(ladder[rng.integers(0, len(ladder), 2 * int(rng.integers(0, 10)))])
+        for op in ("intersect", "subtract"):
+            s, e = getattr(iv, op)(a, b)
+            assert (s.tolist(), e.tolist()) == _cut_and_midpoint(op, a, b)
+    # unsorted or overlapping input: the cut form itself (no fast path)
+    a = (np.array([0.0, 2.0]), np.array([10.0, 3.0]))
+    b = (np.array([1.0]), np.array([5.0]))
+    for op in ("intersect", "subtract"):
+        s, e = getattr(iv, op)(a, b)
+        assert (s.tolist(), e.tolist()) == _cut_and_midpoint(op, a, b)
