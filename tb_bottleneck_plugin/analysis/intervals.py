@@ -16,7 +16,7 @@ def merge(starts: np.ndarray, ends: np.ndarray) -> Intervals:
     """Sorted, disjoint intervals covering exactly the union of the inputs.
 
     Zero-length intervals vanish; touching intervals are joined."""
-    given = starts
+    given, given_end = starts, ends
     starts = np.asarray(starts, dtype=np.float64)
     ends = np.asarray(ends, dtype=np.float64)
     keep = ends > starts
@@ -30,14 +30,18 @@ def merge(starts: np.ndarray, ends: np.ndarray) -> Intervals:
         order = np.argsort(starts, kind="stable")
         starts, ends = starts[order], ends[order]
         del order
-    running_end = np.maximum.accumulate(ends)
+    if (starts[1:] >= ends[:-1]).all():  # none overlaps the one before (kernels of one stream):
+        running_end = ends  # the ends ascend (each end > its start): their running maximum
+    else:  # (np.maximum.accumulate: ~7 ns per interval, ~25x this test)
+        running_end = np.maximum.accumulate(ends)
     del ends
     # A new merged interval begins where the start is beyond everything before it.
     new = np.empty(len(starts), dtype=bool)
     new[0] = True
     new[1:] = starts[1:] > running_end[:-1]
     if new.all():  # already disjoint (traces of tiny events): the intervals themselves, no index arrays
-        return (starts.copy() if starts is given else starts), running_end
+        return ((starts.copy() if starts is given else starts),
+                (running_end.copy() if running_end is given_end else running_end))
     first = np.flatnonzero(new)
     last = np.append(first[1:], len(starts)) - 1
     return starts[first], running_end[last]

@@ -407,14 +407,12 @@ def tensor_core_usage(trace: TraceData, top_n: int = 10, not_available: Optional
             not_available[f"tensor_cores.{metric}"] = reason
         return out
 
-    # Classify each distinct kernel name once.
-    ids = _kernel_name_ids(trace)
-    tc_name = np.zeros(len(trace.strings), dtype=bool)
+    # Classify each distinct kernel name once (the Tensor Core names: the trace's remembered mask,
+    # which the occupancy, Operator view and step model read too)
+    tc_name = tensor_core_name_mask(trace)
     prec_name = np.full(len(trace.strings), len(PRECISIONS) - 1, dtype=np.int8)
-    for i in ids:
-        s = trace.strings[i]
-        tc_name[i] = is_tensor_core_name(s)
-        prec_name[i] = PRECISIONS.index(precision_of_name(s))
+    for i in _kernel_name_ids(trace):
+        prec_name[i] = PRECISIONS.index(precision_of_name(trace.strings[i]))
     tc = tc_name[gpu.name] & is_kernel
 
     tc_us = float(dur[tc].sum())

@@ -264,3 +264,22 @@ def test_intersect_subtract_match_the_cut_and_midpoint_form():
     for op in ("intersect", "subtract"):
         s, e = getattr(iv, op)(a, b)
         assert (s.tolist(), e.tolist()) == _cut_and_midpoint(op, a, b)
+
+
+def test_merge_of_intervals_that_do_not_overlap_skips_the_running_maximum():
+    """Intervals in start order none of which overlaps the one before (kernels of one stream):
+    merge takes the ends as their running maximum; touching ones still join, and the arrays
+    it returns are never the caller's."""
+    from tb_bottleneck_plugin.analysis import intervals as iv
+
+    rng = np.random.default_rng(3)
+    for trial in range(200):
+        n = int(rng.integers(1, 200))
+        bounds = np.sort(rng.integers(0, 1000, 2 * n)).astype(np.float64)
+        starts, ends = bounds[0::2].copy(), bounds[1::2].copy()
+        if trial % 2:  # some touching
+            ends[:-1] = np.where(rng.random(n - 1) < 0.3, starts[1:], ends[:-1])
+        s, e = iv.merge(starts, ends)
+        want_s, want_e = _merge_by_sweep(starts, ends)
+        assert s.tolist() == want_s and e.tolist() == want_e
+        assert not np.shares_memory(s, starts) and not np.shares_memory(e, ends)
