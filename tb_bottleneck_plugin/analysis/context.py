@@ -33,7 +33,23 @@ from ..trace.model import CPU_OP, CPU_USER_ANNOTATION, GPU_KERNEL, TraceData
 from .breakdown import COMM_CPU_PREFIXES, comm_kernel_mask
 from .linking import gpu_runtime_index
 
-BACKWARD_RE = re.compile(r"^autograd::engine::evaluate_function|Backward|^aten::\w*_backward")
+class _Prefiltered:
+    """A compiled regex behind a plain-text test that every string it matches passes (``in``,
+    ``startswith``): its ``search`` is the regex's where the test passes, else None, the same
+    answers. An unanchored alternative (``|Backward``) keeps ``re`` from its fast literal
+    search: 2 ms per scan of the 292 MB benchmark's string table, several scans per span."""
+
+    __slots__ = ("regex", "pattern", "_may_match")
+
+    def __init__(self, regex, may_match):
+        self.regex, self.pattern, self._may_match = regex, regex.pattern, may_match
+
+    def search(self, s):
+        return self.regex.search(s) if self._may_match(s) else None
+
+
+BACKWARD_RE = _Prefiltered(re.compile(r"^autograd::engine::evaluate_function|Backward|^aten::\w*_backward"),
+                           lambda s: "Backward" in s or s.startswith(("autograd::engine::evaluate_function", "aten::")))
 # Optimizer ops: the optimizers' annotations, their multi-tensor (foreach) math and fused kernels.
 # Not aten::_foreach_copy_: CUDA-graph trees copy a graph's static inputs with
 # _foreach_copy_ before each replay, in inference as in training (issue 34 item 5).
@@ -56,7 +72,7 @@ def short_kernel_bound(cuda_graphs) -> str:
     return "latency" if cuda_graphs else "launch"
 
 
-TRITON_RE = re.compile(r"^triton_|triton_(poi|red|per|tem)_")
+TRITON_RE = _Prefiltered(re.compile(r"^triton_|triton_(poi|red|per|tem)_"), lambda s: "triton_" in s)
 COMPILED_REGION_RE = re.compile(r"^CompiledFunction(Backward)?$|^Torch-Compiled Region|^torch_compile|"
                                 r"^TorchDynamo|^CompiledFxGraph")
 DISTRIBUTED_CPU_RE = re.compile(r"^(" + "|".join(re.escape(p) for p in COMM_CPU_PREFIXES) + r")|^c10d::")

@@ -122,8 +122,9 @@ def occupancy_artefacts(trace: TraceData) -> Dict[str, np.ndarray]:
     kin = g.achieved_occupancy_pct
     is_k = (g.kind == GPU_KERNEL) & np.isfinite(kin)
     zero = is_k & (kin == 0)
-    return {"over_100": is_k & (kin > 100.0), "zero_no_launch": zero & (_threads(g) <= 0),
-            "zero_large_smem": zero & (_threads(g) > 0) & (g.shared_memory > LARGE_SHARED_MEMORY_BYTES)}
+    threads = _threads(g)
+    return {"over_100": is_k & (kin > 100.0), "zero_no_launch": zero & (threads <= 0),
+            "zero_large_smem": zero & (threads > 0) & (g.shared_memory > LARGE_SHARED_MEMORY_BYTES)}
 
 
 def _artefact_notes(trace: TraceData, source: np.ndarray, calc_reasons: Dict[int, str],

@@ -283,3 +283,22 @@ def test_merge_of_intervals_that_do_not_overlap_skips_the_running_maximum():
         want_s, want_e = _merge_by_sweep(starts, ends)
         assert s.tolist() == want_s and e.tolist() == want_e
         assert not np.shares_memory(s, starts) and not np.shares_memory(e, ends)
+
+
+def test_prefiltered_regexes_answer_as_their_regexes():
+    """context.BACKWARD_RE / TRITON_RE test a plain substring or prefix before the regex:
+    the same match (or None) as the regex itself, on every string of the shared traces' kind
+    and on strings made to sit at the edges of the tests."""
+    from tb_bottleneck_plugin.analysis import context
+
+    texts = ["autograd::engine::evaluate_function: ConvolutionBackward0", "ConvolutionBackward0",
+             "aten::convolution_backward", "aten::_foreach_add_", "aten::backward", "aten::_backward",
+             "xaten::x_backward", "autograd::engine", "Backwar", "backward", "aten::", "",
+             "triton_poi_fused_add_0", "triton_", "my_triton_red_fused", "my_triton_x", "Triton_red_",
+             "void at::native::vectorized_elementwise_kernel<4, at::native::BUnaryFunctor<float>>",
+             "x" * 2000 + "Backward", "x" * 2000 + "triton_per_"]
+    for pattern in (context.BACKWARD_RE, context.TRITON_RE):
+        for s in texts:
+            got, want = pattern.search(s), pattern.regex.search(s)
+            assert (got is None) == (want is None)
+            assert got is None or got.span() == want.span()
