@@ -92,7 +92,9 @@ def _intervals_of(trace: TraceData, parts) -> iv.Intervals:
     for table_name, mask in parts:
         t = getattr(trace, table_name)
         starts.append(t.ts[mask])
-        ends.append(starts[-1] + t.dur[mask])
+        end = t.dur[mask]  # ts + dur written over the gathered durations (the same sums: no third array)
+        ends.append(np.add(end, starts[-1], out=end) if end.dtype == np.result_type(end, starts[-1])
+                    else starts[-1] + end)
     if not starts:
         return np.empty(0), np.empty(0)
     if len(starts) > 1:
@@ -116,13 +118,66 @@ def cumulative_unions(trace: TraceData) -> Dict[str, iv.Intervals]:
     C_dataloader minus C_runtime)."""
     masks = category_masks(trace)
     out: Dict[str, iv.Intervals] = {}
-    cum_s, cum_e = np.empty(0), np.empty(0)
+    cum: iv.Intervals = (np.empty(0), np.empty(0))
     for cat in CATEGORIES[:-1]:
-        s, e = _intervals_of(trace, masks[cat])
-        s, e = [np.concatenate([cum_s, s])], [np.concatenate([cum_e, e])]  # (this category's own dropped)
-        cum_s, cum_e = iv.merge(s.pop(), e.pop())
-        out[cat] = (cum_s, cum_e)
+        own = [_intervals_of(trace, masks.pop(cat))]
+        cum = out[cat] = _union(cum, own)  # (own: dropped there as its arrays are replaced)
     return out
+
+
+def _union(a: iv.Intervals, owned: list) -> iv.Intervals:
+    """``iv.merge`` of two merged sets, ``a`` and ``owned[0]`` (the caller's only reference,
+    popped here): the same intervals (a union has one merged form). When one set is much
+    smaller, without the concatenation and its sort: the intervals of the larger set touching
+    the smaller's are found by searchsorted and fused; the rest are kept as they are. A set unchanged by the other is returned itself (a
+    category with no own interval shares the arrays of the one before: read-only). On 10M tiny
+    events the CPU ops' union (16 bytes per op) was concatenated, sorted and merged beside
+    itself: 64 bytes per op at the breakdown's peak, now 32."""
+    b = owned.pop()
+    if not len(a[0]):
+        return b
+    if not len(b[0]):
+        return a
+    if 32 * min(len(a[0]), len(b[0])) > max(len(a[0]), len(b[0])):  # sets of like size: merged together
+        # (faster there; the fusing below pays per interval of the smaller set)
+        s, e = [np.concatenate([a[0], b[0]])], [np.concatenate([a[1], b[1]])]
+        del b
+        return iv.merge(s.pop(), e.pop())
+    if len(a[0]) > len(b[0]):
+        a, b = b, a
+    (sa, ea), (sb, eb) = a, b
+    del a, b
+    # a[i] overlaps or touches b[j] (merge joins touching intervals) for j0[i] <= j < j1[i]
+    j0 = np.searchsorted(eb, sa, side="left")
+    j1 = np.searchsorted(sb, ea, side="right")
+    hit = j1 > j0
+    if not hit.any():
+        fs, fe = sa, ea
+    else:
+        fs = np.where(hit, np.minimum(sa, sb[np.minimum(j0, len(sb) - 1)]), sa)
+        fe = np.where(hit, np.maximum(ea, eb[np.maximum(j1 - 1, 0)]), ea)
+        fs, fe = iv.merge(fs, fe)  # (a's fused intervals: two may share a b interval)
+    # the b intervals fused into a's: the ranges [j0, j1), joined
+    r0, r1 = j0[hit], j1[hit]
+    del j0, j1, hit
+    if len(r0):
+        r1 = np.maximum.accumulate(r1)
+        first = np.flatnonzero(np.r_[True, r0[1:] > r1[:-1]])
+        r0, r1 = r0[first], r1[np.r_[first[1:], len(r1)] - 1]
+        keep = np.ones(len(sb), bool)
+        lengths = r1 - r0
+        keep[np.repeat(r0 - np.r_[0, np.cumsum(lengths)[:-1]], lengths) + np.arange(int(lengths.sum()))] = False
+        del lengths, first
+    else:
+        keep = None
+    # (one column at a time: b's starts, when copied, are freed before its ends are gathered)
+    kept = sb[keep] if keep is not None else sb
+    del sb
+    pos = np.searchsorted(kept, fs)
+    out_s = np.insert(kept, pos, fs)
+    kept = eb[keep] if keep is not None else eb
+    del eb, keep
+    return out_s, np.insert(kept, pos, fe)
 
 
 def partition(trace: TraceData, lo: np.ndarray, hi: np.ndarray,
