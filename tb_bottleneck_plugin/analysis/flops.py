@@ -1015,7 +1015,18 @@ def _per_op(f_idx, e_idx, inner, f_flops, op_bytes, op_kus, pk, peak, na) -> dic
     own = np.concatenate([f_idx, e_idx]).astype(np.int64)
     inner_idx = np.flatnonzero(inner) if inner.dtype == bool else np.asarray(inner, np.int64)
     index = unique_values(np.concatenate([own, inner_idx]))
-    at_f, at_own = np.searchsorted(index, f_idx), np.searchsorted(index, own)
+    # each entry's place in ``index`` (every one of them is in it): a table over the entries, not
+    # a binary search per entry
+    if len(index) and index[0] >= 0:
+        place = np.zeros(int(index[-1]) + 1, np.int64)
+        place[index] = np.arange(len(index))
+
+        def find(x):
+            return place[np.asarray(x, np.int64)]
+    else:
+        def find(x):
+            return np.searchsorted(index, x)
+    at_f, at_own = find(f_idx), find(own)
     fields = {f: np.zeros(len(index)) for f in OP_FIELDS}
     # added, not set: a CUDA graph's capture-time op holds one call per replay (issue 34 item 2)
     np.add.at(fields["flops"], at_f, f_flops)
@@ -1027,8 +1038,8 @@ def _per_op(f_idx, e_idx, inner, f_flops, op_bytes, op_kus, pk, peak, na) -> dic
     else:
         fields["hbm_us"][at_own] = np.nan
     np.add.at(fields["flop_calls"], at_f, 1.0)
-    np.add.at(fields["byte_calls"], np.searchsorted(index, e_idx), 1.0)
-    fields["inner_calls"][np.searchsorted(index, inner_idx)] = 1.0
+    np.add.at(fields["byte_calls"], find(e_idx), 1.0)
+    fields["inner_calls"][find(inner_idx)] = 1.0
     peak_na = None
     if not peak:
         peak_na = na.get("flops.mfu_pct") or "no peak known for this device"

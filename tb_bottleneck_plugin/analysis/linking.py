@@ -108,6 +108,8 @@ def calls_inside(trace: TraceData, cpu_rows=None, among: Optional[Pairs] = None)
         if rows.dtype == bool and len(rows) == len(cpu) and not (rows & ~_op_mask(trace)).any():
             op, call = among
             keep = rows[op]
+            if keep.all():  # every pair's op asked for (the sync calls' ops: every CPU op): the
+                return op, call  # pairs themselves, read-only as ``among`` is (no copy of each)
             return op[keep], call[keep]
     if cpu_rows is None:
         cpu_rows = np.arange(len(cpu), dtype=np.int64)
