@@ -21,6 +21,7 @@ The section is per span; every number is a sum over included steps (partials are
 """
 from __future__ import annotations
 
+import functools
 import re
 from typing import Dict, List, Optional
 
@@ -124,6 +125,7 @@ def kernel_kind(name: str) -> str:
     return KINDS.get(m.group(1), "triton") if m and m.group(1) else "triton"
 
 
+@functools.lru_cache(maxsize=1 << 14)  # a few hundred kernel names per trace, asked by several units
 def kernel_family(name: str) -> str:
     """The kernel family of one kernel name: ``triton`` (Inductor, §9 Context's test), else
     ``attention`` (flash/SDPA/FMHA: cuDNN SDPA kernels carry "wgmma"), else ``gemm``
