@@ -274,7 +274,7 @@ def host_nesting(trace: TraceData) -> Dict[str, np.ndarray]:
     ProfilerStep#N included), then trace.runtime rows. ``thread`` (``thread_ids``, int32),
     ``thread_pid`` (the pid of each thread id), ``ts``, ``dur`` (NaN/negative as 0), ``end``, ``parent``
     (see ``_nesting``; its depth is not kept), ``container`` (zero-length events: the innermost positive-length
-    event holding their time) and ``laminar`` (``_laminar``). Source attribution walks it; ``op_nesting`` is derived from it
+    event holding their time; int32 below 2**31 events) and ``laminar`` (``_laminar``). Source attribution walks it; ``op_nesting`` is derived from it
     when it nests exactly, so one nesting is computed per trace. Read-only."""
     cpu, rt = trace.cpu, trace.runtime
     pid = np.concatenate([cpu.pid, rt.pid])
@@ -298,6 +298,8 @@ def host_nesting(trace: TraceData) -> Dict[str, np.ndarray]:
                              want_depth=False)  # (the depth is read by no one)
     else:
         parent = np.zeros(0, np.int64)
+    if n < (1 << 31):  # (indices: 4 bytes per host event held through source attribution, not 8)
+        parent = parent.astype(np.int32)
     laminar = _laminar(ts, end, parent)
     dur = _host_dur(cpu, rt)
     return {"thread": thread, "thread_pid": thread_pid, "ts": ts, "dur": dur, "end": end,
@@ -322,15 +324,22 @@ def _op_rows(trace: TraceData) -> np.ndarray:
                           & ~np.isin(cpu.name, step_ids))
 
 
-def _subset_nesting(host: Dict[str, np.ndarray], rows: np.ndarray):
+def _subset_nesting(host: Dict[str, np.ndarray], rows: np.ndarray, consume: bool = False):
     """``_nesting`` of the host events ``rows`` (ascending) from an exactly nesting host
     nesting: the parent is the nearest strict ancestor among ``rows``, the depth the number of
-    such ancestors (a zero-length event: of its container and the container's ancestors)."""
+    such ancestors (a zero-length event: of its container and the container's ancestors).
+    ``consume``: ``host`` is the caller's own dict, whose ``end`` and ``parent`` are dropped
+    here once read (op_nesting's consume_host). Both results int64."""
     h_par = host["parent"]
     n = len(rows)
     zero = np.flatnonzero((host["end"] <= host["ts"])[rows])  # (a mask gathered: not two time columns)
-    local = np.full(len(h_par), -1, np.int64)
-    local[rows] = np.arange(n)
+    if consume:
+        del host["end"]  # (8 bytes per host event: not held through the walk below)
+    # (host indices as int32 below 2**31 events: 4 bytes per host event and per op, not 8)
+    idx = np.int32 if len(h_par) < (1 << 31) else np.int64
+    local = np.full(len(h_par), -1, idx)
+    for a in range(0, n, _WALK_BLOCK):  # local[rows] = arange(n), without an arange of every op
+        local[rows[a:a + _WALK_BLOCK]] = np.arange(a, min(a + _WALK_BLOCK, n), dtype=idx)
 
     def up_to_member(node):  # nearest ancestor-or-self among rows (host index), walking up
         # (``node``: a fresh array of the caller's, walked in place; in blocks, each node's walk
@@ -345,7 +354,13 @@ def _subset_nesting(host: Dict[str, np.ndarray], rows: np.ndarray):
                 go = go[local[part[go]] < 0]
         return node
 
-    up = up_to_member(h_par[rows])
+    up = up_to_member(h_par[rows].astype(idx, copy=False))
+    cont = host["container"][rows[zero]] if len(zero) else None
+    if len(zero):
+        cont = up_to_member(cont.astype(idx, copy=False))
+    if consume:
+        del host["parent"], host["container"]
+    del h_par
     # parent = where(up >= 0, local[max(up, 0)], -1), in place
     outside = up < 0
     np.maximum(up, 0, out=up)
@@ -354,7 +369,7 @@ def _subset_nesting(host: Dict[str, np.ndarray], rows: np.ndarray):
     parent[outside] = -1
     del outside
     if not len(zero):
-        del local  # (8 bytes per host event: read again only for zero-length members)
+        del local  # (read again only for zero-length members)
     # depth: list ranking along the member parents (log2(depth) rounds)
     depth = (parent >= 0).astype(np.int64)
     go = np.flatnonzero(depth)
@@ -365,9 +380,8 @@ def _subset_nesting(host: Dict[str, np.ndarray], rows: np.ndarray):
         go = go[nxt[go] >= 0]
     del nxt, go
     if len(zero):
-        a = up_to_member(host["container"][rows[zero]])
-        depth[zero] = np.where(a >= 0, depth[local[np.maximum(a, 0)]] + 1, 0)
-    return depth, parent
+        depth[zero] = np.where(cont >= 0, depth[local[np.maximum(cont, 0)]] + 1, 0)
+    return depth, parent.astype(np.int64, copy=False)
 
 
 def _gather_in_place(a: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -404,7 +418,7 @@ def op_nesting(trace: TraceData, host: Optional[Dict[str, np.ndarray]] = None, *
     rows = _op_rows(trace)
     derived = bool(len(rows)) and host is not None and host["laminar"]
     if derived:  # before the times below: its temporaries are gone when they are made (peak)
-        depth, parent = _subset_nesting(host, rows)
+        depth, parent = _subset_nesting(host, rows, consume=consume_host)
         if consume_host:  # (24 bytes per host event not allocated again: source attribution's peak)
             ts, dur = (_gather_in_place(host[k], rows) for k in ("ts", "dur"))
             return {"rows": rows, "ts": ts, "dur": dur, "depth": depth, "parent": parent}

@@ -190,6 +190,7 @@ def source_view(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = Non
     # ProfilerStep#N (an Operator in old traces, with the profiler's own stack) is no op here
     not_step = ~np.isin(name, trace.string_ids(lambda s: s.startswith("ProfilerStep#")))
     is_op = (kind == CPU_OP) & not_step
+    del kind
     # frame classes per distinct name
     py_names = np.unique(name[is_py]) if is_py.any() else np.zeros(0, np.int32)
     user_ids, module_ids, bwd_ids = [], [], []
@@ -204,10 +205,19 @@ def source_view(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = Non
         func = parsed[2] if parsed else ""
         if func in _BACKWARD_FUNCS or "run_backward" in s:
             bwd_ids.append(nid)
-    is_user = is_py & np.isin(name, user_ids)
-    is_module = is_py & np.isin(name, module_ids)
-    is_bwd = is_py & np.isin(name, bwd_ids)
-    has_cs = np.concatenate([cpu.call_stack >= 0, np.zeros(nr, bool)]) & not_step
+    # (a trace without Python frames or `Call stack` args, e.g. one recorded without with_stack:
+    # its per-node masks, keys and ways are read-only broadcasts, no memory per node; they are
+    # written only where a frame or a call stack is found)
+    no = np.broadcast_to(False, (n,))
+    any_py = bool(len(py_names))
+    is_user = is_py & np.isin(name, user_ids) if any_py else no
+    is_module = is_py & np.isin(name, module_ids) if any_py else no
+    is_bwd = is_py & np.isin(name, bwd_ids) if any_py else no
+    if cpu.call_stack.strides == (0,) and (not nc or cpu.call_stack[0] < 0):  # (a constant column: none)
+        has_cs = no
+    else:
+        has_cs = np.concatenate([cpu.call_stack >= 0, np.zeros(nr, bool)]) & not_step
+    del not_step
     has_frames = bool(is_user.any())
     has_stack = has_frames or bool(has_cs.any())
     # (without frames or call stacks: one read-only -1 per node, no memory per node)
@@ -216,8 +226,11 @@ def source_view(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = Non
     cs = _nearest(parent, has_cs) if has_cs.any() else none
     # --- frame key of each node ----------------------------------------------------------
     keys = _Keys()
-    key = np.full(n, -1, np.int64)
-    how = np.zeros(n, np.int8)  # 1 python frame, 2 call stack, 3 backward thread
+    stackless = not any_py and not has_cs.any()
+    # (int32: an index into keys.names)
+    key = np.broadcast_to(np.int32(-1), (n,)) if stackless else np.full(n, -1, np.int32)
+    how = np.broadcast_to(np.int8(0), (n,)) if stackless else np.zeros(n, np.int8)  # 1 python frame, 2 call stack,
+    # 3/4 backward thread
     if has_frames:
         fnames = np.unique(name[uf[uf >= 0]])
         fkey = {int(f): keys.get(S[f]) for f in fnames.tolist()}
@@ -322,13 +335,19 @@ def source_view(trace: TraceData, steps, gpu_runtime: Optional[np.ndarray] = Non
     graph = _graph_sources(trace, gr, key, keys, parent, is_module, name, nc, inc_gpu, gdur) if gr else None
     gpu_us = float(gdur[inc_gpu].sum())
     # --- per line ------------------------------------------------------------------------
-    op_near = _nearest(parent, is_op)
-    top_op = is_op & _strict_none(parent, op_near) & inc_node
-    del op_near  # (8 bytes per node, not held through the sections below)
     nk = len(keys.names)
+    if nk:
+        op_near = _nearest(parent, is_op)
+        top_op = is_op & _strict_none(parent, op_near) & inc_node
+        del op_near  # (8 bytes per node, not held through the sections below)
+        top_op &= key >= 0
+        cpu_lines = {"cpu_us": np.bincount(key[top_op], dur[top_op], minlength=nk),
+                     "calls": np.bincount(key[top_op], minlength=nk)}
+        del top_op
+    else:  # no frame key: no line (the top-level ops are not needed: an 8-byte walk per node)
+        cpu_lines = {"cpu_us": np.zeros(0), "calls": np.zeros(0, np.int64)}
     lines = {
-        "cpu_us": np.bincount(key[top_op & (key >= 0)], dur[top_op & (key >= 0)], minlength=nk),
-        "calls": np.bincount(key[top_op & (key >= 0)], minlength=nk),
+        **cpu_lines,
         "gpu_us": np.bincount(g_key[inc_gpu & (g_key >= 0)], gdur[inc_gpu & (g_key >= 0)], minlength=nk),
         "kernels": np.bincount(g_key[inc_gpu & (g_key >= 0)], minlength=nk),
     }
