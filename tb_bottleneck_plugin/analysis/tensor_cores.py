@@ -32,7 +32,7 @@ import numpy as np
 from ..trace.model import GPU_KERNEL, TraceData
 from . import linking, precision
 from .accelerators import no_gpu_reason
-from .factorize import unique_rows
+from .factorize import thread_ids_of, unique_rows
 
 
 class TcPattern(NamedTuple):
@@ -329,7 +329,12 @@ def _innermost_rows(trace: TraceData, rows: np.ndarray) -> np.ndarray:
         return rows
     cpu = trace.cpu
     ts, end = cpu.ts[rows], cpu.ts[rows] + np.nan_to_num(cpu.dur[rows], nan=0.0)
-    order = np.lexsort((ts - end, ts, cpu.tid[rows], cpu.pid[rows]))
+    # np.lexsort((ts - end, ts, tid, pid)): by start (few ties), then the thread (a stable
+    # radix sort of dense ids in (pid, tid) order), not a lexsort of four keys (2 ms of 20k ops)
+    order = linking.ordered_by_keys([ts - end, ts])
+    thread = thread_ids_of(cpu.pid[rows], cpu.tid[rows])[0]
+    if len(thread) and thread.max() > 0:
+        order = order[np.argsort(thread[order].astype(np.int16 if thread.max() < 1 << 15 else np.int64), kind="stable")]
     r, ts, end = rows[order], ts[order], end[order]
     same = (cpu.pid[r][1:] == cpu.pid[r][:-1]) & (cpu.tid[r][1:] == cpu.tid[r][:-1])
     holds = np.zeros(len(r), bool)

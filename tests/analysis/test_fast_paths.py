@@ -302,3 +302,41 @@ def test_prefiltered_regexes_answer_as_their_regexes():
             got, want = pattern.search(s), pattern.regex.search(s)
             assert (got is None) == (want is None)
             assert got is None or got.span() == want.span()
+
+
+def test_ordered_by_keys_matches_lexsort():
+    """linking.ordered_by_keys (a stable sort of the primary key, then only its runs of ties by
+    the other keys) == np.lexsort, with ties, NaN and -0.0 in the keys."""
+    rng = np.random.default_rng(5)
+    for trial in range(300):
+        n = int(rng.integers(0, 400))
+        ks = [rng.integers(0, 4 if trial % 2 else 50, n).astype(np.float64) for _ in range(int(rng.integers(1, 4)))]
+        for k in ks:
+            if n and trial % 3 == 0:
+                k[rng.integers(0, n, 3)] = np.nan
+            if n and trial % 5 == 0:
+                k[rng.integers(0, n, 3)] = -0.0
+        assert linking.ordered_by_keys(ks).tolist() == np.lexsort(ks).tolist()
+
+
+def test_innermost_rows_matches_the_four_key_lexsort():
+    """tensor_cores._innermost_rows orders by start then thread without np.lexsort of four keys:
+    the same rows as with it, on ops of several threads with equal starts and lengths."""
+    from types import SimpleNamespace
+
+    from tb_bottleneck_plugin.analysis import tensor_cores
+
+    rng = np.random.default_rng(9)
+    for trial in range(100):
+        n = int(rng.integers(1, 300))
+        cpu = SimpleNamespace(ts=rng.integers(0, 60, n).astype(np.float64), dur=rng.integers(0, 20, n).astype(np.float64),
+                              pid=rng.integers(1, 3, n), tid=rng.integers(5, 8, n))
+        trace = SimpleNamespace(cpu=cpu)
+        rows = np.flatnonzero(rng.random(n) < 0.7)
+        ts, end = cpu.ts[rows], cpu.ts[rows] + cpu.dur[rows]
+        order = np.lexsort((ts - end, ts, cpu.tid[rows], cpu.pid[rows]))
+        r, ts, end = rows[order], ts[order], end[order]
+        same = (cpu.pid[r][1:] == cpu.pid[r][:-1]) & (cpu.tid[r][1:] == cpu.tid[r][:-1])
+        holds = np.zeros(len(r), bool)
+        holds[:-1] = same & (ts[1:] < end[:-1])
+        assert tensor_cores._innermost_rows(trace, rows).tolist() == np.sort(r[~holds]).tolist()
