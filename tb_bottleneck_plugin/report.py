@@ -10,10 +10,13 @@ text_report.py's; file access is discovery's and storage's.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
+import os
 import pickle
 import posixpath
+import threading
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -125,13 +128,14 @@ def analyze_trace(trace: model.TraceData, *, run=None, worker=None, span=None, s
     }
     ctx = units.SpanContext(trace=trace, report=rep, not_available=not_available, snapshot=snapshot,
                             sections=sec, extras={"memory": {"devices": {}}, "timeline": timeline})
-    for unit in registry.UNITS:
-        rep.update(unit.defaults())
-        if not sec.needs(unit.name, *unit.requires):
-            continue
-        value = sec.run(unit.name, unit.compute, ctx)
-        if value is not None:
-            rep.update(value) if unit.fields is not None else rep.__setitem__(unit.name, value)
+    lanes = _unit_lanes(trace)
+    if lanes is None:
+        _run_units(registry.UNITS, ctx, sec)
+    else:
+        before, lane_units, after = lanes
+        _run_units(before, ctx, sec)
+        _run_lanes(lane_units, ctx, sec)
+        _run_units(after, ctx, sec)
     for join in registry.JOINS:
         join(rep)
     curves = ctx.extras["memory"]
@@ -168,6 +172,119 @@ def analyze_trace(trace: model.TraceData, *, run=None, worker=None, span=None, s
             "kernel_names": _clean(ctx.extras.get("kernel_names")),  # compare's kernel diff (METRICS.md §11)
             "distributed": dist_part,
             "partials": _clean(span_partials(out_report))}
+
+
+def _run_units(unit_list, ctx: units.SpanContext, sec: _Sections) -> None:
+    """The units one after another, each isolated (`_Sections.run`), into ``ctx.report``."""
+    rep = ctx.report
+    for unit in unit_list:
+        rep.update(unit.defaults())
+        if not sec.needs(unit.name, *unit.requires):
+            continue
+        value = sec.run(unit.name, unit.compute, ctx)
+        if value is not None:
+            rep.update(value) if unit.fields is not None else rep.__setitem__(unit.name, value)
+
+
+ANALYSIS_THREADS_ENV = "TB_BOTTLENECKS_ANALYSIS_THREADS"  # "0": the units one after another
+# Two lanes hold two units' temporaries at once: ~17 bytes more per host event at the peak
+# (10M tiny CPU events: 1,017 -> 1,188 MiB; the 292 MB benchmark trace, 0.32M host events:
+# +8-18 MB). Above this many host events (~50 MB more) the units run one after another,
+# so that the peak of a trace of many small events stays what the scheduler reserves.
+LANES_MAX_HOST_EVENTS = 3_000_000
+
+
+def _unit_lanes(trace: model.TraceData):
+    """(units before, [(unit, lane)] of the units that run in two lanes, units after), or
+    None to run them one after another: one usable core, TB_BOTTLENECKS_ANALYSIS_THREADS=0,
+    more than LANES_MAX_HOST_EVENTS host events, or a registry whose units between `steps`
+    and `step_model` are not all in a lane."""
+    if os.environ.get(ANALYSIS_THREADS_ENV, "").strip() == "0" or _usable_cores() < 2:
+        return None
+    if len(trace.cpu) + len(trace.runtime) > LANES_MAX_HOST_EVENTS:
+        return None
+    names = [u.name for u in registry.UNITS]
+    if "steps" not in names or "step_model" not in names:
+        return None
+    first, last = names.index("steps") + 1, names.index("step_model")
+    lane_of = {n: 0 for n in registry.NESTING_LANE}
+    lane_of.update((n, 1) for n in registry.OTHER_LANE)
+    middle = registry.UNITS[first:last]
+    if not middle or any(u.name not in lane_of for u in middle):
+        return None
+    return registry.UNITS[:first], [(u, lane_of[u.name]) for u in middle], registry.UNITS[last:]
+
+
+def _run_lanes(lane_units, ctx: units.SpanContext, sec: _Sections) -> None:
+    """`_run_units` of ``lane_units`` ([(unit, lane 0 or 1)], registry order), lane 1 in a
+    thread at the same time as lane 0. Each unit writes its `not_available` entries and
+    errors into its own copies; they and its report fields are then taken in registry
+    order, so the report is the one running them one after another gives."""
+    shared_na = ctx.not_available
+    before = dict(shared_na)
+    done = {}
+
+    def run_lane(lane: int) -> None:
+        for unit, in_lane in lane_units:
+            if in_lane != lane:
+                continue
+            own_na = dict(before)
+            own_sec = _Sections(own_na, source=sec.source)
+            own_sec.failed = dict(sec.failed)
+            value = None
+            if own_sec.needs(unit.name, *unit.requires):
+                value = own_sec.run(unit.name, unit.compute,
+                                    dataclasses.replace(ctx, not_available=own_na, sections=own_sec))
+            done[unit.name] = (value, own_na, own_sec)
+
+    _side_by_side(lambda: run_lane(0), lambda: run_lane(1))
+    rep = ctx.report
+    for unit, _ in lane_units:
+        value, own_na, own_sec = done[unit.name]
+        for key in [k for k in before if k not in own_na]:  # (a unit may drop an entry)
+            shared_na.pop(key, None)
+        for key, reason in own_na.items():
+            if before.get(key, None) is not reason:
+                shared_na[key] = reason
+        for key, message in own_sec.failed.items():
+            if key not in sec.failed:
+                sec.failed[key] = message
+        sec.errors.extend(own_sec.errors)
+        rep.update(unit.defaults())
+        if value is not None:
+            rep.update(value) if unit.fields is not None else rep.__setitem__(unit.name, value)
+
+
+def _side_by_side(here, beside):
+    """(here(), beside()), with beside() in a thread of its own meanwhile when this process
+    may use two cores (else one after the other). Exceptions are raised here."""
+    if _usable_cores() < 2:
+        return here(), beside()
+    out: list = []
+
+    def run_beside():
+        try:
+            out.append(("ok", beside()))
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+            out.append(("error", exc))
+
+    thread = threading.Thread(target=run_beside, name="tb-bottlenecks-analysis", daemon=True)
+    thread.start()
+    try:
+        first = here()
+    finally:
+        thread.join()
+    kind, second = out[0]
+    if kind == "error":
+        raise second
+    return first, second
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def span_partials(rep: dict) -> Dict[str, Optional[dict]]:

@@ -39,6 +39,18 @@ UNITS: List[Unit] = [
 # Cross-section links, run after every unit (span and summary alike).
 JOINS = [tensor_cores.join_gpu, memory_peak.join_recompute]
 
+# Two lanes of units that report.analyze_trace may run at the same time, after `steps` and
+# before `step_model` (issue 39: their numpy loops release the GIL, so two cores share the
+# work). Every reader of the host and op nesting is in NESTING_LANE, in registry order:
+# flops derives the op nesting, source attribution drops the host nesting and may reuse its
+# arrays in place. OTHER_LANE shares with it only the per-span caches, which are
+# thread-safe (units.SpanContext.once). Neither reads another unit's report section. A unit
+# between `steps` and `step_model` in neither lane makes every span run its units one
+# after another, as before.
+NESTING_LANE = ("flops", "memory_peak", "source_attribution")
+OTHER_LANE = ("breakdown", "input", "gpu", "tensor_cores", "occupancy", "memory", "sync", "communication",
+              "launch", "copies", "collectives", "context", "compilation")
+
 
 def by_name(name: str) -> Unit:
     return next(u for u in UNITS if u.name == name)

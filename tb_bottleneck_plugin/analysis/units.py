@@ -35,6 +35,7 @@ function in judge/cards.py (``@register(card id)``, made with ``verdicts.card``)
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -187,11 +188,22 @@ class SpanContext:
     extras: Dict[str, Any] = field(default_factory=dict)  # span-result parts beside the report
     _cache: Dict[str, Any] = field(default_factory=dict)
 
+    _lock: Any = field(default_factory=threading.Lock)  # guards _key_locks
+    _key_locks: Dict[str, Any] = field(default_factory=dict)
+
     def once(self, key: str, fn: Callable[[], Any]):
-        """fn() the first time `key` is asked for in this span, its value afterwards."""
-        if key not in self._cache:
-            self._cache[key] = fn()
-        return self._cache[key]
+        """fn() the first time `key` is asked for in this span, its value afterwards; one
+        computation when two threads ask at once (report.analyze_trace's side-by-side part)."""
+        try:
+            return self._cache[key]
+        except KeyError:
+            pass
+        with self._lock:
+            key_lock = self._key_locks.setdefault(key, threading.Lock())
+        with key_lock:
+            if key not in self._cache:
+                self._cache[key] = fn()
+            return self._cache[key]
 
     def release(self, key: str) -> None:
         """Forget `key` (a later `once` computes it again): for a large value whose last
