@@ -293,6 +293,7 @@ def test_the_what_ifs_scalar_total_is_the_schedules_bit_for_bit(rel):
     cases = [sm._changes(gr)]
     for i in range(6):
         ch = sm._changes(gr)
+        ch.own("gap", "busy", "g_dur", "g_lat")  # (the graph's own arrays until then)
         ch["gap"] *= rng.uniform(0.0, 2.0, len(ch["gap"]))
         ch["busy"] *= rng.uniform(0.0, 2.0, len(ch["busy"]))
         ch["g_dur"] *= rng.uniform(0.0, 2.0, len(ch["g_dur"]))
@@ -306,6 +307,41 @@ def test_the_what_ifs_scalar_total_is_the_schedules_bit_for_bit(rel):
         assert fast is not None
         assert fast == sm.simulate(gr, **ch).total_us
     neg = sm._changes(gr)
+    neg.own("g_dur")
     neg["g_dur"][0] = -(neg["g_gap"][0] + 1.0)
     assert sm._simulated_total(gr, **neg) is None
     assert sm._total(gr, neg) == sm.simulate(gr, **neg).total_us
+
+
+@needs_traces
+@pytest.mark.parametrize("rel", SCHEDULE_TRACES)
+def test_what_ifs_never_write_the_graphs_own_arrays(rel):
+    """Each what-if starts from the graph's own arrays (step_model._Changes) and copies the ones
+    it changes before writing them: with the graph's arrays read-only every what-if (and all of
+    them one after another, as the all-fixes row applies them) still runs, and a saved state
+    (``shared``) keeps its values while the next fix changes the arrays it shares."""
+    import numpy as np
+
+    from tb_bottleneck_plugin.analysis import step_model as sm
+    from tb_bottleneck_plugin.analysis.linking import gpu_runtime_index
+    from tb_bottleneck_plugin.analysis.steps import find_steps
+    from tb_bottleneck_plugin.trace import loader
+
+    trace = loader.load_trace(str(TRACES / rel))
+    gr = sm.build_graph(trace, find_steps(trace), gpu_runtime_index(trace))
+    for name in ("gap", "busy", "g_lat", "g_gap", "g_dur", "g_stream"):
+        getattr(gr, name).flags.writeable = False
+    fixes = [lambda ch: sm._apply_input(gr, ch), lambda ch: sm._apply_pinned(gr, ch),
+             lambda ch: sm._apply_sync(gr, ch), lambda ch: sm._apply_cuda_graphs(gr, ch, 2.0),
+             lambda ch: sm._apply_fusion(gr, ch, 3.0), lambda ch: sm._apply_bf16(gr, ch, {"fp32": 4.0}),
+             lambda ch: sm._apply_compile_breaks(gr, ch, 3.0), lambda ch: sm._apply_comm(gr, ch),
+             lambda ch: sm._apply_d2d(gr, ch)]
+    for fix in fixes:
+        fix(sm._changes(gr))
+    ch = sm._changes(gr)
+    for fix in fixes:
+        before = ch.shared()
+        kept = {k: v.copy() for k, v in before.items()}
+        fix(ch)
+        for k, v in kept.items():
+            assert np.array_equal(before[k], v, equal_nan=True)
