@@ -483,8 +483,10 @@ def step_activity(trace: TraceData, lo: np.ndarray, hi: np.ndarray, comp: iv.Int
     comm_ids = trace.string_ids(_is_comm_cpu_name)
     step_ids = trace.string_ids(lambda s: s.startswith("ProfilerStep#"))
     busy_mask = host & ~np.isin(c.name, comm_ids) & ~np.isin(c.name, step_ids)
-    busy = iv.merge(np.concatenate([c.ts[busy_mask], rt.ts]),
-                    np.concatenate([(c.ts + c.dur)[busy_mask], rt.ts + rt.dur]))
+    # (each table's union first: a table in start or end order merges without a sort, and the
+    # union of the two unions is the same union, in the same pieces)
+    host_busy, calls = union(busy_mask, c), union(np.ones(len(rt), bool), rt)
+    busy = iv.merge(np.concatenate([host_busy[0], calls[0]]), np.concatenate([host_busy[1], calls[1]]))
     return {"dataloader_us": cover(loader), "h2d_us": cover(h2d), "sync_us": cover(sync),
             "compute_forward_us": cover(comp_rest), "compute_backward_us": cover(comp_bwd),
             "compute_optimizer_us": cover(comp_opt),

@@ -340,3 +340,23 @@ def test_innermost_rows_matches_the_four_key_lexsort():
         holds = np.zeros(len(r), bool)
         holds[:-1] = same & (ts[1:] < end[:-1])
         assert tensor_cores._innermost_rows(trace, rows).tolist() == np.sort(r[~holds]).tolist()
+
+
+def test_merge_in_end_order_matches_a_sweep():
+    """intervals.merge of intervals in end order but not in start order (host events as 2021
+    traces write them: nested ones first) takes the union without sorting the starts: the same
+    pieces as the sweep, with zero-length, touching and NaN intervals among them."""
+    from tb_bottleneck_plugin.analysis import intervals as iv
+
+    rng = np.random.default_rng(13)
+    for trial in range(300):
+        n = int(rng.integers(1, 300))
+        starts = rng.integers(0, 500, n).astype(np.float64)
+        ends = starts + rng.integers(0 if trial % 3 else 1, 30, n)
+        order = np.argsort(ends, kind="stable")
+        starts, ends = starts[order], ends[order]
+        if trial % 5 == 4:
+            starts[rng.integers(0, n)] = np.nan
+        s, e = iv.merge(starts, ends)
+        want_s, want_e = _merge_by_sweep(starts, ends)
+        assert s.tolist() == want_s and e.tolist() == want_e
