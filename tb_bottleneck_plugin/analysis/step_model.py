@@ -891,24 +891,44 @@ def _simulated_total(gr: Graph, gap, busy, is_sync, g_lat, g_gap, g_dur, g_strea
     n_h, n_g = len(gap), len(g_dur)
     if not n_h or not n_g:
         return None
-    cs = gap + busy
-    np.cumsum(cs, out=cs)
     so, s_first, s_last, launch_sorted = _stream_blocks(gr, g_stream)
     one = len(s_first) == 1
-    step = g_gap + g_dur if one else (g_gap + g_dur)[so]
-    if not (step >= 0).all():  # (NaN too)
+    # the host side (cs, start0 at each launch) and the GPU side (the cumulative steps) of the
+    # graph's own arrays once: a what-if leaves one side the graph's own (_Changes), and each
+    # is the same arithmetic on the same arrays
+    memo = gr.__dict__.setdefault("_total_memo", {})
+    own_streams = g_stream is gr.g_stream
+    host_key = own_streams and gap is gr.gap and busy is gr.busy
+    if host_key and "host" in memo:
+        cs, start0_at_launch = memo["host"]
+    else:
+        cs = gap + busy
+        np.cumsum(cs, out=cs)
+        start0_at_launch = cs[launch_sorted] - busy[launch_sorted]
+        if host_key:
+            memo["host"] = (cs, start0_at_launch)
+    gpu_key = own_streams and g_gap is gr.g_gap and g_dur is gr.g_dur
+    if gpu_key and "gpu" in memo:
+        c_incl = memo["gpu"]
+    else:
+        step = g_gap + g_dur if one else (g_gap + g_dur)[so]
+        c_incl = None
+        if (step >= 0).all():  # (NaN too)
+            c_incl = np.cumsum(step)
+            # every time finite (a finite total of non-negative parts): no NaN or inf below,
+            # where the scalar max would not propagate it as np.maximum does
+            if not np.isfinite(c_incl[-1]):
+                c_incl = None
+            elif not one:
+                c_incl -= np.repeat((c_incl - step)[s_first], s_last - s_first)
+        if gpu_key:
+            memo["gpu"] = c_incl
+    if c_incl is None or not np.isfinite(cs[-1]):
         return None
-    c_incl = np.cumsum(step)
-    # every time finite (a finite total of non-negative parts): no NaN or inf below, where
-    # the scalar max would not propagate it as np.maximum does
-    if not (np.isfinite(cs[-1]) and np.isfinite(c_incl[-1])):
-        return None
-    if not one:
-        c_incl -= np.repeat((c_incl - step)[s_first], s_last - s_first)
     # x0 = start0[launch] + (g_lat + g_dur - c_incl), start0 = cs - busy (simulate's operations)
     x0 = g_lat + g_dur if one else g_lat[so] + g_dur[so]
     x0 -= c_incl
-    x0 += cs[launch_sorted] - busy[launch_sorted]
+    x0 += start0_at_launch
     if not (x0 < np.inf).all():  # (NaN too; -inf: a removed node)
         return None
     ids = g_stream[so[s_first]]
