@@ -394,9 +394,9 @@ def _launched(trace: TraceData, rows: np.ndarray, entries: np.ndarray, is_k: np.
         return None
     call_k = np.zeros(len(trace.runtime), bool)
     call_k[rt_of[linked]] = True
-    sel = np.zeros(len(trace.cpu), bool)
-    sel[rows[entries]] = True
-    op, call = linking.calls_inside(trace, sel, among=op_calls if op_calls is not None else linking.op_calls(trace))
+    # every op's pairs, not those of ``entries`` selected first: an op's pairs are its own either
+    # way, and the answer is read at ``entries`` only (the selection copied ~250k pairs)
+    op, call = op_calls if op_calls is not None else linking.op_calls(trace)
     hit = np.zeros(len(trace.cpu), bool)
     hit[op[call_k[call]]] = True
     return hit[rows] & entries
