@@ -440,49 +440,70 @@ def span_op_nesting(span) -> Dict[str, np.ndarray]:
 
 def _op_instances(trace: TraceData, nesting: Optional[Dict[str, np.ndarray]] = None,
                   gpu_runtime: Optional[np.ndarray] = None, op_calls=None,
-                  flop_per_op: Optional[dict] = None):
+                  flop_per_op: Optional[dict] = None, own: bool = False):
     """Every CPU op / user annotation except ProfilerStep#N, with its nesting and times.
 
     Returns a dict of arrays over those rows: ``rows`` (into trace.cpu), ``total``,
     ``self`` (duration minus direct child ops minus runtime calls made directly), ``gpu``
     (GPU activities launched by the op or any descendant), ``gpu_self`` (launched by its
-    own runtime calls), ``tc`` (Tensor Core kernels among ``gpu``). ``nesting``:
+    own runtime calls), ``tc`` (Tensor Core kernels among ``gpu``): these three as (None, column)
+    or sparse (kept op positions ascending, values; 0 elsewhere: ``_per_op_sums``). ``nesting``:
     ``op_nesting(trace)``, ``gpu_runtime``: linking.gpu_runtime_index(trace), ``op_calls``:
     linking.op_calls(trace), when the caller has them. ``flop_per_op``: the flops unit's
     sparse per-op columns (flops._per_op; an op merged into its parent adds to the parent's),
-    returned as ``flop_rows`` (kept rows) and each field's values there."""
+    returned as ``flop_rows`` (kept rows) and each field's values there. ``own``: ``nesting`` is the
+    caller's own dict (no cache holds it): emptied here, so that each array goes with its last
+    reader."""
     cpu = trace.cpu
     nest = op_nesting(trace) if nesting is None else nesting
     rows, ts, dur = nest["rows"], nest["ts"], nest["dur"]
     depth, parent = nest["depth"], nest["parent"]
+    if own or nesting is None:  # the dict is this call's: each array lives only as long as its readers
+        nest.clear()
+    del nest
     n = len(rows)
-    alias = _merged_into(parent, cpu.name[rows], cpu.kind[rows])
-    merged = alias != np.arange(n)
-    parent = np.where(parent >= 0, alias[np.maximum(parent, 0)], -1)
-    child = np.flatnonzero((parent >= 0) & ~merged)
-    self_t = dur - np.bincount(parent[child], weights=dur[child], minlength=n) if n else dur.copy()
-    del parent, child  # (each 8 bytes per op: dropped before the launched times' temporaries)
-    gpu = gpu_self = tc = np.zeros(n)
+    alias = _merged_into(parent, cpu.name[rows], cpu.kind[rows])  # (None, and merged None: no op merged)
+    merged = None if alias is None else alias != np.arange(n)
+    if merged is not None:
+        parent = np.where(parent >= 0, alias[np.maximum(parent, 0)], -1)
+    child = np.flatnonzero(parent >= 0)
+    if merged is not None:
+        child = child[~merged[child]]
+    child_parent = parent[child]
+    del parent  # (8 bytes per op, gone before the self times are made when the dict was this call's)
+    # (the children's sums subtracted only where there are children: no zero bincount of every op)
+    self_t = dur - np.bincount(child_parent, weights=dur[child], minlength=n) if len(child) else dur.copy()
+    del child_parent, child
+    # the launched GPU times are sparse: (op index, value) of the ops that have any, ascending
+    # (24 bytes per op less than dense columns on traces where few ops launch)
+    empty = (np.zeros(0, np.int64), np.zeros(0))
+    gpu = gpu_self = tc = empty
     if n and len(trace.runtime):
         gpu, gpu_self, tc, rt_self = _launched_times(trace, rows, depth, alias, merged, gpu_runtime, op_calls)
-        self_t -= rt_self
+        if rt_self[0] is None:
+            self_t -= rt_self[1]
+        else:
+            self_t[rt_self[0]] -= rt_self[1]  # (dur - children - 0.0 elsewhere: the same values)
         del rt_self
     self_t = np.maximum(self_t, 0.0, out=self_t)
-    keep = ~merged
-    if keep.all():  # no op merged (the usual case on traces of tiny ops): the arrays as they are,
+    kept_pos = None
+    if merged is None:  # no op merged (the usual case on traces of tiny ops): the arrays as they are,
         # read-only from here (the nesting's are the span's cache), no copy of each
         keep = slice(None)
-    out = {"rows": rows[keep], "ts": ts[keep], "total": dur[keep], "self": self_t[keep],
-           "gpu": gpu[keep], "gpu_self": gpu_self[keep], "tc": tc[keep], "depth": depth[keep]}
+    else:
+        keep = ~merged
+        kept_pos = np.cumsum(keep) - 1
+    out = {"rows": rows[keep], "ts": ts[keep], "total": dur[keep], "self": self_t[keep], "depth": depth[keep]}
+    for f, (at, v) in (("gpu", gpu), ("gpu_self", gpu_self), ("tc", tc)):  # (sparse at: kept ops only)
+        out[f] = (None, v[keep]) if at is None else (at if kept_pos is None else kept_pos[at], v)
     del self_t, gpu, gpu_self, tc
-    keep = ~merged
     if flop_per_op and flop_per_op.get("fields"):
         # sparse (flops._per_op): a merged op's numbers go to the op it is merged into, summed
         # in row order (the order a bincount over every row would add them); ``flop_rows``:
         # the kept row each sum belongs to, ascending
-        targets, at = np.unique(alias[flop_per_op["index"]], return_inverse=True)
-        kept_pos = np.cumsum(keep) - 1
-        out["flop_rows"] = kept_pos[targets]
+        index = flop_per_op["index"]
+        targets, at = np.unique(index if alias is None else alias[index], return_inverse=True)
+        out["flop_rows"] = targets.astype(np.int64) if kept_pos is None else kept_pos[targets]
         for f, v in flop_per_op["fields"].items():
             out[f] = np.bincount(at.reshape(-1), weights=v, minlength=len(targets))
     return out
@@ -497,24 +518,37 @@ def _launched_times(trace: TraceData, rows, depth, alias, merged, gpu_runtime, o
 
     cpu = trace.cpu
     n = len(rows)
-    gpu = np.zeros(n)
-    gpu_self = np.zeros(n)
-    tc = np.zeros(n)
-    local = np.full(len(cpu), -1, np.int64)
+    empty = (np.zeros(0, np.int64), np.zeros(0))
+    gpu = gpu_self = tc = empty
+    local = np.full(len(cpu), -1, np.int32 if n < (1 << 31) else np.int64)  # (an op index: 4 bytes per row)
     for a in range(0, n, _WALK_BLOCK):  # local[rows] = arange(n), without an arange of every op
-        local[rows[a:a + _WALK_BLOCK]] = np.arange(a, min(a + _WALK_BLOCK, n))
+        local[rows[a:a + _WALK_BLOCK]] = np.arange(a, min(a + _WALK_BLOCK, n), dtype=local.dtype)
     op, call = linking.calls_inside(trace, rows, among=op_calls)
-    op = local[op]
+    op = local[op].astype(np.int64)
     del local
     # the innermost op around each call (the deepest of its enclosing ops; a merged
     # op's calls belong to the op it was merged into)
-    best = linking.first_per_call(op, call, len(trace.runtime), (-depth,))
+    if 4 * len(op) < n:  # few ops hold calls (traces of tiny ops): ranked among those ops (their
+        # order kept), not with a negated depth of every op (8 bytes per op)
+        present = np.zeros(n, bool)
+        present[op] = True
+        with_calls = np.flatnonzero(present)
+        del present
+        best = linking.first_per_call(np.searchsorted(with_calls, op), call, len(trace.runtime),
+                                      (-depth[with_calls],))
+        hit = best >= 0
+        best[hit] = with_calls[best[hit]]
+        del with_calls, hit
+    else:
+        best = linking.first_per_call(op, call, len(trace.runtime), (-depth,))
     inner_call = np.flatnonzero(best >= 0)
-    inner_op = alias[best[inner_call]]
+    inner_op = best[inner_call] if alias is None else alias[best[inner_call]]
     del best
-    op, call = op[~merged[op]], call[~merged[op]]
+    if merged is not None:
+        op, call = op[~merged[op]], call[~merged[op]]
     rt_dur = np.maximum(np.nan_to_num(trace.runtime.dur, nan=0.0), 0.0)
-    rt_self = np.bincount(inner_op, weights=rt_dur[inner_call], minlength=n)
+    inner_sum = _per_op_sums(inner_op, n)
+    rt_self = inner_sum(rt_dur[inner_call])
     gpu_rt = linking.gpu_runtime_index(trace) if gpu_runtime is None else gpu_runtime
     linked = np.flatnonzero(gpu_rt >= 0)
     if len(linked) and len(call):
@@ -523,10 +557,26 @@ def _launched_times(trace: TraceData, rows, depth, alias, merged, gpu_runtime, o
         per_call = np.bincount(gpu_rt[linked], weights=g_dur[linked], minlength=len(trace.runtime))
         per_call_tc = np.bincount(gpu_rt[linked], weights=np.where(tc_mask[linked], g_dur[linked], 0.0),
                                   minlength=len(trace.runtime))
-        gpu = np.bincount(op, weights=per_call[call], minlength=n)
-        tc = np.bincount(op, weights=per_call_tc[call], minlength=n)
-        gpu_self = np.bincount(inner_op, weights=per_call[inner_call], minlength=n)
+        op_sum = _per_op_sums(op, n)
+        gpu = op_sum(per_call[call])
+        tc = op_sum(per_call_tc[call])
+        gpu_self = inner_sum(per_call[inner_call])
     return gpu, gpu_self, tc, rt_self
+
+
+def _per_op_sums(op: np.ndarray, n: int):
+    """``weights -> np.bincount(op, weights, minlength=n)`` as (None, that dense column) when
+    ``op`` names many ops, else sparse: (the distinct ops ascending, their sums). The sparse
+    bincount adds each op's weights in the same order: the same values, 0.0 elsewhere (traces of
+    tiny ops, where few ops launch: 8 bytes per op less for each column)."""
+    if 4 * len(op) >= n:
+        return lambda w: (None, np.bincount(op, weights=w, minlength=n))
+    present = np.zeros(n, bool)
+    present[op] = True
+    at = np.flatnonzero(present)
+    del present
+    local = np.searchsorted(at, op)
+    return lambda w: (at, np.bincount(local, weights=w, minlength=len(at)))
 
 
 def _gather(col: np.ndarray, rows) -> np.ndarray:
@@ -540,17 +590,18 @@ def _merged_into(parent, name, kind) -> np.ndarray:
     """For each op, the op it is merged into (itself when not merged): an op that is the
     only child of an op of the same name (both CPU ops, not annotations) is one call of
     that op, as torch.profiler's EventList._remove_dup_nodes and torch-tb-profiler count
-    it (``aten::div`` calling ``aten::div``). Chains merge into their outermost op."""
+    it (``aten::div`` calling ``aten::div``). Chains merge into their outermost op.
+    None when no op is merged (no arange of every op)."""
     n = len(parent)
-    alias = np.arange(n)
     has = np.flatnonzero(parent >= 0)
     if len(has) == 0:
-        return alias
+        return None
     n_children = np.bincount(parent[has], minlength=n)
     p = parent[has]
     dup = has[(n_children[p] == 1) & (name[has] == name[p]) & (kind[has] == CPU_OP) & (kind[p] == CPU_OP)]
     if len(dup) == 0:
-        return alias
+        return None
+    alias = np.arange(n)
     alias[dup] = parent[dup]
     for _ in range(64):  # chains: follow to the outermost op
         nxt = alias[alias]
@@ -585,13 +636,20 @@ def operator_view(trace: TraceData, steps: Steps, span=None) -> dict:
         from .linking import span_gpu_runtime, span_op_calls
 
         per_op = span.once("flops_per_op", dict)  # filled by the flops unit when it counted
-        inst = _op_instances(trace, span_op_nesting(span), span_gpu_runtime(span), span_op_calls(span),
-                             flop_per_op=per_op)
+        nest, own = span_op_nesting(span), False
+        if not span.extras.get("timeline"):
+            # the op nesting's last reader on the report path (the timeline store reads it after this
+            # view otherwise): released now, its arrays dropped here once read (Operator view's peak)
+            span.release("op_nesting")
+            nest, own = dict(nest), True
+        inst = _op_instances(trace, nest, span_gpu_runtime(span), span_op_calls(span), flop_per_op=per_op, own=own)
+        del nest
         if per_op.get("fields") is not None:
             out.update(flops_counted=True, peak_gpu=per_op.get("peak_gpu"), peak_na=per_op.get("peak_na"))
     else:
         inst = _op_instances(trace)
-    rows = inst["rows"]
+    rows = inst.pop("rows")  # (popped: each per-op array is dropped after its last read below)
+    n_rows = len(rows)
     if len(rows) == 0:
         return out
     h_lo = np.asarray(steps.inc_host_start, np.float64)
@@ -600,50 +658,70 @@ def operator_view(trace: TraceData, steps: Steps, span=None) -> dict:
         h_lo, h_hi = np.array([-np.inf]), np.array([np.inf])
     order = np.argsort(h_lo, kind="stable")
     lo, hi = h_lo[order], h_hi[order]
-    ts = inst["ts"]
-    jc = np.searchsorted(lo, ts, side="right")
-    jc -= 1
-    inside = jc >= 0
-    np.maximum(jc, 0, out=jc)  # (the step index, in place)
-    inside &= ts < hi[jc]
+    ts = inst.pop("ts")
+    # each op's step (a step index: 4 bytes per op, not 8; the key's values come back as int64 from
+    # unique_columns) and whether it lies inside it, in blocks of ops: no int64 index of every op
+    step_col = np.empty(n_rows, np.int32)
+    inside = np.empty(n_rows, bool)
+    order32 = order.astype(np.int32)
+    for a in range(0, n_rows, _WALK_BLOCK):
+        t = ts[a:a + _WALK_BLOCK]
+        jc = np.searchsorted(lo, t, side="right")
+        jc -= 1
+        ok = jc >= 0
+        np.maximum(jc, 0, out=jc)
+        ok &= t < hi[jc]
+        inside[a:a + _WALK_BLOCK] = ok
+        step_col[a:a + _WALK_BLOCK] = order32[jc]
+    del ts, t, jc, ok
     keep = np.flatnonzero(inside)
+    del inside
     # the (step, name, dims, types) key written in place, and each temporary dropped once
     # read: this view runs last, on top of every cached column of the span (peak memory)
     cpu = trace.cpu
     if len(keep) == len(rows):  # every op inside an included step (the usual case): no gathers
         keep = slice(None)
+    else:
+        step_col = step_col[keep]
     kept_rows = rows[keep]
-    step_col = order.astype(np.int32)[jc[keep]]  # (a step index: 4 bytes per op, not 8; the key's values
-    del jc, inside  # come back as int64 from unique_columns)
     # the key's columns side by side (factorize.unique_columns: no (n, 4) int64 copy; a
     # constant column, e.g. no recorded inputs, stays a broadcast)
     dims_col, types_col = (_gather(c, kept_rows) for c in (cpu.input_dims, cpu.input_types))
     out["record_shapes"] = bool((dims_col >= 0).any())
     if len(step_col) == 0:
         return out
-    uniq, inv = factorize.unique_columns(step_col, cpu.name[kept_rows], dims_col, types_col)
-    del kept_rows, step_col, dims_col, types_col
+    name_col = cpu.name[kept_rows]
+    del rows, kept_rows
+    uniq, inv = factorize.unique_columns(step_col, name_col, dims_col, types_col)
+    del step_col, name_col, dims_col, types_col
     k = len(uniq)
     sums = {"calls": np.bincount(inv, minlength=k).astype(np.float64),
             "top_calls": np.bincount(inv, weights=(inst["depth"][keep] == 0).astype(np.float64), minlength=k)}
-    for field_name, src in (("total_us", "total"), ("self_us", "self"), ("gpu_us", "gpu"),
-                            ("gpu_self_us", "gpu_self"), ("tc_us", "tc")):
+    for field_name, src in (("total_us", "total"), ("self_us", "self")):
         sums[field_name] = np.bincount(inv, weights=inst[src][keep], minlength=k)
+    if not isinstance(keep, slice):
+        group_of = np.full(n_rows, -1, np.int64)
+        group_of[keep] = inv
+    for field_name, src in (("gpu_us", "gpu"), ("gpu_self_us", "gpu_self"), ("tc_us", "tc")):
+        at, v = inst[src]  # sparse, ascending: the same sums as a bincount of the dense column
+        if at is None:
+            sums[field_name] = np.bincount(inv, weights=v[keep], minlength=k)
+            continue
+        g = inv[at] if isinstance(keep, slice) else group_of[at]
+        sums[field_name] = np.bincount(g[g >= 0], weights=v[g >= 0], minlength=k)
     # the FLOP columns are sparse (the few rows that count anything), summed in the same order
     if "flop_rows" not in inst:
         flop_group = np.zeros(0, np.int64)
     elif isinstance(keep, slice):  # every op kept: its group is its inverse (no per-op copy of it)
         flop_group = inv[inst["flop_rows"]]
     else:
-        group_of = np.full(len(rows), -1, np.int64)
-        group_of[keep] = inv
         flop_group = group_of[inst["flop_rows"]]
-        del group_of
+    group_of = None
     in_view = flop_group >= 0
     for f in FLOP_FIELDS:
         sums[f] = (np.bincount(flop_group[in_view], weights=inst[f][in_view], minlength=k) if f in inst
                    else np.zeros(k))
-    del inst, inv, keep, rows, ts
+    del inst, inv, keep
     # inputs: one id per distinct (dims, types) pair
     pairs, input_idx = _unique_rows(uniq[:, 2:])
     input_idx = input_idx.reshape(-1)
