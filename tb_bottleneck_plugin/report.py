@@ -129,12 +129,16 @@ def analyze_trace(trace: model.TraceData, *, run=None, worker=None, span=None, s
     ctx = units.SpanContext(trace=trace, report=rep, not_available=not_available, snapshot=snapshot,
                             sections=sec, extras={"memory": {"devices": {}}, "timeline": timeline})
     lanes = _unit_lanes(trace)
+    late: Dict[str, tuple] = {}  # the span result's parts beside the report, when made in the lanes
     if lanes is None:
         _run_units(registry.UNITS, ctx, sec)
     else:
         before, lane_units, after = lanes
         _run_units(before, ctx, sec)
-        _run_lanes(lane_units, ctx, sec)
+        late = _run_lanes(lane_units, ctx, sec, late=[
+            (0, "operator_view", lambda lane_ctx, lane_sec: _operator_view_and_store(lane_ctx, lane_sec, timeline)),
+            (1, "distributed", lambda lane_ctx, lane_sec: lane_sec.run(
+                "distributed", distributed.span_partial, trace, lane_ctx.found, span=lane_ctx))])
         _run_units(after, ctx, sec)
     for join in registry.JOINS:
         join(rep)
@@ -154,15 +158,12 @@ def analyze_trace(trace: model.TraceData, *, run=None, worker=None, span=None, s
             kernels = []
             rep["occupancy"]["kernels"] = []
     # the operator view and the rank partial reuse the span's op nesting and GPU->runtime index (ctx)
-    op_view = sec.run("operator_view", operators.operator_view, trace, found, span=ctx) if found is not None else None
-    store = None
-    if timeline:  # the step-timeline store, from the same per-span context (steps, unions); before
-        # the rank partial, which does not read the op nesting the store releases (48 bytes per op)
-        from .analysis import timeline as _timeline
-
-        store = _Sections({}, source=trace.meta.source).run("timeline", _timeline.build_store, trace, span=ctx)
-    ctx.release("op_nesting")  # (its last readers, the Operator view and the store, have run)
-    dist_part = sec.run("distributed", distributed.span_partial, trace, found, span=ctx)  # ranks.rank_view input
+    if late:  # made in the lanes: their n/a entries and errors here, as if made now
+        op_view, store = _take_late(late["operator_view"], ctx, sec)
+        dist_part = _take_late(late["distributed"], ctx, sec)
+    else:
+        op_view, store = _operator_view_and_store(ctx, sec, timeline)
+        dist_part = sec.run("distributed", distributed.span_partial, trace, found, span=ctx)  # ranks.rank_view input
     rep["errors"] = sec.errors
     rep["not_available_labels"] = not_available_labels(not_available, rep)
     out_report = _clean(rep)
@@ -172,6 +173,20 @@ def analyze_trace(trace: model.TraceData, *, run=None, worker=None, span=None, s
             "kernel_names": _clean(ctx.extras.get("kernel_names")),  # compare's kernel diff (METRICS.md §11)
             "distributed": dist_part,
             "partials": _clean(span_partials(out_report))}
+
+
+def _operator_view_and_store(ctx: units.SpanContext, sec: _Sections, timeline: bool):
+    """(the Operator view, the step-timeline store or None), then the op nesting released."""
+    trace, found = ctx.trace, ctx.found
+    op_view = sec.run("operator_view", operators.operator_view, trace, found, span=ctx) if found is not None else None
+    store = None
+    if timeline:  # the step-timeline store, from the same per-span context (steps, unions); before
+        # the rank partial, which does not read the op nesting the store releases (48 bytes per op)
+        from .analysis import timeline as _timeline
+
+        store = _Sections({}, source=trace.meta.source).run("timeline", _timeline.build_store, trace, span=ctx)
+    ctx.release("op_nesting")  # (its last readers, the Operator view and the store, have run)
+    return op_view, store
 
 
 def _run_units(unit_list, ctx: units.SpanContext, sec: _Sections) -> None:
@@ -215,44 +230,62 @@ def _unit_lanes(trace: model.TraceData):
     return registry.UNITS[:first], [(u, lane_of[u.name]) for u in middle], registry.UNITS[last:]
 
 
-def _run_lanes(lane_units, ctx: units.SpanContext, sec: _Sections) -> None:
+def _run_lanes(lane_units, ctx: units.SpanContext, sec: _Sections, late=()) -> Dict[str, tuple]:
     """`_run_units` of ``lane_units`` ([(unit, lane 0 or 1)], registry order), lane 1 in a
-    thread at the same time as lane 0. Each unit writes its `not_available` entries and
-    errors into its own copies; they and its report fields are then taken in registry
-    order, so the report is the one running them one after another gives."""
-    shared_na = ctx.not_available
-    before = dict(shared_na)
-    done = {}
+    thread at the same time as lane 0, each lane's ``late`` tasks ([(lane, name,
+    fn(lane_ctx, lane_sec))]) after its units. Each unit and task writes its
+    `not_available` entries and errors into copies of its own: the units' are taken here
+    in registry order, so the report is the one running them one after another gives;
+    the tasks' are returned ({name: (value, own entries, own sections, entries before)})
+    for `_take_late` where the report made them before."""
+    before = dict(ctx.not_available)
+    done: Dict[str, tuple] = {}
+
+    def own(name: str):
+        own_na = dict(before)
+        own_sec = _Sections(own_na, source=sec.source)
+        own_sec.failed = dict(sec.failed)
+        return own_na, own_sec, dataclasses.replace(ctx, not_available=own_na, sections=own_sec)
 
     def run_lane(lane: int) -> None:
         for unit, in_lane in lane_units:
             if in_lane != lane:
                 continue
-            own_na = dict(before)
-            own_sec = _Sections(own_na, source=sec.source)
-            own_sec.failed = dict(sec.failed)
+            own_na, own_sec, unit_ctx = own(unit.name)
             value = None
             if own_sec.needs(unit.name, *unit.requires):
-                value = own_sec.run(unit.name, unit.compute,
-                                    dataclasses.replace(ctx, not_available=own_na, sections=own_sec))
-            done[unit.name] = (value, own_na, own_sec)
+                value = own_sec.run(unit.name, unit.compute, unit_ctx)
+            done[unit.name] = (value, own_na, own_sec, before)
+        for in_lane, name, fn in late:
+            if in_lane == lane:
+                own_na, own_sec, task_ctx = own(name)
+                done[name] = (fn(task_ctx, own_sec), own_na, own_sec, before)
 
     _side_by_side(lambda: run_lane(0), lambda: run_lane(1))
     rep = ctx.report
     for unit, _ in lane_units:
-        value, own_na, own_sec = done[unit.name]
-        for key in [k for k in before if k not in own_na]:  # (a unit may drop an entry)
-            shared_na.pop(key, None)
-        for key, reason in own_na.items():
-            if before.get(key, None) is not reason:
-                shared_na[key] = reason
-        for key, message in own_sec.failed.items():
-            if key not in sec.failed:
-                sec.failed[key] = message
-        sec.errors.extend(own_sec.errors)
+        value = _take_late(done[unit.name], ctx, sec)
         rep.update(unit.defaults())
         if value is not None:
             rep.update(value) if unit.fields is not None else rep.__setitem__(unit.name, value)
+    return {name: done[name] for _, name, _ in late}
+
+
+def _take_late(made: tuple, ctx: units.SpanContext, sec: _Sections):
+    """The value of a unit or task run on copies (`_run_lanes`), its `not_available` entries
+    and errors now taken into ``ctx``'s and ``sec``'s."""
+    value, own_na, own_sec, before = made
+    shared_na = ctx.not_available
+    for key in [k for k in before if k not in own_na]:  # (a unit may drop an entry)
+        shared_na.pop(key, None)
+    for key, reason in own_na.items():
+        if before.get(key, None) is not reason:
+            shared_na[key] = reason
+    for key, message in own_sec.failed.items():
+        if key not in sec.failed:
+            sec.failed[key] = message
+    sec.errors.extend(own_sec.errors)
+    return value
 
 
 def _side_by_side(here, beside):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pickle
 import sys
 import threading
 from pathlib import Path
@@ -67,6 +68,32 @@ def test_failing_lane_units_are_reported_as_one_after_another(monkeypatch, gpu_t
     serial = _analyse(gpu_trace, monkeypatch, lanes=False)
     laned = _analyse(gpu_trace, monkeypatch, lanes=True)
     assert [e["section"] for e in laned["report"]["errors"]] == [u.name for u in registry.UNITS if u.name in failing]
+    assert _serialised(laned) == _serialised(serial)
+
+
+@pytest.mark.parametrize("failing", ["operator_view", "distributed"])
+def test_failing_parts_beside_the_report_are_reported_as_one_after_another(monkeypatch, gpu_trace, failing):
+    from tb_bottleneck_plugin.analysis import distributed, operators
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(*((operators, "operator_view") if failing == "operator_view" else (distributed, "span_partial")),
+                        boom)
+    serial = _analyse(gpu_trace, monkeypatch, lanes=False)
+    laned = _analyse(gpu_trace, monkeypatch, lanes=True)
+    assert [e["section"] for e in laned["report"]["errors"]] == [failing] and laned[failing] is None
+    assert _serialised(laned) == _serialised(serial)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "compiled", "nw0"])
+def test_the_tabs_timeline_store_is_the_same_in_lanes(monkeypatch, name):
+    path = next(p for p in SHARED_TRACES if name in str(p))
+    trace = loader.load_trace(str(path))
+    serial = _analyse(trace, monkeypatch, lanes=False, timeline=True)
+    laned = _analyse(trace, monkeypatch, lanes=True, timeline=True)
+    assert laned["timeline_store"] is not None
+    assert pickle.dumps(laned["timeline_store"]) == pickle.dumps(serial["timeline_store"])
     assert _serialised(laned) == _serialised(serial)
 
 
