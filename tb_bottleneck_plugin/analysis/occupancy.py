@@ -159,7 +159,19 @@ def _artefact_notes(trace: TraceData, source: np.ndarray, calc_reasons: Dict[int
 def blocks_per_sm(g) -> np.ndarray:
     """Kineto's ``blocks per SM`` per GPU row; where it is missing (2021 traces carry only
     ``warps per SM`` = blocks per SM × threads per block / 32, trace-format §6) it is derived
-    back as warps per SM × 32 / threads per block; NaN where neither is known."""
+    back as warps per SM × 32 / threads per block; NaN where neither is known. Read-only:
+    remembered on the table (the GPU and occupancy units ask five times; tables are read-only
+    once loaded), as long as it holds the same blocks-per-SM column."""
+    memo = getattr(g, "__dict__", {}).get("_blocks_per_sm")
+    if memo is not None and memo[0] is g.blocks_per_sm and len(memo[1]) == len(g.blocks_per_sm):
+        return memo[1]
+    out = _blocks_per_sm(g)
+    if hasattr(g, "__dict__"):
+        g.__dict__["_blocks_per_sm"] = (g.blocks_per_sm, out)
+    return out
+
+
+def _blocks_per_sm(g) -> np.ndarray:
     b = np.asarray(g.blocks_per_sm, dtype=np.float64)
     warps = np.asarray(getattr(g, "warps_per_sm", np.full(len(b), np.nan)), dtype=np.float64)
     missing = ~np.isfinite(b) & np.isfinite(warps) & (warps > 0)
