@@ -453,10 +453,14 @@ def tensor_core_usage(trace: TraceData, top_n: int = 10, not_available: Optional
         uniq, inv = np.unique(op_names, return_inverse=True)
         per_name = np.bincount(inv, weights=k_dur, minlength=len(uniq))
         calls_by_name = {}
+        # k_op grouped by name once (a stable radix sort of the small name index), not one
+        # comparison of every kernel per listed name
+        by_name = np.argsort(inv.astype(np.int16) if len(uniq) < 1 << 15 else inv, kind="stable")
+        bounds = np.searchsorted(inv[by_name], np.arange(len(uniq) + 1))
         for j in np.argsort(-per_name)[:top_n]:
             nid = int(uniq[j])
             name = trace.strings[nid]
-            rows = np.unique(k_op[inv == j])
+            rows = np.unique(k_op[by_name[bounds[j]:bounds[j + 1]]])
             types, mult8, checked = _op_details(trace, name, rows)
             calls_by_name[name] = {
                 "op": name, "kernel_us": float(per_name[j]), "pct": 100.0 * float(per_name[j]) / kernel_us,
