@@ -679,16 +679,18 @@ def _apply_cuda_graphs(gr, ch, replay_gap_us: float):
     """Launches replayed from a CUDA graph: a run of launches (between syncs, input waits and
     compiles) costs one graph launch on the host; its kernels follow each other at the
     replay gap."""
-    inner = _launch_runs(gr, np.ones(len(gr.gap), bool))
-    if not inner.any():
+    if "_graph_plan" not in gr.__dict__:  # (the graph's part, once: alone and in the all-fixes row)
+        inner = _launch_runs(gr, np.ones(len(gr.gap), bool))
+        gr.__dict__["_graph_plan"] = (inner, _codes(gr.kind, (H_LAUNCH, H_COPY)) & ~inner,
+                                      _codes(gr.kind[gr.g_launch], (H_LAUNCH, H_COPY))) if inner.any() else None
+    if gr.__dict__["_graph_plan"] is None:
         return 0
+    inner, first, replayed = gr.__dict__["_graph_plan"]
     host_part = ch["gap"] - gr.gap_input - gr.gap_compile
     ch.own("gap", "busy", "g_lat", "g_gap")
     ch["gap"][inner] -= np.maximum(host_part[inner], 0.0)
     ch["busy"][inner] = 0.0
-    first = _codes(gr.kind, (H_LAUNCH, H_COPY)) & ~inner
     ch["busy"][first] = T.STEP_MODEL_GRAPH_LAUNCH_US
-    replayed = _codes(gr.kind[gr.g_launch], (H_LAUNCH, H_COPY))
     ch["g_lat"][replayed] = np.minimum(ch["g_lat"][replayed], replay_gap_us)
     ch["g_gap"][replayed] = np.minimum(ch["g_gap"][replayed], replay_gap_us)
     return int(inner.sum())
@@ -717,44 +719,60 @@ def _apply_fusion(gr, ch, compiled_host_us: float):
     pass over the chain's largest tensors (the time of its longest member); each remaining
     launch costs the host ``compiled_host_us`` (Inductor's wrapper instead of the eager
     dispatcher)."""
-    mem = _codes(gr.g_cls, MEMORY_BOUND) & (gr.g_dur > 0)
-    cid = _chains(gr, mem, gr.g_reduction)
-    inchain = cid >= 0
-    if not inchain.any():
+    plan = _fusion_plan(gr)
+    if plan is None:
         return 0
-    n_c = int(cid.max()) + 1
-    longest = np.zeros(n_c)
-    np.maximum.at(longest, cid[inchain], gr.g_dur[inchain])
-    # the chain's first member (launch order) keeps the fused kernel, the others vanish
-    idx = np.flatnonzero(inchain)
-    first_of = np.full(n_c, np.iinfo(np.int64).max)
-    np.minimum.at(first_of, cid[inchain], idx)
-    head = np.zeros(len(gr.g_dur), bool)
-    head[first_of[first_of < len(gr.g_dur)]] = True
-    gone = inchain & ~head
+    head, head_dur, gone, gone_calls, inner, relaunched = plan
     ch.own("g_dur", "g_gap", "g_lat", "gap", "busy")
-    ch["g_dur"][head] = longest[cid[head]]
+    ch["g_dur"][head] = head_dur
     ch["g_dur"][gone] = 0.0
     _pad_gemms(gr, ch)
     ch["g_gap"][gone] = 0.0
     ch["g_lat"][gone] = -np.inf
     # host: launches of vanished kernels cost nothing; every other launch in a run of launches
     # costs the compiled wrapper's time (host compute before it included)
-    gone_calls = np.zeros(len(gr.gap), bool)
-    gone_calls[gr.g_launch[gone]] = True
-    keep_calls = np.zeros(len(gr.gap), bool)
-    keep_calls[gr.g_launch[~gone]] = True
-    gone_calls &= ~keep_calls
-    launchish = _codes(gr.kind, (H_LAUNCH, H_COPY))
     host_part = np.maximum(ch["gap"] - gr.gap_input - gr.gap_compile, 0.0)
-    inner = _launch_runs(gr, np.ones(len(gr.gap), bool))
     own = ch["busy"] + np.where(inner, host_part, 0.0)
     target = np.where(gone_calls, 0.0, np.minimum(own, compiled_host_us))
-    cut = np.where(launchish & ~gr.compiled, own - target, 0.0)
+    cut = np.where(relaunched, own - target, 0.0)
     from_gap = np.where(inner, np.minimum(cut, host_part), 0.0)
     ch["gap"] -= from_gap
     ch["busy"] -= np.minimum(cut - from_gap, ch["busy"])
     return int(gone.sum())
+
+
+def _fusion_plan(gr):
+    """What ``_apply_fusion`` changes that depends on the graph alone, found once per graph (the
+    what-if alone and the all-fixes row both apply it): the chains' heads and their fused
+    durations, the vanished kernels and the calls that launched only those, the host nodes
+    inside a run of launches, the eager launches that would run compiled. None: no chain."""
+    if "_fusion_plan" in gr.__dict__:
+        return gr.__dict__["_fusion_plan"]
+    plan = None
+    mem = _codes(gr.g_cls, MEMORY_BOUND) & (gr.g_dur > 0)
+    cid = _chains(gr, mem, gr.g_reduction)
+    inchain = cid >= 0
+    if inchain.any():
+        n_c = int(cid.max()) + 1
+        longest = np.zeros(n_c)
+        np.maximum.at(longest, cid[inchain], gr.g_dur[inchain])
+        # the chain's first member (launch order) keeps the fused kernel, the others vanish
+        idx = np.flatnonzero(inchain)
+        first_of = np.full(n_c, np.iinfo(np.int64).max)
+        np.minimum.at(first_of, cid[inchain], idx)
+        head = np.zeros(len(gr.g_dur), bool)
+        head[first_of[first_of < len(gr.g_dur)]] = True
+        gone = inchain & ~head
+        gone_calls = np.zeros(len(gr.gap), bool)
+        gone_calls[gr.g_launch[gone]] = True
+        keep_calls = np.zeros(len(gr.gap), bool)
+        keep_calls[gr.g_launch[~gone]] = True
+        gone_calls &= ~keep_calls
+        launchish = _codes(gr.kind, (H_LAUNCH, H_COPY))
+        inner = _launch_runs(gr, np.ones(len(gr.gap), bool))
+        plan = (head, longest[cid[head]], gone, gone_calls, inner, launchish & ~gr.compiled)
+    gr.__dict__["_fusion_plan"] = plan
+    return plan
 
 
 def _pad_gemms(gr, ch) -> int:
