@@ -554,34 +554,48 @@ def critical_path(gr: Graph, sim: Sim, g_dur=None, g_gap=None, gap=None, busy=No
         cells.append(np.asarray(step, np.int64) * n_p + part)
         weights.append(np.asarray(us, float))
 
+    # every node's cell of each part once (the walk appends slices of them: the same cells and
+    # values in the same order as computing each slice's on the way, without ~900 small arrays)
+    end_step = step_of_time(end_sorted) * n_p
+    start_step = step_of_time(sim.g_start) if n_g else np.zeros(0, np.int64)
+    lat = idx["gpu_launch_latency"]
+    gpu_cells, lat_cells = end_step + cls_part, end_step + lat
+    # (a part that is 0 at every node adds nothing: a bincount's sums start at +0.0, and
+    # adding 0 changes no sum; the compile part of an eager trace)
+    gap_cells = [(step_of_gap * n_p + part, values) for part, values in gap_parts if (values != 0).any()]
+    busy_cells = step_of_busy * n_p + busy_part
+    sync_cells = step_of_busy * n_p + idx["sync_overhead"]
+
     gb = np.flatnonzero(sim.waited >= 0)  # sync nodes that ended GPU-bound, in host order
     final_host = float(sim.host_end[m[-1]])
     at_gpu = n_g and float(sim.g_end.max()) > final_host
     node = int(np.argmax(sim.g_end)) if at_gpu else int(m[-1])
     on_gpu = bool(at_gpu)
-    lat = idx["gpu_launch_latency"]
     for _ in range(4 * (len(gb) + 2) + 8):
         if on_gpu:
             p = pos[node]
             h = int(head[p])
-            steps = step_of_time(end_sorted[h:p + 1])
-            add(steps, cls_part[h:p + 1], dur_sorted[h:p + 1])
-            add(steps[1:], lat, gap_sorted[h + 1:p + 1])
+            cells.append(gpu_cells[h:p + 1])
+            weights.append(dur_sorted[h:p + 1])
+            cells.append(lat_cells[h + 1:p + 1])
+            weights.append(gap_sorted[h + 1:p + 1])
             hnode = int(so[h])
             launch = int(gr.g_launch[hnode])
-            add(step_of_time(np.array([sim.g_start[hnode]])), lat,
-                [max(float(sim.g_start[hnode] - sim.host_start[launch]), 0.0)])
+            add(start_step[hnode:hnode + 1], lat, [max(float(sim.g_start[hnode] - sim.host_start[launch]), 0.0)])
             node, on_gpu = launch, False
             continue
         # host: back to the last GPU-bound sync before this node
         k = np.searchsorted(gb, node, side="left") - 1
         b = int(gb[k]) if k >= 0 else -1
-        for part, values in gap_parts:
-            add(step_of_gap[b + 1:node + 1], part, values[b + 1:node + 1])
-        add(step_of_busy[b + 1:node], busy_part[b + 1:node], busy[b + 1:node])
+        for part_cells, values in gap_cells:
+            cells.append(part_cells[b + 1:node + 1])
+            weights.append(values[b + 1:node + 1])
+        cells.append(busy_cells[b + 1:node])
+        weights.append(busy[b + 1:node])
         if b < 0:
             break
-        add(step_of_busy[b:b + 1], idx["sync_overhead"], busy[b:b + 1])  # the sync's return after the wait
+        cells.append(sync_cells[b:b + 1])  # the sync's return after the wait
+        weights.append(busy[b:b + 1])
         node, on_gpu = int(sim.waited[b]), True
     grid = np.bincount(np.concatenate(cells), weights=np.concatenate(weights),
                        minlength=n_s * n_p).reshape(n_s, n_p) if cells else np.zeros((n_s, n_p))
