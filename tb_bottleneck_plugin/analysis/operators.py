@@ -24,7 +24,7 @@ def _unique_rows(key) -> tuple:
 
 
 def _nesting(pid, tid, ts, end, container: Optional[np.ndarray] = None, threads: Optional[np.ndarray] = None,
-             want_depth: bool = True):
+             want_depth: bool = True, parent_dtype=np.int64):
     """Depth (0 = not inside another op of the set on its thread) and direct parent
     (index, -1 for none) of each interval. Intervals on one thread are assumed to nest
     (as the profiler writes them); an interval starting exactly when another ends is
@@ -33,59 +33,62 @@ def _nesting(pid, tid, ts, end, container: Optional[np.ndarray] = None, threads:
     the innermost positive-length one whose [start, end) holds its time (-1 for none),
     meaningful when the set nests (``_laminar``). ``threads``: dense thread ids of the rows
     (``thread_ids``) when the caller has them. ``want_depth=False``: the depth is None (not
-    kept: 8 bytes per interval less through the walk)."""
+    kept: 8 bytes per interval less through the walk). ``parent_dtype``: the parent's (int32
+    for the host nesting: 4 bytes per interval less through the walk)."""
     n = len(ts)
     depth = np.zeros(n, np.int64) if want_depth else None
-    parent = np.full(n, -1, np.int64)
+    parent = np.full(n, -1, parent_dtype)
     if threads is None:
         threads = _thread_codes(pid, tid)
     # (temporaries deleted after their last read: on one thread of 10M ops each is 76 MiB)
-    for t in range(int(threads.max()) + 1 if n else 0):
-        idx = np.flatnonzero(threads == t)
-        pos_mask = end[idx] > ts[idx]
-        full = idx[pos_mask]
-        zero = idx[~pos_mask]
-        del idx, pos_mask
+    n_threads = int(threads.max()) + 1 if n else 0
+    for t in range(n_threads):
+        if n_threads == 1:  # (one thread: no index of its rows; none when every interval has a length)
+            pos_mask = end > ts
+            full = None if pos_mask.all() else np.flatnonzero(pos_mask)
+            zero = np.flatnonzero(~pos_mask) if full is not None else np.zeros(0, np.int64)
+        else:
+            idx = np.flatnonzero(threads == t)
+            pos_mask = end[idx] > ts[idx]
+            full = idx[pos_mask]
+            zero = idx[~pos_mask]
+            del idx
+        del pos_mask
         # Positive-length ops in (start, longest first) order: each op's ancestors are
         # the earlier ones still open at its start.
-        o = full[_start_order(ts[full], end, full)]
+        o = _start_order(ts, end, None) if full is None else full[_start_order(ts[full], end, full)]
         del full
-        starts_sorted = ts[o]
         ends_sorted = end[o]
         ends_sorted.sort()  # (np.sort(end[o]) without its second copy)
-        d_full = np.searchsorted(ends_sorted, starts_sorted, side="right")
+        # d_full = searchsorted(ends_sorted, ts[o]) - ... in blocks: no sorted copy of the starts
+        d_full = np.empty(len(o), np.int32 if len(o) < (1 << 31) else np.int64)  # (a depth: 4 bytes per event)
         for a in range(0, len(o), _WALK_BLOCK):  # arange(len(o)) - d_full, block by block, in place
-            np.subtract(np.arange(a, min(a + _WALK_BLOCK, len(o))), d_full[a:a + _WALK_BLOCK],
-                        out=d_full[a:a + _WALK_BLOCK])
+            d = d_full[a:a + _WALK_BLOCK]
+            d[:] = np.searchsorted(ends_sorted, ts[o[a:a + _WALK_BLOCK]], side="right")
+            np.subtract(np.arange(a, a + len(d)), d, out=d)
         if depth is not None:
             depth[o] = d_full
         if len(zero) and depth is not None:
-            depth[zero] = (np.searchsorted(starts_sorted, ts[zero], side="right")
+            depth[zero] = (np.searchsorted(ts[o], ts[zero], side="right")
                            - np.searchsorted(ends_sorted, ts[zero], side="right"))
-        del ends_sorted, starts_sorted  # (made again below if needed: not held through the parents)
-        # Parent: the nearest earlier op one level up. Entries in (depth, position) order
-        # ask for (depth - 1, position): sorted queries into the same sorted codes.
-        key_order = _stable_order(d_full)
-        kd = d_full[key_order]
+        del ends_sorted  # (made again below if needed: not held through the parents)
+        # Parent: the nearest earlier op one level up: per depth d, each position's nearest
+        # smaller position among depth d - 1 (positions ascending in each depth's group of the
+        # stable order), in blocks of queries: a block's temporaries, and no (depth, position)
+        # int64 codes of every event (this was the host nesting's peak)
+        bounds = np.concatenate([[0], np.cumsum(np.bincount(d_full))]) if len(o) else np.zeros(1, np.int64)
+        key_order = _level_order(d_full, bounds)
         del d_full
-        big = len(o) + 1
-        code = kd * big  # + key_order (kd is code // big: 0 <= key_order < big)
-        code += key_order
-        q0 = int(np.searchsorted(kd, 0, side="right"))  # kd ascending: the queries are code[q0:]
-        del kd
-        # in blocks of queries (each one's answer its own): the index temporaries are a block's,
-        # not 5 x 8 bytes per host event (this was the host nesting's peak)
-        for a in range(q0, len(code), _WALK_BLOCK):
-            q_code = code[a:a + _WALK_BLOCK]
-            j = np.searchsorted(code, q_code - big, side="left")
-            j -= 1
-            ok = code[np.maximum(j, 0)] // big == q_code // big - 1
-            ok &= j >= 0
-            q = np.flatnonzero(ok)
-            q += a
-            parent[o[key_order[q]]] = o[key_order[j[ok]]]
-            del q, q_code, j, ok
-        del code, key_order
+        for d in range(1, len(bounds) - 1):
+            prev = key_order[bounds[d - 1]:bounds[d]]
+            for a in range(int(bounds[d]), int(bounds[d + 1]), _WALK_BLOCK):
+                q = key_order[a:min(a + _WALK_BLOCK, int(bounds[d + 1]))]
+                j = np.searchsorted(prev, q, side="left")
+                j -= 1
+                ok = j >= 0
+                parent[o[q[ok]]] = o[prev[j[ok]]]
+                del q, j, ok
+        del key_order, bounds
         if container is not None and len(zero) and len(o):
             # the last positive interval starting at or before the point, then up while closed
             j = np.searchsorted(ts[o], ts[zero], side="right") - 1
@@ -98,6 +101,31 @@ def _nesting(pid, tid, ts, end, container: Optional[np.ndarray] = None, threads:
                 cand[closed] = parent[cand[closed]]
             container[zero] = cand
     return depth, parent
+
+
+def _level_order(level: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """``np.argsort(level, kind="stable")`` of non-negative small ints (depths; ``bounds``: the
+    cumulative counts of each value from 0), as int32 below 2**31 rows: a counting sort in
+    blocks, each block's rows stably ordered and placed after the earlier blocks' rows of each
+    value. (A whole argsort's int64 index and its radix buffer were the host nesting's peak,
+    16 bytes per event; this is 4.)"""
+    n = len(level)
+    out = np.empty(n, np.int32 if n < (1 << 31) else np.int64)
+    cursor = bounds[:-1].astype(np.int64)  # next free slot of each value
+    n_values = len(cursor)
+    for a in range(0, n, _WALK_BLOCK):
+        part = level[a:a + _WALK_BLOCK]
+        ob = _stable_order(part)
+        sorted_part = part[ob]
+        counts = np.bincount(part, minlength=n_values)
+        first = np.cumsum(counts) - counts  # each value's first place in the block's order
+        dest = np.arange(len(part), dtype=np.int64)
+        dest -= first[sorted_part]
+        dest += cursor[sorted_part]
+        ob += a
+        out[dest] = ob
+        cursor += counts
+    return out
 
 
 def _stable_order(small: np.ndarray) -> np.ndarray:
@@ -139,7 +167,7 @@ def _start_order(ts, end, rows) -> np.ndarray:
     """``np.lexsort((-end[rows], ts))`` (``ts`` the starts of ``rows``): by start, then longest
     first, then position. A stable sort of the starts (nearly sorted in a trace); only runs of
     equal starts are sorted again. (No sorted copy of the starts, no ``end[rows]``: the host
-    nesting's peak, 16 bytes per event.)"""
+    nesting's peak, 16 bytes per event.) ``rows`` None: every row, ``ts`` being all of them."""
     o = np.argsort(ts, kind="stable")
     last = len(o) - 1  # tie: the k with ts[o[k + 1]] == ts[o[k]], in blocks of k
     tie = np.concatenate([np.flatnonzero(ts[o[a + 1:min(a + _WALK_BLOCK, last) + 1]]
@@ -151,7 +179,7 @@ def _start_order(ts, end, rows) -> np.ndarray:
         m[tie + 1] = True
         i = np.flatnonzero(m)
         oi = o[i]
-        o[i] = oi[np.lexsort((i, -end[rows[oi]], ts[oi]))]
+        o[i] = oi[np.lexsort((i, -end[oi if rows is None else rows[oi]], ts[oi]))]
     return o
 
 
@@ -294,12 +322,11 @@ def host_nesting(trace: TraceData) -> Dict[str, np.ndarray]:
     else:
         container = np.full(n, -1, np.int64)
     if n:
+        # (the depth is read by no one; parent indices in 4 bytes per host event below 2**31 events)
         _, parent = _nesting(None, None, ts, end, container if container.strides != (0,) else None, threads=thread,
-                             want_depth=False)  # (the depth is read by no one)
+                             want_depth=False, parent_dtype=np.int32 if n < (1 << 31) else np.int64)
     else:
-        parent = np.zeros(0, np.int64)
-    if n < (1 << 31):  # (indices: 4 bytes per host event held through source attribution, not 8)
-        parent = parent.astype(np.int32)
+        parent = np.zeros(0, np.int32)
     laminar = _laminar(ts, end, parent)
     dur = _host_dur(cpu, rt)
     return {"thread": thread, "thread_pid": thread_pid, "ts": ts, "dur": dur, "end": end,
