@@ -60,15 +60,17 @@ def sm_efficiency_integral(starts: np.ndarray, ends: np.ndarray, blocks: np.ndar
     return float((lv * dt).sum())
 
 
-def hta_gpu_mask(trace: TraceData, gpu_runtime: Optional[np.ndarray] = None) -> np.ndarray:
+def hta_gpu_mask(trace: TraceData, gpu_runtime: Optional[np.ndarray] = None,
+                 step_cpu_rows: Optional[np.ndarray] = None) -> np.ndarray:
     """HTA-compatible selection of trace.gpu rows (HTA 0.5.0 defaults,
     include_last_profiler_step=False): with at least two distinct `ProfilerStep#N`
     names (CPU spans and gpu_user_annotation copies alike), the cut-off is the latest
     start of any event so named; GPU activity is kept only when its launching runtime
     call starts before the cut-off. With fewer names every GPU row is kept.
-    ``gpu_runtime``: linking.gpu_runtime_index(trace) when the caller has it."""
+    ``gpu_runtime``: linking.gpu_runtime_index(trace) when the caller has it;
+    ``step_cpu_rows``: the ProfilerStep rows (``Steps.cpu_rows`` of find_steps, in any order)."""
     n = len(trace.gpu)
-    rows, _ = step_rows(trace)
+    rows = step_rows(trace)[0] if step_cpu_rows is None else np.sort(step_cpu_rows[step_cpu_rows >= 0])
     names = set(trace.cpu.name[rows].tolist())
     starts = list(trace.cpu.ts[rows])
     a = trace.gpu_annotations
@@ -161,7 +163,7 @@ def gpu_metrics(trace: TraceData, steps: Steps, hta_compatible: bool = True, kin
     weights = clipped_kernel_weights(trace, (lo, hi)) if win > 0 else np.zeros(len(g))
     if gpu_runtime is None:
         gpu_runtime = gpu_runtime_index(trace)
-    sel_idle = hta_gpu_mask(trace, gpu_runtime) if hta_compatible else np.ones(len(g), bool)
+    sel_idle = hta_gpu_mask(trace, gpu_runtime, steps.cpu_rows) if hta_compatible else np.ones(len(g), bool)
     is_k = g.kind == GPU_KERNEL
     if shown is None:
         shown, _, _ = shown_occupancy(trace, kineto_only)
