@@ -180,9 +180,9 @@ def recorded_activity(trace: TraceData, step_rows: np.ndarray) -> Tuple[float, f
     if len(cpu):
         keep = np.ones(len(cpu), bool)
         keep[step_rows] = False
-        if keep.any():
-            lo.append(float(cpu.ts[keep].min()))
-            hi.append(float((cpu.ts[keep] + cpu.dur[keep]).max()))
+        if keep.any():  # (the extremes of the kept rows read in place, not copies of 2 columns)
+            lo.append(float(np.min(cpu.ts, where=keep, initial=np.inf)))
+            hi.append(float(np.max(cpu.ts + cpu.dur, where=keep, initial=-np.inf)))
     for table in (trace.runtime, trace.gpu):
         if len(table):
             lo.append(float(table.ts.min()))
