@@ -121,11 +121,11 @@ def cumulative_unions(trace: TraceData) -> Dict[str, iv.Intervals]:
     cum: iv.Intervals = (np.empty(0), np.empty(0))
     for cat in CATEGORIES[:-1]:
         own = [_intervals_of(trace, masks.pop(cat))]
-        cum = out[cat] = _union(cum, own)  # (own: dropped there as its arrays are replaced)
+        cum = out[cat] = union_merged(cum, own)  # (own: dropped there as its arrays are replaced)
     return out
 
 
-def _union(a: iv.Intervals, owned: list) -> iv.Intervals:
+def union_merged(a: iv.Intervals, owned: list) -> iv.Intervals:
     """``iv.merge`` of two merged sets, ``a`` and ``owned[0]`` (the caller's only reference,
     popped here): the same intervals (a union has one merged form). When one set is much
     smaller, without the concatenation and its sort: the intervals of the larger set touching

@@ -27,7 +27,7 @@ def test_union_of_merged_sets_equals_merge_of_both():
         a = _merged(rng, int(rng.integers(0, 8)), scale)
         b = _merged(rng, int(rng.integers(0, 400)), scale)
         want = iv.merge(np.concatenate([a[0], b[0]]), np.concatenate([a[1], b[1]]))
-        for got in (breakdown._union(a, [b]), breakdown._union(b, [a])):
+        for got in (breakdown.union_merged(a, [b]), breakdown.union_merged(b, [a])):
             assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
 
 
