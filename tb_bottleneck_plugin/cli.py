@@ -97,6 +97,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     """The console script: exit codes 0 (ok), 1 (a gate failed / demo without torch),
     2 (an error, one line), 130 (Ctrl-C: one line, the traceback only with --debug),
     141 (stdout's reader went away, e.g. ``| head``: nothing printed on stderr)."""
+    from .trace import heap
+
+    heap.one_arena()  # this process analyses: one malloc arena for its threads (trace/heap.py)
     real = sys.stdout
     sys.stdout = _GuardedStdout(real)
     try:

@@ -20,7 +20,7 @@ from typing import Callable, List, Optional
 
 from .. import report
 from ..errors import BottleneckError, TruncatedTraceError
-from ..trace import decode_workers, procguard
+from ..trace import decode_workers, heap, procguard
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +70,7 @@ def processes_supported() -> bool:
 def _child_entry(fd: int, owner_pid: int, nice: int = ANALYSIS_NICE) -> None:
     """Entry point of an analysis child: analyse spans one after another until the
     parent closes the connection; one outcome per span."""
+    heap.one_arena()  # before the threads below and the loader's (trace/heap.py)
     procguard.die_with_parent(owner_pid)
     # The parent ends its children (ChildPool.close, at exit; procguard when it is gone):
     # a SIGINT that still reaches one (the child runs in its own session, see _Child; a

@@ -57,6 +57,29 @@ def _resolve() -> None:
             _free_bytes = None
 
 
+_M_ARENA_MAX = -8  # glibc's mallopt parameter
+
+
+def one_arena() -> bool:
+    """Every thread of this process allocates from one malloc arena from now on (glibc's
+    ``mallopt(M_ARENA_MAX, 1)``); False where the C library has no such setting.
+
+    For the processes that analyse, first thing (the CLI, the tab's analysis children):
+    glibc gives each new thread that allocates an arena of its own, whose freed pages the
+    other threads never reuse. The loader's gunzip thread and the analyses' second lane
+    (report._run_lanes) so raised the 292 MB benchmark's peak: its load 127-130 -> 121-122
+    MiB, the report 181-183 -> 168-170 MiB with one arena (numpy's large arrays are mapped
+    outside the arenas either way; Python's small objects are in its own pools)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        fn = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn(_M_ARENA_MAX, 1) == 1
+
+
 def release_free_memory() -> None:
     """Return the C heap's free pages to the system when it holds at least MIN_FREE_BYTES
     (cost: ~1 ms per 100 MB freed, plus the page faults of using them again)."""

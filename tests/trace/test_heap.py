@@ -29,3 +29,46 @@ def test_the_real_calls_run():
     heap.release_free_memory()  # resolves glibc's functions (or finds none) and never raises
     if heap._free_bytes is not None:
         assert heap._free_bytes() >= 0
+
+
+_ARENAS = r'''
+import ctypes, os, sys, tempfile, threading
+from tb_bottleneck_plugin.trace import heap
+import numpy  # (as in the CLI: its threads, if any, exist before ours)
+if sys.argv[1] == "one":
+    assert heap.one_arena()
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+kept = []
+def allocate():  # as the gunzip thread or an analysis lane: blocks below the mmap threshold
+    kept.extend(libc.malloc(4096) for _ in range(1000))
+for _ in range(2):
+    t = threading.Thread(target=allocate)
+    t.start(); t.join()
+allocate()
+fd, path = tempfile.mkstemp()
+libc.fdopen.restype = ctypes.c_void_p
+f = libc.fdopen(fd, b"w")
+libc.malloc_info(0, ctypes.c_void_p(f))
+libc.fclose(ctypes.c_void_p(f))
+print(open(path).read().count("<heap nr="))
+os.unlink(path)
+'''
+
+
+def test_one_arena_keeps_the_threads_in_one_malloc_arena():
+    import subprocess
+    import sys
+
+    if not heap.one_arena():  # (this process too: harmless, the pytest process analyses as well)
+        import pytest
+
+        pytest.skip("no glibc mallopt here")
+
+    def arenas(mode):
+        done = subprocess.run([sys.executable, "-c", _ARENAS, mode], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return int(done.stdout.strip())
+
+    assert arenas("default") >= 2  # glibc: a thread that allocates gets an arena of its own
+    assert arenas("one") == 1
