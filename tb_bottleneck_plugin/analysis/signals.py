@@ -17,6 +17,7 @@ linking.span_gpu_runtime / span_op_calls).
 """
 from __future__ import annotations
 
+import weakref
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -55,8 +56,27 @@ def _clipped_to(starts, ends, lo, hi) -> np.ndarray:
     return iv.covered_in(merged, starts, ends)
 
 
+# the last trace's answer (trace and GPU->runtime index held weakly; tables are read-only once
+# loaded): the sync, launch, source and step-model analyses of a span each ask for it
+_sync_rows_memo: list = [None]
+
+
 def sync_rows(trace: TraceData, gpu_runtime: Optional[np.ndarray] = None) -> np.ndarray:
     """Runtime rows that block the host (§8)."""
+    memo = _sync_rows_memo[0]
+    if memo is not None and memo[0]() is trace and memo[1] == len(trace.strings) and \
+            (memo[2] is None if gpu_runtime is None else memo[2] is not None and memo[2]() is gpu_runtime):
+        return memo[3].copy()
+    rows = _sync_rows(trace, gpu_runtime)
+    try:
+        _sync_rows_memo[0] = (weakref.ref(trace), len(trace.strings),
+                              None if gpu_runtime is None else weakref.ref(gpu_runtime), rows.copy())
+    except TypeError:  # (an object that takes no weak reference: not remembered)
+        pass
+    return rows
+
+
+def _sync_rows(trace: TraceData, gpu_runtime: Optional[np.ndarray] = None) -> np.ndarray:
     rt = trace.runtime
     always = np.isin(rt.name, trace.string_ids(lambda s: s in SYNC_CALLS))
     copy_calls = np.isin(rt.name, trace.string_ids(lambda s: s in SYNC_MEMCPY_CALLS))
@@ -218,7 +238,10 @@ def launch_signal(trace: TraceData, steps: Steps, not_available: Optional[Dict[s
         not_available["launch.kernels_per_step"] = "no included step"
         return {"launch_us": 0.0, "kernels_per_step": None, "launch_pct": None}
     m = np.isin(rt.name, trace.string_ids(lambda s: s in LAUNCH_CALLS))
-    us = _clipped_to(rt.ts[m], rt.ts[m] + rt.dur[m], steps.inc_start, steps.inc_end)
+    # every call's clipped time once (each call's is its own: the launches' are those rows of it,
+    # and the longest runtime call reads all of them)
+    clipped = _clipped_to(rt.ts, rt.ts + rt.dur, steps.inc_start, steps.inc_end)
+    us = clipped[m]
     launch_us = float(us.sum())
     total = float(steps.durations.sum())
     inc_idx = np.flatnonzero(steps.included)
@@ -229,7 +252,7 @@ def launch_signal(trace: TraceData, steps: Steps, not_available: Optional[Dict[s
         kps = 0.0
     out = {"launch_us": launch_us, "kernels_per_step": kps,
            "launch_pct": 100.0 * launch_us / total if total > 0 else None}
-    out.update(longest_runtime_call(trace, steps, gpu_runtime=gpu_runtime))
+    out.update(longest_runtime_call(trace, steps, gpu_runtime=gpu_runtime, clipped=clipped))
     out["longest_runtime_call_step_pct"] = (100.0 * out["longest_runtime_call"]["us"] / total
                                             if out["longest_runtime_call"] and total > 0 else None)
     if not steps.found:
@@ -244,7 +267,8 @@ def launch_signal(trace: TraceData, steps: Steps, not_available: Optional[Dict[s
     return out
 
 
-def longest_runtime_call(trace: TraceData, steps: Steps, gpu_runtime: Optional[np.ndarray] = None) -> dict:
+def longest_runtime_call(trace: TraceData, steps: Steps, gpu_runtime: Optional[np.ndarray] = None,
+                         clipped: Optional[np.ndarray] = None) -> dict:
     """METRICS.md §8 "Longest runtime call": all CUDA/HIP runtime-call time inside the
     included steps (``runtime_us``, durations clipped to the stretched steps), the longest
     single call there that does not wait for the GPU (``longest_runtime_call``: {name, us,
@@ -252,9 +276,10 @@ def longest_runtime_call(trace: TraceData, steps: Steps, gpu_runtime: Optional[n
     call) and its share of ``runtime_us`` (``longest_runtime_call_pct``; launch_signal adds
     its share of the included step time, ``longest_runtime_call_step_pct``). One call holding
     most of it is a first-call warm-up outlier (lazy module/code-object loading, cuDNN/MIOpen
-    autotuning), not launch overhead (recommendations.rule_warmup_outlier)."""
+    autotuning), not launch overhead (recommendations.rule_warmup_outlier). ``clipped``: each
+    call's time inside the included steps when the caller has it (``_clipped_to``)."""
     rt = trace.runtime
-    us = _clipped_to(rt.ts, rt.ts + rt.dur, steps.inc_start, steps.inc_end)
+    us = _clipped_to(rt.ts, rt.ts + rt.dur, steps.inc_start, steps.inc_end) if clipped is None else clipped
     runtime_us = float(us.sum())
     own = us.copy()
     own[sync_rows(trace, gpu_runtime)] = 0.0
