@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import re
 import sys
-from itertools import chain, islice
+from itertools import chain, compress, islice
 from operator import attrgetter, eq
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -142,7 +142,7 @@ class _Builder:
         self.skipped_deep = 0  # events nested beyond msgspec's recursion limit
         self.skipped_not_object = 0  # traceEvents entries that are not objects
         self.replaced_strings = 0  # strings with invalid UTF-8 or a lone surrogate, fixed to U+FFFD
-        self._shape_name_cache: Dict[int, bool] = {}
+        self._shape_flags = np.zeros(0, np.int8)  # per string id (_shape_op_rows)
         self._decoded_cache: Dict[bytes, Any] = {}  # recorded input text -> its value (_decoded)
         # recorded input text -> its string id (_raw_ids)
         self._raw_id_cache: Dict[bytes, int] = seed[1] if seed else {b"": -1}
@@ -484,32 +484,43 @@ class _Builder:
         native decoding (native.py)."""
         # Shapes and dtypes only for the few ops the Tensor Core analysis reports: the
         # rows of those names, found per distinct name (not per row).
-        cache = self._shape_name_cache
-        ids, inverse = np.unique(table.name, return_inverse=True)
-        ids = ids.tolist()
-        unknown = [nid for nid in ids if nid not in cache]
-        if unknown:  # names met first: only the table's tail from the lowest of them is listed
-            low_id = unknown[0]
-            tail = _last(self.strings, len(self.strings) - low_id)
-            for nid in unknown:
-                cache[nid] = _SHAPE_OP_RE.search(tail[nid - low_id].lower()) is not None
-        flags = list(map(cache.__getitem__, ids))
-        picked = np.flatnonzero(np.array(flags, dtype=np.bool_)[inverse]) if flags else np.empty(0, np.int64)
-        p2p_ids = {self.strings[n] for n in P2P_OPS if n in self.strings}
+        picked = self._shape_op_rows(table.name)
+        if not len(picked):
+            return
+        index = (picked + self.cpu_rows).tolist()
         at = rows[picked].tolist()
         dims, types = texts_of(at)
-        for local, row, dims_text, types_text in zip(picked.tolist(), at, dims, types):
-            index = self.cpu_rows + local
-            if dims_text:
-                self.op_inputs.dims[index] = self._decoded(dims_text)
-            if types_text:
-                self.op_inputs.types[index] = self._decoded(types_text)
-            if p2p_ids and int(table.name[local]) in p2p_ids:
-                text = concrete(row)
+        # each distinct text decoded once (in the order the rows meet them), then the rows
+        # that have one (a text is b"" when absent) keyed in one C-level pass per dict
+        decoded = self._decoded
+        value = {t: decoded(t) for t in dict.fromkeys(chain.from_iterable(zip(dims, types))) if t}.__getitem__
+        self.op_inputs.dims.update(zip(compress(index, dims), map(value, compress(dims, dims))))
+        self.op_inputs.types.update(zip(compress(index, types), map(value, compress(types, types))))
+        p2p_ids = [self.strings[n] for n in P2P_OPS if n in self.strings]
+        if p2p_ids:
+            for local in np.flatnonzero(np.isin(table.name[picked], p2p_ids)).tolist():
+                text = concrete(at[local])
                 if len(text):
-                    peer = _peer_of(self._decoded(text))
+                    peer = _peer_of(decoded(text))
                     if peer is not None:
-                        self.op_inputs.peers[index] = peer
+                        self.op_inputs.peers[index[local]] = peer
+
+    def _shape_op_rows(self, names: np.ndarray) -> np.ndarray:
+        """The rows of ``names`` (string ids) that SHAPE_OP_MARKERS matches; each name
+        looked at once per builder (`_shape_flags`: 0 not yet, 1 no, 2 a shape op)."""
+        flags = self._shape_flags
+        if len(flags) < len(self.strings):
+            grown = np.zeros(max(len(self.strings), 2 * len(flags)), np.int8)
+            grown[:len(flags)] = flags
+            flags = self._shape_flags = grown
+        flag = flags[names]
+        if not flag.all():  # names met first: only the table's tail from the lowest of them is listed
+            unknown = np.unique(names[flag == 0]).tolist()
+            low_id = unknown[0]
+            tail = _last(self.strings, len(self.strings) - low_id)
+            flags[unknown] = [2 if _SHAPE_OP_RE.search(tail[nid - low_id].lower()) else 1 for nid in unknown]
+            flag = flags[names]
+        return np.flatnonzero(flag == 2)
 
     def _add_kernel_launches(self, args: list, files: list, keep) -> None:
         """Kernel file/hash/backend of the events (of this block) that carry them, keyed by
@@ -678,7 +689,7 @@ class _Builder:
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        state["_shape_name_cache"] = {}
+        state["_shape_flags"] = np.zeros(0, np.int8)
         state["_decoded_cache"] = {}
         state["_raw_id_cache"] = {b"": -1}
         state["_launch_cache"] = {}
