@@ -10,15 +10,20 @@
  * over- or underflow, nesting deeper than MAX_DEPTH, a key twice in one object, grid/block
  * that are not 3 integers >= -1, an `occupancy` object, anything after the array.
  *
- * Result: (n, kinds, values, dims, texts):
+ * scan(chunk, tail=False) -> (n, kinds, values, dims, texts, seen, end):
  *   kinds   bytes, uint8[NF][n]  per field (the order below, mirrored in native.py) and event:
  *           0 absent, 1 null, 2 int, 3 float, 4 string, 5 raw JSON value, 6 list of 3, 7 object
- *   values  list of NF bytes     per field, int64 values of the events where it is there (kind
- *           not 0), in order: int: the value; float: its bits (a double); string / raw: the
- *           index of its text in texts (texts deduplicated by their bytes); else 0
+ *   values  list of NF bytes     per field, int64[n], one value per event: int: the value;
+ *           float: its bits (a double); string / raw: the index of its text in texts (texts
+ *           deduplicated by their bytes); absent or null: -1; else 0. b"" for a field no
+ *           event has.
  *   dims    bytes, int64[n][6]   grid x y z, block x y z (kind 6; else -1)
  *   texts   list of bytes        each distinct text: a string's content without its quotes,
  *                                a raw value's text as msgspec.Raw keeps it
+ *   seen    bytes, uint8[NF]     per field: bit k set when some event's kind is k
+ *   end     the offset just after the array's closing bracket. With tail, the text may go on
+ *           after it (the trailer of a trace object: the caller decodes it); else only
+ *           whitespace may follow.
  * Numbers: an integer as int64; a float correctly rounded (exact fast path, else strtod).
  * The GIL is released while scanning (the read-ahead thread gunzips meanwhile).
  */
@@ -87,7 +92,7 @@ typedef struct {
     int64_t *dims;
     /* per field: the values of the events where it is there (most fields are absent from most
      * events: a dense array would be mostly zeros) */
-    int64_t *values[64];
+    int64_t *values[64]; /* (sparse: converted to one value per event on return) */
     size_t nvalues[64], capvalues[64];
     /* per field: its last text (a repeat, e.g. the previous op's call stack, is not hashed) */
     const uchar *last_text[64];
@@ -101,6 +106,8 @@ typedef struct {
     uint32_t *table;
     size_t tablecap;
     int oom;
+    int tail;        /* text may follow the array */
+    const uchar *after; /* just after the array's closing bracket */
 } Scan;
 
 /* ------------------------------------------------------------------ texts */
@@ -659,6 +666,8 @@ static int scan_chunk(Scan *s) {
             return -1;
         }
     }
+    s->after = s->p;
+    if (s->tail) return 0;
     skip_ws(s);
     return s->p == s->end ? 0 : -1;
 }
@@ -672,11 +681,13 @@ static void scan_free(Scan *s) {
     free(s->table);
 }
 
-static PyObject *scan(PyObject *self, PyObject *arg) {
+static PyObject *scan(PyObject *self, PyObject *args) {
     Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    int tail = 0;
+    if (!PyArg_ParseTuple(args, "y*|p", &view, &tail)) return NULL;
     Scan s;
     memset(&s, 0, sizeof(s));
+    s.tail = tail;
     s.base = s.p = (const uchar *)view.buf;
     s.end = s.base + view.len;
     int rc;
@@ -694,14 +705,32 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
     PyObject *kinds = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(s.n * NF));
     PyObject *values = PyList_New(NF);
     PyObject *dims = PyBytes_FromStringAndSize(s.n ? (const char *)s.dims : "", (Py_ssize_t)(s.n * 6 * sizeof(int64_t)));
-    if (!kinds || !values || !dims) goto done;
+    PyObject *seen = PyBytes_FromStringAndSize(NULL, NF);
+    if (!kinds || !values || !dims || !seen) goto done;
     for (size_t f = 0; f < NF && s.n; f++)  /* the fields' first n kinds, one after the other */
         memcpy(PyBytes_AS_STRING(kinds) + f * s.n, s.kinds + f * s.cap, s.n);
     for (int f = 0; f < NF; f++) {
-        PyObject *v = PyBytes_FromStringAndSize(s.nvalues[f] ? (const char *)s.values[f] : "",
-                                                (Py_ssize_t)(s.nvalues[f] * sizeof(int64_t)));
+        /* one value per event: the field's values where it is there, -1 where absent or null */
+        const uint8_t *k = s.kinds + (size_t)f * s.cap;
+        const int64_t *sparse = s.values[f];
+        uint8_t kinds_seen = s.n > s.nvalues[f] ? 1 << K_ABSENT : 0;
+        PyObject *v = PyBytes_FromStringAndSize(NULL, s.nvalues[f] ? (Py_ssize_t)(s.n * sizeof(int64_t)) : 0);
         if (!v) goto done;
         PyList_SET_ITEM(values, f, v);
+        if (s.nvalues[f]) {
+            int64_t *dense = (int64_t *)PyBytes_AS_STRING(v);
+            for (size_t i = 0; i < s.n; i++) {
+                uint8_t kind = k[i];
+                kinds_seen |= (uint8_t)(1 << kind);
+                if (kind == K_ABSENT) {
+                    dense[i] = -1;
+                } else {
+                    int64_t x = *sparse++;
+                    dense[i] = kind == K_NULL ? -1 : x;
+                }
+            }
+        }
+        PyBytes_AS_STRING(seen)[f] = (char)kinds_seen;
     }
     texts = PyList_New((Py_ssize_t)s.nspans);
     if (!texts) goto done;
@@ -710,8 +739,10 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
         if (!t) goto done;
         PyList_SET_ITEM(texts, (Py_ssize_t)i, t);
     }
-    out = Py_BuildValue("(nOOOO)", (Py_ssize_t)s.n, kinds, values, dims, texts);
+    out = Py_BuildValue("(nOOOOOn)", (Py_ssize_t)s.n, kinds, values, dims, texts, seen,
+                        (Py_ssize_t)(s.after - s.base));
 done:
+    Py_XDECREF(seen);
     Py_XDECREF(kinds);
     Py_XDECREF(values);
     Py_XDECREF(dims);
@@ -764,8 +795,9 @@ static PyObject *first_seen(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
-    {"scan", scan, METH_O,
-     "scan(chunk) -> (n, kinds, values, dims, texts) or None when the chunk is not the clean case."},
+    {"scan", scan, METH_VARARGS,
+     "scan(chunk, tail=False) -> (n, kinds, values, dims, texts, seen, end) or None when the chunk is not the "
+     "clean case."},
     {"first_seen", first_seen, METH_VARARGS, "first_seen(int64 ids, size) -> int64 bytes: distinct ids >= 0 in order."},
     {NULL, NULL, 0, NULL},
 };
@@ -789,7 +821,7 @@ PyMODINIT_FUNC PyInit__fastscan(void) {
     }
     PyObject *m = PyModule_Create(&module);
     /* native.py uses the module only when both match what it reads (a stale build is not used) */
-    if (m && (PyModule_AddIntConstant(m, "NF", NF) < 0 || PyModule_AddIntConstant(m, "LAYOUT", 3) < 0)) {
+    if (m && (PyModule_AddIntConstant(m, "NF", NF) < 0 || PyModule_AddIntConstant(m, "LAYOUT", 4) < 0)) {
         Py_DECREF(m);
         return NULL;
     }

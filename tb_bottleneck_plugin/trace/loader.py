@@ -58,7 +58,7 @@ from .events import (
 )
 from .text import _max_decompressed, _Prefetcher, _text_blocks  # noqa: F401 - _max_decompressed re-exported
 from .decode_workers import _ChunkSink
-from .native import decode_into
+from .native import add_native_tail, decode_into
 
 CHUNK_BYTES = 4 << 20  # decoded text per chunk: big enough to amortise, small for memory (8 MB
 # chunks: the same CPU, 12 MB more peak RSS on the 292 MB benchmark; benchmarks/README.md)
@@ -256,7 +256,8 @@ def _load_stream(stream, source: str, gzipped: bool, progress, limit: int) -> mo
             sink.drain()  # chunks in order before the tail
             if meta.container == "array":
                 decode_into(tail, builder)
-            else:
+            elif not add_native_tail(tail, builder, lambda trailer: _decode_object(
+                    b'{"traceEvents":[]' + trailer, builder, meta, source)):
                 builder.add(_decode_object(b'{"traceEvents":' + tail, builder, meta, source) or [])
         except (msgspec.DecodeError, UnicodeDecodeError):
             # Broken, truncated or unusual text: the whole-file path repairs what it

@@ -41,9 +41,11 @@ except ImportError:  # no compiler at install time: the msgspec way only
  PG_RANKS, INPUT_DIMS, INPUT_DIMS_2020, INPUT_TYPE, CONCRETE, CALL_STACK,
  GRID, BLOCK, OCCUPANCY) = range(46)
 NF = 46
-LAYOUT = 3  # of the result; _fastscan.c says which it writes
+LAYOUT = 4  # of the result; _fastscan.c says which it writes
 # value kinds
 K_ABSENT, K_NULL, K_INT, K_FLOAT, K_STR, K_RAW, K_LIST3, K_OBJECT = range(8)
+_ONLY_INT, _ONLY_FLOAT, _ONLY_STR = 1 << K_INT, 1 << K_FLOAT, 1 << K_STR  # a `seen` of one kind
+_FLOAT_OR_STR = (1 << K_FLOAT) | (1 << K_STR)
 if _fastscan is not None and (getattr(_fastscan, "NF", None), getattr(_fastscan, "LAYOUT", None)) != (NF, LAYOUT):
     _fastscan = None  # a build of another version of _fastscan.c: not used
 
@@ -87,6 +89,34 @@ def add_native(payload, builder) -> bool:
     return True
 
 
+def add_native_tail(payload, builder, decode_trailer) -> bool:
+    """The rest of a trace object from its last chunk of events on (``[``, events, ``]``,
+    then its trailer: more top-level keys and the closing ``}``) as the loader's
+    `_decode_object` of the whole + `builder.add` would: the events natively and
+    ``decode_trailer(text after the array)`` the keys, in that object's order (keys, then
+    events); False (nothing done) when the events are not the clean case or the trailer
+    might hold another traceEvents key (as it is or escaped)."""
+    if not available():
+        return False
+    result = _fastscan.scan(payload, True)
+    if result is None:
+        stats["fallback"] += 1
+        return False
+    try:
+        chunk = _Chunk(result)
+        trailer = bytes(payload[chunk.end:])
+        if b"traceEvents" in trailer or b"\\u" in trailer:
+            raise _NotHandled
+        plan = chunk.plan()
+    except _NotHandled:
+        stats["fallback"] += 1
+        return False
+    decode_trailer(trailer)
+    plan(builder)
+    stats["native"] += 1
+    return True
+
+
 def _first_seen(local: np.ndarray, size: int) -> np.ndarray:
     """The distinct ids >= 0 of ``local`` (each < size) in the order they first occur."""
     return np.frombuffer(_fastscan.first_seen(np.ascontiguousarray(local, np.int64), size), np.int64)
@@ -101,12 +131,14 @@ def _mapped(local: np.ndarray, order: np.ndarray, ids: np.ndarray, size: int) ->
 
 class _Chunk:
     def __init__(self, result):
-        n, kinds, values, dims, texts = result
+        n, kinds, values, dims, texts, seen, self.end = result
         self.n = n
         self.kinds = np.frombuffer(kinds, np.uint8).reshape(NF, n)  # field-major
-        self._values = values  # per field: the values where its kind is not 0
+        self._values = values  # per field: one int64 per event (-1: absent or null), or b""
         self._dense = {}
-        self.present = [len(v) for v in values]
+        # per field: the kinds its events have, as bits (1 << K_INT: an int in every event)
+        self.seen = list(seen)
+        self.present = [k & ~1 != 0 for k in self.seen]  # some event has the field
         self.dims = np.frombuffer(dims, np.int64).reshape(n, 6)
         self.texts: List[bytes] = texts
         # ids past the texts: an absent name ("") and a null one (None, interned as "None")
@@ -115,12 +147,11 @@ class _Chunk:
         self._numeric_strings = {}
 
     def value(self, field: int) -> np.ndarray:
-        """The field's int64 values, one per event (0 where absent)."""
+        """The field's int64 values, one per event (-1 where absent or null; read-only)."""
         dense = self._dense.get(field)
         if dense is None:
-            dense = self._dense[field] = np.zeros(self.n, np.int64)
-            if self.present[field]:
-                dense[self.kinds[field] != K_ABSENT] = np.frombuffer(self._values[field], np.int64)
+            dense = self._dense[field] = (np.frombuffer(self._values[field], np.int64) if self.present[field]
+                                          else np.full(self.n, -1, np.int64))
         return dense
 
     def str(self, i: int) -> str:
@@ -132,21 +163,27 @@ class _Chunk:
 
     # ------------------------------------------------------------------ columns
     def str_ids(self, field: int, rows) -> np.ndarray:
-        """Text ids of a string/raw field (-1: absent or null)."""
+        """Text ids of a string/raw field (-1: absent or null): its values, as such a field
+        holds nothing else."""
         if not self.present[field]:
             return np.full(len(rows), -1, np.int64)
-        k = self.kinds[field][rows]
-        return np.where((k == K_STR) | (k == K_RAW), self.value(field)[rows], -1)
+        return self.value(field)[rows]
 
     def floats(self, field: int, rows, nonnegative: bool = False) -> np.ndarray:
         """`columns._float_col` of a numeric field (NaN: absent or null)."""
         if not self.present[field]:
             return np.full(len(rows), np.nan)
-        k = self.kinds[field][rows]
+        seen = self.seen[field]
         v = self.value(field)[rows]
-        if (k == K_STR).any():
-            raise _NotHandled
-        out = np.where(k == K_INT, v.astype(np.float64), np.where(k == K_FLOAT, v.view(np.float64), np.nan))
+        if seen == _ONLY_FLOAT:
+            out = v.view(np.float64)
+        elif seen == _ONLY_INT:
+            out = v.astype(np.float64)
+        else:
+            k = self.kinds[field][rows]
+            if seen & _ONLY_STR and (k == K_STR).any():
+                raise _NotHandled
+            out = np.where(k == K_INT, v.astype(np.float64), np.where(k == K_FLOAT, v.view(np.float64), np.nan))
         if nonnegative and (out < 0).any():  # `_Builder._floats` would count them
             raise _NotHandled
         return out
@@ -157,18 +194,26 @@ class _Chunk:
         fields = [f for f in fields if self.present[f]]
         if not fields:
             return np.full(len(rows), -1, np.int32 if int32 else np.int64)
-        k = self.kinds[fields[0]][rows]
-        v = self.value(fields[0])[rows]
-        for field in fields[1:]:
-            none = k <= K_NULL
-            if none.any():
-                k = np.where(none, self.kinds[field][rows], k)
-                v = np.where(none, self.value(field)[rows], v)
-        if (k == K_FLOAT).any():
-            raise _NotHandled
-        out = np.where(k == K_INT, v, -1)
-        is_str = k == K_STR
-        if is_str.any():
+        seen = self.seen[fields[0]]
+        out = self.value(fields[0])[rows]  # -1 where absent or null (a copy)
+        k = None
+        if seen != _ONLY_INT and len(fields) > 1:  # the next field where this one is absent or null
+            k = self.kinds[fields[0]][rows]
+            for field in fields[1:]:
+                none = k <= K_NULL
+                if none.any():
+                    k = np.where(none, self.kinds[field][rows], k)
+                    out = np.where(none, self.value(field)[rows], out)
+                    seen |= self.seen[field]
+        is_str = None
+        if seen & _FLOAT_OR_STR:  # floats or strings in the chunk: in these rows?
+            if k is None:
+                k = self.kinds[fields[0]][rows]
+            if (k == K_FLOAT).any():
+                raise _NotHandled
+            is_str = k == K_STR
+        if is_str is not None and is_str.any():
+            v = out
             local = v[is_str]
             texts = _first_seen(local, self.size).tolist()
             numpy_values = [self._numpy_int(t) for t in texts]
@@ -232,13 +277,19 @@ class _Chunk:
         kinds = self.kinds
         empty, none = len(self.texts), len(self.texts) + 1  # name absent: "", null: None ("None")
         nk = kinds[NAME]
-        name = np.where(nk == K_STR, self.value(NAME), np.where(nk == K_ABSENT, empty, none))
+        name = (self.value(NAME) if self.seen[NAME] == _ONLY_STR
+                else np.where(nk == K_STR, self.value(NAME), np.where(nk == K_ABSENT, empty, none)))
+        # (a string field's value is its text's id, -1 where absent or null: no kinds to look at)
         x_id = self._index(b"X")
         memory_id = self._index(b"[memory]")
-        is_memory = (nk == K_STR) & (self.value(NAME) == memory_id)
-        is_x = (kinds[PH] == K_STR) & (self.value(PH) == x_id)
-        complete = np.flatnonzero(is_x & ~is_memory)
-        memory_rows = np.flatnonzero(is_memory)
+        is_x = self.value(PH) == x_id
+        if memory_id >= 0:
+            is_memory = self.value(NAME) == memory_id
+            complete = np.flatnonzero(is_x & ~is_memory)
+            memory_rows = np.flatnonzero(is_memory)
+        else:
+            complete = np.flatnonzero(is_x)
+            memory_rows = complete[:0]
         cat = self.str_ids(CAT, complete)
 
         gpu, gpu_kind, runtime, driver, cpu, cpu_kind, cpu_cats, annotations = [], [], [], [], [], [], [], []

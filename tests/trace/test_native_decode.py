@@ -266,7 +266,7 @@ def test_floats_are_correctly_rounded(monkeypatch):
         result = native._fastscan.scan(chunk)
         if result is None:  # under-/overflow: the msgspec way
             continue
-        n, kinds, values, _, _ = result
+        n, kinds, values = result[:3]
         assert kinds[native.TS] == native.K_FLOAT  # one event: field f's kind at f
         got = np.frombuffer(values[native.TS], np.float64)[0]
         want = msgspec.json.decode(t.encode())
@@ -343,3 +343,42 @@ def test_the_scanner_never_reads_past_the_chunk():
         for _ in range(rng.randint(1, 3)):
             b[rng.randrange(len(b))] = rng.choice(b'"\\{}[],:0123456789.eE+-nulltrfas \x00\x7f\x80\xc3\xe2\xf0\xff')
         scan_at_end(bytes(b[:rng.randrange(len(b) + 1)]))
+
+
+_TAIL_EVENTS = (b'[{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 2, "ts": 10, "dur": 5, '
+                b'"args": {"External id": 3, "Input Dims": [[2, 3], [3, 4]], "Input type": ["float", "float"]}}, '
+                b'{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 12.5, "dur": 1, '
+                b'"args": {"device": 0, "stream": 7, "correlation": 9, "grid": [1, 2, 3], "block": [4, 1, 1]}}]')
+TRAILERS = {
+    "none": b"}",
+    "keys": b', "deviceProperties": [{"id": 0, "name": "A100"}, {"id": 1, "name": "B"}], '
+            b'"traceName": "t.json", "displayTimeUnit": "ms"}\n',
+    "the key again": b', "traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "b", "ts": 1, "dur": 1}]}',
+    "the key escaped": b', "trace\\u0045vents": [{"ph": "X", "cat": "cpu_op", "name": "b", "ts": 1, "dur": 1}]}',
+    "bad utf-8": b', "traceName": "a\xff\xfeb"}',
+    "a wrong type": b', "deviceProperties": 5, "distributedInfo": [1]}',
+    "broken": b', "traceName": }',
+    "text after": b'} {"more": 1}',
+}
+
+
+@needs_extension
+@pytest.mark.parametrize("case", sorted(TRAILERS))
+def test_the_last_events_and_the_trailer(case, tmp_path, monkeypatch):
+    """The tail of a trace object (its last events, then more top-level keys): the events
+    natively, the keys by msgspec; the same tables, meta and warnings (or the same error) as
+    the msgspec way, and the msgspec way whenever the trailer might hold traceEvents again."""
+    path = tmp_path / "t.json"
+    path.write_bytes(b'{"schemaVersion": 1, "traceEvents": ' + _TAIL_EVENTS + TRAILERS[case])
+    results, stats = [], None
+    for on in (False, True):
+        try:
+            got, stats = _load(str(path), monkeypatch, native_on=on)
+            results.append(got)
+        except Exception as exc:  # noqa: BLE001 - the same typed error both ways
+            results.append(repr(exc))
+    assert results[0] == results[1]
+    if case in ("none", "keys", "bad utf-8", "a wrong type"):
+        assert isinstance(results[1], dict) and stats == {"native": 1, "fallback": 0}
+    if case in ("the key again", "the key escaped"):
+        assert stats["fallback"] >= 1
