@@ -154,76 +154,16 @@ def _load_stream(stream, source: str, gzipped: bool, progress, limit: int) -> mo
     sink = _ChunkSink(builder, text_bytes=_raw_size(stream) * (12 if gzipped else 1))  # gzip: >= 12x
     notes: List[str] = []  # from the reading thread: BOM, UTF-16, trailing gzip bytes
     chunk_bytes = min(CHUNK_BYTES, PARALLEL_CHUNK_BYTES) if sink.workers else CHUNK_BYTES
-    blocks = _Prefetcher(_text_blocks(stream, source, gzipped, notes, limit))
-    buf = bytearray()
-    consumed = 0  # decompressed bytes before buf[0]
-    state = "start"  # -> "events" -> (end)
-    # Blocks after buf, joined into a new buffer once a chunk's worth is there: one copy
-    # of each byte (growing buf block by block copied it again at every reallocation).
-    pending: List[bytes] = []
-    pending_bytes = 0
-    want = chunk_bytes  # buf + pending size at which a chunk is cut
+    # The read-ahead thread gunzips and cuts the text (its copies run beside the decoding
+    # here); one cut chunk waits in its queue: a chunk decoded, one queued, one being cut.
+    parts = _Prefetcher(_cut_text(_text_blocks(stream, source, gzipped, notes, limit), source, chunk_bytes),
+                        depth=1)
     try:
         chunk_failed = False
-        for block in blocks:
-            if state == "events":
-                pending.append(block)
-                pending_bytes += len(block)
-                if len(buf) + pending_bytes < want:
-                    continue
-                buf = bytearray().join([buf, *pending])
-                pending.clear()
-                pending_bytes = 0
-            else:
-                buf += block
-            if state == "start":
-                head = bytes(buf[:64]).lstrip()
-                if not head:
-                    continue
-                if head[:1] == b"[":
-                    meta.container = "array"
-                    start = buf.index(b"[") + 1
-                elif head[:1] == b"{":
-                    key = buf.find(b'"traceEvents"')
-                    bracket = buf.find(b"[", key) if key >= 0 else -1
-                    if bracket < 0:
-                        if len(buf) < _MAX_HEADER_BYTES:
-                            continue  # header longer than one block: read on
-                        if key < 0:
-                            raise NotATraceError(source, "JSON object without a 'traceEvents' array in its first "
-                                                         f"{_MAX_HEADER_BYTES >> 20} MB")
-                        raise NotATraceError(source, "'traceEvents' is not followed by an array within "
-                                                     f"{_MAX_HEADER_BYTES >> 20} MB")
-                    header = bytes(buf[:key]) + b'"traceEvents":[]}'
-                    if not _decode_header(header, meta, builder):
-                        chunk_failed = True
-                        break
-                    start = bracket + 1
-                else:
-                    raise NotATraceError(source, "not JSON (does not start with '{' or '[')")
-                # From here buf always starts with a '[' (this one: the array's own), so a
-                # chunk is decoded in place, without copying it (see below).
-                consumed += start - 1
-                del buf[:start - 1]
-                state = "events"
-            if state == "events" and len(buf) >= chunk_bytes:
-                cut = _last_boundary(buf)
-                if cut is None:
-                    if len(buf) > _MAX_EVENT_BYTES:  # no progress: not events, or one absurd event
-                        raise NotATraceError(source, f"no boundary between events in {_MAX_EVENT_BYTES >> 20} MB "
-                                                     f"of text after byte {consumed:,}")
-                    want = len(buf) + chunk_bytes // 4  # look again after some more text
-                    continue
-                want = chunk_bytes
-                brace_end, next_start = cut
-                # The rest (usually part of one event) moves to a new buffer behind a '[';
-                # the chunk is closed with a ']' over the separator after its last '}' and
-                # decoded from a view: no copies of the 8 MB chunk (was three). Decoded
-                # msgspec.Raw fields pin the old buffer, so it is never resized.
-                rest = bytearray(b"[")
-                rest += memoryview(buf)[next_start:]
-                buf[brace_end] = 0x5D  # ']'
-                chunk = memoryview(buf)[:brace_end + 1]
+        unstarted = tail = None
+        for kind, data, end in parts:
+            if kind == "chunk":
+                chunk = memoryview(data)[:end]
                 try:
                     sink.add(chunk)
                 except (msgspec.DecodeError, UnicodeDecodeError):
@@ -234,24 +174,27 @@ def _load_stream(stream, source: str, gzipped: bool, progress, limit: int) -> mo
                         chunk.release()
                     except BufferError:  # something still holds a view: the buffer just lives on
                         pass
-                consumed += next_start - 1
-                buf = rest
+            elif kind == "header":
+                if not _decode_header(data, meta, builder):
+                    chunk_failed = True
+                    break
+            elif kind == "array":
+                meta.container = "array"
+            elif kind == "tail":
+                tail = data
+            else:  # "unstarted"
+                unstarted = data
         if chunk_failed:
-            blocks.close()
+            parts.close()
             raise _Fallback()
-        if pending:
-            buf = bytearray().join([buf, *pending])
-            pending.clear()
-        if state == "start":
-            if not bytes(buf).strip():
+        if unstarted is not None:
+            if not unstarted.strip():
                 raise TraceError(source, "empty file")
-            if bytes(buf).lstrip()[:1] == b"{":
+            if unstarted.lstrip()[:1] == b"{":
                 # Small object whose "traceEvents" was never found: decode whole to tell why.
-                raise _Fallback(bytes(buf))
+                raise _Fallback(unstarted)
             raise NotATraceError(source, "not JSON (does not start with '{' or '[')")
         # The tail: '[', the remaining events, the closing bracket and trailer keys.
-        tail = bytes(buf)
-        del buf
         try:
             sink.drain()  # chunks in order before the tail
             if meta.container == "array":
@@ -268,9 +211,87 @@ def _load_stream(stream, source: str, gzipped: bool, progress, limit: int) -> mo
         return _load_whole(stream, source, gzipped, fb.data, limit)
     finally:
         sink.close()
-        blocks.close()
+        parts.close()
     meta.warnings.extend(notes)
     return _finish(builder, meta, source)
+
+
+def _cut_text(blocks, source: str, chunk_bytes: int):
+    """The text blocks as the loader decodes them (in the read-ahead thread): first
+    ("array", None, 0) or ("header", the keys before traceEvents as an object, 0), then
+    ("chunk", buffer, end) per chunk of whole events (buffer[:end]: '[', the events, and
+    the ']' written over the separator after the last one), then ("tail", '[' + the rest of
+    the text, 0); ("unstarted", the text, 0) when the events array was never found."""
+    buf = bytearray()
+    consumed = 0  # decompressed bytes before buf[0]
+    state = "start"  # -> "events" -> (end)
+    # Blocks after buf, joined into a new buffer once a chunk's worth is there: one copy
+    # of each byte (growing buf block by block copied it again at every reallocation).
+    pending: List[bytes] = []
+    pending_bytes = 0
+    want = chunk_bytes  # buf + pending size at which a chunk is cut
+    for block in blocks:
+        if state == "events":
+            pending.append(block)
+            pending_bytes += len(block)
+            if len(buf) + pending_bytes < want:
+                continue
+            buf = bytearray().join([buf, *pending])
+            pending.clear()
+            pending_bytes = 0
+        else:
+            buf += block
+        if state == "start":
+            head = bytes(buf[:64]).lstrip()
+            if not head:
+                continue
+            if head[:1] == b"[":
+                yield "array", None, 0
+                start = buf.index(b"[") + 1
+            elif head[:1] == b"{":
+                key = buf.find(b'"traceEvents"')
+                bracket = buf.find(b"[", key) if key >= 0 else -1
+                if bracket < 0:
+                    if len(buf) < _MAX_HEADER_BYTES:
+                        continue  # header longer than one block: read on
+                    if key < 0:
+                        raise NotATraceError(source, "JSON object without a 'traceEvents' array in its first "
+                                                     f"{_MAX_HEADER_BYTES >> 20} MB")
+                    raise NotATraceError(source, "'traceEvents' is not followed by an array within "
+                                                 f"{_MAX_HEADER_BYTES >> 20} MB")
+                yield "header", bytes(buf[:key]) + b'"traceEvents":[]}', 0
+                start = bracket + 1
+            else:
+                raise NotATraceError(source, "not JSON (does not start with '{' or '[')")
+            # From here buf always starts with a '[' (this one: the array's own), so a
+            # chunk is decoded in place, without copying it (see below).
+            consumed += start - 1
+            del buf[:start - 1]
+            state = "events"
+        if state == "events" and len(buf) >= chunk_bytes:
+            cut = _last_boundary(buf)
+            if cut is None:
+                if len(buf) > _MAX_EVENT_BYTES:  # no progress: not events, or one absurd event
+                    raise NotATraceError(source, f"no boundary between events in {_MAX_EVENT_BYTES >> 20} MB "
+                                                 f"of text after byte {consumed:,}")
+                want = len(buf) + chunk_bytes // 4  # look again after some more text
+                continue
+            want = chunk_bytes
+            brace_end, next_start = cut
+            # The rest (usually part of one event) moves to a new buffer behind a '[';
+            # the chunk is closed with a ']' over the separator after its last '}' and
+            # decoded from a view: no copies of the chunk. Decoded msgspec.Raw fields pin
+            # the old buffer, so it is never touched again here.
+            rest = bytearray(b"[")
+            rest += memoryview(buf)[next_start:]
+            buf[brace_end] = 0x5D  # ']'
+            yield "chunk", buf, brace_end + 1
+            consumed += next_start - 1
+            buf = rest
+    if pending:
+        buf = bytearray().join([buf, *pending])
+        pending.clear()
+    yield ("unstarted" if state == "start" else "tail"), bytes(buf), 0
 
 
 def _decode_header(header: bytes, meta: model.TraceMeta, builder: _Builder) -> bool:
