@@ -251,6 +251,13 @@ class _Chunk:
         """`_Builder._times`: (ts, dur, keep, counters)."""
         ts = self.floats(TS, rows)
         dur = self.floats(DUR, rows)
+        with np.errstate(over="ignore", invalid="ignore"):
+            finite = np.isfinite(ts + dur).all()
+        if finite:  # (every ts and dur finite, no end beyond float64): the usual chunk
+            neg = dur < 0
+            if neg.any():
+                return ts, np.where(neg, 0.0, dur), None, [0, 0, int(neg.sum())]
+            return ts, dur, None, [0, 0, 0]
         bad_ts = ~np.isfinite(ts)
         bad_dur = ~np.isfinite(dur)
         keep = None
