@@ -19,7 +19,8 @@ The parts, in the order the data flows (this module drives them and is the publi
 - `loader_text`: file bytes -> bounded UTF-8 text blocks (gunzip in a read-ahead thread,
   encodings, decompression caps).
 - this module: container detection (object or bare array), the header, cutting the text
-  into chunks of whole events, the trailer; the whole-file fallback and its repairs.
+  into chunks of whole events (`_cut_text`, run in the read-ahead thread), the trailer; the
+  whole-file fallback and its repairs.
 - `loader_events`: JSON text -> typed events (msgspec schema, lenient decoding,
   top-level keys).
 - `loader_columns`: typed events -> numpy columns, the string table, recorded inputs,

@@ -6,7 +6,8 @@ reads the chunk into per-field value arrays without a Python object per event; t
 then builds exactly the blocks `_Builder.add` would from the msgspec events: the same
 grouping by category, the same string ids in the same first-seen order (interning goes
 through the builder's own `intern`/`_raw_ids`/`_optional_ids`, once per distinct text), the
-same columns, recorded inputs, launches and counters.
+same columns, recorded inputs, launches and counters. The last events of a trace object go
+through `add_native_tail` (the events here, the top-level keys after them by msgspec).
 
 Only the clean case is handled here. The scanner answers None for anything unusual in the
 text (see _fastscan.c), and this module raises `_NotHandled`, before it changes the builder,
