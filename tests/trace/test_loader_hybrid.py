@@ -438,6 +438,17 @@ def test_many_names_and_repaired_inputs_across_workers(tmp_path, monkeypatch):
     sent = []
     close = loader_workers._ChunkSink.close
     monkeypatch.setattr(loader_workers._ChunkSink, "close", lambda self: (sent.append(self.sent), close(self))[1])
+    # A chunk goes to a worker only while one is free; on a busy machine (the full suite beside
+    # other work) this process decoded nearly every chunk itself. Slower decoding here (not in
+    # the forked workers) leaves the workers free: the handover is what this test is about.
+    here, detached = os.getpid(), loader_workers._decode_detached
+
+    def slow_here(payload, builder):
+        if os.getpid() == here:
+            time.sleep(0.01)
+        return detached(payload, builder)
+
+    monkeypatch.setattr(loader_workers, "_decode_detached", slow_here)
     parallel = loader.load_trace(str(path))
     assert sum(sent) >= 10
     a, b = _everything(local), _everything(parallel)
