@@ -84,6 +84,12 @@ def baseline_tree(rev: str) -> Path:
         tree.parent.mkdir(parents=True, exist_ok=True)
         subprocess.run(["git", "worktree", "prune"], cwd=str(REPO), check=False, capture_output=True)
         _git("worktree", "add", "--force", "--detach", str(tree), sha)
+    # its optional C extensions built as `pip install -e .` builds them here (they are not in
+    # git): without them a baseline with the C scanner would be measured on msgspec alone
+    if (tree / "tb_bottleneck_plugin" / "trace" / "_fastscan.c").is_file() and \
+            not list((tree / "tb_bottleneck_plugin" / "trace").glob("_fastscan*.so")):
+        subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=str(tree), check=False,
+                       capture_output=True)
     return tree
 
 
