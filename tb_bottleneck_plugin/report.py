@@ -289,10 +289,8 @@ def _take_late(made: tuple, ctx: units.SpanContext, sec: _Sections):
 
 
 def _side_by_side(here, beside):
-    """(here(), beside()), with beside() in a thread of its own meanwhile when this process
-    may use two cores (else one after the other). Exceptions are raised here."""
-    if _usable_cores() < 2:
-        return here(), beside()
+    """(here(), beside()), beside() in a thread of its own meanwhile (`_unit_lanes` checked the
+    cores). Exceptions are raised here."""
     out: list = []
 
     def run_beside():
