@@ -21,7 +21,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from .trace import discovery, heap, loader, model, storage
+from .trace import decode_workers, discovery, heap, loader, model, storage
 from .judge import cards, layout, recommendations, step_verdict
 from .analysis import devices, memory, occupancy, operators, registry, units
 from .analysis import distributed  # metrics §12: the rank view's per-span part
@@ -214,7 +214,7 @@ def _unit_lanes(trace: model.TraceData):
     None to run them one after another: one usable core, TB_BOTTLENECKS_ANALYSIS_THREADS=0,
     more than LANES_MAX_HOST_EVENTS host events, or a registry whose units between `steps`
     and `step_model` are not all in a lane."""
-    if os.environ.get(ANALYSIS_THREADS_ENV, "").strip() == "0" or _usable_cores() < 2:
+    if os.environ.get(ANALYSIS_THREADS_ENV, "").strip() == "0" or decode_workers.usable_cores() < 2:
         return None
     if len(trace.cpu) + len(trace.runtime) > LANES_MAX_HOST_EVENTS:
         return None
@@ -241,7 +241,7 @@ def _run_lanes(lane_units, ctx: units.SpanContext, sec: _Sections, late=()) -> D
     before = dict(ctx.not_available)
     done: Dict[str, tuple] = {}
 
-    def own(name: str):
+    def own():
         own_na = dict(before)
         own_sec = _Sections(own_na, source=sec.source)
         own_sec.failed = dict(sec.failed)
@@ -251,14 +251,14 @@ def _run_lanes(lane_units, ctx: units.SpanContext, sec: _Sections, late=()) -> D
         for unit, in_lane in lane_units:
             if in_lane != lane:
                 continue
-            own_na, own_sec, unit_ctx = own(unit.name)
+            own_na, own_sec, unit_ctx = own()
             value = None
             if own_sec.needs(unit.name, *unit.requires):
                 value = own_sec.run(unit.name, unit.compute, unit_ctx)
             done[unit.name] = (value, own_na, own_sec, before)
         for in_lane, name, fn in late:
             if in_lane == lane:
-                own_na, own_sec, task_ctx = own(name)
+                own_na, own_sec, task_ctx = own()
                 done[name] = (fn(task_ctx, own_sec), own_na, own_sec, before)
 
     _side_by_side(lambda: run_lane(0), lambda: run_lane(1))
@@ -309,13 +309,6 @@ def _side_by_side(here, beside):
     if kind == "error":
         raise second
     return first, second
-
-
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def span_partials(rep: dict) -> Dict[str, Optional[dict]]:

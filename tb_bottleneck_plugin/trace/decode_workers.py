@@ -203,6 +203,14 @@ def default_count() -> int:
     return _decode_workers()
 
 
+def usable_cores() -> int:
+    """The cores this process may use (its CPU affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 def _decode_workers() -> int:
     """Worker processes that decode chunks of large files beside this process.
 
@@ -222,10 +230,7 @@ def _decode_workers() -> int:
             return max(0, int(value))
         except ValueError:
             return 0
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
+    cores = usable_cores()
     try:
         load = os.getloadavg()[0]
         import multiprocessing

@@ -33,6 +33,11 @@ class _MallInfo2(ctypes.Structure):
         "keepcost")]
 
 
+def _libc():
+    """The C library (raises OSError where there is none to load)."""
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+
+
 def _resolve() -> None:
     global _trim, _free_bytes, _resolved
     with _lock:
@@ -40,7 +45,7 @@ def _resolve() -> None:
             return
         _resolved = True
         try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            libc = _libc()
             fn = libc.malloc_trim
             fn.argtypes = [ctypes.c_size_t]
             fn.restype = ctypes.c_int
@@ -71,8 +76,7 @@ def one_arena() -> bool:
     MiB, the report 181-183 -> 168-170 MiB with one arena (numpy's large arrays are mapped
     outside the arenas either way; Python's small objects are in its own pools)."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        fn = libc.mallopt
+        fn = _libc().mallopt
     except (OSError, AttributeError):
         return False
     fn.argtypes = [ctypes.c_int, ctypes.c_int]

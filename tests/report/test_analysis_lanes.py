@@ -15,7 +15,7 @@ import pytest
 
 from tb_bottleneck_plugin import report
 from tb_bottleneck_plugin.analysis import registry, units
-from tb_bottleneck_plugin.trace import loader
+from tb_bottleneck_plugin.trace import decode_workers, loader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from conftest import TRACES  # noqa: E402  (the one definition, tests/conftest.py)
@@ -31,7 +31,7 @@ def _serialised(result: dict) -> str:
 def _analyse(trace, monkeypatch, lanes: bool, **kwargs) -> dict:
     with monkeypatch.context() as m:
         m.setenv(report.ANALYSIS_THREADS_ENV, "1" if lanes else "0")
-        m.setattr(report, "_usable_cores", lambda: 2)
+        m.setattr(decode_workers, "usable_cores", lambda: 2)
         return report.analyze_trace(trace, run="r", worker="w", span="1", **kwargs)
 
 
@@ -128,7 +128,7 @@ def test_one_after_another_where_the_lanes_do_not_apply(monkeypatch, gpu_trace, 
         monkeypatch.setattr(report, "LANES_MAX_HOST_EVENTS", 10)
     with monkeypatch.context() as m:
         m.setenv(report.ANALYSIS_THREADS_ENV, "0" if why == "switched off" else "1")
-        m.setattr(report, "_usable_cores", lambda: 1 if why == "one core" else 2)
+        m.setattr(decode_workers, "usable_cores", lambda: 1 if why == "one core" else 2)
         assert report._unit_lanes(gpu_trace) is None
         report.analyze_trace(gpu_trace)
     assert set(threads.values()) == {threading.current_thread().name}
